@@ -1,0 +1,32 @@
+"""tvm-dsa: a simulated domain-specific accelerator as an Apache TVM compilation target.
+
+    import tvm, tvm_dsa
+    ex = tvm.compile(mod, target="dsa/stcp920", relax_pipeline="dsa")
+    out = tvm.relax.VirtualMachine(ex, tvm.cpu())["main"](x)   # computed by the simulated DSA
+    print(tvm_dsa.last_report())                               # what it cost on the DSA
+
+``import tvm`` loads this package through the ``tvm.backends`` entry point.
+"""
+
+from __future__ import annotations
+
+__version__ = "0.1.0"
+
+from . import hardware
+from .hardware import Hardware, HardwareError
+
+_INITIALISED = False
+
+
+def _autoload() -> None:
+    """Entry point for ``tvm.backends``: register presets, target tags, pipeline and runtime."""
+    global _INITIALISED
+    if _INITIALISED:
+        return
+    _INITIALISED = True
+    hardware.init()
+
+
+_autoload()
+
+__all__ = ["Hardware", "HardwareError", "hardware"]

@@ -1,0 +1,15 @@
+"""The DSA program format: the only thing the compiler and the simulator share."""
+
+from .asm import disassemble
+from .instructions import (
+    DTYPES, OP_ARITY, REDUCE_OPS, VEC_OPS, VME_OPS,
+    Dma, Fill, Instruction, Mme, Operand, Reduce, Vector, macs, operands, unit_of,
+)
+from .program import VERSION, Kernel, Program, ProgramError, TensorArg
+from .validate import validate
+
+__all__ = [
+    "DTYPES", "OP_ARITY", "REDUCE_OPS", "VEC_OPS", "VME_OPS",
+    "Dma", "Fill", "Instruction", "Mme", "Operand", "Reduce", "Vector", "macs", "operands", "unit_of",
+    "VERSION", "Kernel", "Program", "ProgramError", "TensorArg", "validate", "disassemble",
+]

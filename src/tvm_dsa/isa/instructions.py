@@ -1,0 +1,179 @@
+"""The DSA instruction set: affine tensor instructions over byte-addressed memories.
+
+Every instruction iterates over a box ``shape`` (a tuple of extents). Each operand is an
+``Operand``: a memory (``ddr``, ``gb`` of a cluster, ``lb`` of a core), a byte offset, an element
+type, and one element stride per box dimension, so the element at box point ``p`` sits at byte
+``offset + itemsize * sum(p[d] * strides[d])``. A stride of 0 broadcasts; a negative stride is not
+allowed. Transposes, reshapes of contiguous data, broadcasts and convolution windows (a stride per
+window dimension) are therefore all just operands.
+
+Instructions run on units. Per core: ``dma`` (moves data to/from its LB), ``mme``, ``vme``, ``vec``;
+per cluster: ``cdma`` (DDR <-> GB). Each unit executes its instructions in list order, one at a
+time. ``deps`` are indices of earlier instructions of the same kernel (on any unit or core) that must
+have finished before this one starts: the dependency tokens of a decoupled access/execute machine.
+List order is the program's meaning; the simulator checks that the tokens order every pair of
+instructions whose memory ranges conflict, and reports a hazard otherwise.
+
+Arithmetic: sources are read in their dtype and converted to float32; results are rounded to the
+destination dtype. The MME multiplies storage-type operands and accumulates in float32.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+MEMORIES = ("ddr", "gb", "lb")
+DTYPES = {"float16": 2, "float32": 4, "int8": 1, "int32": 4}
+
+# Vector operations by arity. The VME runs cheap arithmetic; the vector core runs everything.
+VME_OPS = frozenset({"copy", "neg", "abs", "relu", "add", "sub", "mul", "div", "max", "min"})
+VEC_OPS = VME_OPS | frozenset({
+    "exp", "log", "sqrt", "rsqrt", "tanh", "sigmoid", "erf", "floor", "ceil", "round", "sin", "cos",
+    "pow", "eq", "ne", "lt", "le", "gt", "ge", "select",
+})
+OP_ARITY = {
+    **{op: 1 for op in ("copy", "neg", "abs", "relu", "exp", "log", "sqrt", "rsqrt", "tanh",
+                        "sigmoid", "erf", "floor", "ceil", "round", "sin", "cos")},
+    **{op: 2 for op in ("add", "sub", "mul", "div", "max", "min", "pow",
+                        "eq", "ne", "lt", "le", "gt", "ge")},
+    "select": 3,
+}
+REDUCE_OPS = frozenset({"sum", "max", "min"})
+
+
+@dataclass(frozen=True)
+class Operand:
+    """An affine view of one memory: ``offset`` in bytes, ``strides`` in elements per box dim."""
+
+    mem: str
+    index: int  # which LB (global core id) or GB (cluster id); 0 for DDR
+    offset: int
+    dtype: str
+    strides: tuple[int, ...]
+
+    @property
+    def itemsize(self) -> int:
+        return DTYPES[self.dtype]
+
+    def extent_bytes(self, shape: tuple[int, ...]) -> tuple[int, int]:
+        """[first, last) byte range the operand touches over the box ``shape``."""
+        last = sum((n - 1) * s for n, s in zip(shape, self.strides))
+        return self.offset, self.offset + (last + 1) * self.itemsize
+
+    def space(self) -> tuple[str, int]:
+        return self.mem, self.index
+
+
+Scalar = float  # an immediate source of a vector instruction
+
+
+@dataclass(frozen=True)
+class Dma:
+    """dst[p] = src[p] for p in shape (same dtype). Unit: the core's ``dma`` when either side is in
+    an LB, else the cluster's ``cdma``."""
+
+    core: int
+    shape: tuple[int, ...]
+    dst: Operand
+    src: Operand
+    deps: tuple[int, ...] = ()
+
+
+@dataclass(frozen=True)
+class Fill:
+    """dst[p] = value for p in shape. Unit: the core's ``dma``."""
+
+    core: int
+    shape: tuple[int, ...]
+    dst: Operand
+    value: float
+    deps: tuple[int, ...] = ()
+
+
+@dataclass(frozen=True)
+class Mme:
+    """dst[s] (+)= sum over reduction dims r of a[s, r] * b[s, r]. ``reduce`` flags the reduction
+    dims of ``shape``; ``dst`` has stride 0 on them. Without ``accumulate`` dst is overwritten.
+    Unit: the core's ``mme``."""
+
+    core: int
+    shape: tuple[int, ...]
+    reduce: tuple[bool, ...]
+    dst: Operand
+    a: Operand
+    b: Operand
+    accumulate: bool = False
+    deps: tuple[int, ...] = ()
+
+
+@dataclass(frozen=True)
+class Vector:
+    """dst[p] = op(srcs[0][p], ...) elementwise over shape. A source may be a scalar immediate.
+    Unit ``vme`` (ops in VME_OPS) or ``vec`` (ops in VEC_OPS) of the core."""
+
+    core: int
+    unit: str
+    op: str
+    shape: tuple[int, ...]
+    dst: Operand
+    srcs: tuple[Operand | float, ...]
+    deps: tuple[int, ...] = ()
+
+
+@dataclass(frozen=True)
+class Reduce:
+    """dst[s] (op)= reduce over reduction dims r of src[s, r]; op in REDUCE_OPS. ``dst`` has
+    stride 0 on reduction dims. Without ``accumulate`` the old dst value is ignored.
+    Unit ``vme`` or ``vec`` of the core."""
+
+    core: int
+    unit: str
+    op: str
+    shape: tuple[int, ...]
+    reduce: tuple[bool, ...]
+    dst: Operand
+    src: Operand
+    accumulate: bool = False
+    deps: tuple[int, ...] = ()
+
+
+Instruction = Dma | Fill | Mme | Vector | Reduce
+OPCODES = {"dma": Dma, "fill": Fill, "mme": Mme, "vector": Vector, "reduce": Reduce}
+OPCODE_OF = {cls: name for name, cls in OPCODES.items()}
+
+
+def unit_of(ins: Instruction, cores_per_cluster: int) -> tuple[str, int]:
+    """(unit kind, index) that executes ``ins``: per-core units indexed by global core id,
+    ``cdma`` by cluster id."""
+    if isinstance(ins, Dma):
+        if ins.dst.mem != "lb" and ins.src.mem != "lb":
+            return "cdma", ins.core // cores_per_cluster
+        return "dma", ins.core
+    if isinstance(ins, Fill):
+        return "dma", ins.core
+    if isinstance(ins, Mme):
+        return "mme", ins.core
+    return ins.unit, ins.core
+
+
+def operands(ins: Instruction) -> tuple[list[Operand], Operand]:
+    """(sources read, destination written). An accumulating destination is also a source."""
+    if isinstance(ins, Dma):
+        return [ins.src], ins.dst
+    if isinstance(ins, Fill):
+        return [], ins.dst
+    if isinstance(ins, Mme):
+        return [ins.a, ins.b] + ([ins.dst] if ins.accumulate else []), ins.dst
+    if isinstance(ins, Vector):
+        return [s for s in ins.srcs if isinstance(s, Operand)], ins.dst
+    return [ins.src] + ([ins.dst] if ins.accumulate else []), ins.dst
+
+
+def macs(ins: Instruction) -> int:
+    """Multiply-accumulates an MME instruction performs (0 for the others)."""
+    if not isinstance(ins, Mme):
+        return 0
+    n = 1
+    for e in ins.shape:
+        n *= e
+    return n

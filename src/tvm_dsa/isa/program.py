@@ -1,0 +1,191 @@
+"""A DSA program: the hardware it was compiled for, its DDR arguments, and a list of kernels.
+
+This module and ``instructions`` are the whole contract between the compiler and the simulator.
+A program is self-contained: it carries the hardware description as a dict, so it can be saved,
+loaded, disassembled and run without the compiler.
+
+Running a program: the host places each ``TensorArg`` in DDR at its ``offset`` (inputs converted to
+the arg's storage ``dtype``), launches the kernels in order (each kernel starts after the previous
+one finished on all cores, plus the launch cost), and reads the outputs back, converted to
+``host_dtype``. DDR outside the args is scratch for the kernels.
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+import zlib
+from dataclasses import dataclass, field
+
+from .instructions import (
+    OPCODE_OF,
+    OPCODES,
+    Dma,
+    Fill,
+    Instruction,
+    Mme,
+    Operand,
+    Reduce,
+    Vector,
+)
+
+VERSION = 1
+MAGIC = "DSAP"
+
+
+class ProgramError(ValueError):
+    """A program that is malformed, of another version, or invalid for its hardware."""
+
+
+@dataclass(frozen=True)
+class TensorArg:
+    """A tensor in DDR that the host passes in (``input``) or reads back (``output``)."""
+
+    name: str
+    role: str  # "input" | "output"
+    shape: tuple[int, ...]
+    dtype: str  # storage dtype in DDR
+    host_dtype: str
+    offset: int
+
+    @property
+    def nbytes(self) -> int:
+        from .instructions import DTYPES
+
+        n = DTYPES[self.dtype]
+        for e in self.shape:
+            n *= e
+        return n
+
+
+@dataclass(frozen=True)
+class Kernel:
+    """Instructions launched together on ``cores`` (global core ids); list order is their meaning."""
+
+    name: str
+    cores: tuple[int, ...]
+    instructions: tuple[Instruction, ...]
+    macs_by_layer: dict = field(default_factory=dict, compare=False)
+
+
+@dataclass(frozen=True)
+class Program:
+    hardware: dict
+    ddr_bytes: int
+    args: tuple[TensorArg, ...]
+    kernels: tuple[Kernel, ...]
+    name: str = "program"
+    version: int = VERSION
+
+    # -- dict / JSON form ---------------------------------------------------------------------
+    def to_dict(self) -> dict:
+        return {
+            "magic": MAGIC,
+            "version": self.version,
+            "name": self.name,
+            "hardware": self.hardware,
+            "ddr_bytes": self.ddr_bytes,
+            "args": [[a.name, a.role, list(a.shape), a.dtype, a.host_dtype, a.offset] for a in self.args],
+            "kernels": [
+                {"name": k.name, "cores": list(k.cores), "macs_by_layer": k.macs_by_layer,
+                 "instructions": [_ins_to_list(i) for i in k.instructions]}
+                for k in self.kernels
+            ],
+        }
+
+    @classmethod
+    def from_dict(cls, d: dict) -> "Program":
+        if not isinstance(d, dict) or d.get("magic") != MAGIC:
+            raise ProgramError("not a DSA program (missing magic 'DSAP')")
+        if d.get("version") != VERSION:
+            raise ProgramError(f"program version {d.get('version')} is not supported (this runtime reads {VERSION})")
+        try:
+            args = tuple(TensorArg(a[0], a[1], tuple(a[2]), a[3], a[4], a[5]) for a in d["args"])
+            kernels = tuple(
+                Kernel(k["name"], tuple(k["cores"]),
+                       tuple(_ins_from_list(i) for i in k["instructions"]), k.get("macs_by_layer", {}))
+                for k in d["kernels"]
+            )
+            return cls(d["hardware"], int(d["ddr_bytes"]), args, kernels, d.get("name", "program"), VERSION)
+        except (KeyError, IndexError, TypeError, ValueError) as err:
+            raise ProgramError(f"malformed program: {type(err).__name__}: {err}") from None
+
+    # -- compact text form for embedding (zlib-compressed JSON, base64) -------------------------
+    def serialize(self) -> str:
+        raw = json.dumps(self.to_dict(), separators=(",", ":")).encode()
+        return MAGIC + base64.b64encode(zlib.compress(raw, 6)).decode("ascii")
+
+    @classmethod
+    def deserialize(cls, text: str) -> "Program":
+        text = str(text)
+        if not text.startswith(MAGIC):
+            raise ProgramError("not a serialized DSA program (missing 'DSAP' prefix)")
+        try:
+            raw = zlib.decompress(base64.b64decode(text[len(MAGIC):], validate=True))
+            d = json.loads(raw)
+        except (ValueError, zlib.error) as err:
+            raise ProgramError(f"corrupt serialized program: {err}") from None
+        return cls.from_dict(d)
+
+    def save(self, path) -> None:
+        with open(path, "w") as f:
+            json.dump(self.to_dict(), f, separators=(",", ":"))
+
+    @classmethod
+    def load(cls, path) -> "Program":
+        with open(path) as f:
+            try:
+                d = json.load(f)
+            except json.JSONDecodeError as err:
+                raise ProgramError(f"{path}: not a JSON DSA program: {err}") from None
+        return cls.from_dict(d)
+
+    @property
+    def num_instructions(self) -> int:
+        return sum(len(k.instructions) for k in self.kernels)
+
+
+def _op_to_list(o: Operand | float):
+    if isinstance(o, Operand):
+        return [o.mem, o.index, o.offset, o.dtype, list(o.strides)]
+    return float(o)
+
+
+def _op_from_list(v) -> Operand | float:
+    if isinstance(v, list):
+        return Operand(v[0], int(v[1]), int(v[2]), v[3], tuple(int(s) for s in v[4]))
+    return float(v)
+
+
+def _ins_to_list(i: Instruction) -> list:
+    head = [OPCODE_OF[type(i)], i.core, list(i.deps), list(i.shape)]
+    if isinstance(i, Dma):
+        return head + [_op_to_list(i.dst), _op_to_list(i.src)]
+    if isinstance(i, Fill):
+        return head + [_op_to_list(i.dst), i.value]
+    if isinstance(i, Mme):
+        return head + [[int(r) for r in i.reduce], _op_to_list(i.dst), _op_to_list(i.a),
+                       _op_to_list(i.b), int(i.accumulate)]
+    if isinstance(i, Vector):
+        return head + [i.unit, i.op, _op_to_list(i.dst), [_op_to_list(s) for s in i.srcs]]
+    return head + [i.unit, i.op, [int(r) for r in i.reduce], _op_to_list(i.dst),
+                   _op_to_list(i.src), int(i.accumulate)]
+
+
+def _ins_from_list(v: list) -> Instruction:
+    opcode, core, deps, shape, *rest = v
+    if opcode not in OPCODES:
+        raise ValueError(f"unknown opcode {opcode!r}")
+    core, deps, shape = int(core), tuple(int(d) for d in deps), tuple(int(s) for s in shape)
+    if opcode == "dma":
+        return Dma(core, shape, _op_from_list(rest[0]), _op_from_list(rest[1]), deps)
+    if opcode == "fill":
+        return Fill(core, shape, _op_from_list(rest[0]), float(rest[1]), deps)
+    if opcode == "mme":
+        return Mme(core, shape, tuple(bool(r) for r in rest[0]), _op_from_list(rest[1]),
+                   _op_from_list(rest[2]), _op_from_list(rest[3]), bool(rest[4]), deps)
+    if opcode == "vector":
+        return Vector(core, rest[0], rest[1], shape, _op_from_list(rest[2]),
+                      tuple(_op_from_list(s) for s in rest[3]), deps)
+    return Reduce(core, rest[0], rest[1], shape, tuple(bool(r) for r in rest[2]),
+                  _op_from_list(rest[3]), _op_from_list(rest[4]), bool(rest[5]), deps)
