@@ -1,0 +1,192 @@
+"""What a run cost: cycles, traffic per memory level, busy time per unit, occupancy, energy.
+
+``Report`` stores only counted quantities; everything derived from them and the hardware
+(seconds, utilisation, energy, roofline) is a property, so combining reports stays consistent.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass, field
+
+from ..hardware.model import Hardware
+from ..isa.instructions import Dma, Fill, Mme, Operand, macs, operands
+from ..isa.program import Program
+from .cost import ddr_effective_bytes, elements, noc_hops, stream_bytes
+from .timing import ProgramTiming
+
+UNIT_TYPES = ("dma", "cdma", "mme", "vme", "vec")
+TRAFFIC = ("ddr_read", "ddr_write", "gb_read", "gb_write", "lb_read", "lb_write")
+_SUMMED = ("cycles", "kernels", "instructions", "macs", "vector_lane_ops", *TRAFFIC, "ddr_burst_bytes",
+           "noc_bytes", "noc_hop_bytes", "compulsory_ddr_bytes")
+
+
+@dataclass(frozen=True)
+class Report:
+    hardware: Hardware = field(repr=False)
+    cycles: int = 0
+    kernels: int = 0
+    instructions: int = 0
+    macs: int = 0
+    vector_lane_ops: int = 0  # elements processed by VME / vector core
+    ddr_read: int = 0  # payload bytes by memory level and direction (DMA sides, compute operands)
+    ddr_write: int = 0
+    gb_read: int = 0
+    gb_write: int = 0
+    lb_read: int = 0
+    lb_write: int = 0
+    ddr_burst_bytes: int = 0  # bytes DDR really moved: contiguous runs rounded up to bursts
+    noc_bytes: int = 0  # payload of LB-to-LB transfers over the mesh
+    noc_hop_bytes: int = 0  # the same, times the hops each byte travels
+    busy: dict = field(default_factory=dict)  # unit type -> busy cycles summed over its units
+    lb_peak_bytes: int = 0  # max over kernels and LBs of the bytes written in the kernel
+    gb_peak_bytes: int = 0
+    compulsory_ddr_bytes: int = 0  # bytes any schedule must move (default: the program's args)
+
+    # -- derived ------------------------------------------------------------------------------
+    @property
+    def seconds(self) -> float:
+        return self.hardware.cycles_to_seconds(self.cycles)
+
+    def unit_count(self, unit: str) -> int:
+        return self.hardware.clusters if unit == "cdma" else self.hardware.cores
+
+    @property
+    def utilisation(self) -> dict[str, float]:
+        return {u: self.busy.get(u, 0) / (self.cycles * self.unit_count(u)) if self.cycles else 0.0
+                for u in UNIT_TYPES}
+
+    @property
+    def mme_mac_utilisation(self) -> float:
+        return self.macs / (self.cycles * self.hardware.peak_macs_per_cycle) if self.cycles else 0.0
+
+    @property
+    def energy(self) -> dict[str, float]:
+        """Joules by component: bits moved times pJ/bit, MACs and vector lane-operations."""
+        e = self.hardware.energy
+        pj = {
+            "ddr": self.ddr_burst_bytes * 8 * e.ddr_pj_per_bit,
+            "gb": (self.gb_read + self.gb_write) * 8 * e.gb_pj_per_bit,
+            "lb": (self.lb_read + self.lb_write) * 8 * e.lb_pj_per_bit,
+            "noc": self.noc_hop_bytes * 8 * e.noc_hop_pj_per_bit,
+            "mac": self.macs * e.mac_pj,
+            "vector": self.vector_lane_ops * e.vector_op_pj,
+        }
+        return {k: v * 1e-12 for k, v in pj.items()}
+
+    @property
+    def energy_total(self) -> float:
+        return sum(self.energy.values())
+
+    @property
+    def roofline_cycles(self) -> float:
+        """Lower bound of any schedule: peak MAC rate, or compulsory DDR bytes at full bandwidth."""
+        return max(self.macs / self.hardware.peak_macs_per_cycle,
+                   self.compulsory_ddr_bytes / self.hardware.ddr_bytes_per_cycle)
+
+    @property
+    def roofline_ratio(self) -> float:
+        return self.cycles / self.roofline_cycles if self.roofline_cycles else 0.0
+
+    # -- composition --------------------------------------------------------------------------
+    @classmethod
+    def combine(cls, reports: list["Report"]) -> "Report":
+        """Reports of runs one after another: counts and cycles add, peaks take the maximum."""
+        if not reports:
+            raise ValueError("Report.combine needs at least one report")
+        hw = reports[0].hardware
+        if any(r.hardware != hw for r in reports):
+            raise ValueError("Report.combine: reports are for different hardware")
+        busy = {u: sum(r.busy.get(u, 0) for r in reports) for u in UNIT_TYPES}
+        return cls(hw, **{f: sum(getattr(r, f) for r in reports) for f in _SUMMED}, busy=busy,
+                   lb_peak_bytes=max(r.lb_peak_bytes for r in reports),
+                   gb_peak_bytes=max(r.gb_peak_bytes for r in reports))
+
+    def with_compulsory(self, nbytes: int) -> "Report":
+        return dataclasses.replace(self, compulsory_ddr_bytes=int(nbytes))
+
+    # -- presentation -------------------------------------------------------------------------
+    def to_dict(self) -> dict:
+        d = {f.name: getattr(self, f.name) for f in dataclasses.fields(self) if f.name != "hardware"}
+        d.update(hardware=self.hardware.name, clock_hz=self.hardware.clock_hz, seconds=self.seconds,
+                 utilisation=self.utilisation, mme_mac_utilisation=self.mme_mac_utilisation,
+                 energy=self.energy, energy_total=self.energy_total, roofline_cycles=self.roofline_cycles,
+                 roofline_ratio=self.roofline_ratio, busy=dict(self.busy))
+        return d
+
+    def __str__(self) -> str:
+        hw = self.hardware
+        rows = [
+            ("hardware", f"{hw.name} @ {hw.clock_hz / 1e9:g} GHz"),
+            ("cycles", f"{self.cycles:,} ({self.seconds * 1e3:.4g} ms)"),
+            ("roofline", f"{self.roofline_cycles:,.0f} cycles (x{self.roofline_ratio:.2f})"),
+            ("kernels / instructions", f"{self.kernels:,} / {self.instructions:,}"),
+            ("MACs", f"{self.macs:,} ({self.mme_mac_utilisation:.1%} of peak)"),
+        ]
+        for level in ("ddr", "gb", "lb"):
+            rows.append((f"{level.upper()} read / write", f"{getattr(self, level + '_read'):,} / "
+                         f"{getattr(self, level + '_write'):,} B"))
+        rows.append(("DDR bursts / NoC", f"{self.ddr_burst_bytes:,} B / {self.noc_bytes:,} B"))
+        rows.append(("peak LB / GB", f"{self.lb_peak_bytes:,} / {self.gb_peak_bytes:,} B"))
+        util = self.utilisation
+        for u in UNIT_TYPES:
+            rows.append((f"busy {u}", f"{self.busy.get(u, 0):,} cycles ({util[u]:.1%})"))
+        for k, v in self.energy.items():
+            rows.append((f"energy {k}", f"{v * 1e6:.4g} uJ"))
+        rows.append(("energy total", f"{self.energy_total * 1e6:.4g} uJ"))
+        width = max(len(k) for k, _ in rows)
+        return "\n".join(f"{k:<{width}}  {v}" for k, v in rows)
+
+
+def _union_bytes(ranges: list[tuple[int, int]]) -> int:
+    total, reach = 0, None
+    for lo, hi in sorted(ranges):
+        if reach is None or lo > reach:
+            total += hi - lo
+            reach = hi
+        elif hi > reach:
+            total += hi - reach
+            reach = hi
+    return total
+
+
+def build_report(program: Program, hw: Hardware, timing: ProgramTiming) -> Report:
+    """Count what the program's instructions move and compute, and what the timing made busy."""
+    c = dict.fromkeys(_SUMMED, 0)
+    busy = dict.fromkeys(UNIT_TYPES, 0)
+    peak = {"lb": 0, "gb": 0}
+
+    def traffic(o: Operand, direction: str, nbytes: int, shape: tuple[int, ...]) -> None:
+        c[f"{o.mem}_{direction}"] += nbytes
+        if o.mem == "ddr":
+            c["ddr_burst_bytes"] += ddr_effective_bytes(o, shape, hw)
+
+    for k, kt in zip(program.kernels, timing.kernels):
+        written: dict[tuple[str, int], list[tuple[int, int]]] = {}
+        for ins, (unit, _), s, e in zip(k.instructions, kt.units, kt.start, kt.end):
+            busy[unit] += e - s
+            srcs, dst = operands(ins)
+            if dst.mem in peak:
+                written.setdefault(dst.space(), []).append(dst.extent_bytes(ins.shape))
+            if isinstance(ins, (Dma, Fill)):
+                payload = elements(ins.shape) * dst.itemsize
+                for o in srcs:
+                    traffic(o, "read", payload, ins.shape)
+                traffic(dst, "write", payload, ins.shape)
+                hops = noc_hops(ins, hw)
+                if hops:
+                    c["noc_bytes"] += payload
+                    c["noc_hop_bytes"] += payload * hops
+                continue
+            for o in srcs:
+                traffic(o, "read", stream_bytes(o, ins.shape), ins.shape)
+            traffic(dst, "write", stream_bytes(dst, ins.shape), ins.shape)
+            if isinstance(ins, Mme):
+                c["macs"] += macs(ins)
+            else:
+                c["vector_lane_ops"] += elements(ins.shape)
+        for (mem, _), ranges in written.items():
+            peak[mem] = max(peak[mem], _union_bytes(ranges))
+    c.update(cycles=timing.cycles, kernels=len(program.kernels), instructions=program.num_instructions,
+             compulsory_ddr_bytes=sum(a.nbytes for a in program.args))
+    return Report(hw, **c, busy=busy, lb_peak_bytes=peak["lb"], gb_peak_bytes=peak["gb"])

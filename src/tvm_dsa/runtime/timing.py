@@ -1,0 +1,184 @@
+"""Event-driven timing of a program: per-unit in-order queues, dependency tokens, shared bandwidth.
+
+Every unit (per core ``dma``, ``mme``, ``vme``, ``vec``; per cluster ``cdma``) runs its instructions
+in list order, one at a time. An instruction starts when it is its unit's next one, the unit is
+free and all its ``deps`` have finished; at that moment every earlier instruction it conflicts with
+in memory must have finished too, otherwise ``HazardError``. Compute instructions take
+``compute_cycles``. Transfers wait their fixed latency, then share bandwidth as a fluid: at every
+change of the set of moving transfers, each one's rate is the minimum over its resources of the
+resource's bandwidth divided among the transfers using it. A transfer completes at the first whole
+cycle after its last byte. Kernels run one after another, each after ``kernel_launch_cycles``.
+"""
+
+from __future__ import annotations
+
+import heapq
+import math
+from dataclasses import dataclass
+
+from ..hardware.model import Hardware
+from ..isa.instructions import OPCODE_OF, Dma, Fill, unit_of
+from ..isa.program import Kernel, Program
+from .cost import bandwidth, compute_cycles, dma_demand, dma_latency
+from .hazards import HazardError, HazardTracker, exact_conflict
+
+_FINISH, _MOVE = 0, 1  # events: an instruction finished; a transfer's latency is over
+_EPS = 1e-6  # cycles: a transfer this close to done is done
+
+
+@dataclass
+class KernelTiming:
+    """When each instruction of a kernel ran, in cycles from the kernel's start."""
+
+    name: str
+    start_cycle: int  # the kernel's start within the program (after its launch)
+    cycles: int
+    units: list[tuple[str, int]]  # unit of each instruction
+    start: list[int]
+    end: list[int]
+    order: list[int]  # instruction indices in the order they started
+
+
+@dataclass
+class ProgramTiming:
+    kernels: list[KernelTiming]
+    cycles: int
+
+
+def simulate_program(program: Program, hw: Hardware) -> ProgramTiming:
+    """Time every kernel in sequence; raises ``HazardError`` on a missing dependency token."""
+    tracker = HazardTracker({"ddr": program.ddr_bytes, "gb": hw.gb_bytes, "lb": hw.lb_bytes})
+    kernels, t = [], 0
+    for k in program.kernels:
+        t += hw.kernel_launch_cycles
+        kernels.append(simulate_kernel(k, hw, tracker, t))
+        t += kernels[-1].cycles
+    return ProgramTiming(kernels, t)
+
+
+def simulate_kernel(kernel: Kernel, hw: Hardware, tracker: HazardTracker, start_cycle: int = 0) -> KernelTiming:
+    instrs = kernel.instructions
+    n = len(instrs)
+    unit_ids: dict[tuple[str, int], int] = {}
+    resource_ids: dict[tuple, int] = {}
+    units: list[tuple[str, int]] = []
+    uid = [0] * n
+    queues: list[list[int]] = []
+    cost: list = [None] * n  # compute: cycles; transfer: (latency, [(resource, full-speed rate)])
+    pending = [0] * n
+    dependents: list[list[int]] = [[] for _ in range(n)]
+    conflicts: list[tuple[int, ...]] = [()] * n
+    tracker.begin_kernel()
+    for i, ins in enumerate(instrs):
+        u = unit_of(ins, hw.cores_per_cluster)
+        units.append(u)
+        if u not in unit_ids:
+            unit_ids[u] = len(queues)
+            queues.append([])
+        uid[i] = unit_ids[u]
+        queues[uid[i]].append(i)
+        if isinstance(ins, (Dma, Fill)):
+            rates = [(resource_ids.setdefault(r, len(resource_ids)), bandwidth(r, hw) / b)
+                     for r, b in dma_demand(ins, hw).items()]
+            cost[i] = (dma_latency(ins, hw), rates)
+        else:
+            cost[i] = compute_cycles(ins, hw)
+        deps = set(ins.deps)
+        pending[i] = len(deps)
+        for d in deps:
+            dependents[d].append(i)
+        conflicts[i] = tracker.add(ins, uid[i])
+
+    start, end, order = [0] * n, [0] * n, []
+    done = [False] * n
+    busy = [False] * len(queues)
+    pos = [0] * len(queues)
+    users = [0] * len(resource_ids)
+    moving: dict[int, list] = {}  # transfer -> [remaining fraction, rate]
+    heap: list[tuple[int, int, int, int]] = []
+    seq = 0
+    t_moving = 0.0  # time at which the remaining fractions are exact
+    next_done = math.inf  # earliest time a moving transfer finishes
+
+    def try_start(u: int, t: int) -> None:
+        nonlocal seq
+        q, p = queues[u], pos[u]
+        if busy[u] or p == len(q) or pending[q[p]]:
+            return
+        i = q[p]
+        for j in conflicts[i]:
+            if not done[j]:
+                found = exact_conflict(instrs[j], instrs[i])
+                if found:
+                    kind, o = found
+                    raise HazardError(
+                        f"kernel {kernel.name!r}: instruction {i} ({OPCODE_OF[type(instrs[i])]}) starts at "
+                        f"cycle {t} before instruction {j} ({OPCODE_OF[type(instrs[j])]}) finished, but it "
+                        f"must follow it ({kind} on {o.mem}[{o.index}]): add {j} to the deps of {i}")
+        busy[u] = True
+        pos[u] = p + 1
+        start[i] = t
+        order.append(i)
+        c = cost[i]
+        seq += 1
+        if isinstance(c, int):
+            heapq.heappush(heap, (t + c, seq, _FINISH, i))
+        else:
+            heapq.heappush(heap, (t + c[0], seq, _MOVE, i))
+
+    def advance(t: float) -> None:
+        nonlocal t_moving
+        dt = t - t_moving
+        for m in moving.values():
+            m[0] -= m[1] * dt
+        t_moving = t
+
+    def rebalance(t: float) -> None:
+        nonlocal next_done
+        next_done = math.inf
+        for i, m in moving.items():
+            m[1] = min(f / users[r] for r, f in cost[i][1])
+            next_done = min(next_done, t + m[0] / m[1])
+
+    for u in range(len(queues)):
+        try_start(u, 0)
+    while heap or moving:
+        t_event = heap[0][0] if heap else math.inf
+        if next_done <= t_event:  # some transfer moved its last byte
+            t = next_done
+            advance(t)
+            for i in [i for i, m in moving.items() if m[0] <= m[1] * _EPS]:  # < _EPS cycles left
+                del moving[i]
+                for r, _ in cost[i][1]:
+                    users[r] -= 1
+                seq += 1
+                heapq.heappush(heap, (math.ceil(t - _EPS), seq, _FINISH, i))
+            rebalance(t)
+            continue
+        t = t_event
+        ready: list[int] = []
+        joining: list[int] = []
+        while heap and heap[0][0] == t:
+            _, _, kind, i = heapq.heappop(heap)
+            if kind == _MOVE:
+                joining.append(i)
+                continue
+            done[i] = True
+            end[i] = t
+            busy[uid[i]] = False
+            ready.append(uid[i])
+            for d in dependents[i]:
+                pending[d] -= 1
+                if not pending[d]:
+                    ready.append(uid[d])
+        if joining:
+            advance(t)
+            for i in joining:
+                moving[i] = [1.0, 0.0]
+                for r, _ in cost[i][1]:
+                    users[r] += 1
+            rebalance(t)
+        for u in ready:
+            try_start(u, t)
+
+    return KernelTiming(kernel.name, start_cycle, max(end, default=0), units, start, end, order)

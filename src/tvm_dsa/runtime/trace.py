@@ -1,0 +1,56 @@
+"""Chrome / Perfetto trace-event JSON of a timed program: open it in ui.perfetto.dev or chrome://tracing.
+
+One process per core (and one per cluster for its ``cdma``), one track per unit that ran something,
+one complete ("X") event per instruction with its kernel, index and bytes or MACs.
+"""
+
+from __future__ import annotations
+
+import json
+
+from ..hardware.model import Hardware
+from ..isa.instructions import OPCODE_OF, Dma, Fill, Mme, macs
+from ..isa.program import Program
+from .cost import elements
+from .timing import ProgramTiming
+
+TRACKS = ("dma", "mme", "vme", "vec", "cdma")
+
+
+def _pid(unit: tuple[str, int], hw: Hardware) -> int:
+    kind, index = unit
+    return hw.cores + index if kind == "cdma" else index
+
+
+def trace_events(program: Program, hw: Hardware, timing: ProgramTiming, offset: int = 0) -> list[dict]:
+    """Trace events of ``timing`` shifted by ``offset`` cycles (so several runs concatenate)."""
+    us = 1e6 / hw.clock_hz
+    events, tracks = [], set()
+    for k, kt in zip(program.kernels, timing.kernels):
+        base = offset + kt.start_cycle
+        for n, (ins, unit, s, e) in enumerate(zip(k.instructions, kt.units, kt.start, kt.end)):
+            pid, tid = _pid(unit, hw), TRACKS.index(unit[0])
+            tracks.add((pid, tid, unit))
+            name = OPCODE_OF[type(ins)] + (f".{ins.op}" if hasattr(ins, "op") else "")
+            args = {"kernel": k.name, "index": n}
+            if isinstance(ins, (Dma, Fill)):
+                args["bytes"] = elements(ins.shape) * ins.dst.itemsize
+            elif isinstance(ins, Mme):
+                args["macs"] = macs(ins)
+            else:
+                args["elements"] = elements(ins.shape)
+            events.append({"name": name, "cat": unit[0], "ph": "X", "pid": pid, "tid": tid,
+                           "ts": (base + s) * us, "dur": (e - s) * us, "args": args})
+    meta, named = [], set()
+    for pid, tid, (kind, index) in sorted(tracks):
+        if pid not in named:
+            named.add(pid)
+            process = f"cluster {index}" if kind == "cdma" else f"core {index}"
+            meta.append({"name": "process_name", "ph": "M", "pid": pid, "tid": 0, "args": {"name": process}})
+        meta.append({"name": "thread_name", "ph": "M", "pid": pid, "tid": tid, "args": {"name": kind}})
+    return meta + events
+
+
+def write_trace(events: list[dict], path) -> None:
+    with open(path, "w") as f:
+        json.dump({"traceEvents": events, "displayTimeUnit": "ns"}, f)
