@@ -25,8 +25,15 @@ def _autoload() -> None:
         return
     _INITIALISED = True
     hardware.init()
+    from . import host, pipeline
+
+    pipeline.register()
+    host.register()
 
 
 _autoload()
 
-__all__ = ["Hardware", "HardwareError", "hardware"]
+from .host import last_report, last_trace  # noqa: E402
+from .pipeline import pipeline, pipeline_result  # noqa: E402
+
+__all__ = ["Hardware", "HardwareError", "hardware", "last_report", "last_trace", "pipeline", "pipeline_result"]

@@ -1,0 +1,66 @@
+"""Host side of offloaded kernels: the ``tvm_dsa.execute`` function the VM calls, and the reports.
+
+Each call runs one kernel's program on the simulator (numerics and time) and writes the outputs
+into the VM's tensors. Calls of one model run are gathered into one report: a run starts at the
+call whose ``info.index`` is 0. Programs are parsed once and cached by their text.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from functools import lru_cache
+
+import numpy as np
+import tvm_ffi
+
+from .isa import Program
+from .runtime import Report, simulate
+
+_RUNS: list[list[Report]] = []
+_TRACE: list = []
+
+
+@lru_cache(maxsize=4096)
+def _program(text: str) -> Program:
+    return Program.deserialize(text)
+
+
+def execute(program_text, info_text, *tensors) -> None:
+    program = _program(str(program_text))
+    info = json.loads(str(info_text))
+    n_in = sum(1 for a in program.args if a.role == "input")
+    inputs = [np.from_dlpack(t) for t in tensors[:n_in]]
+    mode = "functional" if program.hardware["storage_dtype"].startswith("float") else "timing"
+    if info["index"] == 0 or not _RUNS:
+        _RUNS.append([])
+        del _RUNS[:-2]
+        _TRACE.clear()
+    start = sum(r.cycles for r in _RUNS[-1])
+    result = simulate(program, inputs, mode=mode, start_cycle=start, trace=bool(os.environ.get("TVM_DSA_TRACE")))
+    _RUNS[-1].append(result.report)
+    _TRACE.extend(result.trace_events or [])
+    if mode == "functional":
+        for t, out in zip(tensors[n_in:], result.outputs):
+            np.from_dlpack(t)[...] = out
+    else:
+        raise RuntimeError(
+            f"preset {program.hardware['name']} stores {program.hardware['storage_dtype']}: a float model "
+            "can only be simulated in timing mode there; use its -fp16 variant for numerics"
+        )
+
+
+def last_report() -> Report | None:
+    """The report of the last model run (all its DSA kernels), or None before any run."""
+    if not _RUNS or not _RUNS[-1]:
+        return None
+    return Report.combine(_RUNS[-1])
+
+
+def last_trace() -> list:
+    """Trace events of the last run (set TVM_DSA_TRACE=1 before running to record them)."""
+    return list(_TRACE)
+
+
+def register() -> None:
+    tvm_ffi.register_global_func("tvm_dsa.execute", execute, override=True)

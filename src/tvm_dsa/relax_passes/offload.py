@@ -1,0 +1,72 @@
+"""OffloadToDSA: replace each scheduled kernel's ``call_tir`` by a call that runs its DSA program.
+
+For every kernel of the schedule the PrimFunc is lowered by the TIR passes, turned into a program
+by the codegen, and the call becomes ``call_dps_packed("tvm_dsa.execute", (program, info, *args))``:
+the program text lives in the VM bytecode, so ``export_library`` / ``load_module`` keep it. A kernel
+the DSA cannot run keeps its ``call_tir`` and runs on the host; the reason is recorded.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+
+import tvm
+from tvm import relax
+
+from .. import schedule as schedules
+from ..codegen.emit import build_program
+from ..hardware import Hardware
+from ..tir_passes import Unsupported, lower_kernel
+from .stats import kernel_macs
+
+EXECUTE = "tvm_dsa.execute"
+
+
+@dataclass
+class OffloadResult:
+    """What the pass decided, per kernel (kept on the pass object for reports and tests)."""
+
+    dsa: list = field(default_factory=list)  # kernel names
+    host: dict = field(default_factory=dict)  # kernel name -> reason
+    dsa_macs: int = 0
+    host_macs: int = 0
+
+
+def offload(mod: tvm.IRModule, hw: Hardware, schedule: str = "layerwise", run_id: str = "model"):
+    """Return (new module, OffloadResult)."""
+    specs = {s.name: s for s in schedules.get(schedule)(mod, hw)}
+    result = OffloadResult()
+    programs: dict[str, str] = {}
+    for name in specs:
+        func = mod[name]
+        macs = kernel_macs(func)
+        try:
+            lowered, _ = lower_kernel(func, hw)
+            programs[name] = build_program(lowered, hw, name).serialize()
+            result.dsa.append(name)
+            result.dsa_macs += macs
+        except Unsupported as err:
+            result.host[name] = str(err)
+            result.host_macs += macs
+    call_tir = tvm.ir.Op.get("relax.call_tir")
+    order = [n for n in specs if n in programs]
+
+    @relax.expr_functor.mutator
+    class _Rewrite(relax.PyExprMutator):
+        def visit_call_(self, call):
+            call = super().visit_call_(call)
+            if not call.op.same_as(call_tir) or call.args[0].name_hint not in programs:
+                return call
+            name = call.args[0].name_hint
+            info = json.dumps({"run": run_id, "kernel": name, "index": order.index(name),
+                               "count": len(order)})
+            args = [tvm.ir.StringImm(programs[name]), tvm.ir.StringImm(info), *call.args[1].fields]
+            return relax.call_dps_packed(EXECUTE, args, out_ty=call.ty_args[0] if call.ty_args else call.ty)
+
+    rewriter = _Rewrite(mod)
+    new_main = rewriter.visit_expr(mod["main"])
+    mod = mod.clone() if hasattr(mod, "clone") else mod
+    mod["main"] = new_main
+    mod = relax.transform.DeadCodeElimination(["main"])(mod)
+    return mod, result

@@ -1,0 +1,75 @@
+"""TIR passes that make a kernel fit the DSA, and the per-kernel lowering that chains them.
+
+    TileForLB    tile around the anchor so a tile's working set fits the LB   (tile.py)
+    AssignScopes DDR / LB storage scopes, LB copies of compute operands      (scopes.py)
+    LowerToDSA   mark each stage as one DSA operation                         (lower.py)
+"""
+
+from __future__ import annotations
+
+import tvm
+from tvm import s_tir
+
+from .analysis import Unsupported, classify
+from .lower import lower_to_dsa
+from .scopes import GB_SCOPE, LB_SCOPE, assign_scopes
+from .tile import TilePlan, anchor_info, candidate_plans, tile_schedule
+
+
+def _as_pass(name: str, fn):
+    def transform(func, _mod, _ctx):
+        return fn(func)
+
+    return tvm.tirx.transform.prim_func_pass(transform, opt_level=0, name=name)
+
+
+def TileForLB(plan: TilePlan):  # noqa: N802 - TVM pass naming
+    """Pass: tile every PrimFunc of the module with ``plan``."""
+    return _as_pass("dsa.TileForLB", lambda f: tile_schedule(f, plan).mod["main"])
+
+
+def AssignScopes():  # noqa: N802
+    return _as_pass("dsa.AssignScopes", lambda f: assign_scopes(s_tir.Schedule(f)).mod["main"])
+
+
+def LowerToDSA():  # noqa: N802
+    return _as_pass("dsa.LowerToDSA", lambda f: lower_to_dsa(s_tir.Schedule(f)).mod["main"])
+
+
+def lower_with_plan(func, plan: TilePlan):
+    """TileForLB -> AssignScopes -> LowerToDSA on one PrimFunc."""
+    sch = tile_schedule(func, plan)
+    assign_scopes(sch)
+    lower_to_dsa(sch)
+    return sch.mod["main"]
+
+
+def lower_kernel(func, hw):
+    """Lower ``func`` with the largest tiling whose working set fits ``hw``'s LB and that gives
+    the cluster's cores a tile each where the kernel has that many. Returns (lowered, plan)."""
+    from ..codegen.emit import CodegenError, plan_lb
+
+    info = anchor_info(func)
+    fitting = None
+    for plan in candidate_plans(info, hw.mme.rows, hw.mme.cols):
+        try:
+            lowered = lower_with_plan(func, plan)
+            plan_lb(lowered, hw)
+        except CodegenError:
+            continue
+        fitting = (lowered, plan)
+        tiles = 1
+        for e, t in zip(info.spatial, plan.tiles):
+            tiles *= e // t
+        if tiles >= hw.cores_per_cluster or all(t == 1 for t in plan.tiles):
+            return fitting
+    if fitting is None:
+        raise Unsupported(f"no tiling of {info.name} fits the {hw.lb_bytes}-byte LB")
+    return fitting
+
+
+__all__ = [
+    "Unsupported", "classify", "TilePlan", "anchor_info", "candidate_plans", "tile_schedule",
+    "assign_scopes", "lower_to_dsa", "lower_with_plan", "lower_kernel",
+    "TileForLB", "AssignScopes", "LowerToDSA", "LB_SCOPE", "GB_SCOPE",
+]

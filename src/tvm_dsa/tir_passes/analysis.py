@@ -1,0 +1,175 @@
+"""What a TIR block computes, in the terms the DSA understands.
+
+A kernel's blocks (from ``LegalizeOps`` + ``FuseTIR``) are classified into stage kinds:
+
+- ``copy``: the value is a load, a constant, or ``if_then_else`` of an index condition between
+  copy-like values (padding, concatenation): DMA and fill.
+- ``mme``: a reduction ``acc + a * b`` of two loads: a contraction (matmul, batch matmul, conv,
+  depthwise conv) for the matrix engine.
+- ``reduce``: a reduction ``acc op expr`` with op in sum / max / min.
+- ``vector``: an elementwise expression of loads and constants.
+
+Anything else (non-affine indices, integer arithmetic, gathers) is ``Unsupported`` and the kernel
+stays on the host.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import tvm
+import tvm_ffi
+from tvm import tirx
+from tvm.s_tir import SBlock
+
+
+class Unsupported(Exception):
+    """A block the DSA cannot run; the message says what and why."""
+
+
+FLOAT_DTYPES = ("float16", "float32")
+REDUCE_ITER = 2  # IterVar.CommReduce
+
+# TVM 0.27 node classes (tirx.BufferLoad is a constructor function; the class is TensorLoad).
+Load = tvm.ir.expr.TensorLoad
+Call = tvm.ir.expr.Call
+
+# TIR intrinsics -> vector op names of the ISA.
+# (Op names carry a "tirx." or "prim." prefix depending on the op; ``call_name`` drops it.)
+UNARY_CALLS = {
+    "exp": "exp", "log": "log", "sqrt": "sqrt", "rsqrt": "rsqrt", "tanh": "tanh",
+    "sigmoid": "sigmoid", "erf": "erf", "floor": "floor", "ceil": "ceil", "round": "round",
+    "fabs": "abs", "sin": "sin", "cos": "cos", "nearbyint": "round",
+}
+BINARY_NODES = {tirx.Add: "add", tirx.Sub: "sub", tirx.Mul: "mul", tirx.Div: "div",
+                tirx.Max: "max", tirx.Min: "min"}
+BINARY_CALLS = {"pow": "pow"}
+
+
+def expr_dtype(e) -> str:
+    """The value type of a TIR expression (``.ty`` in TVM 0.27)."""
+    return str(e.ty)
+
+
+def call_name(e) -> str:
+    """The op name of a call without its namespace ("prim.if_then_else" -> "if_then_else")."""
+    return str(e.op.name).rsplit(".", 1)[-1]
+
+
+def int_value(e) -> int | None:
+    if isinstance(e, (int,)):
+        return e
+    if isinstance(e, tirx.IntImm):
+        return int(e.value)
+    return None
+
+
+def linear_form(expr, variables) -> tuple[dict, int]:
+    """``expr`` as ``const + sum(coeff * var)`` over ``variables`` (a set of Vars).
+
+    Raises ``Unsupported`` for anything that is not an integer affine expression of them."""
+    if isinstance(expr, tirx.IntImm):
+        return {}, int(expr.value)
+    if isinstance(expr, tvm.ir.Var) and not tirx.is_buffer_var(expr):
+        if expr not in variables:
+            raise Unsupported(f"index uses {expr}, which is not a loop variable")
+        return {expr: 1}, 0
+    if isinstance(expr, tirx.Cast) and "int" in expr_dtype(expr):
+        return linear_form(expr.value, variables)
+    if isinstance(expr, (tirx.Add, tirx.Sub)):
+        (ca, ka), (cb, kb) = linear_form(expr.a, variables), linear_form(expr.b, variables)
+        sign = 1 if isinstance(expr, tirx.Add) else -1
+        out = dict(ca)
+        for v, c in cb.items():
+            out[v] = out.get(v, 0) + sign * c
+        return {v: c for v, c in out.items() if c}, ka + sign * kb
+    if isinstance(expr, tirx.Mul):
+        (ca, ka), (cb, kb) = linear_form(expr.a, variables), linear_form(expr.b, variables)
+        if ca and cb:
+            raise Unsupported(f"index {expr} is not affine")
+        coeffs, scale = (ca, kb) if ca else (cb, ka)
+        return {v: c * scale for v, c in coeffs.items() if c * scale}, ka * kb
+    raise Unsupported(f"index {expr} is not affine ({type(expr).__name__})")
+
+
+def strip_cast(e):
+    """Float-to-float casts are implicit in the DSA (compute in fp32, round on store)."""
+    while isinstance(e, tirx.Cast) and expr_dtype(e) in FLOAT_DTYPES and expr_dtype(e.value) in FLOAT_DTYPES:
+        e = e.value
+    return e
+
+
+@dataclass(frozen=True)
+class StageKind:
+    kind: str  # "copy" | "mme" | "reduce" | "vector"
+    reduce_op: str = ""  # for "reduce"
+
+
+def _is_index_expr(e) -> bool:
+    """True when ``e`` reads no buffer (a function of loop indices and constants only)."""
+    found = []
+    tvm_ffi.structural_walk(e, [(Load, found.append)])
+    return not found
+
+
+def is_copy_like(e) -> bool:
+    e = strip_cast(e)
+    if isinstance(e, (Load, tirx.FloatImm, tirx.IntImm)):
+        return True
+    if isinstance(e, Call) and call_name(e) == "if_then_else":
+        return _is_index_expr(e.args[0]) and is_copy_like(e.args[1]) and is_copy_like(e.args[2])
+    return False
+
+
+def check_vector_expr(e) -> None:
+    """Raise ``Unsupported`` unless ``e`` is an elementwise expression the vector units run."""
+    e = strip_cast(e)
+    if isinstance(e, (Load, tirx.FloatImm)):
+        if expr_dtype(e) not in FLOAT_DTYPES:
+            raise Unsupported(f"{expr_dtype(e)} value {e}")
+        return
+    if type(e) in BINARY_NODES:
+        check_vector_expr(e.a), check_vector_expr(e.b)
+        return
+    if isinstance(e, Call):
+        if call_name(e) in UNARY_CALLS:
+            return check_vector_expr(e.args[0])
+        if call_name(e) in BINARY_CALLS:
+            return [check_vector_expr(a) for a in e.args] and None
+    if _is_index_expr(e) and expr_dtype(e) in FLOAT_DTYPES:
+        return  # folded to a constant per box by the lowering, or rejected there
+    raise Unsupported(f"expression {type(e).__name__} {e} is not supported by the vector units")
+
+
+def classify(block: SBlock) -> StageKind:
+    """The stage kind of a leaf block, or ``Unsupported`` with the reason."""
+    store = block.body
+    if not isinstance(store, tirx.BufferStore):
+        raise Unsupported(f"block {block.name_hint}: body is {type(store).__name__}, not a store")
+    if str(store.buffer.dtype) not in FLOAT_DTYPES:
+        raise Unsupported(f"block {block.name_hint}: writes {store.buffer.dtype}")
+    value = strip_cast(store.value)
+    # A reduction has an init (or had one before decompose_reduction) and reduce iterators.
+    if block.init is None and not any(int(it.iter_type) == REDUCE_ITER for it in block.iter_vars):
+        if is_copy_like(value):
+            return StageKind("copy")
+        check_vector_expr(value)
+        return StageKind("vector")
+    # reduction: value combines the accumulator (a load of the stored element) with an update
+    def is_acc(x):
+        x = strip_cast(x)
+        return isinstance(x, Load) and x.source.same_as(store.buffer)
+
+    if isinstance(value, tirx.Add) and (is_acc(value.a) or is_acc(value.b)):
+        upd = strip_cast(value.b if is_acc(value.a) else value.a)
+        if isinstance(upd, tirx.Mul):
+            a, b = strip_cast(upd.a), strip_cast(upd.b)
+            if isinstance(a, Load) and isinstance(b, Load):
+                return StageKind("mme")
+        check_vector_expr(upd)
+        return StageKind("reduce", "sum")
+    for node, op in ((tirx.Max, "max"), (tirx.Min, "min")):
+        if isinstance(value, node) and (is_acc(value.a) or is_acc(value.b)):
+            check_vector_expr(value.b if is_acc(value.a) else value.a)
+            return StageKind("reduce", op)
+    raise Unsupported(f"block {block.name_hint}: reduction {value} is not a sum/max/min or contraction")

@@ -1,0 +1,71 @@
+"""AssignScopes: put every buffer a tile touches in its DSA memory, as TVM storage scopes.
+
+Function parameters stay in DDR (``global``). Intermediate buffers of the kernel go to the local
+buffer (``local.dsa_lb``). Compute stages (MME, vector, reduce) may only touch the LB, so their DDR
+inputs get an LB copy (``cache_read``) loaded under the same tile/chunk loop, and their DDR outputs
+an LB staging buffer written back after them (``cache_write``). Reductions are split into an init
+stage (a fill) and an update stage, the init placed before the chunk loop for the anchor so partial
+sums accumulate across chunks.
+"""
+
+from __future__ import annotations
+
+from tvm import s_tir
+
+from .analysis import Unsupported, classify
+from .tile import leaf_blocks
+
+LB_SCOPE = "local.dsa_lb"
+GB_SCOPE = "global.dsa_gb"
+
+
+def attach_index(sch, block_rv) -> int:
+    """Index (in ``get_loops``) of the innermost tile/chunk loop enclosing the block."""
+    loops = sch.get_loops(block_rv)
+    marked = [i for i, lp in enumerate(loops) if "dsa.loop" in sch.get(lp).annotations]
+    if not marked:
+        raise Unsupported(f"block {sch.get(block_rv).name_hint} is not under a tile loop")
+    return marked[-1]
+
+
+def _is_param(buf, params) -> bool:
+    return any(buf.same_as(p) for p in params)
+
+
+def assign_scopes(sch: s_tir.Schedule) -> s_tir.Schedule:
+    params = list(sch.mod["main"].params)
+    root_allocs = list(sch.get(sch.get_sblock("root")).alloc_buffers)
+    for block_rv in leaf_blocks(sch):
+        block = sch.get(block_rv)
+        write = block.writes[0].source
+        if any(write.same_as(b) for b in root_allocs):
+            sch.set_scope(block_rv, 0, LB_SCOPE)
+    for block_rv in leaf_blocks(sch):
+        block = sch.get(block_rv)
+        kind = classify(block).kind
+        if kind == "copy":
+            continue
+        loop = sch.get_loops(block_rv)[attach_index(sch, block_rv)]
+        names = [r.source for r in block.reads]
+        for buf in names:
+            if not _is_param(buf, params):
+                continue
+            i = [j for j, r in enumerate(sch.get(block_rv).reads) if r.source.same_as(buf)][0]
+            cache = sch.cache_read(block_rv, i, LB_SCOPE)
+            sch.compute_at(cache, loop, preserve_unit_loops=True)
+        if _is_param(sch.get(block_rv).writes[0].source, params):
+            cache = sch.cache_write(block_rv, 0, LB_SCOPE)
+            sch.reverse_compute_at(cache, loop, preserve_unit_loops=True)
+    for block_rv in leaf_blocks(sch):
+        block = sch.get(block_rv)
+        if block.init is None:
+            continue
+        loops = sch.get_loops(block_rv)
+        at = attach_index(sch, block_rv)
+        if sch.get(loops[at]).annotations["dsa.loop"] == "chunk":
+            sch.decompose_reduction(block_rv, loops[at])
+        elif at + 1 < len(loops):
+            sch.decompose_reduction(block_rv, loops[at + 1])
+        else:
+            raise Unsupported(f"reduction {block.name_hint} has no loop of its own")
+    return sch

@@ -1,0 +1,204 @@
+"""TileForLB: tile a kernel around its anchor so every tile's working set fits the local buffer.
+
+The anchor is the kernel's contraction block (conv / matmul) or, without one, its last block.
+Every spatial loop of the anchor is split into (tile, point) loops — an extent-1 tile loop where it
+is not tiled, so every kernel has the same shape — and the first reduction loop into (chunk,
+point). Consumers move under the innermost tile loop (``reverse_compute_at``), producers under the
+chunk loop when the anchor has one (so input tiles are loaded chunk by chunk) or the tile loop.
+Tile loops are annotated ``dsa.loop = "tile"``, the chunk loop ``dsa.loop = "chunk"``; the codegen
+iterates them, and each remaining loop nest becomes one DSA instruction.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from tvm import s_tir
+
+from .analysis import REDUCE_ITER, StageKind, Unsupported, classify, int_value
+
+
+@dataclass(frozen=True)
+class TilePlan:
+    """Tile sizes of the anchor's spatial loops (in loop order) and the chunk of its first reduction
+    loop (``None``: no reduction loop)."""
+
+    tiles: tuple[int, ...]
+    chunk: int | None = None
+
+
+@dataclass(frozen=True)
+class AnchorInfo:
+    name: str
+    kind: StageKind
+    spatial: tuple[int, ...]  # extents of the anchor's spatial loops
+    reduction: tuple[int, ...]  # extents of its reduction loops
+    roles: tuple[str, ...]  # per spatial loop: "M", "N" or "B" (mme anchors), "" otherwise
+
+
+def leaf_blocks(sch: s_tir.Schedule) -> list:
+    return list(sch.get_child_blocks(sch.get_sblock("root")))
+
+
+def find_anchor(sch: s_tir.Schedule) -> tuple[int, list]:
+    """Index of the anchor among the root's blocks, and every block's stage kind."""
+    blocks = leaf_blocks(sch)
+    kinds = [classify(sch.get(b)) for b in blocks]
+    mmes = [i for i, k in enumerate(kinds) if k.kind == "mme"]
+    if len(mmes) > 1:
+        raise Unsupported("kernel has more than one contraction")
+    return (mmes[0] if mmes else len(blocks) - 1), kinds
+
+
+def _loop_roles(sch, block_rv):
+    """(loops, is_reduction flags) of a block whose loops bind its iter vars one to one."""
+    block = sch.get(block_rv)
+    realize = sch.get_sref(block_rv)
+    loops = sch.get_loops(block_rv)
+    iters = list(block.iter_vars)
+    if len(loops) != len(iters):
+        raise Unsupported(f"block {block.name_hint}: {len(loops)} loops for {len(iters)} iterators")
+    for lp, it in zip(loops, iters):
+        if int_value(sch.get(lp).min) != 0:
+            raise Unsupported(f"block {block.name_hint}: loop does not start at 0")
+    del realize
+    return loops, [int(it.iter_type) == REDUCE_ITER for it in iters]
+
+
+def anchor_info(func) -> AnchorInfo:
+    """Describe the anchor of ``func`` (raises ``Unsupported`` for kernels the DSA cannot run)."""
+    sch = s_tir.Schedule(func)
+    idx, kinds = find_anchor(sch)
+    anchor = leaf_blocks(sch)[idx]
+    loops, is_red = _loop_roles(sch, anchor)
+    extents = [int_value(sch.get(lp).extent) for lp in loops]
+    if any(e is None for e in extents):
+        raise Unsupported("symbolic loop extents are not supported yet")
+    roles = [""] * sum(1 for r in is_red if not r)
+    if kinds[idx].kind == "mme":
+        roles = _mme_roles(sch.get(anchor), is_red)
+    return AnchorInfo(
+        sch.get(anchor).name_hint, kinds[idx],
+        tuple(e for e, r in zip(extents, is_red) if not r),
+        tuple(e for e, r in zip(extents, is_red) if r), tuple(roles),
+    )
+
+
+def _mme_roles(block, is_red) -> list[str]:
+    """For each spatial iterator: "M" if only operand a uses it, "N" if only b, "B" if both."""
+    from .analysis import Load, strip_cast
+
+    upd = strip_cast(block.body.value)
+    upd = strip_cast(upd.b if isinstance(strip_cast(upd.a), Load) and strip_cast(upd.a).source.same_as(block.body.buffer) else upd.a)
+    a, b = strip_cast(upd.a), strip_cast(upd.b)
+
+    def uses(load, var) -> bool:
+        import tvm_ffi
+
+        hit = []
+        for idx in load.indices:
+            tvm_ffi.structural_walk(idx, [(type(var), lambda v: hit.append(v) if v.same_as(var) else None)])
+        return bool(hit)
+
+    roles = []
+    for it, red in zip(block.iter_vars, is_red):
+        if red:
+            continue
+        ua, ub = uses(a, it.var), uses(b, it.var)
+        roles.append("B" if ua and ub else "M" if ua else "N" if ub else "B")
+    return roles
+
+
+def tile_schedule(func, plan: TilePlan) -> s_tir.Schedule:
+    """Apply ``plan`` to ``func``; returns the schedule (raises ``Unsupported`` if TVM refuses)."""
+    sch = s_tir.Schedule(func)
+    idx, _ = find_anchor(sch)
+    blocks = leaf_blocks(sch)
+    anchor = blocks[idx]
+    loops, is_red = _loop_roles(sch, anchor)
+    spatial = [lp for lp, r in zip(loops, is_red) if not r]
+    reduction = [lp for lp, r in zip(loops, is_red) if r]
+    if len(plan.tiles) != len(spatial):
+        raise ValueError(f"plan has {len(plan.tiles)} tiles for {len(spatial)} spatial loops")
+    outer, inner = [], []
+    for lp, t in zip(spatial, plan.tiles):
+        extent = int_value(sch.get(lp).extent)
+        if t <= 0 or extent % t:
+            raise ValueError(f"tile {t} does not divide loop extent {extent}")
+        o, i = sch.split(lp, [extent // t, t])
+        outer.append(o)
+        inner.append(i)
+    chunk_loops = []
+    red_inner = list(reduction)
+    if reduction and plan.chunk is not None:
+        extent = int_value(sch.get(reduction[0]).extent)
+        if plan.chunk <= 0 or extent % plan.chunk:
+            raise ValueError(f"chunk {plan.chunk} does not divide reduction extent {extent}")
+        ro, ri = sch.split(reduction[0], [extent // plan.chunk, plan.chunk])
+        chunk_loops = [ro]
+        red_inner = [ri] + reduction[1:]
+    sch.reorder(*outer, *chunk_loops, *inner, *red_inner)
+    for lp in outer:
+        sch.annotate(lp, "dsa.loop", "tile")
+    for lp in chunk_loops:
+        sch.annotate(lp, "dsa.loop", "chunk")
+    tile_loop = outer[-1]
+    try:
+        for b in blocks[idx + 1:]:
+            sch.reverse_compute_at(b, tile_loop, preserve_unit_loops=True)
+        for b in reversed(blocks[:idx]):
+            if chunk_loops:
+                try:
+                    sch.compute_at(b, chunk_loops[0], preserve_unit_loops=True)
+                    continue
+                except Exception:  # noqa: BLE001 - TVM raises ScheduleError subclasses
+                    pass
+            sch.compute_at(b, tile_loop, preserve_unit_loops=True)
+    except Exception as err:  # noqa: BLE001
+        raise Unsupported(f"cannot place stages under the tile loop: {str(err).splitlines()[0]}") from None
+    return sch
+
+
+def _divisor_below(n: int, t: int) -> int:
+    """Largest divisor of ``n`` smaller than ``t`` (1 if none)."""
+    for d in range(t - 1, 0, -1):
+        if n % d == 0:
+            return d
+    return 1
+
+
+def candidate_plans(info: AnchorInfo, mme_rows: int, mme_cols: int):
+    """Tile plans from the whole output downwards, shrinking one loop at a time.
+
+    Order of sacrifice: batch-like loops first, then the reduction chunk while it is long, then
+    the spatial loop furthest above its target (N loops target the PE array's columns, M loops its
+    rows, other anchors keep 64 contiguous elements innermost), outer loops before inner ones."""
+    tiles = list(info.spatial)
+    chunk = info.reduction[0] if info.reduction else None
+    n = len(tiles)
+    target = []
+    for i, role in enumerate(info.roles or [""] * n):
+        target.append({"N": mme_cols, "M": mme_rows, "B": 1}.get(role, 64 if i == n - 1 else 1))
+    yield TilePlan(tuple(tiles), chunk)
+    while True:
+        best, score = None, 0.0
+        for i, t in enumerate(tiles):
+            if t == 1:
+                continue
+            role = info.roles[i] if info.roles else ""
+            s = t / target[i] + (n - i) * 1e-3
+            if role == "B":
+                s += 1e6
+            if s > score:
+                best, score = i, s
+        if chunk is not None and chunk > 1:
+            s = chunk / 64 + (1e5 if chunk > 256 else 0)
+            if s > score:
+                best, score = "chunk", s
+        if best is None:
+            return
+        if best == "chunk":
+            chunk = _divisor_below(info.reduction[0], chunk)
+        else:
+            tiles[best] = _divisor_below(info.spatial[best], tiles[best])
+        yield TilePlan(tuple(tiles), chunk)

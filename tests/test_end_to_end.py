@@ -1,0 +1,93 @@
+"""tvm.compile(target="dsa/...", relax_pipeline="dsa") against llvm and onnxruntime."""
+
+import numpy as np
+import onnxruntime as ort
+import pytest
+import tvm
+from onnx import TensorProto as TP
+from onnx import helper as h
+from onnx import numpy_helper as nh
+from tvm import relax
+from tvm.relax.frontend import onnx as rx_onnx
+
+import tvm_dsa
+from tvm_dsa.pipeline import LAST_OFFLOAD
+
+
+def small_cnn(rng):
+    """Conv + BatchNorm + Relu, a Flatten (a reshape the DSA does not run), MatMul, Softmax."""
+    def init(name, arr):
+        return nh.from_array(arr.astype("float32"), name)
+
+    inits = [
+        init("W", rng.standard_normal((16, 8, 3, 3)) * 0.2),
+        init("s", 1 + 0.1 * rng.standard_normal(16)), init("b", 0.1 * rng.standard_normal(16)),
+        init("m", 0.1 * rng.standard_normal(16)), init("v", 1 + 0.1 * rng.random(16)),
+        init("W2", rng.standard_normal((16 * 8 * 8, 10)) * 0.05),
+    ]
+    nodes = [
+        h.make_node("Conv", ["x", "W"], ["c"], pads=[1, 1, 1, 1], strides=[2, 2]),
+        h.make_node("BatchNormalization", ["c", "s", "b", "m", "v"], ["bn"]),
+        h.make_node("Relu", ["bn"], ["r"]),
+        h.make_node("Flatten", ["r"], ["f"]),
+        h.make_node("MatMul", ["f", "W2"], ["mm"]),
+        h.make_node("Softmax", ["mm"], ["y"]),
+    ]
+    g = h.make_graph(nodes, "small_cnn", [h.make_tensor_value_info("x", TP.FLOAT, [1, 8, 16, 16])],
+                     [h.make_tensor_value_info("y", TP.FLOAT, [1, 10])], inits)
+    model = h.make_model(g, opset_imports=[h.make_opsetid("", 17)])
+    model.ir_version = 10
+    return model
+
+
+def test_small_cnn_matches_llvm_and_onnxruntime(rng):
+    model = small_cnn(rng)
+    x = rng.standard_normal((1, 8, 16, 16)).astype("float32")
+    mod = rx_onnx.from_onnx(model, keep_params_in_input=False)
+    ref = relax.VirtualMachine(tvm.compile(mod, target="llvm"), tvm.cpu())["main"](tvm.runtime.tensor(x)).numpy()
+    ort_out = ort.InferenceSession(model.SerializeToString()).run(None, {"x": x})[0]
+    ex = tvm.compile(mod, target="dsa/stcp920", relax_pipeline="dsa")
+    result = LAST_OFFLOAD["result"]
+    out = relax.VirtualMachine(ex, tvm.cpu())["main"](tvm.runtime.tensor(x)).numpy()
+    np.testing.assert_allclose(out, ref, rtol=1e-2, atol=2e-3)
+    np.testing.assert_allclose(out, ort_out, rtol=1e-2, atol=2e-3)
+    # the conv (BN folded in), the matmul and the softmax ran on the DSA; the reshape on the host
+    assert len(result.dsa) == 3 and list(result.host) == ["reshape"]
+    assert "not affine" in result.host["reshape"]
+    conv_macs, fc_macs = 16 * 8 * 8 * 8 * 9, 1024 * 10
+    assert result.dsa_macs == conv_macs + fc_macs and result.host_macs == 0
+    report = tvm_dsa.last_report()
+    assert report.kernels == 3 and report.macs == conv_macs + fc_macs
+    assert report.cycles >= report.roofline_cycles > 0
+    # the launch cost is part of the time: at least one launch per kernel
+    assert report.cycles >= 3 * tvm_dsa.hardware.get("stcp920").kernel_launch_cycles
+
+
+def test_export_library_keeps_the_program(rng, tmp_path):
+    model = small_cnn(rng)
+    x = rng.standard_normal((1, 8, 16, 16)).astype("float32")
+    mod = rx_onnx.from_onnx(model, keep_params_in_input=False)
+    ex = tvm.compile(mod, target="dsa", relax_pipeline="dsa")
+    first = relax.VirtualMachine(ex, tvm.cpu())["main"](tvm.runtime.tensor(x)).numpy()
+    path = str(tmp_path / "model.so")
+    ex.export_library(path)
+    loaded = tvm.runtime.load_module(path)
+    again = relax.VirtualMachine(loaded, tvm.cpu())["main"](tvm.runtime.tensor(x)).numpy()
+    np.testing.assert_array_equal(first, again)
+    assert tvm_dsa.last_report().kernels == 3
+
+
+def test_non_dsa_target_is_rejected():
+    mod = relax_graph_add()
+    with pytest.raises(Exception, match="not a DSA target"):
+        tvm.compile(mod, target="llvm", relax_pipeline="dsa")
+
+
+def relax_graph_add():
+    bb = relax.BlockBuilder()
+    x = relax.Var("x", relax.TensorType((4, 4), "float32"))
+    with bb.function("main", [x]):
+        with bb.dataflow():
+            out = bb.emit_output(relax.op.add(x, x))
+        bb.emit_func_output(out)
+    return bb.get()

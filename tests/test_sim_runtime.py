@@ -1,0 +1,418 @@
+"""The simulator against independent references: numpy numerics, cycle formulas, byte counts."""
+
+from __future__ import annotations
+
+import json
+import math
+import tomllib
+from dataclasses import replace
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from tvm_dsa.hardware.model import Hardware
+from tvm_dsa.isa import Dma, Fill, Kernel, Mme, Operand, Program, ProgramError, Reduce, TensorArg, Vector
+from tvm_dsa.runtime import HazardError, Report, compute_cycles, simulate, write_trace
+from tvm_dsa.runtime.functional import erf
+
+PRESETS = Path(__file__).resolve().parents[1] / "src" / "tvm_dsa" / "hardware" / "presets"
+
+
+def preset(name: str = "stcp920") -> dict:
+    return tomllib.loads((PRESETS / f"{name}.toml").read_text())
+
+
+HW = Hardware.from_dict(preset())
+LAUNCH = HW.kernel_launch_cycles
+DMA_LAT = HW.dma_latency_cycles
+MME_PIPE = HW.mme.rows + HW.mme.cols  # pipeline_cycles = 0 in the preset
+
+
+def lb(off: int, dtype, *strides: int, core: int = 0) -> Operand:
+    return Operand("lb", core, off, np.dtype(dtype).name, strides)
+
+
+def ddr(off: int, dtype, *strides: int) -> Operand:
+    return Operand("ddr", 0, off, np.dtype(dtype).name, strides)
+
+
+def chain(instrs) -> list:
+    """Each instruction depends on the one before it: list order, fully serialised."""
+    return [replace(ins, deps=(n - 1,) if n else ()) for n, ins in enumerate(instrs)]
+
+
+def make_program(kernels, args=(), ddr_bytes=1 << 20, hw=None) -> Program:
+    """One kernel per list of instructions, on the cores those instructions use."""
+    ks = tuple(Kernel(f"k{n}", tuple(sorted({i.core for i in ins})), tuple(ins)) for n, ins in enumerate(kernels))
+    return Program(hw or preset(), ddr_bytes, tuple(args), ks, name="test")
+
+
+def run_lb(body, inputs, outputs, core=0, hw=None, mode="functional"):
+    """Stage each (LB offset, array) of ``inputs`` from DDR into the LB of ``core``, run ``body``
+    (serialised), and return each (LB offset, shape, dtype) of ``outputs`` read back through DDR."""
+    args, staged, saved, off = [], [], [], 0
+    for n, (lo, x) in enumerate(inputs):
+        args.append(TensorArg(f"in{n}", "input", x.shape, x.dtype.name, x.dtype.name, off))
+        staged.append(Dma(core, (x.size,), lb(lo, x.dtype, 1, core=core), ddr(off, x.dtype, 1)))
+        off += -(-x.nbytes // 64) * 64
+    for n, (lo, shape, dtype) in enumerate(outputs):
+        dtype = np.dtype(dtype)
+        args.append(TensorArg(f"out{n}", "output", shape, dtype.name, dtype.name, off))
+        saved.append(Dma(core, (math.prod(shape),), ddr(off, dtype, 1), lb(lo, dtype, 1, core=core)))
+        off += -(-math.prod(shape) * dtype.itemsize // 64) * 64
+    program = make_program([chain(staged + list(body) + saved)], args, off, hw)
+    return simulate(program, [x for _, x in inputs], mode=mode)
+
+
+def f16(*shape, seed=0) -> np.ndarray:
+    return np.random.default_rng(seed).standard_normal(shape).astype(np.float16)
+
+
+def events(result, name) -> list[dict]:
+    return [e for e in result.trace_events if e["ph"] == "X" and e["name"] == name]
+
+
+# -- numerics of each instruction class -----------------------------------------------------------
+
+def test_dma_transpose_and_broadcast():
+    x, v = f16(8, 24), f16(24, seed=1)
+    body = [
+        Dma(0, (24, 8), lb(4096, "float16", 8, 1), lb(0, "float16", 1, 24)),  # transpose
+        Dma(0, (5, 24), lb(8192, "float16", 24, 1), lb(1024, "float16", 0, 1)),  # broadcast rows
+    ]
+    t, b = run_lb(body, [(0, x), (1024, v)], [(4096, (24, 8), "float16"), (8192, (5, 24), "float16")]).outputs
+    np.testing.assert_array_equal(t, x.T)
+    np.testing.assert_array_equal(b, np.broadcast_to(v, (5, 24)))
+
+
+def test_fill_writes_only_its_box():
+    x = f16(6, 16)
+    body = [Fill(0, (3, 4), lb(2 * (16 + 2), "float16", 16, 1), 2.5)]  # rows 1..3, columns 2..5
+    (out,) = run_lb(body, [(0, x)], [(0, (6, 16), "float16")]).outputs
+    ref = x.copy()
+    ref[1:4, 2:6] = 2.5
+    np.testing.assert_array_equal(out, ref)
+
+
+def test_mme_matmul_and_accumulate():
+    m, n, k = 20, 40, 24
+    a, b = f16(m, k), f16(k, n, seed=1)
+    mm = Mme(0, (m, n, k), (False, False, True), lb(8192, "float32", n, 1, 0),
+             lb(0, "float16", k, 0, 1), lb(4096, "float16", 0, 1, n))
+    (once,) = run_lb([mm], [(0, a), (4096, b)], [(8192, (m, n), "float32")]).outputs
+    (twice,) = run_lb([mm, replace(mm, accumulate=True)], [(0, a), (4096, b)], [(8192, (m, n), "float32")]).outputs
+    ref = a.astype(np.float32) @ b.astype(np.float32)
+    np.testing.assert_allclose(once, ref, rtol=1e-5, atol=1e-5)
+    np.testing.assert_allclose(twice, 2 * ref, rtol=1e-5, atol=1e-5)
+
+
+def test_mme_batched_matmul():
+    bt, m, n, k = 3, 8, 16, 12
+    a, b = f16(bt, m, k), f16(bt, k, n, seed=1)
+    mm = Mme(0, (bt, m, n, k), (False, False, False, True), lb(16384, "float32", m * n, n, 1, 0),
+             lb(0, "float16", m * k, k, 0, 1), lb(4096, "float16", k * n, 0, 1, n))
+    (out,) = run_lb([mm], [(0, a), (4096, b)], [(16384, (bt, m, n), "float32")]).outputs
+    np.testing.assert_allclose(out, np.matmul(a.astype(np.float32), b.astype(np.float32)), rtol=1e-5, atol=1e-5)
+    assert compute_cycles(mm, HW) == bt * 1 * 1 * k + MME_PIPE  # the batch dim is indexed by both operands
+
+
+def test_mme_stride2_conv_through_window_strides():
+    h = w = 9
+    c, o, kh, kw, s = 4, 8, 3, 3, 2
+    oh = ow = (h - kh) // s + 1
+    x, wt = f16(h, w, c), f16(kh, kw, c, o, seed=1)
+    conv = Mme(0, (oh, ow, o, kh, kw, c), (False, False, False, True, True, True),
+               dst=lb(2048, "float32", ow * o, o, 1, 0, 0, 0),
+               a=lb(0, "float16", s * w * c, s * c, 0, w * c, c, 1),  # overlapping windows
+               b=lb(1024, "float16", 0, 0, 1, kw * c * o, c * o, o))
+    r = run_lb([conv], [(0, x), (1024, wt)], [(2048, (oh, ow, o), "float32")])
+    ref = np.zeros((oh, ow, o), np.float32)
+    xf, wf = x.astype(np.float32), wt.astype(np.float32)
+    for i in range(oh):
+        for j in range(ow):
+            for q in range(o):
+                ref[i, j, q] = np.sum(xf[s * i:s * i + kh, s * j:s * j + kw, :] * wf[:, :, :, q])
+    np.testing.assert_allclose(r.outputs[0], ref, rtol=1e-5, atol=1e-5)
+    # M = oh*ow on the PE rows, N = o on the columns, K = kh*kw*c in time
+    expected = math.ceil(oh * ow / HW.mme.rows) * math.ceil(o / HW.mme.cols) * kh * kw * c + MME_PIPE
+    assert compute_cycles(conv, HW) == expected
+    assert r.report.busy["mme"] == expected
+
+
+def test_vector_ops_on_vme_and_vec():
+    n = 64
+    x = np.linspace(-3, 3, n).astype(np.float32)
+    y = np.random.default_rng(2).standard_normal(n).astype(np.float32)
+    cond = (np.arange(n) % 3 == 0).astype(np.float32)
+    src = lambda off: lb(off, "float32", 1)  # noqa: E731
+    dst = lambda k: lb(4096 + 256 * k, "float32", 1)  # noqa: E731
+    body = [
+        Vector(0, "vme", "add", (n,), dst(0), (src(0), 1.5)),
+        Vector(0, "vme", "relu", (n,), dst(1), (src(0),)),
+        Vector(0, "vme", "div", (n,), dst(2), (src(0), src(256))),
+        Vector(0, "vec", "erf", (n,), dst(3), (src(0),)),
+        Vector(0, "vec", "tanh", (n,), dst(4), (src(0),)),
+        Vector(0, "vec", "select", (n,), dst(5), (src(512), src(0), -7.0)),
+        Vector(0, "vec", "lt", (n,), dst(6), (src(0), src(256))),
+        Vector(0, "vec", "rsqrt", (n,), dst(7), (src(256),)),
+    ]
+    outs = run_lb(body, [(0, x), (256, y), (512, cond)], [(4096 + 256 * k, (n,), "float32") for k in range(8)]).outputs
+    np.testing.assert_allclose(outs[0], x + 1.5, rtol=1e-6)
+    np.testing.assert_array_equal(outs[1], np.maximum(x, 0))
+    np.testing.assert_allclose(outs[2], x / y, rtol=1e-6)
+    np.testing.assert_allclose(outs[3], [math.erf(v) for v in x.astype(np.float64)], atol=2e-7)
+    np.testing.assert_allclose(outs[4], np.tanh(x), rtol=1e-6, atol=1e-7)
+    np.testing.assert_array_equal(outs[5], np.where(cond != 0, x, -7.0))
+    np.testing.assert_array_equal(outs[6], (x < y).astype(np.float32))
+    with np.errstate(invalid="ignore"):
+        np.testing.assert_allclose(outs[7], 1 / np.sqrt(y), rtol=1e-6)
+
+
+def test_erf_accuracy():
+    x = np.linspace(-6, 6, 24001)
+    assert np.max(np.abs(erf(x) - np.array([math.erf(v) for v in x]))) < 2e-7
+
+
+def test_reduce_sum_and_max_accumulate():
+    r, c = 6, 40
+    x, y = f16(r, c), f16(r, c, seed=1)
+    body = [
+        Reduce(0, "vme", "sum", (r, c), (False, True), lb(8192, "float32", 1, 0), lb(0, "float16", c, 1)),
+        Reduce(0, "vec", "max", (r, c), (False, True), lb(8448, "float32", 1, 0), lb(0, "float16", c, 1)),
+        Reduce(0, "vec", "max", (r, c), (False, True), lb(8448, "float32", 1, 0), lb(4096, "float16", c, 1),
+               accumulate=True),
+        Reduce(0, "vme", "sum", (c, r), (False, True), lb(8704, "float32", 1, 0), lb(0, "float16", 1, c)),
+    ]
+    s, mx, cols = run_lb(body, [(0, x), (4096, y)],
+                         [(8192, (r,), "float32"), (8448, (r,), "float32"), (8704, (c,), "float32")]).outputs
+    xf, yf = x.astype(np.float32), y.astype(np.float32)
+    np.testing.assert_allclose(s, xf.sum(1), rtol=1e-5, atol=1e-6)
+    np.testing.assert_array_equal(mx, np.maximum(xf.max(1), yf.max(1)))
+    np.testing.assert_allclose(cols, xf.sum(0), rtol=1e-5, atol=1e-6)
+
+
+def test_results_round_to_fp16_nearest_even():
+    x = np.array([1 + 2**-11, 1 + 3 * 2**-11, 65504 * 2, 1e-8], np.float32)  # ties, overflow, underflow
+    body = [Vector(0, "vme", "copy", (4,), lb(256, "float16", 1), (lb(0, "float32", 1),))]
+    (out,) = run_lb(body, [(0, x)], [(256, (4,), "float16")]).outputs
+    np.testing.assert_array_equal(out, np.array([1.0, 1 + 2**-9, np.inf, 0.0], np.float16))
+
+
+def test_int8_matmul_is_exact_on_int8_preset():
+    hw = preset("set-edge16")
+    rng = np.random.default_rng(0)
+    a = rng.integers(-128, 128, (16, 64)).astype(np.int8)
+    b = rng.integers(-128, 128, (64, 32)).astype(np.int8)
+    mm = Mme(0, (16, 32, 64), (False, False, True), lb(8192, "int32", 32, 1, 0),
+             lb(0, "int8", 64, 0, 1), lb(4096, "int8", 0, 1, 32))
+    (out,) = run_lb([mm], [(0, a), (4096, b)], [(8192, (16, 32), "int32")], hw=hw).outputs
+    np.testing.assert_array_equal(out, a.astype(np.int64) @ b.astype(np.int64))
+
+
+def test_float_model_on_int8_preset_is_timing_only():
+    hw = preset("set-edge16")
+    x = np.ones(64, np.float32)
+    program = make_program([[Dma(0, (64,), lb(0, "int8", 1), ddr(0, "int8", 1))]],
+                           [TensorArg("x", "input", (64,), "int8", "float32", 0)], 64, hw)
+    with pytest.raises(ValueError, match="preset 'set-edge16' stores int8.*only timing"):
+        simulate(program, [x])
+    r = simulate(program, mode="timing")
+    assert r.outputs == [] and r.report.cycles > LAUNCH
+
+
+# -- program format and validation --------------------------------------------------------------
+
+def small_program() -> tuple[Program, list[np.ndarray]]:
+    a, b = f16(16, 32), f16(32, 32, seed=1)
+    args = [TensorArg("a", "input", (16, 32), "float16", "float32", 0),
+            TensorArg("b", "input", (32, 32), "float16", "float32", 1024),
+            TensorArg("c", "output", (16, 32), "float16", "float32", 4096)]
+    instrs = chain([
+        Dma(0, (16, 32), lb(0, "float16", 32, 1), ddr(0, "float16", 32, 1)),
+        Dma(0, (32, 32), lb(1024, "float16", 32, 1), ddr(1024, "float16", 32, 1)),
+        Mme(0, (16, 32, 32), (False, False, True), lb(4096, "float32", 32, 1, 0),
+            lb(0, "float16", 32, 0, 1), lb(1024, "float16", 0, 1, 32)),
+        Vector(0, "vme", "copy", (16, 32), lb(8192, "float16", 32, 1), (lb(4096, "float32", 32, 1),)),
+        Dma(0, (16, 32), ddr(4096, "float16", 32, 1), lb(8192, "float16", 32, 1)),
+    ])
+    return make_program([instrs], args, 8192), [a.astype(np.float32), b.astype(np.float32)]
+
+
+def test_program_round_trip(tmp_path):
+    program, inputs = small_program()
+    text = program.serialize()
+    again = Program.deserialize(text)
+    assert again == program
+    program.save(tmp_path / "p.json")
+    loaded = Program.load(tmp_path / "p.json")
+    assert loaded == program
+    ref = (inputs[0] @ inputs[1]).astype(np.float16).astype(np.float32)
+    outs = [simulate(p, inputs) for p in (program, again, loaded)]
+    for r in outs:
+        np.testing.assert_allclose(r.outputs[0], ref, rtol=1e-3, atol=1e-3)
+        np.testing.assert_array_equal(r.outputs[0], outs[0].outputs[0])
+        assert r.report.cycles == outs[0].report.cycles
+
+
+@pytest.mark.parametrize("n, change, message", [
+    (0, lambda i: replace(i, dst=replace(i.dst, offset=65536 - 512)), r"touches lb\[0\] bytes \[65024, 66048\) outside"),
+    (3, lambda i: replace(i, op="erf"), "op 'erf' does not run on the vme"),
+    (2, lambda i: replace(i, a=replace(i.a, dtype="float32")), "MME operands must be float16"),
+    (3, lambda i: replace(i, srcs=(replace(i.srcs[0], index=1),)), r"reads or writes lb\[1\] of another core"),
+    (2, lambda i: replace(i, deps=(3,)), "dependency 3 is not an earlier instruction"),
+])
+def test_validator_errors(n, change, message):
+    program, inputs = small_program()
+    k = program.kernels[0]
+    instrs = list(k.instructions)
+    instrs[n] = change(instrs[n])
+    bad = replace(program, kernels=(replace(k, cores=(0, 1), instructions=tuple(instrs)),))
+    with pytest.raises(ProgramError, match=f"kernel k0 instruction {n} .*{message}"):
+        simulate(bad, inputs)
+
+
+def test_input_errors_name_the_arg():
+    program, (a, b) = small_program()
+    with pytest.raises(ValueError, match=r"takes 2 input\(s\) \['a', 'b'\], got 1"):
+        simulate(program, [a])
+    with pytest.raises(ValueError, match=r"input 'b': shape \(32, 16\)"):
+        simulate(program, [a, b.T])
+
+
+# -- hazards and timing ---------------------------------------------------------------------------
+
+def test_missing_dependency_is_a_hazard():
+    program, inputs = small_program()
+    k = program.kernels[0]
+    raw = list(k.instructions)
+    raw[2] = replace(raw[2], deps=(0,))  # the MME no longer waits for B's DMA
+    with pytest.raises(HazardError, match=r"kernel 'k0': instruction 2 \(mme\) .* before instruction 1 \(dma\) "
+                                          r"finished.*RAW on lb\[0\]: add 1 to the deps of 2"):
+        simulate(replace(program, kernels=(replace(k, instructions=tuple(raw)),)), inputs)
+    war = list(k.instructions) + [Dma(0, (16, 32), lb(0, "float16", 32, 1), ddr(0, "float16", 32, 1), deps=(1,))]
+    with pytest.raises(HazardError, match=r"instruction 5 \(dma\) .* instruction 2 \(mme\).*WAR on lb\[0\]"):
+        simulate(replace(program, kernels=(replace(k, instructions=tuple(war)),)), inputs, mode="timing")
+
+
+def test_dependency_orders_dma_then_mme():
+    program, inputs = small_program()
+    r = simulate(program, inputs, trace=True)
+    a_dma = DMA_LAT + math.ceil(max(1024 / HW.ddr_bytes_per_cycle, 1024 / HW.lb_bytes_per_cycle))
+    b_dma = DMA_LAT + math.ceil(max(2048 / HW.ddr_bytes_per_cycle, 2048 / HW.lb_bytes_per_cycle))
+    mme = 1 * 1 * 32 + MME_PIPE
+    vme = math.ceil(16 * 32 / HW.vme_lanes) + HW.vector_latency_cycles
+    (mme_event,) = events(r, "mme")
+    us = 1e6 / HW.clock_hz
+    assert mme_event["ts"] == pytest.approx((LAUNCH + a_dma + b_dma) * us)
+    assert mme_event["dur"] == pytest.approx(mme * us)
+    assert r.report.cycles == LAUNCH + a_dma + b_dma + mme + vme + a_dma
+
+
+def test_concurrent_ddr_transfers_share_bandwidth():
+    nbytes = 32768
+    one = lambda core: Dma(core, (nbytes // 2,), lb(0, "float16", 1, core=core), ddr(0, "float16", 1))  # noqa: E731
+    alone = simulate(make_program([[one(0)]]), mode="timing").report.cycles - LAUNCH
+    both = simulate(make_program([[one(0), one(8)]]), mode="timing").report.cycles - LAUNCH
+    assert alone == DMA_LAT + nbytes / HW.ddr_bytes_per_cycle
+    assert both - DMA_LAT == 2 * (alone - DMA_LAT)
+
+
+def test_disjoint_tiles_sharing_granules_need_no_tokens():
+    # four cores write 16-column (32-byte) tiles of the same DDR rows: no conflict, no tokens needed
+    rows, cols, width = 4, 64, 16
+    kernel = []
+    for c in range(4):
+        kernel.append(Fill(c, (rows, width), lb(0, "float16", width, 1, core=c), float(c + 1)))
+        kernel.append(Dma(c, (rows, width), ddr(2 * width * c, "float16", cols, 1),
+                          lb(0, "float16", width, 1, core=c), deps=(len(kernel) - 1,)))
+    program = make_program([kernel], [TensorArg("y", "output", (rows, cols), "float16", "float32", 0)], 4096)
+    (y,) = simulate(program).outputs
+    np.testing.assert_array_equal(y, np.repeat(np.arange(1, 5, dtype=np.float32), width)[None].repeat(rows, 0))
+
+
+def test_strided_ddr_access_pays_whole_bursts():
+    rows = 8  # 32-byte runs 2 KiB apart: each costs a 64-byte burst
+    d = Dma(0, (rows, 16), lb(0, "float16", 16, 1), ddr(0, "float16", 1024, 1))
+    r = simulate(make_program([[d]]), mode="timing").report
+    assert r.ddr_read == rows * 32 and r.ddr_burst_bytes == rows * HW.ddr_burst_bytes
+    assert r.cycles == LAUNCH + DMA_LAT + math.ceil(rows * HW.ddr_burst_bytes / HW.ddr_bytes_per_cycle)
+
+
+def test_mesh_transfer_between_cores_uses_the_noc():
+    hw = preset("set-edge16-fp16")
+    x = f16(512)
+    args = [TensorArg("x", "input", (512,), "float16", "float16", 0),
+            TensorArg("y", "output", (512,), "float16", "float16", 1024)]
+    instrs = chain([Dma(0, (512,), lb(0, "float16", 1), ddr(0, "float16", 1)),
+                    Dma(0, (512,), lb(0, "float16", 1, core=5), lb(0, "float16", 1)),
+                    Dma(5, (512,), ddr(1024, "float16", 1), lb(0, "float16", 1, core=5))])
+    r = simulate(make_program([instrs], args, 2048, hw), [x], trace=True)
+    np.testing.assert_array_equal(r.outputs[0], x)
+    h = Hardware.from_dict(hw)
+    hops = 2  # core 0 at (0, 0), core 5 at (1, 1)
+    assert r.report.noc_bytes == 1024 and r.report.noc_hop_bytes == hops * 1024
+    assert r.report.energy["noc"] == pytest.approx(hops * 1024 * 8 * h.energy.noc_hop_pj_per_bit * 1e-12)
+    lb_to_lb = [e for e in events(r, "dma") if e["args"]["index"] == 1][0]
+    assert lb_to_lb["dur"] == pytest.approx(
+        (h.dma_latency_cycles + hops + math.ceil(1024 / h.noc_link_bytes_per_cycle)) * 1e6 / h.clock_hz)
+
+
+def test_kernel_launch_cost_per_kernel_and_modes_agree():
+    program, inputs = small_program()
+    twice = replace(program, kernels=(program.kernels[0], replace(program.kernels[0], name="k1")))
+    one = simulate(program, inputs).report.cycles
+    functional = simulate(twice, inputs)
+    timing = simulate(twice, mode="timing")
+    assert functional.report.cycles == timing.report.cycles == 2 * one
+    assert timing.outputs == [] and functional.report.kernels == 2
+    assert one > LAUNCH
+
+
+# -- report and trace -----------------------------------------------------------------------------
+
+def test_report_counters_roofline_and_combine():
+    program, inputs = small_program()
+    r = simulate(program, inputs).report
+    m, n, k = 16, 32, 32
+    assert r.macs == m * n * k and r.instructions == 5 and r.kernels == 1
+    assert (r.ddr_read, r.ddr_write) == (2 * (m * k + k * n), 2 * m * n)
+    assert r.lb_write == 2 * (m * k + k * n) + 4 * m * n + 2 * m * n  # DMAs in, MME, vector
+    assert r.lb_read == 2 * m * k + 2 * k * n + 4 * m * n + 2 * m * n  # MME a, b; vector; DMA out
+    assert r.lb_peak_bytes == 2 * (m * k + k * n) + 4 * m * n + 2 * m * n
+    assert r.busy["mme"] == k + MME_PIPE
+    assert r.utilisation["mme"] == pytest.approx((k + MME_PIPE) / (r.cycles * HW.cores))
+    compulsory = 2 * (m * k + k * n + m * n)
+    assert r.compulsory_ddr_bytes == compulsory
+    assert r.roofline_cycles == max(m * n * k / HW.peak_macs_per_cycle, compulsory / HW.ddr_bytes_per_cycle)
+    assert r.roofline_ratio == pytest.approx(r.cycles / r.roofline_cycles)
+    assert r.energy["mac"] == pytest.approx(m * n * k * HW.energy.mac_pj * 1e-12)
+    both = Report.combine([r, r])
+    assert (both.cycles, both.macs, both.lb_read) == (2 * r.cycles, 2 * r.macs, 2 * r.lb_read)
+    assert both.lb_peak_bytes == r.lb_peak_bytes and both.roofline_ratio == pytest.approx(r.roofline_ratio)
+    assert both.busy["mme"] == 2 * r.busy["mme"]
+    big = r.with_compulsory(10**9)
+    assert big.roofline_cycles == 10**9 / HW.ddr_bytes_per_cycle and r.compulsory_ddr_bytes == compulsory
+    d = r.to_dict()
+    assert d["hardware"] == "stcp920" and d["cycles"] == r.cycles and d["energy_total"] == r.energy_total
+    json.dumps(d)
+    assert "cycles" in str(r) and "energy total" in str(r)
+
+
+def test_trace_has_one_track_per_unit_used(tmp_path):
+    program, inputs = small_program()
+    cd = Dma(0, (1024,), Operand("gb", 0, 0, "float16", (1,)), ddr(0, "float16", 1))
+    program = replace(program, kernels=(replace(program.kernels[0],
+                                                instructions=program.kernels[0].instructions + (cd,)),))
+    r = simulate(program, inputs, trace=True, start_cycle=10_000)
+    xs = [e for e in r.trace_events if e["ph"] == "X"]
+    assert len(xs) == 6
+    threads = {(e["pid"], e["tid"]): e["args"]["name"] for e in r.trace_events if e["name"] == "thread_name"}
+    assert {(e["pid"], e["tid"]) for e in xs} == set(threads)
+    assert sorted(threads.values()) == ["cdma", "dma", "mme", "vme"]
+    processes = {e["pid"]: e["args"]["name"] for e in r.trace_events if e["name"] == "process_name"}
+    assert processes == {0: "core 0", HW.cores: "cluster 0"}
+    assert min(e["ts"] for e in xs) == pytest.approx((10_000 + LAUNCH) * 1e6 / HW.clock_hz)
+    assert {e["name"] for e in xs} == {"dma", "mme", "vector.copy"}
+    write_trace(r.trace_events, tmp_path / "t.json")
+    assert json.loads((tmp_path / "t.json").read_text())["traceEvents"] == r.trace_events
