@@ -406,7 +406,7 @@ class KernelEmitter:
             local = [p - o for p, o in zip(point, origin)]
             for d, (lo, n) in enumerate(zip(local, b.extents)):
                 span = sum(abs(c) * (e - 1) for v, c in forms[d][0].items() for vv, e in stage.loops if vv is v)
-                if lo < 0 or lo + span >= n + 0 * span and lo + span > n - 1:
+                if lo < 0 or lo + span > n - 1:
                     raise CodegenError(f"stage {stage.name}: access to {name} leaves its tile region")
             dtype, mem, index = b.dtype, "lb", core
             base = self.slot[(core, name)]
@@ -533,7 +533,7 @@ class KernelEmitter:
             op = self._load(stage, e, core)
             if dst is None:
                 return op
-            self._push(isa.Vector(core, "vme", "copy", stage.shape, _fit(dst), (op,)), core)
+            self._push(isa.Vector(core, "vme", "copy", stage.shape, dst, (op,)), core)
             return dst
         if isinstance(e, (tirx.FloatImm, tirx.IntImm)) or not _children(e):
             value = _constant(e, stage)
@@ -577,13 +577,11 @@ class KernelEmitter:
             return
         if isinstance(value, Load):
             src = self._operand(stage, value.source, list(value.indices), core, start)
-            src = isa.Operand(src.mem, src.index, src.offset, src.dtype, src.strides)
             if src.dtype != sub_dst.dtype:
                 tmp = self._scratch({v for v, _ in stage.loops}, stage, core, sub_dst.dtype)
                 self._push(isa.Vector(core, "vme", "copy", shape, tmp, (src,)), core)
                 src = tmp
-            if sub_dst.mem != "lb" and src.mem != "lb" or sub_dst.mem == "lb" or src.mem == "lb":
-                self._push(isa.Dma(core, shape, sub_dst, src), core)
+            self._push(isa.Dma(core, shape, sub_dst, src), core)
             return
         fill_value = _constant(value, stage)
         if sub_dst.mem == "lb":
@@ -660,10 +658,6 @@ def _sub_operand(o: isa.Operand, start) -> isa.Operand:
         return o
     off = o.offset + o.itemsize * sum(s * st for s, st in zip(start, o.strides))
     return isa.Operand(o.mem, o.index, off, o.dtype, o.strides)
-
-
-def _fit(o):
-    return o
 
 
 def _row_major(shape) -> list[int]:
