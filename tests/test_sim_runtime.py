@@ -13,7 +13,9 @@ import pytest
 
 from tvm_dsa.hardware.model import Hardware
 from tvm_dsa.isa import Dma, Fill, Kernel, Mme, Operand, Program, ProgramError, Reduce, TensorArg, Vector
-from tvm_dsa.runtime import HazardError, Report, compute_cycles, simulate, write_trace
+from tvm_dsa.runtime import (
+    HazardError, Report, compute_cycles, dma_demand, instruction_cycles, simulate, write_trace,
+)
 from tvm_dsa.runtime.functional import erf
 
 PRESETS = Path(__file__).resolve().parents[1] / "src" / "tvm_dsa" / "hardware" / "presets"
@@ -256,7 +258,8 @@ def test_program_round_trip(tmp_path):
 
 
 @pytest.mark.parametrize("n, change, message", [
-    (0, lambda i: replace(i, dst=replace(i.dst, offset=65536 - 512)), r"touches lb\[0\] bytes \[65024, 66048\) outside"),
+    (0, lambda i: replace(i, dst=replace(i.dst, offset=65536 - 512)),
+     r"touches lb\[0\] bytes \[65024, 66048\) outside its 65536 bytes"),
     (3, lambda i: replace(i, op="erf"), "op 'erf' does not run on the vme"),
     (2, lambda i: replace(i, a=replace(i.a, dtype="float32")), "MME operands must be float16"),
     (3, lambda i: replace(i, srcs=(replace(i.srcs[0], index=1),)), r"reads or writes lb\[1\] of another core"),
@@ -308,6 +311,8 @@ def test_dependency_orders_dma_then_mme():
     assert mme_event["ts"] == pytest.approx((LAUNCH + a_dma + b_dma) * us)
     assert mme_event["dur"] == pytest.approx(mme * us)
     assert r.report.cycles == LAUNCH + a_dma + b_dma + mme + vme + a_dma
+    # a serial chain takes the sum of the uncontended estimates the schedulers use
+    assert r.report.cycles == LAUNCH + sum(instruction_cycles(i, HW) for i in program.kernels[0].instructions)
 
 
 def test_concurrent_ddr_transfers_share_bandwidth():
@@ -338,6 +343,13 @@ def test_strided_ddr_access_pays_whole_bursts():
     r = simulate(make_program([[d]]), mode="timing").report
     assert r.ddr_read == rows * 32 and r.ddr_burst_bytes == rows * HW.ddr_burst_bytes
     assert r.cycles == LAUNCH + DMA_LAT + math.ceil(rows * HW.ddr_burst_bytes / HW.ddr_bytes_per_cycle)
+
+
+def test_bus_transfer_between_cores_goes_through_the_gb():
+    d = Dma(0, (512,), lb(0, "float16", 1, core=1), lb(0, "float16", 1))
+    assert dma_demand(d, HW) == {("lb", 0): 1024, ("lb", 1): 1024, ("gb", 0): 1024}
+    far = replace(d, dst=replace(d.dst, index=9))  # another cluster: both GBs on the way
+    assert dma_demand(far, HW) == {("lb", 0): 1024, ("lb", 9): 1024, ("gb", 0): 1024, ("gb", 1): 1024}
 
 
 def test_mesh_transfer_between_cores_uses_the_noc():

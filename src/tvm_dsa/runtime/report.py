@@ -107,11 +107,11 @@ class Report:
 
     # -- presentation -------------------------------------------------------------------------
     def to_dict(self) -> dict:
-        d = {f.name: getattr(self, f.name) for f in dataclasses.fields(self) if f.name != "hardware"}
-        d.update(hardware=self.hardware.name, clock_hz=self.hardware.clock_hz, seconds=self.seconds,
-                 utilisation=self.utilisation, mme_mac_utilisation=self.mme_mac_utilisation,
-                 energy=self.energy, energy_total=self.energy_total, roofline_cycles=self.roofline_cycles,
-                 roofline_ratio=self.roofline_ratio, busy=dict(self.busy))
+        d = {"hardware": self.hardware.name, "clock_hz": self.hardware.clock_hz}
+        d.update((f.name, getattr(self, f.name)) for f in dataclasses.fields(self) if f.name != "hardware")
+        d.update(busy=dict(self.busy), seconds=self.seconds, utilisation=self.utilisation,
+                 mme_mac_utilisation=self.mme_mac_utilisation, energy=self.energy, energy_total=self.energy_total,
+                 roofline_cycles=self.roofline_cycles, roofline_ratio=self.roofline_ratio)
         return d
 
     def __str__(self) -> str:
@@ -121,7 +121,7 @@ class Report:
             ("cycles", f"{self.cycles:,} ({self.seconds * 1e3:.4g} ms)"),
             ("roofline", f"{self.roofline_cycles:,.0f} cycles (x{self.roofline_ratio:.2f})"),
             ("kernels / instructions", f"{self.kernels:,} / {self.instructions:,}"),
-            ("MACs", f"{self.macs:,} ({self.mme_mac_utilisation:.1%} of peak)"),
+            ("MACs", f"{self.macs:,} ({self.mme_mac_utilisation:.2%} of peak)"),
         ]
         for level in ("ddr", "gb", "lb"):
             rows.append((f"{level.upper()} read / write", f"{getattr(self, level + '_read'):,} / "

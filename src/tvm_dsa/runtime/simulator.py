@@ -35,8 +35,8 @@ def simulate(program: Program, inputs: list[np.ndarray] | None = None, mode: str
     the trace so that the traces of several runs concatenate."""
     if mode not in MODES:
         raise ValueError(f"mode {mode!r} is not one of {MODES}")
-    validate(program)
     hw = Hardware.from_dict(program.hardware, source=f"program {program.name!r}")
+    validate(program)
     functional = mode == "functional"
     if functional and not hw.is_float and any(np.dtype(a.host_dtype).kind == "f" for a in program.args):
         raise ValueError(
