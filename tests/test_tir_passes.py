@@ -7,7 +7,8 @@ import tvm
 from tvm import relax
 
 from tvm_dsa import hardware, isa
-from tvm_dsa.codegen.emit import build_program, plan_lb
+from tvm_dsa.codegen.emit import build_program
+from tvm_dsa.codegen.kernel_ir import plan_lb, read_kernel
 from tvm_dsa.runtime import simulate
 from tvm_dsa.tir_passes import (
     LB_SCOPE, AssignScopes, LowerToDSA, TileForLB, TilePlan, anchor_info, lower_kernel,
@@ -80,7 +81,7 @@ def test_lb_plan_sizes_follow_the_tile():
     func = conv_bias_relu()
     lowered = (LowerToDSA()(AssignScopes()(TileForLB(TilePlan((1, 16, 4, 12), 8))(
         tvm.IRModule({"main": func})))))["main"]
-    plan = plan_lb(lowered, hardware.get("stcp920"))
+    plan = plan_lb(read_kernel(lowered), hardware.get("stcp920"))
     sizes = {b.extents: b.dtype for b in plan.buffers.values()}
     assert sizes[(1, 16, 4, 12)] in ("float32", "float16")  # accumulator / epilogue tiles
     assert sizes[(1, 8, 6, 14)] == "float16"  # input tile with its 1-pixel halo, 8 channels
@@ -92,7 +93,7 @@ def test_chosen_tiling_fits_and_simulates_exactly(rng):
     hw = hardware.get("stcp920")
     func = conv_bias_relu()
     lowered, plan = lower_kernel(func, hw)
-    assert plan_lb(lowered, hw).total_bytes <= hw.lb_bytes
+    assert plan_lb(read_kernel(lowered), hw).total_bytes <= hw.lb_bytes
     program = build_program(lowered, hw, "k")
     isa.validate(program)
     args = random_args(func, rng)
@@ -113,3 +114,32 @@ def test_row_longer_than_the_lb_has_no_tiling():
     from tvm_dsa.tir_passes import Unsupported
     with pytest.raises(Unsupported, match="fits the .*LB"):
         lower_kernel(func, hw)
+
+
+@pytest.mark.parametrize("name,shapes,body", [
+    # row reductions with a compound update and broadcast temporaries (mean, variance, rsqrt)
+    ("layer_norm", [(1, 64, 96), (96,), (96,)],
+     lambda x, g, b: relax.op.nn.layer_norm(x, g, b, axes=[-1])),
+    ("softmax", [(2, 16, 40)], lambda x: relax.op.nn.softmax(x)),
+    ("gelu", [(32, 48)], lambda x: relax.op.nn.gelu(x)),
+    # a windowed max reduction and a divide by a window size folded from index arithmetic
+    ("max_pool", [(1, 8, 12, 12)], lambda x: relax.op.nn.max_pool2d(x, pool_size=3, strides=2, padding=1)),
+    ("avg_pool", [(1, 8, 12, 12)], lambda x: relax.op.nn.avg_pool2d(x, pool_size=2, strides=2)),
+    ("depthwise_conv", [(1, 16, 10, 10), (16, 1, 3, 3)],
+     lambda x, w: relax.op.nn.conv2d(x, w, padding=1, groups=16)),
+    ("batch_matmul", [(3, 24, 40), (3, 40, 56)], lambda a, b: relax.op.matmul(a, b)),
+    # a reshape whose floordiv/floormod indices are affine once the iterators' ranges are known
+    ("reshape_transpose", [(2, 16, 64)],
+     lambda x: relax.op.permute_dims(relax.op.reshape(x, (2, 16, 4, 16)), [0, 2, 1, 3])),
+])
+def test_kernel_on_the_simulator_matches_llvm(rng, name, shapes, body):
+    hw = hardware.get("stcp920")
+    func = fused_kernel(lambda: relax_graph(shapes, body))
+    lowered, _ = lower_kernel(func, hw)
+    program = build_program(lowered, hw, name)
+    isa.validate(program)
+    args = random_args(func, rng)
+    ref = run_llvm(func, args)
+    out = simulate(program, args[:-1]).outputs[0]
+    # fp16 storage of inputs and outputs, fp32 inside: a few fp16 ulps of the output range
+    np.testing.assert_allclose(out, ref, rtol=1e-2, atol=5e-3 * max(np.abs(ref).max(), 1))

@@ -19,6 +19,18 @@ from .runtime import Report, simulate
 
 _RUNS: list[list[Report]] = []
 _TRACE: list = []
+_MODE = {"mode": "functional", "trace": bool(os.environ.get("TVM_DSA_TRACE"))}
+
+
+def set_mode(mode: str = "functional", trace: bool | None = None) -> None:
+    """How offloaded kernels run from now on: ``functional`` (numerics and time) or ``timing``
+    (time only: outputs are left untouched, so the model's results are meaningless). ``trace``
+    records trace events for ``last_trace()``."""
+    if mode not in ("functional", "timing"):
+        raise ValueError(f"simulation mode must be 'functional' or 'timing', not {mode!r}")
+    _MODE["mode"] = mode
+    if trace is not None:
+        _MODE["trace"] = trace
 
 
 @lru_cache(maxsize=4096)
@@ -31,23 +43,24 @@ def execute(program_text, info_text, *tensors) -> None:
     info = json.loads(str(info_text))
     n_in = sum(1 for a in program.args if a.role == "input")
     inputs = [np.from_dlpack(t) for t in tensors[:n_in]]
-    mode = "functional" if program.hardware["storage_dtype"].startswith("float") else "timing"
+    mode = _MODE["mode"]
+    if mode == "functional" and not program.hardware["storage_dtype"].startswith("float"):
+        raise RuntimeError(
+            f"preset {program.hardware['name']} stores {program.hardware['storage_dtype']}: a float model "
+            "can only be simulated in timing mode there (tvm_dsa.set_mode('timing')); use its -fp16 "
+            "variant for numerics"
+        )
     if info["index"] == 0 or not _RUNS:
         _RUNS.append([])
         del _RUNS[:-2]
         _TRACE.clear()
     start = sum(r.cycles for r in _RUNS[-1])
-    result = simulate(program, inputs, mode=mode, start_cycle=start, trace=bool(os.environ.get("TVM_DSA_TRACE")))
+    result = simulate(program, inputs if mode == "functional" else None, mode=mode, start_cycle=start,
+                      trace=_MODE["trace"])
     _RUNS[-1].append(result.report)
     _TRACE.extend(result.trace_events or [])
-    if mode == "functional":
-        for t, out in zip(tensors[n_in:], result.outputs):
-            np.from_dlpack(t)[...] = out
-    else:
-        raise RuntimeError(
-            f"preset {program.hardware['name']} stores {program.hardware['storage_dtype']}: a float model "
-            "can only be simulated in timing mode there; use its -fp16 variant for numerics"
-        )
+    for t, out in zip(tensors[n_in:], result.outputs):
+        np.from_dlpack(t)[...] = out
 
 
 def last_report() -> Report | None:
@@ -58,7 +71,7 @@ def last_report() -> Report | None:
 
 
 def last_trace() -> list:
-    """Trace events of the last run (set TVM_DSA_TRACE=1 before running to record them)."""
+    """Trace events of the last run (``set_mode(trace=True)`` or TVM_DSA_TRACE=1 records them)."""
     return list(_TRACE)
 
 

@@ -35,32 +35,37 @@ class OffloadResult:
 
 def offload(mod: tvm.IRModule, hw: Hardware, schedule: str = "layerwise", run_id: str = "model"):
     """Return (new module, OffloadResult)."""
-    specs = {s.name: s for s in schedules.get(schedule)(mod, hw)}
+    specs = schedules.get(schedule)(mod, hw)
     result = OffloadResult()
     programs: dict[str, str] = {}
-    for name in specs:
-        func = mod[name]
-        macs = kernel_macs(func)
-        try:
-            lowered, _ = lower_kernel(func, hw)
-            programs[name] = build_program(lowered, hw, name).serialize()
-            result.dsa.append(name)
+    for spec in specs:  # one spec per call site; a PrimFunc called twice is compiled once
+        name = spec.name
+        macs = kernel_macs(mod[name])
+        if name not in programs and name not in result.host:
+            try:
+                lowered, _ = lower_kernel(mod[name], hw)
+                programs[name] = build_program(lowered, hw, name).serialize()
+                result.dsa.append(name)
+            except Unsupported as err:
+                result.host[name] = str(err)
+        if name in programs:
             result.dsa_macs += macs
-        except Unsupported as err:
-            result.host[name] = str(err)
+        else:
             result.host_macs += macs
     call_tir = tvm.ir.Op.get("relax.call_tir")
-    order = [n for n in specs if n in programs]
+    calls = sum(1 for s in specs if s.name in programs)
 
     @relax.expr_functor.mutator
     class _Rewrite(relax.PyExprMutator):
+        index = 0  # DSA call sites in program order; the first one starts a run
+
         def visit_call_(self, call):
             call = super().visit_call_(call)
             if not call.op.same_as(call_tir) or call.args[0].name_hint not in programs:
                 return call
             name = call.args[0].name_hint
-            info = json.dumps({"run": run_id, "kernel": name, "index": order.index(name),
-                               "count": len(order)})
+            info = json.dumps({"run": run_id, "kernel": name, "index": self.index, "count": calls})
+            self.index += 1
             args = [tvm.ir.StringImm(programs[name]), tvm.ir.StringImm(info), *call.args[1].fields]
             return relax.call_dps_packed(EXECUTE, args, out_ty=call.ty_args[0] if call.ty_args else call.ty)
 

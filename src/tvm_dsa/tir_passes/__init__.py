@@ -46,26 +46,49 @@ def lower_with_plan(func, plan: TilePlan):
 
 def lower_kernel(func, hw):
     """Lower ``func`` with the largest tiling whose working set fits ``hw``'s LB and that gives
-    the cluster's cores a tile each where the kernel has that many. Returns (lowered, plan)."""
-    from ..codegen.emit import CodegenError, plan_lb
+    the cluster's cores a tile each where the kernel has that many. Returns (lowered, plan).
+
+    Candidate plans shrink monotonically, so both conditions are found by bisection."""
+    from ..codegen.kernel_ir import CodegenError, plan_lb, read_kernel
 
     info = anchor_info(func)
-    fitting = None
-    for plan in candidate_plans(info, hw.mme.rows, hw.mme.cols):
-        try:
-            lowered = lower_with_plan(func, plan)
-            plan_lb(lowered, hw)
-        except CodegenError:
-            continue
-        fitting = (lowered, plan)
+    plans = list(candidate_plans(info, hw.mme.rows, hw.mme.cols))
+    tried: dict[int, object] = {}
+
+    def lowered_if_fits(i):
+        if i not in tried:
+            try:
+                lowered = lower_with_plan(func, plans[i])
+                plan_lb(read_kernel(lowered), hw)
+                tried[i] = lowered
+            except CodegenError:
+                tried[i] = None
+        return tried[i]
+
+    def parallel(plan):
         tiles = 1
         for e, t in zip(info.spatial, plan.tiles):
             tiles *= e // t
-        if tiles >= hw.cores_per_cluster or all(t == 1 for t in plan.tiles):
-            return fitting
-    if fitting is None:
+        return tiles >= hw.cores_per_cluster or all(t == 1 for t in plan.tiles)
+
+    first = _bisect(len(plans), lambda i: lowered_if_fits(i) is not None)
+    if first == len(plans):
         raise Unsupported(f"no tiling of {info.name} fits the {hw.lb_bytes}-byte LB")
-    return fitting
+    best = first + _bisect(len(plans) - first, lambda i: parallel(plans[first + i]))
+    best = min(best, len(plans) - 1)
+    return lowered_if_fits(best), plans[best]
+
+
+def _bisect(n: int, pred) -> int:
+    """Smallest i in [0, n) with pred(i) for a monotone pred; n if none."""
+    lo, hi = 0, n
+    while lo < hi:
+        mid = (lo + hi) // 2
+        if pred(mid):
+            hi = mid
+        else:
+            lo = mid + 1
+    return lo
 
 
 __all__ = [

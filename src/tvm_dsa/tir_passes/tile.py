@@ -170,35 +170,48 @@ def _divisor_below(n: int, t: int) -> int:
 def candidate_plans(info: AnchorInfo, mme_rows: int, mme_cols: int):
     """Tile plans from the whole output downwards, shrinking one loop at a time.
 
-    Order of sacrifice: batch-like loops first, then the reduction chunk while it is long, then
-    the spatial loop furthest above its target (N loops target the PE array's columns, M loops its
-    rows, other anchors keep 64 contiguous elements innermost), outer loops before inner ones."""
+    Order of sacrifice: batch-like loops first, then a long reduction chunk (> 256), then for a
+    contraction whichever of the M product (rows of the PE array) and the N product (its columns)
+    is further above its array size — the outer loop of that role first, so the contiguous inner
+    loops stay long — then the chunk; other anchors shrink their outer loops first and their
+    reduction chunk last."""
     tiles = list(info.spatial)
     chunk = info.reduction[0] if info.reduction else None
-    n = len(tiles)
-    target = []
-    for i, role in enumerate(info.roles or [""] * n):
-        target.append({"N": mme_cols, "M": mme_rows, "B": 1}.get(role, 64 if i == n - 1 else 1))
+    roles = list(info.roles) if info.roles else [""] * len(tiles)
     yield TilePlan(tuple(tiles), chunk)
+
+    def product(role):
+        n = 1
+        for t, r in zip(tiles, roles):
+            if r == role:
+                n *= t
+        return n
+
+    def outermost(role_set):
+        for i, (t, r) in enumerate(zip(tiles, roles)):
+            if t > 1 and r in role_set:
+                return i
+        return None
+
     while True:
-        best, score = None, 0.0
-        for i, t in enumerate(tiles):
-            if t == 1:
-                continue
-            role = info.roles[i] if info.roles else ""
-            s = t / target[i] + (n - i) * 1e-3
-            if role == "B":
-                s += 1e6
-            if s > score:
-                best, score = i, s
-        if chunk is not None and chunk > 1:
-            s = chunk / 64 + (1e5 if chunk > 256 else 0)
-            if s > score:
-                best, score = "chunk", s
-        if best is None:
+        pick = outermost({"B"})
+        if pick is None and chunk is not None and chunk > 256:
+            pick = "chunk"
+        if pick is None and "N" in roles:
+            m, n = product("M") / mme_rows, product("N") / mme_cols
+            first, second = ("M", "N") if m >= n else ("N", "M")
+            if max(m, n) > 1:
+                pick = outermost({first}) if outermost({first}) is not None else outermost({second})
+        if pick is None and "N" not in roles:
+            pick = outermost({""})
+        if pick is None and chunk is not None and chunk > 1:
+            pick = "chunk"
+        if pick is None:
+            pick = outermost({"M", "N", ""})
+        if pick is None:
             return
-        if best == "chunk":
+        if pick == "chunk":
             chunk = _divisor_below(info.reduction[0], chunk)
         else:
-            tiles[best] = _divisor_below(info.spatial[best], tiles[best])
+            tiles[pick] = _divisor_below(info.spatial[pick], tiles[pick])
         yield TilePlan(tuple(tiles), chunk)

@@ -1,0 +1,458 @@
+"""The lowered kernel as the codegen sees it: loops and stages with integer access patterns.
+
+Reading TVM expressions is slow (every comparison of two variables builds an expression), and the
+codegen visits each stage once per tile. So a lowered PrimFunc is read once into this small IR:
+tile/chunk loops get integer slots, and every buffer access becomes an ``Access`` — per buffer
+dimension a constant, coefficients of outer loop slots and coefficients of the stage's own loops.
+Emitting a tile is then integer arithmetic only.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import tvm
+import tvm_ffi
+from tvm import tirx
+
+from ..hardware import Hardware
+from ..tir_passes.analysis import (
+    BINARY_CALLS,
+    BINARY_NODES,
+    UNARY_CALLS,
+    Call,
+    Load,
+    Unsupported,
+    call_name,
+    linear_form,
+    strip_cast,
+)
+from ..tir_passes.scopes import LB_SCOPE
+
+SBlockRealize = tvm.s_tir.stmt.SBlockRealize
+ALIGN = 64
+
+
+class CodegenError(Unsupported):
+    """The lowered kernel cannot be turned into instructions (e.g. it does not fit the LB)."""
+
+
+def align(n: int) -> int:
+    return (n + ALIGN - 1) // ALIGN * ALIGN
+
+
+@dataclass(frozen=True)
+class Access:
+    """``buffer[const + sum(outer coeff * slot value) + sum(inner coeff * loop index)]``."""
+
+    buffer: str
+    lb: bool
+    const: tuple[int, ...]
+    outer: tuple[tuple[tuple[int, int], ...], ...]  # per dim: (slot, coeff) pairs
+    inner: tuple[tuple[int, ...], ...]  # per dim: coeff per stage loop
+
+    def point(self, env: list[int], start=None) -> list[int]:
+        """Buffer index at the box origin (or at ``start`` inside the box)."""
+        out = []
+        for d, k in enumerate(self.const):
+            for slot, c in self.outer[d]:
+                k += c * env[slot]
+            if start is not None:
+                k += sum(c * s for c, s in zip(self.inner[d], start))
+            out.append(k)
+        return out
+
+    def low_corner(self, env, shape) -> list[int]:
+        """Smallest index per dim touched over the box (coefficients may be negative)."""
+        return [p + sum(min(0, c) * (n - 1) for c, n in zip(self.inner[d], shape))
+                for d, p in enumerate(self.point(env))]
+
+    def extents(self, shape) -> tuple[int, ...]:
+        return tuple(1 + sum(abs(c) * (n - 1) for c, n in zip(row, shape)) for row in self.inner)
+
+    def dims(self) -> frozenset[int]:
+        """Stage loops this access varies with."""
+        return frozenset(i for row in self.inner for i, c in enumerate(row) if c)
+
+
+# value trees of stages
+@dataclass(frozen=True)
+class Const:
+    value: float
+
+
+@dataclass(frozen=True)
+class Read:
+    access: Access
+
+
+@dataclass(frozen=True)
+class Op:
+    name: str  # ISA vector op
+    kids: tuple
+    dims: frozenset  # stage loops the result varies with
+
+
+@dataclass(frozen=True)
+class Bound:
+    """``expr (op) 0`` with expr = const + outer + inner, op one of le lt ge gt."""
+
+    op: str
+    const: int
+    outer: tuple[tuple[int, int], ...]
+    inner: tuple[int, ...]
+
+
+@dataclass(frozen=True)
+class Select:
+    bounds: tuple[Bound, ...]  # conjunction
+    then: object
+    other: object
+
+
+@dataclass(frozen=True)
+class Stage:
+    name: str
+    op: str  # dma | mme | vector | reduce
+    shape: tuple[int, ...]
+    dst: Access
+    value: object  # value tree; for mme a (Read, Read) pair; for reduce the update tree
+    reduce_op: str = ""
+
+    def reads(self) -> list[Access]:
+        out = []
+
+        def walk(v):
+            if isinstance(v, Read):
+                out.append(v.access)
+            elif isinstance(v, Op):
+                for k in v.kids:
+                    walk(k)
+            elif isinstance(v, Select):
+                walk(v.then), walk(v.other)
+            elif isinstance(v, tuple):
+                for k in v:
+                    walk(k)
+
+        walk(self.value)
+        return out
+
+
+@dataclass(frozen=True)
+class Loop:
+    slot: int
+    extent: int
+    kind: str  # tile | chunk
+    body: tuple
+
+
+@dataclass(frozen=True)
+class KernelIR:
+    root: Loop
+    slots: int
+    params: tuple  # (name, shape, dtype) of the PrimFunc parameters
+
+    def stages(self) -> list[Stage]:
+        out = []
+
+        def walk(nodes):
+            for n in nodes:
+                walk(n.body) if isinstance(n, Loop) else out.append(n)
+
+        walk([self.root])
+        return out
+
+    def tile_loops(self) -> list[Loop]:
+        loops, node = [], self.root
+        while True:
+            loops.append(node)
+            if len(node.body) == 1 and isinstance(node.body[0], Loop) and node.body[0].kind == "tile":
+                node = node.body[0]
+            else:
+                return loops
+
+
+# --------------------------------------------------------------------------------------------
+# reading TIR
+class _Reader:
+    def __init__(self):
+        self.slot_of: dict = {}  # loop Var -> slot
+
+    def loops(self, stmt) -> list:
+        if isinstance(stmt, tirx.SeqStmt):
+            return [n for s in stmt.seq for n in self.loops(s)]
+        if isinstance(stmt, tirx.For) and "dsa.loop" in stmt.annotations:
+            if _int(stmt.min) != 0:
+                raise CodegenError("tile loop does not start at 0")
+            slot = len(self.slot_of)
+            self.slot_of[stmt.loop_var] = slot
+            return [Loop(slot, _int(stmt.extent), str(stmt.annotations["dsa.loop"]), tuple(self.loops(stmt.body)))]
+        inner = []
+        while isinstance(stmt, tirx.For):
+            if "dsa.loop" in stmt.annotations:
+                raise CodegenError("tile loop inside a stage")
+            inner.append((stmt.loop_var, _int(stmt.extent)))
+            stmt = stmt.body
+        if not isinstance(stmt, SBlockRealize):
+            raise CodegenError(f"expected a stage block, found {type(stmt).__name__}")
+        return [self.stage(stmt, inner)]
+
+    def stage(self, realize, inner) -> Stage:
+        block = realize.block
+        if "dsa.op" not in block.annotations:
+            raise CodegenError(f"block {block.name_hint} was not lowered (no dsa.op)")
+        op = str(block.annotations["dsa.op"])
+        loop_vars = set(self.slot_of) | {v for v, _ in inner}
+        position = {v: i for i, (v, _) in enumerate(inner)}
+        bindings = {it.var: linear_form(val, loop_vars) for it, val in zip(block.iter_vars, realize.iter_values)}
+        doms = {it.var: it.dom for it in block.iter_vars}
+
+        analyzer = None
+
+        def affine(expr):
+            """Linear form over block vars; floordiv/floormod that the iterators' ranges make
+            trivial (reshapes between dims that divide each other) are simplified away first."""
+            nonlocal analyzer
+            try:
+                return linear_form(expr, set(bindings) | set(position))
+            except Unsupported:
+                if analyzer is None:
+                    analyzer = tvm.sym.Analyzer()
+                    for v, dom in doms.items():
+                        analyzer.bind(v, dom)
+                return linear_form(analyzer.simplify(expr), set(bindings) | set(position))
+
+        def form(expr):
+            """(const, outer (slot, c), inner coeffs) of an index expression of block vars."""
+            coeffs, const = affine(expr)
+            total: dict = {}
+            for v, c in coeffs.items():
+                if v in bindings:
+                    bc, bk = bindings[v]
+                    const += c * bk
+                    for lv, lc in bc.items():
+                        total[lv] = total.get(lv, 0) + c * lc
+                else:
+                    total[v] = total.get(v, 0) + c
+            outer = tuple((self.slot_of[v], c) for v, c in total.items() if c and v in self.slot_of)
+            row = [0] * len(inner)
+            for v, c in total.items():
+                if v in position:
+                    row[position[v]] = c
+            return const, outer, tuple(row)
+
+        def access(buf, indices) -> Access:
+            forms = [form(i) for i in indices]
+            return Access(str(buf.name), buf.scope() == LB_SCOPE, tuple(f[0] for f in forms),
+                          tuple(f[1] for f in forms), tuple(f[2] for f in forms))
+
+        def const(e) -> float:
+            e = strip_cast(e)
+            if isinstance(e, (tirx.FloatImm, tirx.IntImm)):
+                return float(e.value)
+            ana = tvm.sym.Analyzer()
+            for v, dom in doms.items():
+                ana.bind(v, dom)
+            simple = strip_cast(ana.simplify(e))
+            if isinstance(simple, tirx.Cast):
+                simple = simple.value
+            if isinstance(simple, (tirx.FloatImm, tirx.IntImm)):
+                return float(simple.value)
+            raise CodegenError(f"stage {block.name_hint}: value {e} varies with the index")
+
+        def value(e):
+            e = strip_cast(e)
+            if isinstance(e, Load):
+                return Read(access(e.source, list(e.indices)))
+            if isinstance(e, Call) and call_name(e) == "if_then_else":
+                bounds = tuple(bound(c) for c in _conjuncts(e.args[0]))
+                return Select(bounds, value(e.args[1]), value(e.args[2]))
+            kids = _children(e)
+            if not kids:
+                return Const(const(e))
+            name = BINARY_NODES.get(type(e)) or UNARY_CALLS.get(call_name(e)) or BINARY_CALLS.get(call_name(e))
+            vals = tuple(value(k) for k in kids)
+            if name == "max" and Const(0.0) in vals and len([v for v in vals if v != Const(0.0)]) == 1:
+                name, vals = "relu", tuple(v for v in vals if v != Const(0.0))
+            dims = frozenset().union(*[_dims(v) for v in vals])
+            return Op(name, vals, dims)
+
+        def bound(c) -> Bound:
+            ops = {tirx.LE: "le", tirx.LT: "lt", tirx.GE: "ge", tirx.GT: "gt"}
+            if type(c) not in ops:
+                raise CodegenError(f"stage {block.name_hint}: condition {c} is not a bound")
+            k, outer, row = form(c.a - c.b)
+            return Bound(ops[type(c)], k, outer, row)
+
+        store = block.body
+        dst = access(store.buffer, list(store.indices))
+        shape = tuple(e for _, e in inner) or (1,)
+        if not inner:
+            dst = Access(dst.buffer, dst.lb, dst.const, dst.outer, tuple((0,) for _ in dst.inner))
+        if op in ("mme", "reduce"):
+            upd = _reduce_update(block)
+            if op == "mme":
+                val = (value(strip_cast(upd.a)), value(strip_cast(upd.b)))
+            else:
+                val = value(upd)
+            return Stage(block.name_hint, op, shape, dst, val, str(block.annotations.get("dsa.reduce", "")))
+        return Stage(block.name_hint, op, shape, dst, value(store.value))
+
+
+def _int(e) -> int:
+    if not isinstance(e, tirx.IntImm):
+        raise CodegenError(f"loop bound {e} is not a constant")
+    return int(e.value)
+
+
+def _dims(v) -> frozenset:
+    if isinstance(v, Read):
+        return v.access.dims()
+    if isinstance(v, Op):
+        return v.dims
+    return frozenset()
+
+
+def _conjuncts(cond) -> list:
+    if isinstance(cond, tirx.And):
+        return _conjuncts(cond.a) + _conjuncts(cond.b)
+    return [cond]
+
+
+def _children(e) -> list:
+    if type(e) in BINARY_NODES:
+        return [e.a, e.b]
+    if isinstance(e, Call) and (call_name(e) in UNARY_CALLS or call_name(e) in BINARY_CALLS):
+        return list(e.args)
+    return []
+
+
+def _reduce_update(block):
+    """The expression a reduction block folds into its accumulator."""
+    value = strip_cast(block.body.value)
+    acc = block.body.buffer
+
+    def is_acc(x):
+        x = strip_cast(x)
+        return isinstance(x, Load) and x.source.same_as(acc)
+
+    return strip_cast(value.b if is_acc(value.a) else value.a)
+
+
+def read_kernel(func) -> KernelIR:
+    """The KernelIR of a lowered PrimFunc (one nest of tile loops)."""
+    body = func.body.block.body if isinstance(func.body, SBlockRealize) else func.body
+    reader = _Reader()
+    nodes = reader.loops(body)
+    if len(nodes) != 1 or not isinstance(nodes[0], Loop) or nodes[0].kind != "tile":
+        raise CodegenError("a lowered kernel is one nest of tile loops")
+    params = tuple((str(p.name), tuple(int(s) for s in p.shape), str(p.dtype)) for p in func.params)
+    return KernelIR(nodes[0], len(reader.slot_of), params)
+
+
+# --------------------------------------------------------------------------------------------
+# local-buffer plan
+@dataclass(frozen=True)
+class LBBuffer:
+    name: str
+    dtype: str
+    extents: tuple[int, ...]
+    writer: str  # stage whose execution starts a new lifetime (moves the origin)
+    slots: tuple[int, ...] = ()  # byte offsets of its copies
+
+    @property
+    def nbytes(self) -> int:
+        from ..isa import DTYPES
+
+        n = DTYPES[self.dtype]
+        for e in self.extents:
+            n *= e
+        return n
+
+
+@dataclass(frozen=True)
+class LBPlan:
+    buffers: dict  # buffer name -> LBBuffer
+    scratch_offset: int
+    scratch_bytes: int
+    total_bytes: int
+
+
+def lb_dtypes(stages: list[Stage], hw: Hardware) -> dict[str, str]:
+    """Element type of each LB buffer: MME accumulators in the accumulation type, other reduction
+    accumulators in float32, what the MME reads or what a DMA moves to/from DDR in the storage
+    type, every other intermediate in float32 (the vector units compute in float32)."""
+    out: dict[str, str] = {}
+    for st in stages:
+        if st.op in ("mme", "reduce"):
+            out[st.dst.buffer] = hw.mme.accum_dtype if st.op == "mme" else "float32"
+    for st in stages:
+        crosses_ddr = st.op == "dma" and not all(a.lb for a in [st.dst] + st.reads())
+        for acc in [st.dst] + st.reads():
+            if acc.lb and acc.buffer not in out and (st.op == "mme" or crosses_ddr):
+                out[acc.buffer] = hw.storage_dtype
+    for st in stages:
+        for acc in [st.dst] + st.reads():
+            if acc.lb:
+                out.setdefault(acc.buffer, "float32")
+    return out
+
+
+def scratch_bytes(stage: Stage) -> int:
+    """Bytes of float32 temporaries a stage needs: one per inner op of its expression, a
+    materialised update for a compound reduction, a cast buffer for a copy."""
+    box = 1
+    for n in stage.shape:
+        box *= n
+    if stage.op == "dma":
+        return align(4 * box)
+    if stage.op == "mme":
+        return 0
+
+    def size(dims):
+        n = 1
+        for i in dims:
+            n *= stage.shape[i]
+        return align(4 * n)
+
+    total = 0
+
+    def walk(v, root):
+        nonlocal total
+        if isinstance(v, Op):
+            for k in v.kids:
+                walk(k, False)
+            if not root:
+                total += size(v.dims)
+
+    walk(stage.value, stage.op == "vector")
+    if stage.op == "reduce" and isinstance(stage.value, Op):
+        total += align(4 * box)
+    return total
+
+
+def plan_lb(kernel: KernelIR, hw: Hardware) -> LBPlan:
+    """Place the kernel's LB buffers; raises ``CodegenError`` when one tile does not fit."""
+    stages = kernel.stages()
+    dtypes = lb_dtypes(stages, hw)
+    first: dict[str, LBBuffer] = {}
+    for st in stages:
+        for acc, is_write in [(st.dst, True)] + [(a, False) for a in st.reads()]:
+            if not acc.lb or acc.buffer in first:
+                continue
+            if not is_write:
+                raise CodegenError(f"LB buffer {acc.buffer} is read by {st.name} before it is written")
+            first[acc.buffer] = LBBuffer(acc.buffer, dtypes[acc.buffer], acc.extents(st.shape), st.name)
+    scratch = max((scratch_bytes(st) for st in stages), default=0)
+    single = sum(align(b.nbytes) for b in first.values())
+    if single + scratch > hw.lb_bytes:
+        raise CodegenError(f"tile working set {single + scratch} bytes exceeds the LB ({hw.lb_bytes})")
+    copies = 2 if 2 * single + scratch <= hw.lb_bytes else 1
+    offset, placed = 0, {}
+    for b in first.values():
+        slots = []
+        for _ in range(copies):
+            slots.append(offset)
+            offset += align(b.nbytes)
+        placed[b.name] = LBBuffer(b.name, b.dtype, b.extents, b.writer, tuple(slots))
+    return LBPlan(placed, offset, scratch, offset + scratch)

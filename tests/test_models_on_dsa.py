@@ -1,0 +1,32 @@
+"""Every zoo model (tiny configuration) compiled for the DSA: numerics against llvm, the MAC
+accounting against the model's own count, and the share of MACs the DSA executes."""
+
+import numpy as np
+import pytest
+import tvm
+from tvm import relax
+from tvm.relax.frontend import onnx as rx_onnx
+
+import tvm_dsa
+from tvm_dsa.models import TINY, example_inputs, get_model, macs
+
+
+def _first(out):
+    return (out if hasattr(out, "numpy") else out[0]).numpy()
+
+
+@pytest.mark.parametrize("name", sorted(TINY))
+def test_tiny_model_on_dsa(name):
+    model = get_model(name, **TINY[name])
+    args = [tvm.runtime.tensor(v) for v in example_inputs(model).values()]
+    mod = rx_onnx.from_onnx(model, keep_params_in_input=False)
+    ref = _first(relax.VirtualMachine(tvm.compile(mod, target="llvm"), tvm.cpu())["main"](*args))
+    ex = tvm.compile(mod, target="dsa/stcp920", relax_pipeline="dsa")
+    result = tvm_dsa.pipeline_result()
+    out = _first(relax.VirtualMachine(ex, tvm.cpu())["main"](*args))
+    scale = max(np.abs(ref).max(), 1e-6)
+    assert np.abs(out - ref).max() / scale < 2e-2, "DSA output differs from llvm beyond fp16 error"
+    assert result.dsa_macs + result.host_macs == macs(model)
+    assert result.dsa_macs >= 0.95 * macs(model), result.host
+    report = tvm_dsa.last_report()
+    assert report.macs == result.dsa_macs  # what the simulator executed is what was offloaded
