@@ -1,0 +1,135 @@
+"""``tvm-dsa``: compile and run a model on a simulated DSA from the command line.
+
+    tvm-dsa run resnet18 --tiny                   # compile, simulate, check against llvm, report
+    tvm-dsa run model.onnx --target dsa/set-edge16 --timing-only --trace trace.json
+    tvm-dsa hw [dsa/<chip>]                       # the presets, or one chip's parameters
+
+Exit codes: 0 success, 1 numerics outside the tolerance, 2 bad input (model, file, target).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+from . import hardware
+from .driver import Compiled, InputError, check_target, dsa_mac_share, import_onnx, load_model, max_relative_error
+from .models import MODELS, example_inputs
+from .runtime import write_trace
+
+TOLERANCE = 2e-2  # fp16 storage: max |dsa - llvm| relative to max |llvm|
+
+
+def _run(args: argparse.Namespace) -> int:
+    model = load_model(args.model, tiny=args.tiny, batch=args.batch)
+    check_target(args.target, model, timing_only=args.timing_only)
+    if args.trace and not Path(args.trace).resolve().parent.is_dir():
+        raise InputError(f"cannot write the trace to {args.trace}: its directory does not exist")
+    try:
+        inputs = example_inputs(model)
+    except ValueError as err:
+        raise InputError(str(err)) from None
+    mod = import_onnx(model)
+    mode = "timing" if args.timing_only else "functional"
+    dsa = Compiled.build(mod, args.target)
+    run = dsa.run(inputs, mode=mode, trace=bool(args.trace))
+    check = None
+    if not (args.no_check or args.timing_only):
+        llvm = Compiled.build(mod, "llvm")
+        err = max_relative_error(run.outputs, llvm.run(inputs).outputs)
+        check = {"max_relative_error": err, "tolerance": args.tolerance, "ok": err <= args.tolerance}
+    if args.trace:
+        write_trace(run.trace, args.trace)
+
+    label = args.model + (" (tiny)" if args.tiny else "") + (f", batch {args.batch}" if args.batch else "")
+    offload, share = dsa.offload, dsa_mac_share(dsa.offload)
+    if args.json:
+        print(json.dumps({
+            "model": label, "target": args.target, "mode": mode,
+            "compile_seconds": dsa.seconds, "run_seconds": run.seconds, "numerics": check,
+            "offload": {"dsa": offload.dsa, "host": offload.host, "dsa_macs": offload.dsa_macs,
+                        "host_macs": offload.host_macs, "dsa_mac_share": share},
+            "report": run.report.to_dict() if run.report else None, "trace": args.trace,
+        }, indent=2))
+    else:
+        print(f"{label} on {args.target} ({mode} simulation)")
+        print(f"compile: {dsa.seconds:.2f} s; run: {run.seconds:.2f} s")
+        if check:
+            verdict = "ok" if check["ok"] else "FAILED"
+            print(f"numerics: max |dsa - llvm| / max |llvm| = {check['max_relative_error']:.2e} "
+                  f"(tolerance {args.tolerance:.0e}): {verdict}")
+        print(f"kernels: {len(offload.dsa)} on the DSA, {len(offload.host)} on the host")
+        for name, reason in offload.host.items():
+            print(f"  host {name}: {reason}")
+        total = offload.dsa_macs + offload.host_macs
+        print("MACs on the DSA: " + (f"{share:.1%} ({offload.dsa_macs:,} of {total:,})" if share is not None
+                                     else "n/a (the model has no MACs)"))
+        print()
+        print(run.report if run.report else "no kernel ran on the DSA: no report")
+        if args.trace:
+            print(f"\ntrace: {len(run.trace)} events written to {args.trace}")
+    if check and not check["ok"]:
+        print(f"tvm-dsa: error: DSA output differs from llvm by {check['max_relative_error']:.2e} "
+              f"(relative), above the tolerance {args.tolerance:.0e}", file=sys.stderr)
+        return 1
+    return 0
+
+
+def _hw(args: argparse.Namespace) -> int:
+    if args.chip:
+        print(json.dumps(check_target(args.chip).to_dict(), indent=2))
+        return 0
+    rows = [("target", "cores", "MME", "storage", "clock", "peak MAC/cycle", "LB", "GB", "DDR B/cycle")]
+    for name in hardware.names():
+        hw = hardware.get(name)
+        rows.append((f"dsa/{name}", str(hw.cores), f"{hw.mme.rows}x{hw.mme.cols}", hw.storage_dtype,
+                     f"{hw.clock_hz / 1e9:g} GHz", f"{hw.peak_macs_per_cycle:,}", f"{hw.lb_bytes // 1024} KiB",
+                     f"{hw.gb_bytes // 1024} KiB", f"{hw.ddr_bytes_per_cycle:g}"))
+    widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
+    for r in rows:
+        print("  ".join(c.ljust(w) for c, w in zip(r, widths)).rstrip())
+    return 0
+
+
+def _positive_int(text: str) -> int:
+    value = int(text)
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be at least 1, not {value}")
+    return value
+
+
+def parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="tvm-dsa", description="Compile and run models on a simulated DSA with TVM.")
+    sub = p.add_subparsers(dest="command", required=True)
+    run = sub.add_parser("run", help="compile a model for the DSA, simulate it, check it against llvm, report")
+    run.add_argument("model", help=f"an .onnx file or a built-in model: {', '.join(MODELS)}")
+    run.add_argument("--target", default="dsa/stcp920", help="DSA preset (default dsa/stcp920; see `tvm-dsa hw`)")
+    run.add_argument("--tiny", action="store_true", help="the built-in model's small configuration")
+    run.add_argument("--batch", type=_positive_int, help="batch size of a built-in model")
+    run.add_argument("--timing-only", action="store_true",
+                     help="simulate time only (no numerics, no llvm check); needed for float models on int presets")
+    run.add_argument("--trace", metavar="PATH", help="write a Chrome/Perfetto trace of the run")
+    run.add_argument("--json", action="store_true", help="print the result as JSON")
+    run.add_argument("--no-check", action="store_true", help="skip the comparison with llvm")
+    run.add_argument("--tolerance", type=float, default=TOLERANCE,
+                     help=f"max |dsa - llvm| / max |llvm| accepted (default {TOLERANCE:g})")
+    run.set_defaults(func=_run)
+    hw = sub.add_parser("hw", help="list the DSA presets, or print one chip's parameters as JSON")
+    hw.add_argument("chip", nargs="?", help="a preset, e.g. dsa/stcp920")
+    hw.set_defaults(func=_hw)
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parser().parse_args(argv)
+    try:
+        return args.func(args)
+    except InputError as err:
+        print(f"tvm-dsa: error: {err}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,158 @@
+"""Load a model, compile it for a target (a DSA preset or llvm), run it once: what ``tvm-dsa run``
+and the benchmarks share.
+
+    model = load_model("resnet18", tiny=True)
+    mod, inputs = import_onnx(model), tvm_dsa.models.example_inputs(model)
+    dsa, ref = Compiled.build(mod, "dsa/stcp920"), Compiled.build(mod, "llvm")
+    run = dsa.run(inputs)              # outputs, wall time, the DSA report (and trace if asked)
+    max_relative_error(run.outputs, ref.run(inputs).outputs)
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+import onnx
+import tvm
+from tvm import relax
+
+from . import hardware, host
+from .models import MODELS, TINY, get_model
+from .pipeline import pipeline_result
+from .relax_passes.offload import OffloadResult
+from .runtime import Report
+
+
+class InputError(ValueError):
+    """A model, file or target the user named cannot be used (a one-line message)."""
+
+
+def load_model(spec: str, tiny: bool = False, batch: int | None = None) -> onnx.ModelProto:
+    """A built-in model by name (``tiny``: its small configuration) or an ``.onnx`` file."""
+    if spec in MODELS:
+        kwargs = dict(TINY[spec]) if tiny else {}
+        if batch is not None:
+            kwargs["batch"] = batch
+        return get_model(spec, **kwargs)
+    path = Path(spec)
+    if not path.is_file():
+        if path.suffix == ".onnx" or "/" in spec:
+            raise InputError(f"no such file: {spec}")
+        raise InputError(f"unknown model {spec!r}: give an .onnx file or one of {', '.join(MODELS)}")
+    if tiny or batch is not None:
+        raise InputError("--tiny and --batch apply to built-in models only, not to an .onnx file")
+    try:
+        model = onnx.load(str(path))
+        onnx.checker.check_model(model)
+    except Exception as err:  # protobuf decode errors, checker errors: all mean "not a valid model"
+        raise InputError(f"{spec} is not a valid ONNX model: {_one_line(err)}") from None
+    return model
+
+
+def import_onnx(model: onnx.ModelProto) -> tvm.IRModule:
+    """The Relax module of an ONNX model, weights embedded as constants."""
+    from tvm.relax.frontend import onnx as rx_onnx
+
+    try:
+        return rx_onnx.from_onnx(model, keep_params_in_input=False)
+    except Exception as err:  # the frontend reports unsupported operators and attributes this way
+        raise InputError(f"cannot import the ONNX model into TVM: {_one_line(err)}") from None
+
+
+def check_target(target: str, model: onnx.ModelProto | None = None, timing_only: bool = False) -> hardware.Hardware:
+    """The chip of ``target``; an ``InputError`` for an unknown preset, or for a float model on an
+    integer preset unless only timing is asked for."""
+    try:
+        hw = hardware.get(target)
+    except hardware.HardwareError as err:
+        raise InputError(str(err)) from None
+    if model is not None and not hw.is_float and not timing_only and _is_float(model):
+        raise InputError(
+            f"{target} stores {hw.storage_dtype}, so a float model's numbers cannot be simulated there: "
+            f"pass --timing-only for cycles only, or use dsa/{hw.name}-fp16")
+    return hw
+
+
+def _is_float(model: onnx.ModelProto) -> bool:
+    g = model.graph
+    types = [vi.type.tensor_type.elem_type for vi in [*g.input, *g.output]]
+    types += [t.data_type for t in g.initializer]
+    return any(np.issubdtype(onnx.helper.tensor_dtype_to_np_dtype(t), np.floating) for t in types if t)
+
+
+def _one_line(err: Exception) -> str:
+    """The last line of an error's message: TVM puts its traceback first."""
+    lines = [ln.strip() for ln in str(err).splitlines() if ln.strip()]
+    return lines[-1] if lines else type(err).__name__
+
+
+@dataclass
+class Run:
+    """One execution: its outputs, wall time and, on a DSA, the simulator's report and trace."""
+
+    outputs: list[np.ndarray]
+    seconds: float
+    report: Report | None = None
+    trace: list = field(default_factory=list)
+
+
+@dataclass
+class Compiled:
+    """A model compiled for ``target``: the executable, the compile time and (DSA) the offload decisions."""
+
+    executable: tvm.runtime.Executable
+    target: str
+    seconds: float
+    offload: OffloadResult | None = None
+
+    @classmethod
+    def build(cls, mod: tvm.IRModule, target: str = "dsa/stcp920") -> "Compiled":
+        """Compile with the ``dsa`` pipeline for a DSA target, with TVM's default one for others."""
+        is_dsa = target == "dsa" or target.startswith("dsa/")
+        if is_dsa:
+            check_target(target)
+        start = time.perf_counter()
+        ex = tvm.compile(mod, target=target, relax_pipeline="dsa" if is_dsa else "default")
+        seconds = time.perf_counter() - start
+        return cls(ex, target, seconds, pipeline_result() if is_dsa else None)
+
+    def run(self, inputs: dict[str, np.ndarray], mode: str = "functional", trace: bool = False) -> Run:
+        """Run ``main`` once on ``inputs`` (in graph-input order). ``mode`` and ``trace`` set how DSA
+        kernels are simulated for this run (``timing``: outputs of DSA kernels are not computed)."""
+        vm = relax.VirtualMachine(self.executable, tvm.cpu())
+        args = [tvm.runtime.tensor(v) for v in inputs.values()]
+        host.set_mode(mode, trace=trace)
+        try:
+            start = time.perf_counter()
+            out = vm["main"](*args)
+            seconds = time.perf_counter() - start
+        finally:
+            host.set_mode("functional", trace=False)
+        if self.offload is None:
+            return Run(_numpy(out), seconds)
+        return Run(_numpy(out), seconds, host.last_report(), host.last_trace() if trace else [])
+
+
+def _numpy(value) -> list[np.ndarray]:
+    if hasattr(value, "numpy"):
+        return [value.numpy()]
+    return [a for v in value for a in _numpy(v)]
+
+
+def max_relative_error(outputs: list[np.ndarray], reference: list[np.ndarray]) -> float:
+    """max |out - ref| / max |ref| over the outputs (each output scaled by its own reference)."""
+    err = 0.0
+    for out, ref in zip(outputs, reference, strict=True):
+        ref = ref.astype(np.float64)
+        scale = max(float(np.abs(ref).max(initial=0.0)), 1e-12)
+        err = max(err, float(np.abs(out.astype(np.float64) - ref).max(initial=0.0)) / scale)
+    return err
+
+
+def dsa_mac_share(offload: OffloadResult) -> float | None:
+    """Fraction of the model's MACs in DSA kernels (None for a model without MACs)."""
+    total = offload.dsa_macs + offload.host_macs
+    return offload.dsa_macs / total if total else None

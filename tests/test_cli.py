@@ -1,0 +1,98 @@
+"""The ``tvm-dsa`` command, called in-process: output, JSON, trace, exit codes on bad input."""
+
+import json
+
+import numpy as np
+import onnx
+import pytest
+from onnx import TensorProto as TP
+from onnx import helper as h
+from onnx import numpy_helper as nh
+
+from tvm_dsa.cli import main
+from tvm_dsa.models import TINY, get_model, macs
+
+
+@pytest.fixture
+def conv_onnx(tmp_path):
+    """A Conv + Relu model that runs entirely on the DSA, saved as a file; returns (path, model)."""
+    w = np.random.default_rng(0).standard_normal((16, 8, 3, 3)).astype("float32") * 0.2
+    g = h.make_graph([h.make_node("Conv", ["x", "W"], ["c"], pads=[1, 1, 1, 1]), h.make_node("Relu", ["c"], ["y"])],
+                     "conv", [h.make_tensor_value_info("x", TP.FLOAT, [1, 8, 16, 16])],
+                     [h.make_tensor_value_info("y", TP.FLOAT, [1, 16, 16, 16])], [nh.from_array(w, "W")])
+    model = h.make_model(g, opset_imports=[h.make_opsetid("", 17)])
+    model.ir_version = 10
+    path = tmp_path / "conv.onnx"
+    onnx.save(model, str(path))
+    return str(path), model
+
+
+def test_run_tiny_model_prints_numerics_offload_and_report(capsys):
+    assert main(["run", "resnet50", "--tiny"]) == 0
+    out = capsys.readouterr().out
+    assert "numerics: max |dsa - llvm| / max |llvm| = " in out and ": ok" in out
+    assert "MACs on the DSA: " in out and "on the host" in out
+    assert "cycles" in out and "roofline" in out
+
+
+def test_json_macs_equal_the_models_macs(conv_onnx, capsys):
+    path, model = conv_onnx
+    assert main(["run", path, "--json"]) == 0
+    data = json.loads(capsys.readouterr().out)
+    assert data["offload"]["host"] == {} and data["offload"]["dsa_mac_share"] == 1.0
+    assert data["report"]["macs"] == data["offload"]["dsa_macs"] == macs(model) > 0
+    assert data["numerics"]["ok"] and data["numerics"]["max_relative_error"] < data["numerics"]["tolerance"]
+
+
+def test_json_macs_of_a_tiny_zoo_model(capsys):
+    assert main(["run", "resnet18", "--tiny", "--json", "--no-check"]) == 0
+    data = json.loads(capsys.readouterr().out)
+    assert data["numerics"] is None and data["offload"]["host_macs"] == 0
+    assert data["report"]["macs"] == macs(get_model("resnet18", **TINY["resnet18"]))
+
+
+def test_trace_file_is_chrome_trace_json(conv_onnx, tmp_path, capsys):
+    trace = tmp_path / "trace.json"
+    assert main(["run", conv_onnx[0], "--timing-only", "--trace", str(trace)]) == 0
+    out = capsys.readouterr().out
+    assert "numerics" not in out and f"written to {trace}" in out
+    events = json.loads(trace.read_text())["traceEvents"]
+    assert any(e["ph"] == "X" and e["dur"] > 0 for e in events)
+
+
+def test_numerics_outside_the_tolerance_fail(conv_onnx, capsys):
+    assert main(["run", conv_onnx[0], "--tolerance", "0"]) == 1
+    captured = capsys.readouterr()
+    assert ": FAILED" in captured.out and "above the tolerance" in captured.err
+
+
+def test_hw_lists_the_presets(capsys):
+    assert main(["hw"]) == 0
+    out = capsys.readouterr().out
+    assert "dsa/stcp920" in out and "dsa/set-edge16-fp16" in out
+
+
+@pytest.mark.parametrize("case, expected", [
+    ("random_bytes", "is not a valid ONNX model"),
+    ("missing_file", "no such file"),
+    ("unknown_model", "unknown model 'resnet1000'"),
+    ("unknown_target", "unknown DSA preset 'dsa/nope'"),
+    ("float_on_int8", "--timing-only"),
+])
+def test_bad_input_exits_2_with_one_line(case, expected, tmp_path, capsys):
+    garbage = tmp_path / "garbage.onnx"
+    garbage.write_bytes(np.random.default_rng(1).bytes(4096))
+    argv = {
+        "random_bytes": ["run", str(garbage)],
+        "missing_file": ["run", str(tmp_path / "absent.onnx")],
+        "unknown_model": ["run", "resnet1000"],
+        "unknown_target": ["run", "resnet18", "--tiny", "--target", "dsa/nope"],
+        "float_on_int8": ["run", "resnet18", "--tiny", "--target", "dsa/set-edge16"],
+    }[case]
+    assert main(argv) == 2
+    captured = capsys.readouterr()
+    assert captured.out == ""
+    assert captured.err.startswith("tvm-dsa: error: ") and expected in captured.err
+    assert captured.err.count("\n") == 1
+    if case == "float_on_int8":
+        assert "set-edge16-fp16" in captured.err
