@@ -4,13 +4,16 @@
     python benchmarks/spine.py --tiny               # a quick check of the script
 
 Prints compile times, the timing-only simulation (cycles, seconds, roofline), the share of MACs on
-the DSA, the wall time of one functional simulation next to one llvm run, and the error dsa vs llvm.
+the DSA, the wall time of one functional simulation next to one llvm run, and the error of the DSA's
+output against llvm's and onnxruntime's.
 """
 
 from __future__ import annotations
 
 import argparse
 import sys
+
+import onnxruntime as ort
 
 from tvm_dsa.driver import Compiled, check_target, dsa_mac_share, import_onnx, load_model, max_relative_error
 from tvm_dsa.models import MODELS, example_inputs
@@ -34,8 +37,9 @@ def main() -> None:
     llvm = Compiled.build(mod, "llvm")
     _step(f"compiling for {args.target}")
     dsa = Compiled.build(mod, args.target)
-    _step("running on llvm")
+    _step("running on llvm and onnxruntime")
     ref = llvm.run(inputs)
+    ort_out = ort.InferenceSession(model.SerializeToString()).run(None, inputs)
     _step("timing-only simulation")
     timed = dsa.run(inputs, mode="timing").report
     _step("functional simulation")
@@ -53,6 +57,8 @@ def main() -> None:
         ("cycles / roofline", f"{timed.roofline_ratio:.2f}"),
         ("wall time of one run, functional sim / llvm", f"{functional.seconds:.2f} s / {ref.seconds:.4f} s"),
         ("max |dsa - llvm| / max |llvm|", f"{max_relative_error(functional.outputs, ref.outputs):.2e}"),
+        ("max |dsa - onnxruntime| / max |onnxruntime|",
+         f"{max_relative_error(functional.outputs, list(ort_out)):.2e}"),
     ]
     width = max(len(k) for k, _ in rows)
     print("\n".join(f"{k:<{width}}  {v}" for k, v in rows))

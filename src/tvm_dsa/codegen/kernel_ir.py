@@ -398,14 +398,15 @@ def lb_dtypes(stages: list[Stage], hw: Hardware) -> dict[str, str]:
     return out
 
 
-def scratch_bytes(stage: Stage) -> int:
-    """Bytes of float32 temporaries a stage needs: one per inner op of its expression, a
-    materialised update for a compound reduction, a cast buffer for a copy."""
+def scratch_bytes(stage: Stage, dtypes: dict[str, str], storage: str) -> int:
+    """Bytes of temporaries a stage needs: one per inner op of its expression, a materialised
+    update for a compound reduction, a cast buffer for a copy between element types."""
     box = 1
     for n in stage.shape:
         box *= n
     if stage.op == "dma":
-        return align(4 * box)
+        types = {dtypes[a.buffer] if a.lb else storage for a in [stage.dst] + stage.reads()}
+        return align(4 * box) if len(types) > 1 else 0
     if stage.op == "mme":
         return 0
 
@@ -443,7 +444,7 @@ def plan_lb(kernel: KernelIR, hw: Hardware) -> LBPlan:
             if not is_write:
                 raise CodegenError(f"LB buffer {acc.buffer} is read by {st.name} before it is written")
             first[acc.buffer] = LBBuffer(acc.buffer, dtypes[acc.buffer], acc.extents(st.shape), st.name)
-    scratch = max((scratch_bytes(st) for st in stages), default=0)
+    scratch = max((scratch_bytes(st, dtypes, hw.storage_dtype) for st in stages), default=0)
     single = sum(align(b.nbytes) for b in first.values())
     if single + scratch > hw.lb_bytes:
         raise CodegenError(f"tile working set {single + scratch} bytes exceeds the LB ({hw.lb_bytes})")

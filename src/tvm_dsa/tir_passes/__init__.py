@@ -13,7 +13,7 @@ from tvm import s_tir
 from .analysis import Unsupported, classify
 from .lower import lower_to_dsa
 from .scopes import GB_SCOPE, LB_SCOPE, assign_scopes
-from .tile import TilePlan, anchor_info, candidate_plans, tile_schedule
+from .tile import TilePlan, anchor_info, candidate_plans, parallel_plans, tile_schedule
 
 
 def _as_pass(name: str, fn):
@@ -69,14 +69,18 @@ def lower_kernel(func, hw):
         tiles = 1
         for e, t in zip(info.spatial, plan.tiles):
             tiles *= e // t
-        return tiles >= hw.cores_per_cluster or all(t == 1 for t in plan.tiles)
+        return tiles >= hw.cores_per_cluster
 
     first = _bisect(len(plans), lambda i: lowered_if_fits(i) is not None)
     if first == len(plans):
         raise Unsupported(f"no tiling of {info.name} fits the {hw.lb_bytes}-byte LB")
-    best = first + _bisect(len(plans) - first, lambda i: parallel(plans[first + i]))
-    best = min(best, len(plans) - 1)
-    return lowered_if_fits(best), plans[best]
+    if parallel(plans[first]):
+        return lowered_if_fits(first), plans[first]
+    more = list(parallel_plans(info, plans[first], hw.mme.rows, hw.mme.cols))
+    if not more:
+        return lowered_if_fits(first), plans[first]
+    best = min(_bisect(len(more), lambda i: parallel(more[i])), len(more) - 1)
+    return lower_with_plan(func, more[best]), more[best]
 
 
 def _bisect(n: int, pred) -> int:

@@ -215,3 +215,34 @@ def candidate_plans(info: AnchorInfo, mme_rows: int, mme_cols: int):
         else:
             tiles[pick] = _divisor_below(info.spatial[pick], tiles[pick])
         yield TilePlan(tuple(tiles), chunk)
+
+
+def parallel_plans(info: AnchorInfo, start: TilePlan, mme_rows: int, mme_cols: int):
+    """From a plan that fits, plans with more tiles for more cores: spatial loops only (a smaller
+    chunk adds no tiles), outer loops first, and never a contraction's M or N product below the
+    PE array's rows or columns nor another anchor's innermost loop below 64 elements (smaller
+    tiles would cost more in per-tile overhead than the extra cores return)."""
+    tiles = list(start.tiles)
+    roles = list(info.roles) if info.roles else [""] * len(tiles)
+    floor = {"M": mme_rows, "N": mme_cols}
+    while True:
+        pick = None
+        for i, (t, r) in enumerate(zip(tiles, roles)):
+            if t == 1:
+                continue
+            smaller = _divisor_below(info.spatial[i], t)
+            if r in floor:
+                others = 1
+                for j, (u, q) in enumerate(zip(tiles, roles)):
+                    if q == r and j != i:
+                        others *= u
+                if others * smaller < floor[r]:
+                    continue
+            elif r == "" and i == len(tiles) - 1 and smaller < 64:
+                continue
+            pick = i
+            break
+        if pick is None:
+            return
+        tiles[pick] = _divisor_below(info.spatial[pick], tiles[pick])
+        yield TilePlan(tuple(tiles), start.chunk)
