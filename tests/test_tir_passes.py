@@ -143,3 +143,17 @@ def test_kernel_on_the_simulator_matches_llvm(rng, name, shapes, body):
     out = simulate(program, args[:-1]).outputs[0]
     # fp16 storage of inputs and outputs, fp32 inside: a few fp16 ulps of the output range
     np.testing.assert_allclose(out, ref, rtol=1e-2, atol=5e-3 * max(np.abs(ref).max(), 1))
+
+
+def test_head_merge_transpose_runs_on_the_dsa(rng):
+    """out[b, s, h*64 + d] = in[b, h, s, d]: the tile along the merged dim must divide 64, and the
+    tile's head index (tile // k) is a non-linear function of the tile loop only."""
+    hw = hardware.get("stcp920")
+    func = fused_kernel(lambda: relax_graph(
+        [(1, 12, 32, 64)], lambda x: relax.op.reshape(relax.op.permute_dims(x, [0, 2, 1, 3]), (1, 32, 768))))
+    lowered, plan = lower_kernel(func, hw)
+    assert 64 % plan.tiles[-1] == 0 or plan.tiles[-1] % 64 == 0
+    program = build_program(lowered, hw, "merge")
+    args = random_args(func, rng)
+    out = simulate(program, args[:-1]).outputs[0]
+    np.testing.assert_array_equal(out, args[0].astype(np.float16).transpose(0, 2, 1, 3).reshape(1, 32, 768))

@@ -9,7 +9,7 @@ Emitting a tile is then integer arithmetic only.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import tvm
 import tvm_ffi
@@ -50,6 +50,9 @@ class Access:
     const: tuple[int, ...]
     outer: tuple[tuple[tuple[int, int], ...], ...]  # per dim: (slot, coeff) pairs
     inner: tuple[tuple[int, ...], ...]  # per dim: coeff per stage loop
+    # per dim: None, or a function of the slot values for an outer part that is not linear
+    # (e.g. ``tile // 2`` when a reshape splits a dimension inside a tile loop)
+    outer_fn: tuple = ()
 
     def point(self, env: list[int], start=None) -> list[int]:
         """Buffer index at the box origin (or at ``start`` inside the box)."""
@@ -57,6 +60,8 @@ class Access:
         for d, k in enumerate(self.const):
             for slot, c in self.outer[d]:
                 k += c * env[slot]
+            if self.outer_fn and self.outer_fn[d] is not None:
+                k += self.outer_fn[d](env)
             if start is not None:
                 k += sum(c * s for c, s in zip(self.inner[d], start))
             out.append(k)
@@ -177,6 +182,7 @@ class KernelIR:
 class _Reader:
     def __init__(self):
         self.slot_of: dict = {}  # loop Var -> slot
+        self.extent_of: dict = {}  # loop Var -> extent
 
     def loops(self, stmt) -> list:
         if isinstance(stmt, tirx.SeqStmt):
@@ -186,6 +192,7 @@ class _Reader:
                 raise CodegenError("tile loop does not start at 0")
             slot = len(self.slot_of)
             self.slot_of[stmt.loop_var] = slot
+            self.extent_of[stmt.loop_var] = _int(stmt.extent)
             return [Loop(slot, _int(stmt.extent), str(stmt.annotations["dsa.loop"]), tuple(self.loops(stmt.body)))]
         inner = []
         while isinstance(stmt, tirx.For):
@@ -204,27 +211,25 @@ class _Reader:
         op = str(block.annotations["dsa.op"])
         loop_vars = set(self.slot_of) | {v for v, _ in inner}
         position = {v: i for i, (v, _) in enumerate(inner)}
-        bindings = {it.var: linear_form(val, loop_vars) for it, val in zip(block.iter_vars, realize.iter_values)}
+        bindings = {}  # block var -> linear form over loop vars, or None when not affine
+        for it, val in zip(block.iter_vars, realize.iter_values):
+            try:
+                bindings[it.var] = linear_form(val, loop_vars)
+            except Unsupported:
+                bindings[it.var] = None
         doms = {it.var: it.dom for it in block.iter_vars}
 
-        analyzer = None
-
-        def affine(expr):
-            """Linear form over block vars; floordiv/floormod that the iterators' ranges make
-            trivial (reshapes between dims that divide each other) are simplified away first."""
-            nonlocal analyzer
-            try:
-                return linear_form(expr, set(bindings) | set(position))
-            except Unsupported:
-                if analyzer is None:
-                    analyzer = tvm.sym.Analyzer()
-                    for v, dom in doms.items():
-                        analyzer.bind(v, dom)
-                return linear_form(analyzer.simplify(expr), set(bindings) | set(position))
-
         def form(expr):
-            """(const, outer (slot, c), inner coeffs) of an index expression of block vars."""
-            coeffs, const = affine(expr)
+            """(const, outer (slot, c), inner coeffs, outer function) of an index expression of
+            block vars. Affine indices compose with the affine bindings directly; others are
+            rewritten over the loops with their ranges (a reshape inside a tile often becomes
+            affine in the stage's loops plus a non-linear function of the tile loops)."""
+            try:
+                coeffs, const = linear_form(expr, set(bindings) | set(position))
+                if any(bindings.get(v, ()) is None for v in coeffs):
+                    raise Unsupported("a block iterator is bound to a non-affine expression")
+            except Unsupported:
+                return _split_form(self, expr, realize, inner, position)
             total: dict = {}
             for v, c in coeffs.items():
                 if v in bindings:
@@ -239,12 +244,13 @@ class _Reader:
             for v, c in total.items():
                 if v in position:
                     row[position[v]] = c
-            return const, outer, tuple(row)
+            return const, outer, tuple(row), None
 
         def access(buf, indices) -> Access:
             forms = [form(i) for i in indices]
             return Access(str(buf.name), buf.scope() == LB_SCOPE, tuple(f[0] for f in forms),
-                          tuple(f[1] for f in forms), tuple(f[2] for f in forms))
+                          tuple(f[1] for f in forms), tuple(f[2] for f in forms),
+                          tuple(f[3] for f in forms) if any(f[3] for f in forms) else ())
 
         def const(e) -> float:
             e = strip_cast(e)
@@ -281,14 +287,16 @@ class _Reader:
             ops = {tirx.LE: "le", tirx.LT: "lt", tirx.GE: "ge", tirx.GT: "gt"}
             if type(c) not in ops:
                 raise CodegenError(f"stage {block.name_hint}: condition {c} is not a bound")
-            k, outer, row = form(c.a - c.b)
+            k, outer, row, fn = form(c.a - c.b)
+            if fn is not None:
+                raise CodegenError(f"stage {block.name_hint}: condition {c} is not a box bound")
             return Bound(ops[type(c)], k, outer, row)
 
         store = block.body
         dst = access(store.buffer, list(store.indices))
         shape = tuple(e for _, e in inner) or (1,)
         if not inner:
-            dst = Access(dst.buffer, dst.lb, dst.const, dst.outer, tuple((0,) for _ in dst.inner))
+            dst = replace(dst, inner=tuple((0,) for _ in dst.inner))
         if op in ("mme", "reduce"):
             upd = _reduce_update(block)
             if op == "mme":
@@ -297,6 +305,62 @@ class _Reader:
                 val = value(upd)
             return Stage(block.name_hint, op, shape, dst, val, str(block.annotations.get("dsa.reduce", "")))
         return Stage(block.name_hint, op, shape, dst, value(store.value))
+
+
+def _split_form(reader: _Reader, expr, realize, inner, position):
+    """``expr`` (over block vars) rewritten over the loops: (0, (), inner coeffs, outer function)."""
+    block = realize.block
+    binding = {it.var: val for it, val in zip(block.iter_vars, realize.iter_values)}
+    expr = tvm_ffi.structural_map(expr, [(tvm.ir.Var, lambda v: binding.get(v, v))])
+    analyzer = tvm.sym.Analyzer()
+    for v, n in list(reader.extent_of.items()) + list(inner):
+        analyzer.bind(v, tvm.ir.Range(0, n))
+    expr = analyzer.simplify(expr)
+    row, outer = [0] * len(inner), []
+
+    def walk(e, sign):
+        if not any(_uses(e, v) for v in position):
+            outer.append((sign, e))
+        elif isinstance(e, tvm.ir.Var) and e in position:
+            row[position[e]] += sign
+        elif isinstance(e, (tirx.Add, tirx.Sub)):
+            walk(e.a, sign)
+            walk(e.b, sign if isinstance(e, tirx.Add) else -sign)
+        elif isinstance(e, tirx.Mul) and isinstance(e.b, tirx.IntImm):
+            walk(e.a, sign * int(e.b.value))
+        elif isinstance(e, tirx.Mul) and isinstance(e.a, tirx.IntImm):
+            walk(e.b, sign * int(e.a.value))
+        else:
+            raise Unsupported(f"index {e} is not affine in the stage's loops")
+
+    walk(expr, 1)
+    source = " + ".join(f"({sign}) * ({_py(e, reader.slot_of)})" for sign, e in outer) or "0"
+    return 0, (), tuple(row), eval(f"lambda env: {source}")  # noqa: S307 - generated from TIR
+
+
+
+def _uses(e, var) -> bool:
+    hit = []
+    tvm_ffi.structural_walk(e, [(tvm.ir.Var, lambda v: hit.append(v) if v.same_as(var) else None)])
+    return bool(hit)
+
+
+def _py(e, slot_of) -> str:
+    """Python source of an integer expression of tile-loop variables (``env[slot]``)."""
+    if isinstance(e, tirx.IntImm):
+        return str(int(e.value))
+    if isinstance(e, tvm.ir.Var):
+        if e not in slot_of:
+            raise Unsupported(f"index uses {e}, which is not a loop variable")
+        return f"env[{slot_of[e]}]"
+    if isinstance(e, tirx.Cast):
+        return _py(e.value, slot_of)
+    ops = {tirx.Add: "+", tirx.Sub: "-", tirx.Mul: "*", tirx.FloorDiv: "//", tirx.FloorMod: "%"}
+    if type(e) in ops:
+        return f"({_py(e.a, slot_of)} {ops[type(e)]} {_py(e.b, slot_of)})"
+    if isinstance(e, (tirx.Min, tirx.Max)):
+        return f"{'min' if isinstance(e, tirx.Min) else 'max'}({_py(e.a, slot_of)}, {_py(e.b, slot_of)})"
+    raise Unsupported(f"index {e} is not an integer expression of the tile loops")
 
 
 def _int(e) -> int:

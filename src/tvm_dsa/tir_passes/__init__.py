@@ -49,11 +49,12 @@ def lower_kernel(func, hw):
     the cluster's cores a tile each where the kernel has that many. Returns (lowered, plan).
 
     Candidate plans shrink monotonically, so both conditions are found by bisection."""
-    from ..codegen.kernel_ir import CodegenError, plan_lb, read_kernel
+    from ..codegen.kernel_ir import plan_lb, read_kernel
 
     info = anchor_info(func)
     plans = list(candidate_plans(info, hw.mme.rows, hw.mme.cols))
     tried: dict[int, object] = {}
+    reasons: list[str] = []
 
     def lowered_if_fits(i):
         if i not in tried:
@@ -61,8 +62,9 @@ def lower_kernel(func, hw):
                 lowered = lower_with_plan(func, plans[i])
                 plan_lb(read_kernel(lowered), hw)
                 tried[i] = lowered
-            except CodegenError:
+            except Unsupported as err:  # too big for the LB, or indices not affine in this tiling
                 tried[i] = None
+                reasons.append(str(err))
         return tried[i]
 
     def parallel(plan):
@@ -72,15 +74,23 @@ def lower_kernel(func, hw):
         return tiles >= hw.cores_per_cluster
 
     first = _bisect(len(plans), lambda i: lowered_if_fits(i) is not None)
+    # fitting is monotone along the plans, affine indices are not (a reshape wants tiles that
+    # divide its factors): when the bisection lands on a failure, scan on for a plan that lowers
+    while first < len(plans) and lowered_if_fits(first) is None:
+        first += 1
     if first == len(plans):
-        raise Unsupported(f"no tiling of {info.name} fits the {hw.lb_bytes}-byte LB")
+        raise Unsupported(f"no tiling of {info.name} fits the {hw.lb_bytes}-byte LB "
+                          f"with affine accesses (last: {reasons[-1] if reasons else '?'})")
     if parallel(plans[first]):
         return lowered_if_fits(first), plans[first]
     more = list(parallel_plans(info, plans[first], hw.mme.rows, hw.mme.cols))
     if not more:
         return lowered_if_fits(first), plans[first]
     best = min(_bisect(len(more), lambda i: parallel(more[i])), len(more) - 1)
-    return lower_with_plan(func, more[best]), more[best]
+    try:
+        return lower_with_plan(func, more[best]), more[best]
+    except Unsupported:  # this split breaks an index's affinity: keep the plan that fits
+        return lowered_if_fits(first), plans[first]
 
 
 def _bisect(n: int, pred) -> int:

@@ -11,6 +11,7 @@ iterates them, and each remaining loop nest becomes one DSA instruction.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 from tvm import s_tir
@@ -34,6 +35,9 @@ class AnchorInfo:
     spatial: tuple[int, ...]  # extents of the anchor's spatial loops
     reduction: tuple[int, ...]  # extents of its reduction loops
     roles: tuple[str, ...]  # per spatial loop: "M", "N" or "B" (mme anchors), "" otherwise
+    # per spatial loop: D > 1 when the loop's index sits inside floordiv/floormod by D (a reshape):
+    # its tile must divide D so that, inside a tile, the index stays affine
+    align: tuple[int, ...] = ()
 
 
 def leaf_blocks(sch: s_tir.Schedule) -> list:
@@ -77,11 +81,37 @@ def anchor_info(func) -> AnchorInfo:
     roles = [""] * sum(1 for r in is_red if not r)
     if kinds[idx].kind == "mme":
         roles = _mme_roles(sch.get(anchor), is_red)
+    block = sch.get(anchor)
+    spatial_vars = [it.var for it, r in zip(block.iter_vars, is_red) if not r]
     return AnchorInfo(
-        sch.get(anchor).name_hint, kinds[idx],
+        block.name_hint, kinds[idx],
         tuple(e for e, r in zip(extents, is_red) if not r),
         tuple(e for e, r in zip(extents, is_red) if r), tuple(roles),
+        tuple(_alignment(block, v) for v in spatial_vars),
     )
+
+
+def _alignment(block, var) -> int:
+    """The gcd of the divisors of floordiv/floormod nodes whose operand uses ``var`` in the
+    block's body (a tile dividing it divides each of them); 1 when there are none."""
+    import math
+
+    import tvm
+    import tvm_ffi
+    from tvm import tirx
+
+    out = 0
+
+    def visit(node):
+        nonlocal out
+        if isinstance(node.b, tirx.IntImm):
+            hit = []
+            tvm_ffi.structural_walk(node.a, [(tvm.ir.Var, lambda v: hit.append(v) if v.same_as(var) else None)])
+            if hit:
+                out = math.gcd(out, int(node.b.value))
+
+    tvm_ffi.structural_walk(block.body, [((tirx.FloorDiv, tirx.FloorMod), visit)])
+    return out or 1
 
 
 def _mme_roles(block, is_red) -> list[str]:
@@ -159,8 +189,13 @@ def tile_schedule(func, plan: TilePlan) -> s_tir.Schedule:
     return sch
 
 
+def _aligns(info: AnchorInfo) -> tuple[int, ...]:
+    return info.align or (1,) * len(info.spatial)
+
+
 def _divisor_below(n: int, t: int) -> int:
-    """Largest divisor of ``n`` smaller than ``t`` (1 if none)."""
+    """Largest divisor of ``n`` smaller than ``t`` (1 if none). Shrinking a tile to a divisor of
+    itself keeps it a divisor of the extent and of any alignment it already divides."""
     for d in range(t - 1, 0, -1):
         if n % d == 0:
             return d
@@ -175,7 +210,7 @@ def candidate_plans(info: AnchorInfo, mme_rows: int, mme_cols: int):
     is further above its array size — the outer loop of that role first, so the contiguous inner
     loops stay long — then the chunk; other anchors shrink their outer loops first and their
     reduction chunk last."""
-    tiles = list(info.spatial)
+    tiles = [math.gcd(e, a) if a > 1 else e for e, a in zip(info.spatial, _aligns(info))]
     chunk = info.reduction[0] if info.reduction else None
     roles = list(info.roles) if info.roles else [""] * len(tiles)
     yield TilePlan(tuple(tiles), chunk)
@@ -213,7 +248,7 @@ def candidate_plans(info: AnchorInfo, mme_rows: int, mme_cols: int):
         if pick == "chunk":
             chunk = _divisor_below(info.reduction[0], chunk)
         else:
-            tiles[pick] = _divisor_below(info.spatial[pick], tiles[pick])
+            tiles[pick] = _divisor_below(tiles[pick], tiles[pick])
         yield TilePlan(tuple(tiles), chunk)
 
 
@@ -230,7 +265,7 @@ def parallel_plans(info: AnchorInfo, start: TilePlan, mme_rows: int, mme_cols: i
         for i, (t, r) in enumerate(zip(tiles, roles)):
             if t == 1:
                 continue
-            smaller = _divisor_below(info.spatial[i], t)
+            smaller = _divisor_below(t, t)
             if r in floor:
                 others = 1
                 for j, (u, q) in enumerate(zip(tiles, roles)):
@@ -244,5 +279,5 @@ def parallel_plans(info: AnchorInfo, start: TilePlan, mme_rows: int, mme_cols: i
             break
         if pick is None:
             return
-        tiles[pick] = _divisor_below(info.spatial[pick], tiles[pick])
+        tiles[pick] = _divisor_below(tiles[pick], tiles[pick])
         yield TilePlan(tuple(tiles), start.chunk)
