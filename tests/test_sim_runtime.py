@@ -12,11 +12,14 @@ import numpy as np
 import pytest
 
 from tvm_dsa.hardware.model import Hardware
-from tvm_dsa.isa import Dma, Fill, Kernel, Mme, Operand, Program, ProgramError, Reduce, TensorArg, Vector
+from tvm_dsa.isa import (
+    Dma, Fill, Kernel, Mme, Operand, Program, ProgramError, Reduce, TensorArg, Vector, operands,
+)
 from tvm_dsa.runtime import (
     HazardError, Report, compute_cycles, dma_demand, instruction_cycles, simulate, write_trace,
 )
 from tvm_dsa.runtime.functional import erf
+from tvm_dsa.runtime.hazards import HazardTracker
 
 PRESETS = Path(__file__).resolve().parents[1] / "src" / "tvm_dsa" / "hardware" / "presets"
 
@@ -262,7 +265,9 @@ def test_program_round_trip(tmp_path):
      r"touches lb\[0\] bytes \[65024, 66048\) outside its 65536 bytes"),
     (3, lambda i: replace(i, op="erf"), "op 'erf' does not run on the vme"),
     (2, lambda i: replace(i, a=replace(i.a, dtype="float32")), "MME operands must be float16"),
-    (3, lambda i: replace(i, srcs=(replace(i.srcs[0], index=1),)), r"reads or writes lb\[1\] of another core"),
+    (3, lambda i: replace(i, srcs=(replace(i.srcs[0], index=1),)),
+     r"src0 is in lb\[1\], but MME, vector and reduce instructions only touch their own core's LB \(lb\[0\]\)"),
+    (2, lambda i: replace(i, b=replace(i.b, mem="ddr", index=0)), r"src1 is in ddr, but MME"),
     (2, lambda i: replace(i, deps=(3,)), "dependency 3 is not an earlier instruction"),
 ])
 def test_validator_errors(n, change, message):
@@ -335,6 +340,86 @@ def test_disjoint_tiles_sharing_granules_need_no_tokens():
     program = make_program([kernel], [TensorArg("y", "output", (rows, cols), "float16", "float32", 0)], 4096)
     (y,) = simulate(program).outputs
     np.testing.assert_array_equal(y, np.repeat(np.arange(1, 5, dtype=np.float32), width)[None].repeat(rows, 0))
+
+
+def _reference_conflicts(instrs, units, kernel_starts) -> list[tuple[int, ...]]:
+    """The hazard tracker's documented semantics, granule by granule from the exact bytes: per
+    64-byte granule the last writer and, per unit, the latest reader since that write."""
+    writer: dict = {}
+    readers: dict = {}
+    out = []
+    for n, (ins, unit) in enumerate(zip(instrs, units)):
+        if n in kernel_starts:
+            writer.clear()
+            readers.clear()
+            base = n
+        srcs, dst = operands(ins)
+
+        def granules(o):
+            points = np.indices(ins.shape).reshape(len(ins.shape), -1).T
+            first = o.offset + o.itemsize * (points @ np.array(o.strides, dtype=np.int64))
+            byte = (first[:, None] + np.arange(o.itemsize)).ravel()
+            return [(o.mem, o.index, g) for g in np.unique(byte >> 6).tolist()]
+
+        found = set()
+        for o in srcs:
+            for g in granules(o):
+                if g in writer:
+                    found.add(writer[g])
+                readers.setdefault(g, {})[unit] = n
+        for g in granules(dst):
+            if g in writer:
+                found.add(writer[g])
+            found.update(readers.get(g, {}).values())
+            writer[g] = n
+            readers[g] = {}
+        found.discard(n)
+        out.append(tuple(sorted(j - base for j in found)))
+    return out
+
+
+def test_hazard_tracker_matches_a_granule_by_granule_reference():
+    rng = np.random.default_rng(1)
+    strides = [0, 1, 2, 3, 7, 16, 33, 40, 64, 100]
+
+    def operand():
+        dtype = ["int8", "float16", "float32"][rng.integers(3)]
+        mem, index = [("ddr", 0), ("lb", 0), ("lb", 1), ("gb", 0)][rng.integers(4)]
+        item = np.dtype(dtype).itemsize
+        return Operand(mem, index, int(rng.integers(0, 2048)) * item, dtype,
+                       tuple(int(rng.choice(strides)) for _ in range(3)))
+
+    instrs = []
+    for _ in range(600):
+        shape = tuple(int(e) for e in rng.integers(1, 7, 3))
+        if rng.random() < 0.5:
+            instrs.append(Dma(0, shape, operand(), operand()))
+        else:
+            instrs.append(Mme(0, shape, (False, False, True), operand(), operand(), operand(),
+                              accumulate=bool(rng.random() < 0.5)))
+    units = rng.integers(0, 4, len(instrs)).tolist()
+    kernel_starts = {0, 200, 450}
+    tracker = HazardTracker({"ddr": 1 << 16, "gb": 1 << 16, "lb": 1 << 16})
+    got = []
+    for n, (ins, unit) in enumerate(zip(instrs, units)):
+        if n in kernel_starts:
+            tracker.begin_kernel()
+        got.append(tracker.add(ins, unit))
+    assert got == _reference_conflicts(instrs, units, kernel_starts)
+    assert sum(map(len, got)) > len(instrs)  # the random accesses do conflict
+
+
+def test_missing_token_on_a_strided_ddr_tile_is_a_hazard():
+    # core 0 stores rows 0, 2, 4, 6 of a 128-byte-row matrix (gaps of a whole row between them)
+    rows = Dma(0, (4, 64), ddr(0, "float16", 128, 1), lb(0, "float16", 64, 1))
+    gap = Dma(1, (64,), ddr(128, "float16", 1), lb(0, "float16", 1, core=1))  # row 1: a gap
+    hit = Dma(1, (64,), ddr(512, "float16", 1), lb(0, "float16", 1, core=1))  # row 4: written by core 0
+    args = [TensorArg("y", "output", (8, 64), "float16", "float32", 0)]
+    ok = simulate(make_program([[rows, gap]], args, 1024), mode="timing")
+    assert ok.report.ddr_write == 5 * 128
+    with pytest.raises(HazardError, match=r"instruction 1 \(dma\) .* instruction 0 \(dma\).*WAW on ddr\[0\]"):
+        simulate(make_program([[rows, hit]], args, 1024), mode="timing")
+    simulate(make_program([[rows, replace(hit, deps=(0,))]], args, 1024), mode="timing")
 
 
 def test_strided_ddr_access_pays_whole_bursts():

@@ -7,15 +7,46 @@ type, and one element stride per box dimension, so the element at box point ``p`
 allowed. Transposes, reshapes of contiguous data, broadcasts and convolution windows (a stride per
 window dimension) are therefore all just operands.
 
-Instructions run on units. Per core: ``dma`` (moves data to/from its LB), ``mme``, ``vme``, ``vec``;
-per cluster: ``cdma`` (DDR <-> GB). Each unit executes its instructions in list order, one at a
-time. ``deps`` are indices of earlier instructions of the same kernel (on any unit or core) that must
-have finished before this one starts: the dependency tokens of a decoupled access/execute machine.
-List order is the program's meaning; the simulator checks that the tokens order every pair of
-instructions whose memory ranges conflict, and reports a hazard otherwise.
+Units. Every instruction names the core that issues it (``core``, a global core id; its cluster is
+``core // cores_per_cluster``) and runs on exactly one unit, which fixes where its operands may be
+(``lb[c]`` is core ``c``'s own LB, ``gb[k]`` the GB of cluster ``k``):
 
-Arithmetic: sources are read in their dtype and converted to float32; results are rounded to the
-destination dtype. The MME multiplies storage-type operands and accumulates in float32.
+==========  ==========================  =====================================================
+unit        runs                        operands
+==========  ==========================  =====================================================
+``dma``     ``Dma`` with an LB side,    one side in ``lb[core]``, the other in DDR, any GB or
+(per core)  ``Fill``                    any LB (another core's LB: through the GBs on a bus,
+                                        over the NoC on a mesh); a fill writes ``lb[core]``
+``cdma``    ``Dma`` without an LB side  DDR <-> ``gb[cluster of core]`` or DDR <-> DDR
+(per
+cluster)
+``mme``     ``Mme``                     all in ``lb[core]``
+``vme``     ``Vector`` with an op in    all in ``lb[core]``, float16/float32
+            ``VME_OPS``, ``Reduce``
+``vec``     ``Vector`` (any op),        all in ``lb[core]``, float16/float32
+            ``Reduce``
+==========  ==========================  =====================================================
+
+Compute instructions (MME, vector, reduce) never touch DDR, a GB or another core's LB; data gets to
+a core's LB by DMA. Each unit executes its instructions in list order, one at a time. ``deps`` are
+indices of earlier instructions of the same kernel (on any unit or core) that must have finished
+before this one starts: the dependency tokens of a decoupled access/execute machine. List order is
+the program's meaning; the simulator checks that the tokens order every pair of instructions whose
+memory ranges conflict, and reports a hazard otherwise.
+
+Arithmetic. A DMA copies bytes (source and destination have the same dtype); a fill converts its
+value to the destination dtype (to a float: rounded to nearest even; to an integer: truncated
+toward zero). The MME multiplies operands of the hardware's ``mme.dtype`` and
+accumulates in its ``mme.accum_dtype``: float32 on the float presets (fp16 products summed in
+float32), int32 on the int8 presets (exact integer products and sums, kept modulo 2**32); with
+``accumulate`` the old destination value is added in the same type. Vector and reduce instructions
+compute in float32 only: their operands are float16 or float32 (read and converted to float32,
+results rounded to the destination dtype, round to nearest even), immediates are numbers. There
+is no integer vector arithmetic: the int8 presets run float models timing-only (see HARDWARE.md),
+so programs for them keep vector and reduce operands in float16/float32, whose values are then
+meaningless but whose timing is exact. Comparisons give 1.0 or 0.0, ``select(c, a, b)`` takes ``a``
+where ``c != 0``, ``round`` rounds half to even (as ONNX Round and numpy's ``rint``), ``floor`` and
+``ceil`` as usual; IEEE rules for infinities and NaN (division by zero gives inf, not an error).
 """
 
 from __future__ import annotations
@@ -25,7 +56,7 @@ from dataclasses import dataclass
 MEMORIES = ("ddr", "gb", "lb")
 DTYPES = {"float16": 2, "float32": 4, "int8": 1, "int32": 4}
 
-# Vector operations by arity. The VME runs cheap arithmetic; the vector core runs everything.
+# Vector operations. The VME runs cheap arithmetic; the vector core runs everything.
 VME_OPS = frozenset({"copy", "neg", "abs", "relu", "add", "sub", "mul", "div", "max", "min"})
 VEC_OPS = VME_OPS | frozenset({
     "exp", "log", "sqrt", "rsqrt", "tanh", "sigmoid", "erf", "floor", "ceil", "round", "sin", "cos",
@@ -69,8 +100,9 @@ Scalar = float  # an immediate source of a vector instruction
 
 @dataclass(frozen=True)
 class Dma:
-    """dst[p] = src[p] for p in shape (same dtype). Unit: the core's ``dma`` when either side is in
-    an LB, else the cluster's ``cdma``."""
+    """dst[p] = src[p] for p in shape (same dtype, no conversion). Unit: the core's ``dma`` when a
+    side is in an LB, and then one side is the core's own LB; else the cluster's ``cdma``, between
+    DDR and the cluster's GB or within DDR."""
 
     core: int
     shape: tuple[int, ...]
@@ -81,7 +113,8 @@ class Dma:
 
 @dataclass(frozen=True)
 class Fill:
-    """dst[p] = value for p in shape. Unit: the core's ``dma``."""
+    """dst[p] = value (converted to dst's dtype) for p in shape; dst is the core's own LB. Unit:
+    the core's ``dma``."""
 
     core: int
     shape: tuple[int, ...]
@@ -94,7 +127,8 @@ class Fill:
 class Mme:
     """dst[s] (+)= sum over reduction dims r of a[s, r] * b[s, r]. ``reduce`` flags the reduction
     dims of ``shape``; ``dst`` has stride 0 on them. Without ``accumulate`` dst is overwritten.
-    Unit: the core's ``mme``."""
+    ``a`` and ``b`` are of the hardware's ``mme.dtype``, ``dst`` of its ``mme.accum_dtype`` (the
+    type of the products' sum); all three in the core's own LB. Unit: the core's ``mme``."""
 
     core: int
     shape: tuple[int, ...]
@@ -108,8 +142,9 @@ class Mme:
 
 @dataclass(frozen=True)
 class Vector:
-    """dst[p] = op(srcs[0][p], ...) elementwise over shape. A source may be a scalar immediate.
-    Unit ``vme`` (ops in VME_OPS) or ``vec`` (ops in VEC_OPS) of the core."""
+    """dst[p] = op(srcs[0][p], ...) elementwise over shape, in float32; ``len(srcs)`` is
+    ``OP_ARITY[op]`` and a source may be a scalar immediate. Operands are float16/float32 in the
+    core's own LB. Unit ``vme`` (ops in VME_OPS) or ``vec`` (ops in VEC_OPS) of the core."""
 
     core: int
     unit: str
@@ -122,9 +157,10 @@ class Vector:
 
 @dataclass(frozen=True)
 class Reduce:
-    """dst[s] (op)= reduce over reduction dims r of src[s, r]; op in REDUCE_OPS. ``dst`` has
-    stride 0 on reduction dims. Without ``accumulate`` the old dst value is ignored.
-    Unit ``vme`` or ``vec`` of the core."""
+    """dst[s] (op)= reduce over reduction dims r of src[s, r], in float32; op in REDUCE_OPS. ``dst``
+    has stride 0 on reduction dims. Without ``accumulate`` the old dst value is ignored. Operands
+    are float16/float32 in the core's own LB. Unit ``vme`` or ``vec`` of the core (both run every
+    reduction)."""
 
     core: int
     unit: str

@@ -5,9 +5,9 @@ A program is self-contained: it carries the hardware description as a dict, so i
 loaded, disassembled and run without the compiler.
 
 Running a program: the host places each ``TensorArg`` in DDR at its ``offset`` (inputs converted to
-the arg's storage ``dtype``), launches the kernels in order (each kernel starts after the previous
-one finished on all cores, plus the launch cost), and reads the outputs back, converted to
-``host_dtype``. DDR outside the args is scratch for the kernels.
+the arg's storage ``dtype``; the args' byte ranges are pairwise disjoint), launches the kernels in
+order (each kernel starts after the previous one finished on all cores, plus the launch cost), and
+reads the outputs back, converted to ``host_dtype``. DDR outside the args is scratch for the kernels.
 """
 
 from __future__ import annotations

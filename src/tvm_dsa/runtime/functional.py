@@ -73,6 +73,7 @@ VECTOR_OPS = {
     "select": lambda c, a, b: np.where(c != 0, a, b),
 }
 REDUCE_UFUNCS = {"sum": np.add, "max": np.maximum, "min": np.minimum}
+_NP_DTYPES = {name: np.dtype(name) for name in ("float16", "float32", "int8", "int32")}
 
 
 class Machine:
@@ -94,24 +95,39 @@ class Machine:
 
     def view(self, o: Operand, shape: tuple[int, ...], dims=None) -> np.ndarray:
         """Strided view of ``o`` over the box ``shape`` (restricted to ``dims`` when given)."""
-        dims = range(len(shape)) if dims is None else dims
-        return np.ndarray(tuple(shape[d] for d in dims), np.dtype(o.dtype), self.memory(o.mem, o.index),
-                          o.offset, tuple(o.strides[d] * o.itemsize for d in dims))
+        dtype = _NP_DTYPES.get(o.dtype) or np.dtype(o.dtype)
+        item = dtype.itemsize
+        if dims is None:
+            return np.ndarray(shape, dtype, self.memory(o.mem, o.index), o.offset,
+                              tuple([s * item for s in o.strides]))
+        return np.ndarray(tuple([shape[d] for d in dims]), dtype, self.memory(o.mem, o.index),
+                          o.offset, tuple([o.strides[d] * item for d in dims]))
 
     def run(self, ins: Instruction) -> None:
         with np.errstate(all="ignore"):
-            if isinstance(ins, Dma):
-                self.view(ins.dst, ins.shape)[...] = self.view(ins.src, ins.shape)
-            elif isinstance(ins, Fill):
-                self.view(ins.dst, ins.shape)[...] = ins.value
-            elif isinstance(ins, Mme):
-                self._mme(ins)
-            elif isinstance(ins, Vector):
-                srcs = [self.view(s, ins.shape).astype(np.float32) if isinstance(s, Operand) else np.float32(s)
-                        for s in ins.srcs]
-                self.view(ins.dst, ins.shape)[...] = np.asarray(VECTOR_OPS[ins.op](*srcs), dtype=np.float32)
-            else:
-                self._reduce(ins)
+            self._run(ins)
+
+    def run_all(self, instructions) -> None:
+        """Run ``instructions`` one after the other."""
+        run = self._run
+        with np.errstate(all="ignore"):
+            for ins in instructions:
+                run(ins)
+
+    def _run(self, ins: Instruction) -> None:
+        kind = type(ins)
+        if kind is Dma:
+            self.view(ins.dst, ins.shape)[...] = self.view(ins.src, ins.shape)
+        elif kind is Fill:
+            self.view(ins.dst, ins.shape)[...] = ins.value
+        elif kind is Mme:
+            self._mme(ins)
+        elif kind is Vector:
+            srcs = [self.view(s, ins.shape).astype(np.float32) if isinstance(s, Operand) else np.float32(s)
+                    for s in ins.srcs]
+            self.view(ins.dst, ins.shape)[...] = np.asarray(VECTOR_OPS[ins.op](*srcs), dtype=np.float32)
+        else:
+            self._reduce(ins)
 
     def _mme(self, ins: Mme) -> None:
         """Contract ``a`` and ``b`` with einsum over their non-broadcast dims (one letter per box dim)."""
@@ -127,7 +143,9 @@ class Machine:
         spec += "->" + "".join(letters[d] for d in out if d in present)
         result = np.einsum(spec, terms[0][1], terms[1][1], optimize=True)
         # reduce dims where both operands broadcast add up equal products
-        result = result * math.prod(n for d, (n, r) in enumerate(zip(ins.shape, ins.reduce)) if r and d not in present)
+        factor = math.prod(n for d, (n, r) in enumerate(zip(ins.shape, ins.reduce)) if r and d not in present)
+        if factor != 1:
+            result = result * factor
         result = result.reshape([ins.shape[d] if d in present else 1 for d in out])
         dst = self.view(ins.dst, ins.shape, out)
         dst[...] = dst.astype(acc) + result if ins.accumulate else result

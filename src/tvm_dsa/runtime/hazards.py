@@ -8,6 +8,11 @@ set of readers since that write. Per unit only the latest reader is kept: a unit
 instructions in order, so when its latest reader has finished all its earlier ones have too. A write
 dominates what it conflicts with, so later instructions only need to wait for it.
 
+The granule states are stored run-length encoded: a memory is a sorted list of pieces (runs of
+consecutive granules in the same state), so an access costs a binary search plus the pieces it
+covers, whatever its size. A kernel starts after the previous one finished on all cores, so the
+states are reset at each kernel.
+
 Granules make the precomputed sets conservative; when the simulator finds one of them unfinished it
 confirms the conflict byte-exactly (``exact_conflict``) before reporting a hazard, so disjoint
 tensors sharing a granule are never flagged. The one imprecision left: when two unordered writers
@@ -17,11 +22,11 @@ granule; a missing token there shows up as wrong bytes in the functional run ins
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from bisect import bisect_left, bisect_right
 
 import numpy as np
 
-from ..isa.instructions import Instruction, Operand, operands
+from ..isa.instructions import DTYPES, Dma, Fill, Instruction, Mme, Operand, Vector, operands
 
 GRANULE_SHIFT = 6  # 64-byte granules
 MAX_GRANULES = 1 << 22  # per memory; larger memories get coarser granules
@@ -78,8 +83,9 @@ def exact_conflict(earlier: Instruction, later: Instruction) -> tuple[str, Opera
     return None
 
 
-def granules(o: Operand, shape: tuple[int, ...], shift: int) -> slice | np.ndarray:
-    """Granules ``o`` touches: a slice when they are consecutive, else a sorted index array."""
+def granule_ranges(o: Operand, shape: tuple[int, ...], shift: int) -> list[tuple[int, int]]:
+    """Granules ``o`` touches, as sorted disjoint, non-adjacent [first, last) ranges (one range
+    when they are consecutive)."""
     span = points = 1
     for n, s in zip(shape, o.strides):
         if s:
@@ -89,82 +95,186 @@ def granules(o: Operand, shape: tuple[int, ...], shift: int) -> slice | np.ndarr
     hi = lo + span * o.itemsize
     if span != points and hi - lo > (1 << shift):  # not dense: gaps are possible
         starts, length = runs(o, shape)
+        starts = np.unique(starts)
         first = starts >> shift
-        count = ((starts + length - 1) >> shift) - first + 1
-        if count.max() == 1:
-            g = first
-        else:
-            g = np.repeat(first - np.cumsum(count) + count, count) + np.arange(count.sum())
-        g = np.unique(g)
-        if g[-1] - g[0] + 1 != len(g):
-            return g
-    return slice(lo >> shift, ((hi - 1) >> shift) + 1)
+        last = (starts + (length - 1)) >> shift  # non-decreasing too: the runs have equal lengths
+        # a new range begins where a run starts beyond the granule after the previous run's last
+        new = np.flatnonzero(first[1:] > last[:-1] + 1) + 1
+        begin = np.concatenate(([0], new))
+        end = np.concatenate((new - 1, [len(first) - 1]))
+        return list(zip(first[begin].tolist(), (last[end] + 1).tolist()))
+    return [(lo >> shift, ((hi - 1) >> shift) + 1)]
 
 
-def _distinct(values: np.ndarray) -> list[int]:
-    """The distinct values of an array (usually all equal: a buffer written or read as a whole)."""
-    if values.size <= 64:
-        return list(set(values.tolist()))
-    return [int(values.flat[0])] if values.min() == values.max() else np.unique(values).tolist()
+_EMPTY = (-1, ())  # granule state: (last writer, ((unit, reader), ...) since that write)
 
 
-@dataclass
 class _Space:
-    shift: int
-    writer: np.ndarray  # last writer per granule (global instruction number, -1 = none)
-    readers: np.ndarray  # id of the reader set since that write (0 = empty)
+    """One memory's granule states, run-length encoded: piece ``p`` covers granules
+    [starts[p], starts[p + 1]) (the last one up to ``size``) and is in state ``states[p]``."""
+
+    __slots__ = ("shift", "size", "starts", "states")
+
+    def __init__(self, shift: int, size: int):
+        self.shift, self.size = shift, size
+        self.starts: list[int] = [0]
+        self.states: list[tuple] = [_EMPTY]
 
 
 class HazardTracker:
-    """Feed instructions in list order with ``add``; kernels are numbered consecutively so that
-    instructions of earlier kernels (finished before the kernel launched) are ignored."""
+    """Feed instructions in list order with ``add``; call ``begin_kernel`` before each kernel
+    (instructions of earlier kernels finished before the kernel launched, so they are forgotten)."""
 
     def __init__(self, sizes: dict[str, int]):
         self.sizes = sizes  # bytes per memory kind
+        self.shifts = {m: max(GRANULE_SHIFT, (size // MAX_GRANULES).bit_length()) for m, size in sizes.items()}
         self.spaces: dict[tuple[str, int], _Space] = {}
-        self.reader_sets: list[tuple[tuple[int, int], ...]] = [()]  # ((unit, instruction), ...)
-        self.count = 0
-        self.base = 0
+        self.count = 0  # instructions added in the current kernel
+        # per-geometry caches: (strides, shape) -> (elements spanned, dense);
+        # (strides, shape, dtype, offset within a granule, shift) -> granule ranges from offset 0
+        self._geometry: dict = {}
+        self._ranges: dict = {}
 
     def begin_kernel(self) -> None:
-        self.base = self.count
+        self.spaces.clear()
+        self.count = 0
 
     def add(self, ins: Instruction, unit: int) -> tuple[int, ...]:
         """Kernel-local indices of the earlier instructions ``ins`` conflicts with."""
         me = self.count
         self.count += 1
         found: set[int] = set()
-        srcs, dst = operands(ins)
-        for o in srcs:
-            space, g = self._locate(o, ins.shape)
-            found.update(w for w in _distinct(space.writer[g]) if w >= self.base)
-            ids = _distinct(space.readers[g])
-            if len(ids) == 1:
-                space.readers[g] = self._with_reader(ids[0], unit, me)
-            else:
-                ids, inverse = np.unique(space.readers[g], return_inverse=True)
-                new = [self._with_reader(i, unit, me) for i in ids.tolist()]
-                space.readers[g] = np.array(new, dtype=np.int32)[inverse]
-        space, g = self._locate(dst, ins.shape)
-        found.update(w for w in _distinct(space.writer[g]) if w >= self.base)
-        for i in _distinct(space.readers[g]):
-            found.update(r for _, r in self.reader_sets[i] if r >= self.base)
-        space.writer[g] = me
-        space.readers[g] = 0
+        shape = ins.shape
+        kind = type(ins)
+        if kind is Dma:
+            self._access(ins.src, shape, unit, me, found, False)
+        elif kind is Mme:
+            self._access(ins.a, shape, unit, me, found, False)
+            self._access(ins.b, shape, unit, me, found, False)
+            if ins.accumulate:
+                self._access(ins.dst, shape, unit, me, found, False)
+        elif kind is Vector:
+            for s in ins.srcs:
+                if isinstance(s, Operand):
+                    self._access(s, shape, unit, me, found, False)
+        elif kind is not Fill:  # Reduce
+            self._access(ins.src, shape, unit, me, found, False)
+            if ins.accumulate:
+                self._access(ins.dst, shape, unit, me, found, False)
+        self._access(ins.dst, shape, unit, me, found, True)
         found.discard(me)
-        return tuple(sorted(j - self.base for j in found))
+        return tuple(sorted(found))
 
-    def _locate(self, o: Operand, shape) -> tuple[_Space, slice | np.ndarray]:
-        space = self.spaces.get(o.space())
+    def _locate(self, o: Operand, shape) -> tuple[_Space, list[tuple[int, int]]]:
+        key = (o.mem, o.index)
+        space = self.spaces.get(key)
         if space is None:
-            size = self.sizes[o.mem]
-            shift = max(GRANULE_SHIFT, (size // MAX_GRANULES).bit_length())
-            n = ((size - 1) >> shift) + 1
-            space = _Space(shift, np.full(n, -1, dtype=np.int32), np.zeros(n, dtype=np.int32))
-            self.spaces[o.space()] = space
-        return space, granules(o, shape, space.shift)
+            shift = self.shifts[o.mem]
+            space = self.spaces[key] = _Space(shift, ((self.sizes[o.mem] - 1) >> shift) + 1)
+        shift = space.shift
+        key = (o.strides, shape)
+        geometry = self._geometry.get(key)
+        if geometry is None:
+            span = points = 1  # elements from the first to the last touched; elements touched
+            for n, s in zip(shape, o.strides):
+                if s:
+                    span += (n - 1) * s
+                    points *= n
+            geometry = self._geometry[key] = (span, span == points)
+        span, dense = geometry
+        lo = o.offset
+        nbytes = span * DTYPES[o.dtype]
+        if dense or nbytes <= (1 << shift):  # one range: most operands
+            return space, [(lo >> shift, ((lo + nbytes - 1) >> shift) + 1)]
+        mask = (1 << shift) - 1
+        key = (o.strides, shape, o.dtype, lo & mask, shift)
+        rel = self._ranges.get(key)
+        if rel is None:
+            rel = self._ranges[key] = granule_ranges(Operand(o.mem, o.index, lo & mask, o.dtype, o.strides),
+                                                     shape, shift)
+        base = lo >> shift
+        return space, [(a + base, b + base) for a, b in rel]
 
-    def _with_reader(self, set_id: int, unit: int, me: int) -> int:
-        kept = tuple((u, r) for u, r in self.reader_sets[set_id] if u != unit and r >= self.base)
-        self.reader_sets.append(kept + ((unit, me),))
-        return len(self.reader_sets) - 1
+    def _access(self, o: Operand, shape, unit: int, me: int, found: set, write: bool) -> None:
+        """Record a read (or write) of ``o`` by instruction ``me`` on ``unit``, adding the earlier
+        instructions it conflicts with to ``found``."""
+        space, ranges = self._locate(o, shape)
+        starts, states = space.starts, space.states
+        last = len(starts) - 1
+        size = space.size
+        i = bisect_right(starts, ranges[0][0]) - 1
+        j = bisect_left(starts, ranges[-1][1], i)  # pieces i .. j-1 are touched
+        if j == i + 1 and len(ranges) == 1:  # fast path: one range inside one piece
+            lo, hi = ranges[0]
+            old = states[i]
+            w, readers = old
+            if w >= 0:
+                found.add(w)
+            if write:
+                for _, r in readers:
+                    found.add(r)
+                state = (me, ())
+            else:
+                state = (w, tuple(ur for ur in readers if ur[0] != unit) + ((unit, me),))
+            first = starts[i]
+            end = starts[j] if j <= last else size
+            if first < lo:
+                if hi < end:
+                    starts[j:j] = (lo, hi)
+                    states[j:j] = (state, old)
+                else:
+                    starts.insert(j, lo)
+                    states.insert(j, state)
+            elif hi < end:
+                states[i] = state
+                starts.insert(j, hi)
+                states.insert(j, old)
+            else:
+                states[i] = state
+            return
+        out_starts: list[int] = []
+        out_states: list[tuple] = []
+        written = (me, ())
+        memo: dict[int, tuple] = {}  # id(old state) -> new state of a read
+        p, x = i, starts[i]
+        end = starts[p + 1] if p < last else size  # end of piece p
+        for lo, hi in ranges:
+            while x < lo:  # untouched part before the range
+                out_starts.append(x)
+                out_states.append(states[p])
+                if end <= lo:
+                    x = end
+                    p += 1
+                    end = starts[p + 1] if p < last else size
+                else:
+                    x = lo
+            if write:
+                out_starts.append(lo)
+                out_states.append(written)
+            while x < hi:  # touched part
+                old = states[p]
+                w, readers = old
+                if write:
+                    if w >= 0:
+                        found.add(w)
+                    for _, r in readers:
+                        found.add(r)
+                else:
+                    state = memo.get(id(old))
+                    if state is None:
+                        if w >= 0:
+                            found.add(w)
+                        state = memo[id(old)] = (w, tuple(ur for ur in readers if ur[0] != unit) + ((unit, me),))
+                    out_starts.append(x)
+                    out_states.append(state)
+                if end <= hi:
+                    x = end
+                    p += 1
+                    end = starts[p + 1] if p < last else size
+                else:
+                    x = hi
+        if p < j:  # untouched rest of the last touched piece
+            out_starts.append(x)
+            out_states.append(states[p])
+        starts[i:j] = out_starts
+        states[i:j] = out_states

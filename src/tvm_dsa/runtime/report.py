@@ -10,7 +10,7 @@ import dataclasses
 from dataclasses import dataclass, field
 
 from ..hardware.model import Hardware
-from ..isa.instructions import Dma, Fill, Mme, Operand, macs, operands
+from ..isa.instructions import Dma, Fill, Mme, Operand, Reduce, macs, operands
 from ..isa.program import Program
 from .cost import ddr_effective_bytes, elements, noc_hops, stream_bytes
 from .timing import ProgramTiming
@@ -150,43 +150,90 @@ def _union_bytes(ranges: list[tuple[int, int]]) -> int:
     return total
 
 
+def _counts(ins, hw: Hardware) -> dict[str, int]:
+    """What one instruction adds to the report's counters (traffic, MACs, lane operations)."""
+    c: dict[str, int] = {}
+
+    def add(name: str, n: int) -> None:
+        c[name] = c.get(name, 0) + n
+
+    def traffic(o: Operand, direction: str, nbytes: int, shape: tuple[int, ...]) -> None:
+        add(f"{o.mem}_{direction}", nbytes)
+        if o.mem == "ddr":
+            add("ddr_burst_bytes", ddr_effective_bytes(o, shape, hw))
+
+    srcs, dst = operands(ins)
+    if isinstance(ins, (Dma, Fill)):
+        payload = elements(ins.shape) * dst.itemsize
+        for o in srcs:
+            traffic(o, "read", payload, ins.shape)
+        traffic(dst, "write", payload, ins.shape)
+        hops = noc_hops(ins, hw)
+        if hops:
+            add("noc_bytes", payload)
+            add("noc_hop_bytes", payload * hops)
+        return c
+    for o in srcs:
+        traffic(o, "read", stream_bytes(o, ins.shape), ins.shape)
+    traffic(dst, "write", stream_bytes(dst, ins.shape), ins.shape)
+    if isinstance(ins, Mme):
+        add("macs", macs(ins))
+    else:
+        add("vector_lane_ops", elements(ins.shape))
+    return c
+
+
+def _key(ins) -> tuple:
+    """Everything ``_counts`` depends on: the box, and each operand's memory, dtype and strides
+    (and, for a DMA, the memories' indices, which give the NoC hops), not the offsets."""
+    kind = type(ins)
+    d = ins.dst
+    if kind is Dma:
+        s = ins.src
+        return (kind, ins.shape, d.mem, d.index, d.dtype, d.strides, s.mem, s.index, s.dtype, s.strides)
+    if kind is Fill:
+        return (kind, ins.shape, d.mem, d.dtype, d.strides)
+    if kind is Mme:
+        a, b = ins.a, ins.b
+        return (kind, ins.shape, ins.accumulate, d.mem, d.dtype, d.strides, a.mem, a.dtype, a.strides,
+                b.mem, b.dtype, b.strides)
+    if kind is Reduce:
+        s = ins.src
+        return (kind, ins.shape, ins.accumulate, d.mem, d.dtype, d.strides, s.mem, s.dtype, s.strides)
+    return (kind, ins.shape, d.mem, d.dtype, d.strides,
+            *[(o.mem, o.dtype, o.strides) if isinstance(o, Operand) else None for o in ins.srcs])
+
+
 def build_report(program: Program, hw: Hardware, timing: ProgramTiming) -> Report:
     """Count what the program's instructions move and compute, and what the timing made busy."""
     c = dict.fromkeys(_SUMMED, 0)
     busy = dict.fromkeys(UNIT_TYPES, 0)
     peak = {"lb": 0, "gb": 0}
-
-    def traffic(o: Operand, direction: str, nbytes: int, shape: tuple[int, ...]) -> None:
-        c[f"{o.mem}_{direction}"] += nbytes
-        if o.mem == "ddr":
-            c["ddr_burst_bytes"] += ddr_effective_bytes(o, shape, hw)
+    seen: dict[tuple, list] = {}  # _key -> [an instruction with that key, how many]
+    spans: dict[tuple, int] = {}  # (strides, shape) -> elements from the first to the last touched
 
     for k, kt in zip(program.kernels, timing.kernels):
         written: dict[tuple[str, int], list[tuple[int, int]]] = {}
         for ins, (unit, _), s, e in zip(k.instructions, kt.units, kt.start, kt.end):
             busy[unit] += e - s
-            srcs, dst = operands(ins)
-            if dst.mem in peak:
-                written.setdefault(dst.space(), []).append(dst.extent_bytes(ins.shape))
-            if isinstance(ins, (Dma, Fill)):
-                payload = elements(ins.shape) * dst.itemsize
-                for o in srcs:
-                    traffic(o, "read", payload, ins.shape)
-                traffic(dst, "write", payload, ins.shape)
-                hops = noc_hops(ins, hw)
-                if hops:
-                    c["noc_bytes"] += payload
-                    c["noc_hop_bytes"] += payload * hops
-                continue
-            for o in srcs:
-                traffic(o, "read", stream_bytes(o, ins.shape), ins.shape)
-            traffic(dst, "write", stream_bytes(dst, ins.shape), ins.shape)
-            if isinstance(ins, Mme):
-                c["macs"] += macs(ins)
+            key = _key(ins)
+            entry = seen.get(key)
+            if entry is None:
+                seen[key] = [ins, 1]
             else:
-                c["vector_lane_ops"] += elements(ins.shape)
+                entry[1] += 1
+            dst = ins.dst
+            if dst.mem in peak:
+                shape = ins.shape
+                span = spans.get((dst.strides, shape))
+                if span is None:
+                    span = spans[(dst.strides, shape)] = sum((n - 1) * st for n, st in zip(shape, dst.strides)) + 1
+                written.setdefault((dst.mem, dst.index), []).append((dst.offset, dst.offset + span * dst.itemsize))
         for (mem, _), ranges in written.items():
             peak[mem] = max(peak[mem], _union_bytes(ranges))
+    for ins, count in seen.values():
+        for name, n in _counts(ins, hw).items():
+            c[name] += n * count
     c.update(cycles=timing.cycles, kernels=len(program.kernels), instructions=program.num_instructions,
              compulsory_ddr_bytes=sum(a.nbytes for a in program.args))
     return Report(hw, **c, busy=busy, lb_peak_bytes=peak["lb"], gb_peak_bytes=peak["gb"])

@@ -51,8 +51,8 @@ def simulate(program: Program, inputs: list[np.ndarray] | None = None, mode: str
         for arg, x in zip([a for a in program.args if a.role == "input"], arrays):
             machine.ddr[arg.offset:arg.offset + arg.nbytes] = x.astype(arg.dtype).reshape(-1).view(np.uint8)
         for k, kt in zip(program.kernels, timing.kernels):
-            for i in kt.order:
-                machine.run(k.instructions[i])
+            instrs = k.instructions
+            machine.run_all([instrs[i] for i in kt.order])
         outputs = [np.ndarray(a.shape, np.dtype(a.dtype), machine.ddr, a.offset).astype(a.host_dtype)
                    for a in program.args if a.role == "output"]
     report = build_report(program, hw, timing)

@@ -17,7 +17,7 @@ import math
 from dataclasses import dataclass
 
 from ..hardware.model import Hardware
-from ..isa.instructions import OPCODE_OF, Dma, Fill, unit_of
+from ..isa.instructions import OPCODE_OF, Dma, Fill, Mme
 from ..isa.program import Kernel, Program
 from .cost import bandwidth, compute_cycles, dma_demand, dma_latency
 from .hazards import HazardError, HazardTracker, exact_conflict
@@ -48,52 +48,95 @@ class ProgramTiming:
 def simulate_program(program: Program, hw: Hardware) -> ProgramTiming:
     """Time every kernel in sequence; raises ``HazardError`` on a missing dependency token."""
     tracker = HazardTracker({"ddr": program.ddr_bytes, "gb": hw.gb_bytes, "lb": hw.lb_bytes})
+    costs = _Costs(hw)
     kernels, t = [], 0
     for k in program.kernels:
         t += hw.kernel_launch_cycles
-        kernels.append(simulate_kernel(k, hw, tracker, t))
+        kernels.append(simulate_kernel(k, hw, tracker, t, costs))
         t += kernels[-1].cycles
     return ProgramTiming(kernels, t)
 
 
-def simulate_kernel(kernel: Kernel, hw: Hardware, tracker: HazardTracker, start_cycle: int = 0) -> KernelTiming:
+class _Costs:
+    """Cost of instructions by what it depends on (the box, units, memories and strides, not the
+    offsets), computed once per distinct key. Transfers: (latency, ((resource id, full-speed rate
+    as a fraction of the transfer per cycle), ...)); resource ids are shared by all kernels."""
+
+    def __init__(self, hw: Hardware):
+        self.hw = hw
+        self.cache: dict = {}
+        self.resource_ids: dict[tuple, int] = {}
+
+    def unit_and_cost(self, ins) -> tuple[tuple[str, int], object]:
+        kind = type(ins)
+        core = ins.core
+        if kind is Dma:
+            d, s = ins.dst, ins.src
+            if d.mem != "lb" and s.mem != "lb":
+                unit = ("cdma", core // self.hw.cores_per_cluster)
+            else:
+                unit = ("dma", core)
+            key = (kind, ins.shape, d.mem, d.index, d.dtype, d.strides, s.mem, s.index, s.dtype, s.strides)
+        elif kind is Fill:
+            unit = ("dma", core)
+            key = (kind, ins.shape, ins.dst.mem, ins.dst.index, ins.dst.dtype)
+        elif kind is Mme:
+            unit = ("mme", core)
+            key = (kind, ins.shape, ins.reduce, ins.a.strides, ins.b.strides)
+        else:
+            unit = (ins.unit, core)
+            key = (kind, ins.unit, ins.shape)
+        cost = self.cache.get(key)
+        if cost is None:
+            cost = self.cache[key] = self._cost(ins)
+        return unit, cost
+
+    def _cost(self, ins):
+        hw = self.hw
+        if isinstance(ins, (Dma, Fill)):
+            ids = self.resource_ids
+            rates = tuple((ids.setdefault(r, len(ids)), bandwidth(r, hw) / b) for r, b in dma_demand(ins, hw).items())
+            return dma_latency(ins, hw), rates
+        return compute_cycles(ins, hw)
+
+
+def simulate_kernel(kernel: Kernel, hw: Hardware, tracker: HazardTracker, start_cycle: int = 0,
+                    costs: _Costs | None = None) -> KernelTiming:
+    costs = costs or _Costs(hw)
     instrs = kernel.instructions
     n = len(instrs)
     unit_ids: dict[tuple[str, int], int] = {}
-    resource_ids: dict[tuple, int] = {}
     units: list[tuple[str, int]] = []
     uid = [0] * n
     queues: list[list[int]] = []
-    cost: list = [None] * n  # compute: cycles; transfer: (latency, [(resource, full-speed rate)])
+    cost: list = [None] * n  # compute: cycles; transfer: (latency, ((resource, full-speed rate), ...))
     pending = [0] * n
     dependents: list[list[int]] = [[] for _ in range(n)]
     conflicts: list[tuple[int, ...]] = [()] * n
     tracker.begin_kernel()
+    unit_and_cost, add = costs.unit_and_cost, tracker.add
     for i, ins in enumerate(instrs):
-        u = unit_of(ins, hw.cores_per_cluster)
+        u, cost[i] = unit_and_cost(ins)
         units.append(u)
-        if u not in unit_ids:
-            unit_ids[u] = len(queues)
+        q = unit_ids.get(u)
+        if q is None:
+            q = unit_ids[u] = len(queues)
             queues.append([])
-        uid[i] = unit_ids[u]
-        queues[uid[i]].append(i)
-        if isinstance(ins, (Dma, Fill)):
-            rates = [(resource_ids.setdefault(r, len(resource_ids)), bandwidth(r, hw) / b)
-                     for r, b in dma_demand(ins, hw).items()]
-            cost[i] = (dma_latency(ins, hw), rates)
-        else:
-            cost[i] = compute_cycles(ins, hw)
-        deps = set(ins.deps)
+        uid[i] = q
+        queues[q].append(i)
+        deps = ins.deps
+        if len(deps) > 1:
+            deps = set(deps)
         pending[i] = len(deps)
         for d in deps:
             dependents[d].append(i)
-        conflicts[i] = tracker.add(ins, uid[i])
+        conflicts[i] = add(ins, q)
 
     start, end, order = [0] * n, [0] * n, []
     done = [False] * n
     busy = [False] * len(queues)
     pos = [0] * len(queues)
-    users = [0] * len(resource_ids)
+    users = [0] * len(costs.resource_ids)
     moving: dict[int, list] = {}  # transfer -> [remaining fraction, rate]
     heap: list[tuple[int, int, int, int]] = []
     seq = 0

@@ -1,0 +1,216 @@
+"""The validator's rules on where operands live, the args and the int8 presets, each with its message."""
+
+from __future__ import annotations
+
+import re
+import tomllib
+from dataclasses import replace
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from tvm_dsa.isa import Dma, Fill, Kernel, Mme, Operand, Program, ProgramError, Reduce, TensorArg, Vector, validate
+from tvm_dsa.runtime import simulate
+
+PRESETS = Path(__file__).resolve().parents[1] / "src" / "tvm_dsa" / "hardware" / "presets"
+HW = tomllib.loads((PRESETS / "stcp920.toml").read_text())  # 4 clusters of 8 cores, 8 MiB GB each
+
+
+def lb(off: int, dtype="float16", *strides: int, core: int = 0) -> Operand:
+    return Operand("lb", core, off, dtype, strides or (1,))
+
+
+def gb(off: int, dtype="float16", *strides: int, cluster: int = 0) -> Operand:
+    return Operand("gb", cluster, off, dtype, strides or (1,))
+
+
+def ddr(off: int, dtype="float16", *strides: int) -> Operand:
+    return Operand("ddr", 0, off, dtype, strides or (1,))
+
+
+def program(*instrs, args=(), hw=None, cores=None) -> Program:
+    cores = cores or tuple(sorted({i.core for i in instrs}))
+    return Program(hw or HW, 1 << 16, tuple(args), (Kernel("k", cores, tuple(instrs)),), name="t")
+
+
+def error(*instrs, **kw) -> str:
+    with pytest.raises(ProgramError) as info:
+        validate(program(*instrs, **kw))
+    return str(info.value)
+
+
+VEC = Vector(0, "vme", "add", (64,), lb(256, "float32"), (lb(0), lb(128)))
+MME = Mme(0, (4, 8, 16), (False, False, True), lb(1024, "float32", 8, 1, 0), lb(0, "float16", 16, 0, 1),
+          lb(512, "float16", 0, 1, 8))
+RED = Reduce(0, "vec", "max", (4, 16), (False, True), lb(1024, "float32", 1, 0), lb(0, "float16", 16, 1))
+
+
+# -- compute instructions touch only their own core's LB ------------------------------------------
+
+@pytest.mark.parametrize("ins, role, place", [
+    (replace(MME, a=Operand("ddr", 0, 0, "float16", (16, 0, 1))), "src0", "ddr"),
+    (replace(MME, b=Operand("gb", 0, 0, "float16", (0, 1, 8))), "src1", r"gb\[0\]"),
+    (replace(MME, dst=Operand("lb", 3, 0, "float32", (8, 1, 0))), "dst", r"lb\[3\]"),
+    (replace(VEC, srcs=(lb(0), gb(0))), "src1", r"gb\[0\]"),
+    (replace(VEC, srcs=(ddr(0), 2.0)), "src0", "ddr"),
+    (replace(VEC, dst=lb(0, "float32", core=1)), "dst", r"lb\[1\]"),
+    (replace(RED, src=Operand("gb", 0, 0, "float16", (16, 1))), "src0", r"gb\[0\]"),
+    (replace(RED, dst=Operand("ddr", 0, 0, "float32", (1, 0))), "dst", "ddr"),
+    (replace(RED, dst=Operand("ddr", 0, 0, "float32", (1, 0)), accumulate=True), "dst", "ddr"),
+])
+def test_compute_only_touches_its_own_lb(ins, role, place):
+    msg = error(ins, cores=(0, 1, 3))
+    assert ins.core == 0
+    assert msg.startswith(f"kernel k instruction 0 ({type(ins).__name__.lower()}): ")
+    pattern = (rf"{role} is in {place}, but MME, vector and reduce instructions only touch their own "
+               r"core's LB \(lb\[0\]\)")
+    assert re.search(pattern, msg), msg
+
+
+def test_compute_on_its_own_lb_is_valid():
+    validate(program(VEC, MME, RED))
+    on_core_9 = [replace(i, core=9, dst=replace(i.dst, index=9)) for i in (VEC, MME, RED)]
+    on_core_9[0] = replace(on_core_9[0], srcs=(lb(0, core=9), 1.5))
+    on_core_9[1] = replace(on_core_9[1], a=replace(MME.a, index=9), b=replace(MME.b, index=9))
+    on_core_9[2] = replace(on_core_9[2], src=replace(RED.src, index=9))
+    validate(program(*on_core_9))
+
+
+# -- what a DMA and a fill may move -------------------------------------------------------------
+
+@pytest.mark.parametrize("ins", [
+    Dma(0, (64,), lb(0), ddr(0)),  # DDR -> own LB
+    Dma(0, (64,), ddr(0), lb(0)),  # own LB -> DDR
+    Dma(0, (64,), lb(0), gb(0)),  # GB -> own LB
+    Dma(9, (64,), gb(0, cluster=3), lb(0, core=9)),  # own LB -> a GB of another cluster
+    Dma(0, (64,), lb(0, core=5), lb(0)),  # own LB -> another core's LB
+    Dma(0, (64,), lb(0), lb(0, core=12)),  # another core's LB -> own LB
+    Dma(0, (64,), gb(0), ddr(0)),  # cdma: DDR -> the cluster's GB
+    Dma(9, (64,), ddr(0), gb(0, cluster=1)),  # cdma: the cluster's GB -> DDR (core 9 is in cluster 1)
+    Dma(0, (64,), ddr(4096), ddr(0)),  # cdma: DDR -> DDR
+    Fill(0, (64,), lb(0), 1.0),
+])
+def test_dma_and_fill_moves_allowed(ins):
+    validate(program(ins, cores=(0, 5, 9, 12)))
+
+
+@pytest.mark.parametrize("ins, message", [
+    (Dma(0, (64,), lb(0, core=1), ddr(0)),
+     r"DMA lb\[1\] <- ddr touches an LB but not the issuing core's own \(lb\[0\]\)"),
+    (Dma(0, (64,), gb(0), lb(0, core=2)),
+     r"DMA gb\[0\] <- lb\[2\] touches an LB but not the issuing core's own \(lb\[0\]\)"),
+    (Dma(0, (64,), lb(0, core=1), lb(0, core=2)),
+     r"DMA lb\[1\] <- lb\[2\] touches an LB but not the issuing core's own"),
+    (Dma(0, (64,), gb(0), gb(4096)),
+     r"DMA gb\[0\] <- gb\[0\]: a cluster DMA moves DDR <-> GB or DDR <-> DDR, not GB <-> GB"),
+    (Dma(0, (64,), gb(0, cluster=1), ddr(0)),
+     r"DMA gb\[1\] <- ddr: core 0 is in cluster 0, and a cluster DMA only reaches its own cluster's GB \(gb\[0\]\)"),
+    (Dma(9, (64,), ddr(0), gb(0, cluster=0)),
+     r"DMA ddr <- gb\[0\]: core 9 is in cluster 1, and a cluster DMA only reaches its own cluster's GB \(gb\[1\]\)"),
+    (Fill(0, (64,), lb(0, core=1), 1.0), r"fill writes only the core's LB \(lb\[0\]\), not lb\[1\]"),
+    (Fill(0, (64,), ddr(0), 1.0), r"fill writes only the core's LB \(lb\[0\]\), not ddr"),
+    (Fill(0, (64,), gb(0), 1.0), r"fill writes only the core's LB \(lb\[0\]\), not gb\[0\]"),
+])
+def test_dma_and_fill_moves_rejected(ins, message):
+    msg = error(ins, cores=(0, 1, 2, 9))
+    assert msg.startswith(f"kernel k instruction 0 ({type(ins).__name__.lower()}): ")
+    assert re.search(message, msg), msg
+
+
+# -- args ---------------------------------------------------------------------------------------
+
+def arg(name, offset, shape=(64,), dtype="float16", role="input"):
+    return TensorArg(name, role, shape, dtype, "float32", offset)
+
+
+def test_args_must_be_disjoint_in_ddr():
+    validate(program(args=[arg("a", 0), arg("b", 128), arg("c", 256, role="output")]))  # touching is fine
+    validate(program(args=[arg("a", 0), arg("e", 64, shape=(0,)), arg("b", 128)]))  # an empty arg overlaps nothing
+    assert error(args=[arg("a", 0), arg("b", 126), arg("c", 1024, role="output")]) == (
+        "args a and b overlap in DDR: bytes [0, 128) and [126, 254)")
+    # not neighbours by offset order: a big arg containing two others
+    assert error(args=[arg("x", 256), arg("big", 0, shape=(1024,)), arg("y", 1024)]) == (
+        "args big and x overlap in DDR: bytes [0, 2048) and [256, 384)")
+    assert error(args=[arg("a", 512), arg("b", 512, role="output")]).startswith("args a and b overlap in DDR")
+
+
+def test_arg_dtype_and_shape_are_checked():
+    assert error(args=[arg("a", 0, dtype="bfloat16")]) == (
+        "arg a: dtype 'bfloat16' is not one of ['float16', 'float32', 'int32', 'int8']")
+    assert error(args=[arg("a", 0, shape=(4, -2))]) == "arg a: negative shape (4, -2)"
+
+
+# -- other checks -------------------------------------------------------------------------------
+
+def test_reduce_mask_must_match_the_shape():
+    assert error(replace(RED, reduce=(True,))).endswith("(reduce): reduce mask length differs from the shape")
+    assert error(replace(MME, reduce=(False, True))).endswith("(mme): reduce mask length differs from the shape")
+
+
+def test_vector_immediates_are_numbers():
+    validate(program(replace(VEC, srcs=(lb(0), 2)), replace(VEC, srcs=(np.float32(0.5), lb(0)))))
+    assert error(replace(VEC, srcs=(lb(0), "2"))).endswith("(vector): source 1 is '2', neither an operand nor a number")
+    assert error(replace(VEC, srcs=(lb(0), None))).endswith("source 1 is None, neither an operand nor a number")
+
+
+def test_every_reduction_runs_on_both_vector_units():
+    validate(program(*[replace(RED, unit=u, op=op) for u in ("vme", "vec") for op in ("sum", "max", "min")]))
+    assert error(replace(RED, op="prod")).endswith("reduction 'prod' is not one of ['max', 'min', 'sum']")
+    assert error(replace(RED, unit="mme")).endswith("unit 'mme' is not vme/vec")
+
+
+# -- int8 presets: integer MME, float-only vector units, timing-only float models -------------
+
+INT8 = tomllib.loads((PRESETS / "set-edge16.toml").read_text())
+
+
+def test_int8_preset_mme_types():
+    mme = replace(MME, dst=replace(MME.dst, dtype="int32"), a=replace(MME.a, dtype="int8"),
+                  b=replace(MME.b, dtype="int8"))
+    validate(program(mme, hw=INT8))
+    assert error(MME, hw=INT8).endswith("(mme): MME operands must be int8")
+    assert error(replace(mme, dst=replace(mme.dst, dtype="float32")), hw=INT8).endswith(
+        "(mme): MME accumulates into int32")
+    assert error(mme).endswith("(mme): MME operands must be float16")  # and the other way round
+
+
+@pytest.mark.parametrize("ins", [
+    Vector(0, "vme", "add", (64,), lb(256, "float32"), (lb(0, "int32"), 1.0)),
+    Vector(0, "vme", "copy", (64,), lb(256, "int8"), (lb(0, "float16"),)),
+    Reduce(0, "vme", "sum", (4, 16), (False, True), lb(1024, "float32", 1, 0), lb(0, "int8", 16, 1)),
+])
+def test_int8_preset_vector_operands_stay_float(ins):
+    assert error(ins, hw=INT8).endswith(": vector operands must be float16/float32")
+
+
+def test_int8_preset_float_vector_program_runs_timing_only():
+    """A float model compiled for an int8 preset: int8 DMAs and MMEs, float16/float32 vector work."""
+    instrs = [
+        Dma(0, (64,), lb(0, "int8"), ddr(0, "int8")),
+        Dma(0, (64,), lb(64, "int8"), ddr(64, "int8"), deps=()),
+        Mme(0, (4, 4, 16), (False, False, True), lb(1024, "int32", 4, 1, 0), lb(0, "int8", 16, 0, 1),
+            lb(64, "int8", 0, 1, 4), deps=(0, 1)),
+        Fill(0, (16,), lb(2048, "float16"), 0.5),
+        Vector(0, "vme", "relu", (16,), lb(2112, "float32"), (lb(2048, "float16"),), deps=(3,)),
+        Vector(0, "vec", "exp", (16,), lb(2112, "float32"), (lb(2112, "float32"),), deps=(4,)),
+        Reduce(0, "vme", "sum", (16,), (True,), lb(2176, "float32", 0), lb(2112, "float32"), deps=(5,)),
+        Dma(0, (16,), ddr(128, "int8"), lb(1024, "int8"), deps=(2,)),
+    ]
+    p = program(*instrs, hw=INT8, args=[TensorArg("x", "input", (128,), "int8", "float32", 0),
+                                        TensorArg("y", "output", (16,), "int8", "float32", 128)])
+    validate(p)
+    r = simulate(p, mode="timing")
+    assert r.outputs == [] and r.report.instructions == len(instrs) and r.report.vector_lane_ops == 3 * 16
+    with pytest.raises(ValueError, match="only timing"):
+        simulate(p, [np.zeros(128, np.float32)])
+
+
+def test_malformed_fields_get_a_message_not_a_crash():
+    assert error(replace(VEC, shape=[64])).endswith("(vector): shape [64] is not a tuple")
+    assert error(replace(VEC, dst=replace(VEC.dst, strides=[1]))).endswith(
+        "(vector): dst strides [1] are not a tuple of ints")
+    assert error(replace(VEC, srcs=(lb(0), replace(lb(128), strides=(1.5,))))).endswith(
+        "(vector): src1 strides (1.5,) are not a tuple of ints")
+    assert error(Dma(0, (64,), lb(0), None)).endswith("(dma): src0 is None, not an Operand")
+    assert error(replace(RED, reduce=[False, True])).endswith("(reduce): reduce mask [False, True] is not a tuple")
