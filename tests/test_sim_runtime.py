@@ -204,6 +204,15 @@ def test_results_round_to_fp16_nearest_even():
     np.testing.assert_array_equal(out, np.array([1.0, 1 + 2**-9, np.inf, 0.0], np.float16))
 
 
+def test_integer_destinations_round_half_even_and_saturate():
+    x = np.array([0.5, 1.5, 2.5, -0.5, -1.6, 300.0, -300.0, 126.7], np.float32)
+    body = [Vector(0, "vme", "copy", (8,), lb(256, "int8", 1), (lb(0, "float32", 1),)),
+            Vector(0, "vme", "mul", (8,), lb(512, "int32", 1), (lb(0, "float32", 1), 1e10))]
+    out8, out32 = run_lb(body, [(0, x)], [(256, (8,), "int8"), (512, (8,), "int32")]).outputs
+    np.testing.assert_array_equal(out8, np.array([0, 2, 2, 0, -2, 127, -128, 127], np.int8))
+    assert out32.max() == 2**31 - 1 and out32.min() == -(2**31)
+
+
 def test_int8_matmul_is_exact_on_int8_preset():
     hw = preset("set-edge16")
     rng = np.random.default_rng(0)

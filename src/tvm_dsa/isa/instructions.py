@@ -21,9 +21,9 @@ unit        runs                        operands
 (per
 cluster)
 ``mme``     ``Mme``                     all in ``lb[core]``
-``vme``     ``Vector`` with an op in    all in ``lb[core]``, float16/float32
+``vme``     ``Vector`` with an op in    all in ``lb[core]``, any dtype
             ``VME_OPS``, ``Reduce``
-``vec``     ``Vector`` (any op),        all in ``lb[core]``, float16/float32
+``vec``     ``Vector`` (any op),        all in ``lb[core]``, any dtype
             ``Reduce``
 ==========  ==========================  =====================================================
 
@@ -40,11 +40,10 @@ toward zero). The MME multiplies operands of the hardware's ``mme.dtype`` and
 accumulates in its ``mme.accum_dtype``: float32 on the float presets (fp16 products summed in
 float32), int32 on the int8 presets (exact integer products and sums, kept modulo 2**32); with
 ``accumulate`` the old destination value is added in the same type. Vector and reduce instructions
-compute in float32 only: their operands are float16 or float32 (read and converted to float32,
-results rounded to the destination dtype, round to nearest even), immediates are numbers. There
-is no integer vector arithmetic: the int8 presets run float models timing-only (see HARDWARE.md),
-so programs for them keep vector and reduce operands in float16/float32, whose values are then
-meaningless but whose timing is exact. Comparisons give 1.0 or 0.0, ``select(c, a, b)`` takes ``a``
+compute in float32: operands of any dtype are read and converted to float32, and results are
+stored in the destination dtype — floats rounded to nearest even, integers rounded half to even
+and saturated to the type's range (how an int8 datapath requantises int32 accumulators);
+immediates are numbers. Comparisons give 1.0 or 0.0, ``select(c, a, b)`` takes ``a``
 where ``c != 0``, ``round`` rounds half to even (as ONNX Round and numpy's ``rint``), ``floor`` and
 ``ceil`` as usual; IEEE rules for infinities and NaN (division by zero gives inf, not an error).
 """
@@ -143,8 +142,8 @@ class Mme:
 @dataclass(frozen=True)
 class Vector:
     """dst[p] = op(srcs[0][p], ...) elementwise over shape, in float32; ``len(srcs)`` is
-    ``OP_ARITY[op]`` and a source may be a scalar immediate. Operands are float16/float32 in the
-    core's own LB. Unit ``vme`` (ops in VME_OPS) or ``vec`` (ops in VEC_OPS) of the core."""
+    ``OP_ARITY[op]`` and a source may be a scalar immediate. Operands are in the core's own LB
+    (any dtype; see the module docstring for conversions). Unit ``vme`` (ops in VME_OPS) or ``vec`` (ops in VEC_OPS) of the core."""
 
     core: int
     unit: str
@@ -159,7 +158,7 @@ class Vector:
 class Reduce:
     """dst[s] (op)= reduce over reduction dims r of src[s, r], in float32; op in REDUCE_OPS. ``dst``
     has stride 0 on reduction dims. Without ``accumulate`` the old dst value is ignored. Operands
-    are float16/float32 in the core's own LB. Unit ``vme`` or ``vec`` of the core (both run every
+    are in the core's own LB (any dtype). Unit ``vme`` or ``vec`` of the core (both run every
     reduction)."""
 
     core: int

@@ -39,7 +39,6 @@ from .instructions import (
 )
 from .program import Program, ProgramError
 
-VECTOR_DTYPES = ("float16", "float32")
 UNIT_OPS = {"vme": VME_OPS, "vec": VEC_OPS}
 
 
@@ -238,8 +237,6 @@ class _Checker:
     def _vector_unit(self, ins, srcs) -> str | None:
         if ins.unit not in UNIT_OPS:
             return f"unit {ins.unit!r} is not vme/vec"
-        if ins.dst.dtype not in VECTOR_DTYPES or any(o.dtype not in VECTOR_DTYPES for o in srcs):
-            return "vector operands must be float16/float32"
         return None
 
     def _vector(self, ins: Vector, srcs) -> str | None:

@@ -125,7 +125,7 @@ class Machine:
         elif kind is Vector:
             srcs = [self.view(s, ins.shape).astype(np.float32) if isinstance(s, Operand) else np.float32(s)
                     for s in ins.srcs]
-            self.view(ins.dst, ins.shape)[...] = np.asarray(VECTOR_OPS[ins.op](*srcs), dtype=np.float32)
+            _store(self.view(ins.dst, ins.shape), VECTOR_OPS[ins.op](*srcs))
         else:
             self._reduce(ins)
 
@@ -155,4 +155,14 @@ class Machine:
         axes = tuple(d for d, r in enumerate(ins.reduce) if r)
         result = ufunc.reduce(self.view(ins.src, ins.shape).astype(np.float32), axis=axes)
         dst = self.view(ins.dst, ins.shape, [d for d, r in enumerate(ins.reduce) if not r])
-        dst[...] = ufunc(dst.astype(np.float32), result) if ins.accumulate else result
+        _store(dst, ufunc(dst.astype(np.float32), result) if ins.accumulate else result)
+
+
+def _store(dst: np.ndarray, values) -> None:
+    """Write float32 results into ``dst``: floats round to nearest even on the cast, integers are
+    rounded half to even and saturated to their type's range (requantisation)."""
+    values = np.asarray(values, dtype=np.float32)
+    if np.issubdtype(dst.dtype, np.integer):
+        info = np.iinfo(dst.dtype)
+        values = np.clip(np.rint(values), info.min, info.max)
+    dst[...] = values
