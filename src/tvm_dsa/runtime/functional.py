@@ -163,6 +163,6 @@ def _store(dst: np.ndarray, values) -> None:
     rounded half to even and saturated to their type's range (requantisation)."""
     values = np.asarray(values, dtype=np.float32)
     if np.issubdtype(dst.dtype, np.integer):
-        info = np.iinfo(dst.dtype)
-        values = np.clip(np.rint(values), info.min, info.max)
+        info = np.iinfo(dst.dtype)  # clip in float64: float32 cannot hold int32's bounds exactly
+        values = np.clip(np.rint(values.astype(np.float64)), info.min, info.max).astype(dst.dtype)
     dst[...] = values
