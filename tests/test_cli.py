@@ -60,6 +60,20 @@ def test_trace_file_is_chrome_trace_json(conv_onnx, tmp_path, capsys):
     assert any(e["ph"] == "X" and e["dur"] > 0 for e in events)
 
 
+def test_float_model_on_int8_preset_runs_timing_only(capsys):
+    """int8 chip: int32 accumulators requantised by the vector units; timing is exact, MACs all
+    on the DSA, and the int8 array's peak (1024 MACs per tile) bounds the roofline."""
+    from tvm_dsa import hardware
+
+    assert main(["run", "resnet18", "--tiny", "--target", "dsa/set-edge16", "--timing-only", "--json"]) == 0
+    data = json.loads(capsys.readouterr().out)
+    report = data["report"]
+    assert data["numerics"] is None and data["offload"]["host_macs"] == 0
+    assert report["macs"] == macs(get_model("resnet18", **TINY["resnet18"]))
+    peak = hardware.get("set-edge16").peak_macs_per_cycle
+    assert report["cycles"] >= report["roofline_cycles"] >= report["macs"] / peak
+
+
 def test_numerics_outside_the_tolerance_fail(conv_onnx, capsys):
     assert main(["run", conv_onnx[0], "--tolerance", "0"]) == 1
     captured = capsys.readouterr()
