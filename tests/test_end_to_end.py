@@ -92,3 +92,15 @@ def relax_graph_add():
             out = bb.emit_output(relax.op.add(x, x))
         bb.emit_func_output(out)
     return bb.get()
+
+
+def test_pipeline_factory_with_options(rng):
+    model = small_cnn(rng)
+    x = rng.standard_normal((1, 8, 16, 16)).astype("float32")
+    mod = rx_onnx.from_onnx(model, keep_params_in_input=False)
+    ex = tvm.compile(mod, target="dsa/stcp920", relax_pipeline=tvm_dsa.pipeline(schedule="layerwise"))
+    out = relax.VirtualMachine(ex, tvm.cpu())["main"](tvm.runtime.tensor(x)).numpy()
+    ort_out = ort.InferenceSession(model.SerializeToString()).run(None, {"x": x})[0]
+    np.testing.assert_allclose(out, ort_out, rtol=1e-2, atol=2e-3)
+    with pytest.raises(ValueError, match="unknown schedule 'nope'.*layerwise"):
+        tvm_dsa.pipeline(schedule="nope")

@@ -157,3 +157,15 @@ def test_head_merge_transpose_runs_on_the_dsa(rng):
     args = random_args(func, rng)
     out = simulate(program, args[:-1]).outputs[0]
     np.testing.assert_array_equal(out, args[0].astype(np.float16).transpose(0, 2, 1, 3).reshape(1, 32, 768))
+
+
+@pytest.mark.parametrize("batch,clusters", [(1, 1), (2, 2), (4, 4), (8, 4)])
+def test_batch_splits_across_clusters(batch, clusters):
+    """Layerwise: the batch goes to min(batch, clusters) clusters, a tile per core within each."""
+    hw = hardware.get("stcp920")
+    func = fused_kernel(lambda: relax_graph(
+        [(batch, 16, 16, 16), (32, 16, 3, 3)], lambda x, w: relax.op.nn.conv2d(x, w, padding=1)))
+    lowered, _ = lower_kernel(func, hw)
+    cores = build_program(lowered, hw, "k").kernels[0].cores
+    assert {c // hw.cores_per_cluster for c in cores} == set(range(clusters))
+    assert len(cores) == clusters * hw.cores_per_cluster  # every core of a used cluster has a tile

@@ -68,10 +68,13 @@ def lower_kernel(func, hw):
         return tried[i]
 
     def parallel(plan):
+        """Every core of each cluster the kernel uses (the first tile loop picks the cluster)
+        gets a tile."""
         tiles = 1
         for e, t in zip(info.spatial, plan.tiles):
             tiles *= e // t
-        return tiles >= hw.cores_per_cluster
+        clusters = min(info.spatial[0] // plan.tiles[0], hw.clusters)
+        return tiles >= clusters * hw.cores_per_cluster
 
     first = _bisect(len(plans), lambda i: lowered_if_fits(i) is not None)
     # fitting is monotone along the plans, affine indices are not (a reshape wants tiles that
