@@ -104,3 +104,27 @@ def test_pipeline_factory_with_options(rng):
     np.testing.assert_allclose(out, ort_out, rtol=1e-2, atol=2e-3)
     with pytest.raises(ValueError, match="unknown schedule 'nope'.*layerwise"):
         tvm_dsa.pipeline(schedule="nope")
+
+
+def test_op_the_dsa_lacks_runs_on_the_host(rng):
+    """An embedding Gather (a data-dependent index) stays on the host; the matmul after it runs on
+    the DSA; the whole graph still matches onnxruntime."""
+    table = nh.from_array((rng.standard_normal((50, 32)) * 0.5).astype("float32"), "table")
+    w = nh.from_array((rng.standard_normal((32, 24)) * 0.2).astype("float32"), "w")
+    nodes = [h.make_node("Gather", ["table", "ids"], ["e"]), h.make_node("MatMul", ["e", "w"], ["m"]),
+             h.make_node("Relu", ["m"], ["y"])]
+    g = h.make_graph(nodes, "embed", [h.make_tensor_value_info("ids", TP.INT64, [4, 8])],
+                     [h.make_tensor_value_info("y", TP.FLOAT, [4, 8, 24])], [table, w])
+    model = h.make_model(g, opset_imports=[h.make_opsetid("", 17)])
+    model.ir_version = 10
+    ids = rng.integers(0, 50, (4, 8)).astype("int64")
+    mod = rx_onnx.from_onnx(model, keep_params_in_input=False)
+    ex = tvm.compile(mod, target="dsa/stcp920", relax_pipeline="dsa")
+    result = LAST_OFFLOAD["result"]
+    out = relax.VirtualMachine(ex, tvm.cpu())["main"](tvm.runtime.tensor(ids)).numpy()
+    ort_out = ort.InferenceSession(model.SerializeToString()).run(None, {"ids": ids})[0]
+    np.testing.assert_allclose(out, ort_out, rtol=1e-2, atol=2e-3 * np.abs(ort_out).max())
+    # the gather, and the importer's negative-index fix-up of the int64 ids, run on the host
+    assert "not affine" in result.host["take"]
+    assert all(n in ("take", "fused_less_add_where") for n in result.host) and len(result.dsa) == 1
+    assert result.dsa_macs == 4 * 8 * 32 * 24 and result.host_macs == 0
