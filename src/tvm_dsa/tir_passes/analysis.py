@@ -146,6 +146,11 @@ def classify(block: SBlock) -> StageKind:
     store = block.body
     if not isinstance(store, tirx.BufferStore):
         raise Unsupported(f"block {block.name_hint}: body is {type(store).__name__}, not a store")
+    indices = list(store.indices)
+    tvm_ffi.structural_walk(store.value, [(Load, lambda ld: indices.extend(ld.indices))])
+    if any(not _is_index_expr(i) for i in indices):
+        raise Unsupported(f"block {block.name_hint}: an index reads tensor data (a gather); "
+                          "DSA addresses are fixed when the program is compiled")
     if str(store.buffer.dtype) not in FLOAT_DTYPES:
         raise Unsupported(f"block {block.name_hint}: writes {store.buffer.dtype}")
     value = strip_cast(store.value)
