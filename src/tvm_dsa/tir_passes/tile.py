@@ -57,15 +57,13 @@ def find_anchor(sch: s_tir.Schedule) -> tuple[int, list]:
 def _loop_roles(sch, block_rv):
     """(loops, is_reduction flags) of a block whose loops bind its iter vars one to one."""
     block = sch.get(block_rv)
-    realize = sch.get_sref(block_rv)
     loops = sch.get_loops(block_rv)
     iters = list(block.iter_vars)
     if len(loops) != len(iters):
         raise Unsupported(f"block {block.name_hint}: {len(loops)} loops for {len(iters)} iterators")
-    for lp, it in zip(loops, iters):
+    for lp in loops:
         if int_value(sch.get(lp).min) != 0:
             raise Unsupported(f"block {block.name_hint}: loop does not start at 0")
-    del realize
     return loops, [int(it.iter_type) == REDUCE_ITER for it in iters]
 
 
