@@ -2,7 +2,8 @@
 
 A scheduler returns data (``KernelSpec``s), not TIR; kernel generation consumes it. ``layerwise``
 is the baseline GraphTurbo calls "TVM": one kernel per fused group from TVM's own fusion rules
-(``FuseOps``), inputs and outputs in DDR.
+(``FuseOps``), inputs and outputs in DDR. ``graph`` holds what the coarser schedulers work on: the
+layer graph of a fused module and its partition into sub-graphs with GraphTurbo's merge patterns.
 """
 
 from __future__ import annotations

@@ -1,0 +1,173 @@
+"""The graph the inter-layer schedulers work on: layers (fused ops) and the tensors between them.
+
+Built from ``main`` of a module after ``FuseOps`` + ``FuseTIR``: every ``call_tir`` is a node (a
+"layer" in GraphTurbo's sense, seed 000 §1: a straight run of ops with at most one op holding
+learned parameters — exactly what TVM's fusion rules produce around a conv or matmul). Tensors are
+the Relax variables between nodes; constants (weights) are inputs that no node produces.
+
+``SubGraphs`` is a partition of the nodes into sub-graphs (SGs) with the edges between them, and
+the three merge patterns of GraphTurbo's grouping (seed 000 §3.2, Fig. 4) as queries on it.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import tvm
+from tvm import relax
+
+from .layerwise import call_tirs
+
+
+@dataclass(frozen=True)
+class Tensor:
+    name: str
+    shape: tuple[int, ...]
+    dtype: str
+    producer: int | None  # node index; None for graph inputs and constants
+    constant: bool = False
+
+    @property
+    def nbytes(self) -> int:
+        return math.prod(self.shape) * tvm.runtime.DataType(self.dtype).bits // 8
+
+
+@dataclass(frozen=True)
+class Node:
+    index: int
+    name: str  # the Relax variable it binds
+    func: str  # the PrimFunc it calls
+    inputs: tuple[str, ...]  # tensor names, in argument order
+    output: str
+
+
+@dataclass(frozen=True)
+class OpGraph:
+    nodes: tuple[Node, ...]
+    tensors: dict  # name -> Tensor
+    outputs: tuple[str, ...]  # tensors the function returns
+
+    def producers(self, i: int) -> set[int]:
+        return {self.tensors[t].producer for t in self.nodes[i].inputs if self.tensors[t].producer is not None}
+
+    def consumers(self, i: int) -> set[int]:
+        out = self.nodes[i].output
+        return {n.index for n in self.nodes if out in n.inputs}
+
+    @classmethod
+    def from_relax(cls, mod: tvm.IRModule, func: str = "main") -> "OpGraph":
+        """The graph of ``call_tir`` nodes of ``mod[func]`` (after FuseOps/FuseTIR)."""
+        f = mod[func]
+        tensors: dict[str, Tensor] = {}
+        alias: dict[str, str] = {}
+
+        def tensor_of(expr) -> str:
+            if isinstance(expr, tvm.ir.expr.Constant):
+                name = f"const{len(tensors)}"
+                tensors[name] = Tensor(name, _shape(expr), _dtype(expr), None, True)
+                return name
+            if isinstance(expr, relax.Var):
+                name = alias.get(expr.name, expr.name)
+                if name not in tensors:
+                    tensors[name] = Tensor(name, _shape(expr), _dtype(expr), None)
+                return name
+            raise ValueError(f"argument {expr} is neither a variable nor a constant")
+
+        for p in f.params:
+            tensor_of(p)
+        calls = {id(c): c for c in call_tirs(f)}
+        nodes: list[Node] = []
+        for block in f.body.blocks:
+            for binding in block.bindings:
+                value, var = binding.value, binding.var.name
+                if isinstance(value, relax.Call) and any(value.same_as(c) for c in calls.values()):
+                    inputs = tuple(tensor_of(a) for a in value.args[1].fields)
+                    tensors[var] = Tensor(var, _shape(binding.var), _dtype(binding.var), len(nodes))
+                    nodes.append(Node(len(nodes), var, value.args[0].name_hint, inputs, var))
+                elif isinstance(value, relax.Var):
+                    alias[var] = alias.get(value.name, value.name)
+        outputs = []
+        body = f.body.body
+        for e in body.fields if isinstance(body, relax.Tuple) else [body]:
+            if isinstance(e, relax.Var):
+                outputs.append(alias.get(e.name, e.name))
+        return cls(tuple(nodes), tensors, tuple(outputs))
+
+
+def _shape(expr) -> tuple[int, ...]:
+    return tuple(int(s) for s in expr.ty.shape)
+
+
+def _dtype(expr) -> str:
+    return str(expr.ty.dtype)
+
+
+class SubGraphs:
+    """A partition of an ``OpGraph``'s nodes into sub-graphs, kept in topological order."""
+
+    def __init__(self, graph: OpGraph, groups: list[frozenset[int]] | None = None):
+        self.graph = graph
+        self.groups = groups or [frozenset({n.index}) for n in graph.nodes]
+        self._index()
+
+    def _index(self) -> None:
+        self.groups.sort(key=min)  # nodes are in topological order, so is each SG's first node
+        self.owner = {n: g for g, members in enumerate(self.groups) for n in members}
+
+    def producers(self, g: int) -> set[int]:
+        return {self.owner[p] for n in self.groups[g] for p in self.graph.producers(n)} - {g}
+
+    def consumers(self, g: int) -> set[int]:
+        return {self.owner[c] for n in self.groups[g] for c in self.graph.consumers(n)} - {g}
+
+    def merge(self, members: set[int]) -> int:
+        """Fuse the SGs ``members`` into one; returns its new index."""
+        fused = frozenset().union(*(self.groups[g] for g in members))
+        self.groups = [grp for g, grp in enumerate(self.groups) if g not in members] + [fused]
+        self._index()
+        return self.owner[min(fused)]
+
+    # -- the merge patterns of Fig. 4: each yields the SGs that the pattern fuses --------------
+    def straight(self):
+        """(a) SG1 is SG2's only producer and SG2 is SG1's only consumer: fuse {SG1, SG2}."""
+        for g in range(len(self.groups)):
+            cons = self.consumers(g)
+            if len(cons) == 1:
+                (c,) = cons
+                if self.producers(c) == {g}:
+                    yield {g, c}
+
+    def diamond(self):
+        """(b) An entry SG1 feeding SG2 and SG3, both consumed only by the exit SG4 (which may
+        also read SG1): two paths from entry to exit. Fuse {SG2, SG3, SG4}."""
+        for exit_ in range(len(self.groups)):
+            mids = [p for p in self.producers(exit_) if self.consumers(p) == {exit_}]
+            for i, a in enumerate(mids):
+                for b in mids[i + 1:]:
+                    entry = self.producers(a)
+                    if len(entry) == 1 and entry == self.producers(b):
+                        yield {a, b, exit_}
+
+    def branch(self):
+        """(c) Three SGs with one exit SG3 reached by several paths: SG3 reads SG2 and SG1, SG2 is
+        consumed only by SG3, and SG1 may (but need not) also feed SG2. Fuse {SG2, SG3}.
+
+        Which producer plays SG2 is not fixed by the seed (docs/graphturbo.md, §2 [AMBIG]); every
+        producer consumed only by the exit is offered, latest first (the block's shortcut)."""
+        for exit_ in range(len(self.groups)):
+            producers = self.producers(exit_)
+            if len(producers) + self._reads_graph_input(exit_) < 2:
+                continue
+            for b in sorted(producers, reverse=True):
+                if self.consumers(b) == {exit_}:
+                    yield {b, exit_}
+
+    def _reads_graph_input(self, g: int) -> int:
+        """1 when the SG reads an activation that no node produces (a graph input), else 0."""
+        for n in self.groups[g]:
+            for t in self.graph.nodes[n].inputs:
+                tensor = self.graph.tensors[t]
+                if tensor.producer is None and not tensor.constant:
+                    return 1
+        return 0
