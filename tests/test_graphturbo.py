@@ -3,7 +3,7 @@
 import math
 
 from tvm_dsa.schedule.graph import Node, OpGraph, SubGraphs, Tensor
-from tvm_dsa.schedule.graphturbo import Split, best_split, peak_bytes, split_info
+from tvm_dsa.schedule.graphturbo import Split, best_split, group, peak_bytes, split_info
 
 LB = 64 * 1024
 FP16 = 2
@@ -21,18 +21,35 @@ def chain(shapes: list[tuple[int, ...]]) -> OpGraph:
     return OpGraph(tuple(nodes), tensors, (prev,))
 
 
-def test_peak_counts_activations_not_weights():
+def chain_peak(shapes) -> int:
+    """Layer i holds its input and its output; earlier tensors are dead."""
+    return max(math.prod(a) + math.prod(b) for a, b in zip(shapes, shapes[1:])) * FP16
+
+
+def test_peak_is_the_live_maximum_of_activations_not_weights():
     shapes = [(2, 16, 32, 32), (2, 32, 32, 32), (2, 32, 16, 16)]
     sgs = SubGraphs(chain(shapes))
     sgs.merge({0, 1})
-    assert peak_bytes(sgs, 0, FP16) == sum(math.prod(s) for s in shapes) * FP16  # input, inner, output
+    assert peak_bytes(sgs, 0, FP16) == chain_peak(shapes) == (32768 + 65536) * FP16
+
+
+def test_peak_keeps_a_residual_alive():
+    # x -> 0 -> 1, and 2 reads 1 and x (a residual add): x stays live through the block
+    tensors = {"x": Tensor("x", (1, 8, 8, 8), "float16", None)}
+    nodes = []
+    for i, inputs in enumerate([("x",), ("t0",), ("t1", "x")]):
+        tensors[f"t{i}"] = Tensor(f"t{i}", (1, 8, 8, 8), "float16", i)
+        nodes.append(Node(i, f"t{i}", f"f{i}", inputs, f"t{i}"))
+    sgs = SubGraphs(OpGraph(tuple(nodes), tensors, ("t2",)))
+    sgs.merge({0, 1, 2})
+    assert peak_bytes(sgs, 0, FP16) == 3 * 512 * FP16  # x, t0 and t1 at layer 1; x, t1, t2 at layer 2
 
 
 def test_split_info_of_a_two_layer_chain():
     shapes = [(2, 16, 32, 32), (2, 32, 32, 32), (2, 32, 16, 16)]
     sgs = SubGraphs(chain(shapes))
     sgs.merge({0, 1})
-    peak = sum(math.prod(s) for s in shapes) * FP16
+    peak = chain_peak(shapes)
 
     def smallest_fitting(extent):
         return next((v for v in range(1, extent + 1) if extent % v == 0 and math.ceil(peak / v) <= LB), None)
@@ -40,7 +57,7 @@ def test_split_info_of_a_two_layer_chain():
     info = split_info(sgs, 0, LB, FP16)
     assert smallest_fitting(2) is None and info[0] == Split(0, False, 0, 0)  # the batch of 2 is too coarse
     f = smallest_fitting(32)
-    assert info[1] == Split(1, True, 2, f) and f == 4  # both layers have 32 channels, 4 divides them
+    assert info[1] == Split(1, True, 2, f) and f == 4  # both layers have 32 channels; 2 is too coarse
     assert info[2] == Split(2, True, 2, smallest_fitting(16))
     # equal n and f on channels and rows: the outer dimension wins
     assert best_split(info) == info[1]
@@ -51,9 +68,9 @@ def test_split_reaches_only_layers_it_divides():
     shapes = [(1, 8, 6, 64), (1, 8, 6, 64), (1, 8, 8, 64)]
     sgs = SubGraphs(chain(shapes))
     sgs.merge({0, 1})
-    info = split_info(sgs, 0, 8 * 1024, FP16)
-    peak = sum(math.prod(s) for s in shapes) * FP16
-    rows = next(v for v in range(1, 9) if 8 % v == 0 and math.ceil(peak / v) <= 8 * 1024)
+    info = split_info(sgs, 0, 4096, FP16)
+    peak = chain_peak(shapes)
+    rows = next(v for v in range(1, 9) if 8 % v == 0 and math.ceil(peak / v) <= 4096)
     assert rows == 4 and info[2] == Split(2, True, 1, 4)
     # the channels (8) split both layers with the same factor: more layers reached wins over depth
     assert info[1].n == 2 and best_split(info) == info[1]
@@ -62,3 +79,40 @@ def test_split_reaches_only_layers_it_divides():
 def test_nothing_fits():
     sgs = SubGraphs(chain([(1, 4, 4, 4), (1, 4, 4, 4)]))
     assert best_split(split_info(sgs, 0, 16, FP16)) is None
+
+
+def factor(peak: int, extent: int, lb: int = LB) -> int | None:
+    return next((v for v in range(1, extent + 1) if extent % v == 0 and math.ceil(peak / v) <= lb), None)
+
+
+def test_group_merges_a_chain_of_equal_layers():
+    shapes = [(1, 64, 32, 32)] * 5  # every layer holds input + output: the same peak when merged
+    sgs = group(SubGraphs(chain(shapes)), LB, FP16)
+    assert sgs.groups == [frozenset(range(4))]
+    assert factor(chain_peak(shapes), 64) == 4  # and the merged SG still splits by 4
+
+
+def test_group_stops_at_a_downsampling():
+    shapes = [(1, 16, 64, 64), (1, 16, 64, 64), (1, 32, 32, 32), (1, 32, 32, 32)]
+    f0 = factor(chain_peak(shapes[0:2]), 16)
+    f1 = factor(chain_peak(shapes[1:3]), 32)
+    f2 = factor(chain_peak(shapes[2:4]), 32)
+    assert (f0, f1, f2) == (4, 4, 2)
+    # (0, 1): the consumer's factor is not smaller and the merged peak is layer 0's: merge.
+    # ({0, 1}, 2): 2's factor (2) is smaller than the producer's (4): rule (i) stops the merge,
+    # so the large factor of the big early layers does not spread past the downsampling.
+    sgs = group(SubGraphs(chain(shapes)), LB, FP16)
+    assert sgs.groups == [frozenset({0, 1}), frozenset({2})]
+
+
+def test_group_merges_a_small_diamond_then_the_entry():
+    # 0 -> 1, 0 -> 2, (1, 2) -> 3, small tensors: every SG fits without a split (factor 1)
+    tensors = {"x": Tensor("x", (1, 8, 16, 16), "float16", None)}
+    nodes = []
+    for i, inputs in enumerate([("x",), ("t0",), ("t0",), ("t1", "t2")]):
+        tensors[f"t{i}"] = Tensor(f"t{i}", (1, 8, 16, 16), "float16", i)
+        nodes.append(Node(i, f"t{i}", f"f{i}", inputs, f"t{i}"))
+    sgs = SubGraphs(OpGraph(tuple(nodes), tensors, ("t3",)))
+    assert list(sgs.diamond()) == [{1, 2, 3}] and list(sgs.straight()) == []
+    group(sgs, LB, FP16)
+    assert sgs.groups == [frozenset(range(4))]

@@ -7,16 +7,21 @@ into kernels comes later. Implemented so far:
   whether it can split the sub-graph into instances whose footprint fits the local buffer, with
   which factor ``f_d``, and how many of the sub-graph's layers that split reaches (``n_d``).
 - ``best_split`` (Eq. 1): lexmax(n_d, -f_d, -d).
+- ``group`` (Algorithm 2): straight, diamond and branch merges, iterated until no pass lowers the
+  number of sub-graphs, each merge allowed by rule (i) or (ii) on split factors.
 
 Choices where the seed is silent (docs/graphturbo.md, §1 [AMBIG]):
 - candidate factors ``v`` are the divisors of the dimension's extent (load balance), tried from
   small to large; the first whose instance fits (⌈peak / v⌉ ≤ LB) is kept, the greedy choice
   ("a smaller v cuts peak into larger pieces");
-- ``peak`` is the bytes of the sub-graph's activations that one run keeps: the inputs it reads from
-  other sub-graphs, its intermediates and its outputs, in the chip's storage type (weights are
-  promoted separately, §2.2, and not counted);
+- ``peak`` is the most activation bytes live at once while the sub-graph runs its layers in
+  order (inputs from other sub-graphs, intermediates until their last reader, outputs), in the
+  chip's storage type; weights are promoted separately (§2.2) and not counted;
 - a layer is reached by the split when its output has the dimension ``d`` (same rank, same
   position) and the factor divides its extent there.
+- in rule (i) for the branch pattern the seed compares the merged factor with SG2's; by analogy
+  with the straight pattern (the consumer's factor) the exit's factor is used;
+- a sub-graph with no split that fits the LB is never merged (its merge could not fit either).
 The recomputation cost model of §3.1 is not implemented yet.
 """
 
@@ -54,8 +59,22 @@ def sg_tensors(sgs: SubGraphs, g: int) -> tuple[list[str], list[str], list[str]]
 
 
 def peak_bytes(sgs: SubGraphs, g: int, element_bytes: int) -> int:
-    """Activation bytes one run of SG ``g`` holds, in a storage type of ``element_bytes``."""
-    return sum(math.prod(sgs.graph.tensors[t].shape) * element_bytes for t in sum(sg_tensors(sgs, g), []))
+    """Peak activation bytes live while SG ``g`` runs its layers in order, in a storage type of
+    ``element_bytes``: at each layer, the tensors already available (SG inputs, earlier outputs)
+    that this or a later layer still reads or that leave the SG, plus this layer's output."""
+    graph, order = sgs.graph, sorted(sgs.groups[g])
+    inputs, _, outputs = sg_tensors(sgs, g)
+
+    def last_use(t):
+        readers = [k for k, n in enumerate(order) if t in graph.nodes[n].inputs]
+        return len(order) if t in outputs else max(readers, default=-1)
+
+    available, peak = list(inputs), 0
+    for k, n in enumerate(order):
+        available.append(graph.nodes[n].output)
+        live = [t for t in available if last_use(t) >= k]
+        peak = max(peak, sum(math.prod(graph.tensors[t].shape) * element_bytes for t in live))
+    return peak
 
 
 def split_info(sgs: SubGraphs, g: int, lb_bytes: int, element_bytes: int) -> list[Split]:
@@ -82,3 +101,61 @@ def best_split(info: list[Split]) -> Split | None:
     outermost dimension (parallelism without communication). None when nothing splits."""
     candidates = [s for s in info if s.split]
     return max(candidates, key=lambda s: (s.n, -s.f, -s.d)) if candidates else None
+
+
+def split_factor(sgs: SubGraphs, g: int, lb_bytes: int, element_bytes: int) -> int | None:
+    """The factor of SG ``g``'s best split (None when no split fits)."""
+    best = best_split(split_info(sgs, g, lb_bytes, element_bytes))
+    return best.f if best else None
+
+
+def group(sgs: SubGraphs, lb_bytes: int, element_bytes: int) -> SubGraphs:
+    """Algorithm 2: merge sub-graphs by the three patterns while a pass lowers their number.
+
+    Rule (i), straight {SG1, SG2} and branch {SG2, SG3}: the consumer's factor is not smaller
+    than the producer's (a large factor does not spread past a downsampling), and the merged
+    factor is not larger than the consumer's (grouping keeps the consumer's LB utilisation).
+    Rule (ii), diamond {SG2, SG3, SG4}: the merged factor is not larger than the largest of
+    theirs."""
+
+    def factor(g):
+        return split_factor(sgs, g, lb_bytes, element_bytes)
+
+    def merged_factor(members):
+        trial = SubGraphs(sgs.graph, list(sgs.groups))
+        return split_factor(trial, trial.merge(members), lb_bytes, element_bytes)
+
+    def rule_i(producer, consumer):
+        fp, fc = factor(producer), factor(consumer)
+        if fp is None or fc is None or fc < fp:
+            return False
+        fm = merged_factor({producer, consumer})
+        return fm is not None and fm <= fc
+
+    def rule_ii(members):
+        fs = [factor(g) for g in members]
+        if None in fs:
+            return False
+        fm = merged_factor(set(members))
+        return fm is not None and fm <= max(fs)
+
+    def run(pattern, allowed) -> None:
+        """Merge the first allowed match and look again, until no match is allowed."""
+        while True:
+            for match in pattern():
+                if allowed(match):
+                    sgs.merge(match)
+                    break
+            else:
+                return
+
+    def pair_ok(m):
+        return rule_i(*sorted(m))  # SGs are in topological order: the producer comes first
+
+    while True:
+        before = len(sgs.groups)
+        run(sgs.straight, pair_ok)
+        run(sgs.diamond, rule_ii)
+        run(sgs.branch, pair_ok)
+        if len(sgs.groups) == before:
+            return sgs
