@@ -3,7 +3,9 @@
 import math
 
 from tvm_dsa.schedule.graph import Node, OpGraph, SubGraphs, Tensor
-from tvm_dsa.schedule.graphturbo import Split, best_split, group, peak_bytes, split_info
+from tvm_dsa.schedule.graphturbo import (
+    Split, best_split, bytes_in_flight, group, instance_graph, order_instances, peak_bytes, split_info,
+)
 
 LB = 64 * 1024
 FP16 = 2
@@ -116,3 +118,36 @@ def test_group_merges_a_small_diamond_then_the_entry():
     assert list(sgs.diamond()) == [{1, 2, 3}] and list(sgs.straight()) == []
     group(sgs, LB, FP16)
     assert sgs.groups == [frozenset(range(4))]
+
+
+def two_sgs(shape=(1, 8, 16, 16)) -> SubGraphs:
+    return SubGraphs(chain([shape, shape, shape]))  # SG 0 -> SG 1, one layer each
+
+
+def test_instances_of_the_same_split_pair_up():
+    sgs = two_sgs()
+    instances, edges = instance_graph(sgs, {0: Split(1, True, 1, 2), 1: Split(1, True, 1, 2)}, FP16)
+    assert [(i.sg, i.index) for i in instances] == [(0, 0), (0, 1), (1, 0), (1, 1)]
+    assert edges == [(0, 2), (1, 3)]  # A0 -> B0, A1 -> B1: the cross edges are redundant
+    assert instances[0].nbytes == 8 * 16 * 16 * FP16 // 2
+
+
+def test_finer_consumer_and_other_dimension():
+    sgs = two_sgs()
+    _, edges = instance_graph(sgs, {0: Split(1, True, 1, 2), 1: Split(1, True, 1, 4)}, FP16)
+    assert edges == [(0, 2), (0, 3), (1, 4), (1, 5)]  # B0, B1 read A0; B2, B3 read A1
+    _, edges = instance_graph(sgs, {0: Split(1, True, 1, 2), 1: Split(2, True, 1, 2)}, FP16)
+    assert edges == [(0, 2), (0, 3), (1, 2), (1, 3)]  # split along different dims: all needed
+    _, edges = instance_graph(sgs, {0: Split(1, True, 1, 2), 1: None}, FP16)
+    assert edges == [(0, 2), (1, 2)]  # an unsplit consumer is one instance reading both
+
+
+def test_depth_first_keeps_fewer_bytes_in_flight():
+    sgs = two_sgs()
+    instances, edges = instance_graph(sgs, {0: Split(1, True, 1, 2), 1: Split(1, True, 1, 2)}, FP16)
+    half = instances[0].nbytes
+    # DFS takes the last ready instance: A1, then B1 (now ready), then A0, B0
+    order, name = order_instances(instances, edges)
+    assert (order, name) == ([1, 3, 0, 2], "dfs")
+    assert bytes_in_flight(order, instances, edges) == half  # one A slice waits at a time
+    assert bytes_in_flight([0, 1, 2, 3], instances, edges) == 2 * half  # BFS holds both

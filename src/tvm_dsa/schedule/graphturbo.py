@@ -9,6 +9,9 @@ into kernels comes later. Implemented so far:
 - ``best_split`` (Eq. 1): lexmax(n_d, -f_d, -d).
 - ``group`` (Algorithm 2): straight, diamond and branch merges, iterated until no pass lowers the
   number of sub-graphs, each merge allowed by rule (i) or (ii) on split factors.
+- ``instance_graph`` and ``order_instances`` (§3.3, Algorithm 3): each sub-graph split into
+  ``f_d`` isomorphic instances, edges between instances that share data only, ordered
+  breadth-first and depth-first; the order that keeps fewer bytes in flight is kept.
 
 Choices where the seed is silent (docs/graphturbo.md, §1 [AMBIG]):
 - candidate factors ``v`` are the divisors of the dimension's extent (load balance), tried from
@@ -21,7 +24,12 @@ Choices where the seed is silent (docs/graphturbo.md, §1 [AMBIG]):
   position) and the factor divides its extent there.
 - in rule (i) for the branch pattern the seed compares the merged factor with SG2's; by analogy
   with the straight pattern (the consumer's factor) the exit's factor is used;
-- a sub-graph with no split that fits the LB is never merged (its merge could not fit either).
+- a sub-graph with no split that fits the LB is never merged (its merge could not fit either);
+- instance ``i`` of a sub-graph split by ``f`` along dimension ``d`` covers the fraction
+  [i/f, (i+1)/f) of its output along ``d``; a consumer instance needs a producer instance when
+  both split the same dimension and their fractions overlap, and needs all of them otherwise;
+- "better memory utilisation" (BFS vs DFS) is the smaller peak of bytes produced and not yet
+  consumed by every instance that reads them (graph outputs leave the chip and do not count).
 The recomputation cost model of §3.1 is not implemented yet.
 """
 
@@ -159,3 +167,89 @@ def group(sgs: SubGraphs, lb_bytes: int, element_bytes: int) -> SubGraphs:
         run(sgs.branch, pair_ok)
         if len(sgs.groups) == before:
             return sgs
+
+
+@dataclass(frozen=True)
+class Instance:
+    sg: int
+    index: int  # 0 .. count - 1
+    count: int
+    dim: int | None  # split dimension of the SG's output (None: not split)
+    nbytes: int  # bytes of its slice of the SG's output(s)
+
+    def span(self) -> tuple[float, float]:
+        return self.index / self.count, (self.index + 1) / self.count
+
+
+def instance_graph(sgs: SubGraphs, splits: dict[int, Split | None], element_bytes: int):
+    """(instances, edges): every SG's instances by its split, and producer -> consumer instance
+    edges without the redundant ones (a consumer slice that reads nothing of a producer slice)."""
+    graph = sgs.graph
+    instances, first = [], {}
+    for g in range(len(sgs.groups)):
+        split = splits.get(g)
+        count = split.f if split else 1
+        _, _, outputs = sg_tensors(sgs, g)
+        out_bytes = sum(math.prod(graph.tensors[t].shape) * element_bytes for t in outputs)
+        first[g] = len(instances)
+        instances += [Instance(g, i, count, split.d if split else None, out_bytes // count) for i in range(count)]
+    edges = set()
+    for c in range(len(sgs.groups)):
+        for p in sgs.producers(c):
+            for a in range(first[p], first[p] + instances[first[p]].count):
+                for b in range(first[c], first[c] + instances[first[c]].count):
+                    if _needs(instances[b], instances[a]):
+                        edges.add((a, b))
+    return instances, sorted(edges)
+
+
+def _needs(consumer: Instance, producer: Instance) -> bool:
+    if consumer.dim is None or producer.dim is None or consumer.dim != producer.dim:
+        return True
+    (c0, c1), (p0, p1) = consumer.span(), producer.span()
+    return c0 < p1 and p0 < c1
+
+
+def _topological(n: int, edges, depth_first: bool) -> list[int]:
+    """Kahn's algorithm: a FIFO of ready instances gives BFS, a LIFO (the last ready first, as
+    Algorithm 3 takes the last zero-in-degree instance) gives DFS."""
+    indeg, succ = [0] * n, [[] for _ in range(n)]
+    for a, b in edges:
+        indeg[b] += 1
+        succ[a].append(b)
+    ready = [i for i in range(n) if indeg[i] == 0]
+    order = []
+    while ready:
+        x = ready.pop() if depth_first else ready.pop(0)
+        order.append(x)
+        for y in succ[x]:
+            indeg[y] -= 1
+            if indeg[y] == 0:
+                ready.append(y)
+    return order
+
+
+def bytes_in_flight(order: list[int], instances: list[Instance], edges) -> int:
+    """Peak bytes produced by instances and still awaiting a consumer, over ``order``."""
+    position = {x: k for k, x in enumerate(order)}
+    last_reader = {}
+    for a, b in edges:
+        last_reader[a] = max(last_reader.get(a, -1), position[b])
+    live, peak = 0, 0
+    ends: dict[int, int] = {}
+    for k, x in enumerate(order):
+        if x in last_reader:
+            live += instances[x].nbytes
+            ends[last_reader[x]] = ends.get(last_reader[x], 0) + instances[x].nbytes
+        peak = max(peak, live)
+        live -= ends.pop(k, 0)
+    return peak
+
+
+def order_instances(instances: list[Instance], edges) -> tuple[list[int], str]:
+    """Algorithm 3 and BFS; returns the order with fewer bytes in flight and its name (DFS on ties)."""
+    dfs = _topological(len(instances), edges, depth_first=True)
+    bfs = _topological(len(instances), edges, depth_first=False)
+    if bytes_in_flight(bfs, instances, edges) < bytes_in_flight(dfs, instances, edges):
+        return bfs, "bfs"
+    return dfs, "dfs"
