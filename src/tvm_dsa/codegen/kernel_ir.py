@@ -24,7 +24,9 @@ from ..tir_passes.analysis import (
     Load,
     Unsupported,
     call_name,
+    contraction,
     linear_form,
+    reduction_update,
     strip_cast,
 )
 from ..tir_passes.scopes import LB_SCOPE
@@ -298,11 +300,10 @@ class _Reader:
         if not inner:
             dst = replace(dst, inner=tuple((0,) for _ in dst.inner))
         if op in ("mme", "reduce"):
-            upd = _reduce_update(block)
             if op == "mme":
-                val = (value(strip_cast(upd.a)), value(strip_cast(upd.b)))
+                val = tuple(value(ld) for ld in contraction(block))
             else:
-                val = value(upd)
+                val = value(reduction_update(block)[1])
             return Stage(block.name_hint, op, shape, dst, val, str(block.annotations.get("dsa.reduce", "")))
         return Stage(block.name_hint, op, shape, dst, value(store.value))
 
@@ -389,18 +390,6 @@ def _children(e) -> list:
     if isinstance(e, Call) and (call_name(e) in UNARY_CALLS or call_name(e) in BINARY_CALLS):
         return list(e.args)
     return []
-
-
-def _reduce_update(block):
-    """The expression a reduction block folds into its accumulator."""
-    value = strip_cast(block.body.value)
-    acc = block.body.buffer
-
-    def is_acc(x):
-        x = strip_cast(x)
-        return isinstance(x, Load) and x.source.same_as(acc)
-
-    return strip_cast(value.b if is_acc(value.a) else value.a)
 
 
 def read_kernel(func) -> KernelIR:

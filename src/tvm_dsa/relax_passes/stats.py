@@ -6,26 +6,25 @@ import tvm_ffi
 from tvm import tirx
 from tvm.s_tir import SBlockRealize
 
-from ..tir_passes.analysis import Unsupported, classify
+from ..tir_passes.analysis import Unsupported, contraction, int_value
 
 
 def kernel_macs(func: tirx.PrimFunc) -> int:
-    """MACs of a PrimFunc: the iteration-space size of each contraction block."""
+    """MACs of a PrimFunc: the iteration-space size of each contraction block (``acc += a * b``),
+    whether or not the DSA can run it."""
     total = 0
 
     def visit(realize):
         nonlocal total
         block = realize.block
-        try:
-            if classify(block).kind != "mme":
-                return
-        except Unsupported:
-            if block.init is None:
-                return
+        if contraction(block) is None:
+            return
         n = 1
         for it in block.iter_vars:
-            ext = it.dom.extent
-            n *= int(ext.value) if hasattr(ext, "value") else 0
+            extent = int_value(it.dom.extent)
+            if extent is None:
+                raise Unsupported(f"block {block.name_hint}: symbolic extent {it.dom.extent}; MACs unknown")
+            n *= extent
         total += n
 
     tvm_ffi.structural_walk(func.body, [(SBlockRealize, visit)])

@@ -141,6 +141,34 @@ def check_vector_expr(e) -> None:
     raise Unsupported(f"expression {type(e).__name__} {e} is not supported by the vector units")
 
 
+def reduction_update(block: SBlock):
+    """(combine, update) of a reduction block ``acc = acc (combine) update`` — combine is "sum",
+    "max" or "min" — or (None, None) when the stored value does not fold into the accumulator."""
+    store = block.body
+    value = strip_cast(store.value)
+
+    def is_acc(x):
+        x = strip_cast(x)
+        return isinstance(x, Load) and x.source.same_as(store.buffer)
+
+    for node, combine in ((tirx.Add, "sum"), (tirx.Max, "max"), (tirx.Min, "min")):
+        if isinstance(value, node) and (is_acc(value.a) or is_acc(value.b)):
+            return combine, strip_cast(value.b if is_acc(value.a) else value.a)
+    return None, None
+
+
+def contraction(block: SBlock):
+    """The two loads (a, b) of a contraction ``acc += a * b``, or None."""
+    if not isinstance(block.body, tirx.BufferStore):
+        return None
+    combine, upd = reduction_update(block)
+    if combine == "sum" and isinstance(upd, tirx.Mul):
+        a, b = strip_cast(upd.a), strip_cast(upd.b)
+        if isinstance(a, Load) and isinstance(b, Load):
+            return a, b
+    return None
+
+
 def classify(block: SBlock) -> StageKind:
     """The stage kind of a leaf block, or ``Unsupported`` with the reason."""
     store = block.body
@@ -160,21 +188,10 @@ def classify(block: SBlock) -> StageKind:
             return StageKind("copy")
         check_vector_expr(value)
         return StageKind("vector")
-    # reduction: value combines the accumulator (a load of the stored element) with an update
-    def is_acc(x):
-        x = strip_cast(x)
-        return isinstance(x, Load) and x.source.same_as(store.buffer)
-
-    if isinstance(value, tirx.Add) and (is_acc(value.a) or is_acc(value.b)):
-        upd = strip_cast(value.b if is_acc(value.a) else value.a)
-        if isinstance(upd, tirx.Mul):
-            a, b = strip_cast(upd.a), strip_cast(upd.b)
-            if isinstance(a, Load) and isinstance(b, Load):
-                return StageKind("mme")
+    combine, upd = reduction_update(block)
+    if combine == "sum" and contraction(block) is not None:
+        return StageKind("mme")
+    if combine is not None:
         check_vector_expr(upd)
-        return StageKind("reduce", "sum")
-    for node, op in ((tirx.Max, "max"), (tirx.Min, "min")):
-        if isinstance(value, node) and (is_acc(value.a) or is_acc(value.b)):
-            check_vector_expr(value.b if is_acc(value.a) else value.a)
-            return StageKind("reduce", op)
+        return StageKind("reduce", combine)
     raise Unsupported(f"block {block.name_hint}: reduction {value} is not a sum/max/min or contraction")

@@ -16,7 +16,7 @@ from dataclasses import dataclass
 
 from tvm import s_tir
 
-from .analysis import REDUCE_ITER, StageKind, Unsupported, classify, int_value
+from .analysis import REDUCE_ITER, StageKind, Unsupported, classify, contraction, int_value
 
 
 @dataclass(frozen=True)
@@ -114,15 +114,11 @@ def _alignment(block, var) -> int:
 
 def _mme_roles(block, is_red) -> list[str]:
     """For each spatial iterator: "M" if only operand a uses it, "N" if only b, "B" if both."""
-    from .analysis import Load, strip_cast
+    import tvm_ffi
 
-    upd = strip_cast(block.body.value)
-    upd = strip_cast(upd.b if isinstance(strip_cast(upd.a), Load) and strip_cast(upd.a).source.same_as(block.body.buffer) else upd.a)
-    a, b = strip_cast(upd.a), strip_cast(upd.b)
+    a, b = contraction(block)
 
     def uses(load, var) -> bool:
-        import tvm_ffi
-
         hit = []
         for idx in load.indices:
             tvm_ffi.structural_walk(idx, [(type(var), lambda v: hit.append(v) if v.same_as(var) else None)])
