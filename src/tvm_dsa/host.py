@@ -17,7 +17,7 @@ import tvm_ffi
 from .isa import Program
 from .runtime import Report, simulate
 
-_RUNS: list[list[Report]] = []
+_RUN: list[Report] = []  # reports of the kernels of the current (or last) model run
 _TRACE: list = []
 _MODE = {"mode": "functional", "trace": bool(os.environ.get("TVM_DSA_TRACE"))}
 
@@ -50,14 +50,13 @@ def execute(program_text, info_text, *tensors) -> None:
             "can only be simulated in timing mode there (tvm_dsa.set_mode('timing')); use its -fp16 "
             "variant for numerics"
         )
-    if info["index"] == 0 or not _RUNS:
-        _RUNS.append([])
-        del _RUNS[:-2]
+    if info["index"] == 0:  # the model's first DSA call site starts a run
+        _RUN.clear()
         _TRACE.clear()
-    start = sum(r.cycles for r in _RUNS[-1])
+    start = sum(r.cycles for r in _RUN)
     result = simulate(program, inputs if mode == "functional" else None, mode=mode, start_cycle=start,
                       trace=_MODE["trace"])
-    _RUNS[-1].append(result.report)
+    _RUN.append(result.report)
     _TRACE.extend(result.trace_events or [])
     for t, out in zip(tensors[n_in:], result.outputs):
         np.from_dlpack(t)[...] = out
@@ -65,9 +64,7 @@ def execute(program_text, info_text, *tensors) -> None:
 
 def last_report() -> Report | None:
     """The report of the last model run (all its DSA kernels), or None before any run."""
-    if not _RUNS or not _RUNS[-1]:
-        return None
-    return Report.combine(_RUNS[-1])
+    return Report.combine(_RUN) if _RUN else None
 
 
 def last_trace() -> list:

@@ -11,7 +11,7 @@ from tvm.relax.backend import cpu_generic
 from . import hardware
 from .relax_passes import SimplifyInference, offload
 
-LAST_OFFLOAD: dict = {}
+LAST_OFFLOAD: dict = {}  # "result": the OffloadResult of the last compilation
 
 
 def pipeline(schedule: str = "layerwise", hw: hardware.Hardware | str | None = None) -> tvm.transform.Pass:
@@ -33,8 +33,7 @@ def pipeline(schedule: str = "layerwise", hw: hardware.Hardware | str | None = N
                    relax.transform.FoldConstant(), relax.transform.FuseOps(), relax.transform.FuseTIR()]
             )(mod)
             mod, result = offload(mod, chip, schedule)
-            LAST_OFFLOAD.clear()
-            LAST_OFFLOAD.update(result=result, hardware=chip.name)
+            LAST_OFFLOAD["result"] = result
             mod = tvm.transform.Sequential(
                 [relax.transform.DeadCodeElimination()]
                 + cpu_generic.pipeline.dataflow_lower_passes(host)

@@ -234,15 +234,9 @@ class _Checker:
             return f"MME accumulates into {self.accum_dtype}"
         return None
 
-    def _vector_unit(self, ins, srcs) -> str | None:
+    def _vector(self, ins: Vector, srcs) -> str | None:
         if ins.unit not in UNIT_OPS:
             return f"unit {ins.unit!r} is not vme/vec"
-        return None
-
-    def _vector(self, ins: Vector, srcs) -> str | None:
-        problem = self._vector_unit(ins, srcs)
-        if problem:
-            return problem
         if ins.op not in UNIT_OPS[ins.unit]:
             return f"op {ins.op!r} does not run on the {ins.unit}"
         if len(ins.srcs) != OP_ARITY[ins.op]:
@@ -250,9 +244,8 @@ class _Checker:
         return None
 
     def _reduce(self, ins: Reduce, srcs) -> str | None:
-        problem = self._vector_unit(ins, srcs)
-        if problem:
-            return problem
+        if ins.unit not in UNIT_OPS:
+            return f"unit {ins.unit!r} is not vme/vec"
         if ins.op not in REDUCE_OPS:
             return f"reduction {ins.op!r} is not one of {sorted(REDUCE_OPS)}"
         return None

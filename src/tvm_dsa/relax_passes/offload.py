@@ -25,7 +25,7 @@ EXECUTE = "tvm_dsa.execute"
 
 @dataclass
 class OffloadResult:
-    """What the pass decided, per kernel (kept on the pass object for reports and tests)."""
+    """What the pass decided, per kernel (``tvm_dsa.pipeline_result()`` returns the last one)."""
 
     dsa: list = field(default_factory=list)  # kernel names
     host: dict = field(default_factory=dict)  # kernel name -> reason
@@ -75,7 +75,7 @@ def offload(mod: tvm.IRModule, hw: Hardware, schedule: str = "layerwise", run_id
 
     rewriter = _Rewrite(mod)
     new_main = rewriter.visit_expr(mod["main"])
-    mod = mod.clone() if hasattr(mod, "clone") else mod
+    mod = mod.clone()  # the caller's module is not modified
     mod["main"] = new_main
     mod = relax.transform.DeadCodeElimination(["main"])(mod)
     return mod, result
