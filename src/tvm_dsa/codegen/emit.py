@@ -37,34 +37,111 @@ from .kernel_ir import (
 )
 
 
-@dataclass
-class _Tracker:
-    """Last writer and readers since, per memory object, to derive dependency tokens."""
+@dataclass(frozen=True)
+class Region:
+    """Where a tensor, or the box of it that a kernel keeps, lives: element ``origin + i`` of the
+    box ``extents`` sits at ``base`` + row-major offset of ``i`` in memory ``mem``. ``index`` is
+    the GB's cluster or the LB's core (0 for DDR)."""
 
-    writer: dict = field(default_factory=dict)
-    readers: dict = field(default_factory=dict)
+    mem: str
+    index: int
+    base: int
+    origin: tuple[int, ...]
+    extents: tuple[int, ...]
+    dtype: str
+
+    @classmethod
+    def whole(cls, mem: str, index: int, base: int, shape, dtype: str) -> "Region":
+        return cls(mem, index, base, (0,) * len(shape), tuple(shape), dtype)
+
+    @property
+    def nbytes(self) -> int:
+        return isa.DTYPES[self.dtype] * _prod(self.extents)
+
+
+@dataclass(frozen=True)
+class Layer:
+    """One lowered PrimFunc in a kernel: its IR, its LB plan and the tensor behind each parameter."""
+
+    name: str
+    ir: KernelIR
+    plan: object  # LBPlan
+    args: dict  # parameter name -> tensor name
+
+    @classmethod
+    def of(cls, func, hw: Hardware, name: str, tensors=None, lb_bytes: int | None = None) -> "Layer":
+        ir = read_kernel(func)
+        args = dict(zip((p[0] for p in ir.params), tensors or (p[0] for p in ir.params)))
+        return cls(name, ir, plan_lb(ir, hw, lb_bytes), args)
+
+
+class _Deps:
+    """Dependency tokens from the memory objects instructions touch.
+
+    Per object: the last write and last read per unit. A tile buffer is rewritten tile after tile,
+    so a write waits for the other units' reads and writes of it. A tensor (``ssa``) is written
+    once, in disjoint pieces by many cores: its writes wait only for readers of what the memory
+    held before (``inherit``), its reads for every unit's last write. Same-unit order is implied
+    by the unit's in-order queue."""
+
+    def __init__(self):
+        self.writers: dict = {}
+        self.readers: dict = {}
+        self.ssa: set = set()
 
     def deps(self, reads, writes, unit) -> set:
         out = set()
         for key in reads:
-            w = self.writer.get(key)
-            if w is not None and w[1] != unit:
-                out.add(w[0])
+            out.update(i for u, i in self.writers.get(key, {}).items() if u != unit)
         for key in writes:
-            w = self.writer.get(key)
-            if w is not None and w[1] != unit:
-                out.add(w[0])
-            for u, idx in self.readers.get(key, {}).items():
-                if u != unit:
-                    out.add(idx)
+            if key not in self.ssa:
+                out.update(i for u, i in self.writers.get(key, {}).items() if u != unit)
+            out.update(i for u, i in self.readers.get(key, {}).items() if u != unit)
         return out
 
     def record(self, idx, reads, writes, unit) -> None:
         for key in reads:
             self.readers.setdefault(key, {})[unit] = idx
         for key in writes:
-            self.writer[key] = (idx, unit)
-            self.readers[key] = {}
+            if key in self.ssa:
+                self.writers.setdefault(key, {})[unit] = idx
+            else:
+                self.writers[key] = {unit: idx}
+                self.readers[key] = {}
+
+    def inherit(self, key, old_keys, ssa: bool) -> None:
+        """``key`` now occupies the memory of ``old_keys``: its first writes wait for every access
+        to them."""
+        last: dict = {}
+        for k in [*old_keys, key]:  # a re-claimed object keeps waiting for its own accesses
+            for d in (self.writers.get(k, {}), self.readers.get(k, {})):
+                for u, i in d.items():
+                    last[u] = max(last.get(u, -1), i)
+        self.writers[key], self.readers[key] = {}, last
+        (self.ssa.add if ssa else self.ssa.discard)(key)
+
+
+class _Space:
+    """Which memory object owns each byte range of one memory (a DDR, a GB, an LB)."""
+
+    def __init__(self):
+        self.ranges: list = []  # sorted (lo, hi, key)
+
+    def assign(self, lo: int, hi: int, key) -> list:
+        """Give [lo, hi) to ``key``; returns the keys that owned part of it."""
+        keep, old = [], []
+        for r in self.ranges:
+            (old if r[0] < hi and lo < r[1] and r[2] != key else keep).append(r)
+        keep = [r for r in keep if r[2] != key]
+        bisect.insort(keep, (lo, hi, key))
+        self.ranges = keep
+        return [r[2] for r in old]
+
+    def owner(self, offset: int):
+        i = bisect.bisect_right(self.ranges, (offset, float("inf"))) - 1
+        if i >= 0 and self.ranges[i][0] <= offset < self.ranges[i][1]:
+            return self.ranges[i][2]
+        return None
 
 
 def _prod(shape) -> int:
@@ -83,41 +160,69 @@ def _row_major(shape) -> list[int]:
 
 
 class KernelEmitter:
-    """Emits one kernel; DDR tensors are given as {buffer name: (byte offset, shape)}."""
+    """Emits one kernel: layers, each over a list of (tile, core), with the regions of its tensors.
 
-    def __init__(self, kernel: KernelIR, hw: Hardware, ddr: dict[str, tuple[int, tuple[int, ...]]], name: str):
-        self.kernel, self.hw, self.ddr, self.name = kernel, hw, ddr, name
-        self.plan = plan_lb(kernel, hw)
-        self.ddr_strides = {n: _row_major(shape) for n, (_, shape) in ddr.items()}
-        self.lb_strides = {n: _row_major(b.extents) for n, b in self.plan.buffers.items()}
-        self.lb_ranges = sorted((s, s + align(b.nbytes), ("lb", b.name, s))
-                                for b in self.plan.buffers.values() for s in b.slots)
-        self.ddr_ranges = sorted((base, base + hw.storage_bytes * _prod(shape), ("ddr", n))
-                                 for n, (base, shape) in ddr.items())
+    The caller decides which tiles run where and where tensors live (``layer``), and moves whole
+    tensors between memories (``move``). Dependency tokens follow from the memory every
+    instruction touches, including memory reused by a later tensor or another layer's buffers."""
+
+    def __init__(self, hw: Hardware, name: str):
+        self.hw, self.name = hw, name
         self.instructions: list = []
-        self.trackers: dict[int, _Tracker] = {}
-        self.env = [0] * kernel.slots
+        self.deps = _Deps()
+        self.spaces: dict = {}  # (mem, index) -> _Space
+        self.cores_used: set[int] = set()
+        self.on_core: dict = {}  # core -> layer whose tile buffers occupy its LB
         self.origin: dict = {}  # (core, buffer) -> origin indices
         self.slot: dict = {}  # (core, buffer) -> byte offset of the current copy
         self.count: dict = {}  # (core, buffer) -> lifetimes started
         self.scratch_top = 0
-        self.cores_used: set[int] = set()
 
-    def emit(self) -> isa.Kernel:
-        tile_loops = self.kernel.tile_loops()
+    def kernel(self) -> isa.Kernel:
+        return isa.Kernel(self.name, tuple(sorted(self.cores_used)), tuple(self.instructions))
+
+    # -- memory objects --------------------------------------------------------------------------
+    def claim(self, region: Region, key, ssa: bool = True) -> None:
+        """``key`` (a tensor's region) now owns its bytes."""
+        lo = region.base
+        space = self.spaces.setdefault((region.mem, region.index), _Space())
+        old = space.assign(lo, lo + align(region.nbytes), key)
+        self.deps.inherit(key, old, ssa)
+
+    def _enter(self, layer: Layer, core: int, lb_base: int) -> None:
+        """Put ``layer``'s tile buffers and scratch into ``core``'s LB (after ``lb_base``)."""
+        if self.on_core.get(core) == (layer.name, lb_base):
+            return
+        self.on_core[core] = (layer.name, lb_base)
+        for b in layer.plan.buffers.values():
+            for s in b.slots:
+                self.claim(Region.whole("lb", core, lb_base + s, (b.nbytes,), "int8"),
+                           ("lb", core, layer.name, b.name, s), ssa=False)
+        if layer.plan.scratch_bytes:
+            self.claim(Region.whole("lb", core, lb_base + layer.plan.scratch_offset,
+                                    (layer.plan.scratch_bytes,), "int8"), ("scratch", core, layer.name), ssa=False)
+        for b in layer.plan.buffers:
+            self.count.pop((core, b), None)
+
+    def move(self, src: Region, dst: Region, core: int) -> None:
+        """Copy a whole region (same box) to another memory, e.g. a weight promotion DDR -> GB."""
+        self.cores_used.add(core)
+        self._push(isa.Dma(core, src.extents, _whole_operand(dst), _whole_operand(src)), core)
+
+    def layer(self, layer: Layer, work, regions: dict, lb_base: int = 0) -> None:
+        """Emit ``layer``'s tiles: ``work`` is a list of (tile loop values, core); ``regions``
+        maps each parameter's tensor to where it lives for these tiles."""
+        self.cur, self.regions, self.lb_base = layer, regions, lb_base
+        self.lb_strides = {n: _row_major(b.extents) for n, b in layer.plan.buffers.items()}
+        self.env = [0] * layer.ir.slots
+        tile_loops = layer.ir.tile_loops()
         body = tile_loops[-1].body
-        cpc = self.hw.cores_per_cluster
-        clusters = min(tile_loops[0].extent, self.hw.clusters)
-        dealt = [0] * clusters
-        for values in itertools.product(*(range(lp.extent) for lp in tile_loops)):
-            cluster = values[0] % clusters
-            core = cluster * cpc + dealt[cluster] % cpc
-            dealt[cluster] += 1
+        for values, core in work:
             self.cores_used.add(core)
+            self._enter(layer, core, lb_base)
             for lp, v in zip(tile_loops, values):
                 self.env[lp.slot] = v
             self._nodes(body, core)
-        return isa.Kernel(self.name, tuple(sorted(self.cores_used)), tuple(self.instructions))
 
     def _nodes(self, nodes, core) -> None:
         for n in nodes:
@@ -129,34 +234,37 @@ class KernelEmitter:
                 self._stage(n, core)
 
     # -- operands --------------------------------------------------------------------------------
-    def _operand(self, stage: Stage, acc: Access, core: int, start=None) -> isa.Operand:
-        """Operand of ``acc`` over the stage's box, or over the sub-box starting at ``start``."""
+    def _operand(self, stage: Stage, acc: Access, core: int, start=None, extent=None) -> isa.Operand:
+        """Operand of ``acc`` over the stage's box, or over the sub-box [start, start + extent)."""
         point = acc.point(self.env, start)
         if acc.lb:
-            b = self.plan.buffers[acc.buffer]
-            origin = self.origin[(core, acc.buffer)]
+            b = self.cur.plan.buffers[acc.buffer]
+            origin, extents = self.origin[(core, acc.buffer)], b.extents
             estrides = self.lb_strides[acc.buffer]
-            point = [p - o for p, o in zip(point, origin)]
-            for d, (p, n) in enumerate(zip(point, b.extents)):
-                span = sum(abs(c) * (e - 1) for c, e in zip(acc.inner[d], stage.shape))
-                if p < 0 or p + span > n - 1:
-                    raise CodegenError(f"stage {stage.name}: access to {acc.buffer} leaves its tile region")
-            dtype, mem, index, base = b.dtype, "lb", core, self.slot[(core, acc.buffer)]
+            dtype, mem, index = b.dtype, "lb", core
+            base = self.lb_base + self.slot[(core, acc.buffer)]
         else:
-            if acc.buffer not in self.ddr:
-                raise CodegenError(f"buffer {acc.buffer} is neither in the LB nor a kernel argument")
-            base, shape = self.ddr[acc.buffer]
-            estrides = self.ddr_strides[acc.buffer]
-            if any(p < 0 or p >= n for p, n in zip(point, shape)):
-                raise CodegenError(f"stage {stage.name}: access to {acc.buffer} at {point} is out of bounds")
-            dtype, mem, index = self.hw.storage_dtype, "ddr", 0
+            tensor = self.cur.args.get(acc.buffer)
+            r = self.regions.get(tensor)
+            if r is None:
+                raise CodegenError(f"buffer {acc.buffer} is neither in the LB nor placed in a memory")
+            origin, extents, estrides = r.origin, r.extents, _row_major(r.extents)
+            dtype, mem, base = r.dtype, r.mem, r.base
+            index = core if mem == "lb" else core // self.hw.cores_per_cluster if mem == "gb" else 0
+            if (mem, index) != (r.mem, r.index):
+                raise CodegenError(f"core {core} cannot reach {tensor} in {r.mem}[{r.index}]")
+        point = [p - o for p, o in zip(point, origin)]
+        for d, (p, n) in enumerate(zip(point, extents)):
+            span = sum(abs(c) * (e - 1) for c, e in zip(acc.inner[d], extent or stage.shape))
+            if p < 0 or p + span > n - 1:
+                raise CodegenError(f"stage {stage.name}: access to {acc.buffer} leaves its region")
         offset = base + isa.DTYPES[dtype] * sum(p * s for p, s in zip(point, estrides))
         strides = tuple(sum(row[i] * s for row, s in zip(acc.inner, estrides)) for i in range(len(stage.shape)))
         return isa.Operand(mem, index, offset, dtype, strides)
 
     def _start_lifetime(self, stage: Stage, core: int) -> None:
         acc = stage.dst
-        b = self.plan.buffers[acc.buffer]
+        b = self.cur.plan.buffers[acc.buffer]
         if b.writer != stage.name:
             return
         key = (core, acc.buffer)
@@ -173,32 +281,29 @@ class KernelEmitter:
                 strides[i] = n
                 n *= stage.shape[i]
         size = align(isa.DTYPES[dtype] * n)
-        if self.scratch_top + size > self.plan.scratch_bytes:
+        if self.scratch_top + size > self.cur.plan.scratch_bytes:
             raise CodegenError(f"stage {stage.name}: scratch overflow")
-        op = isa.Operand("lb", core, self.plan.scratch_offset + self.scratch_top, dtype, tuple(strides))
+        offset = self.lb_base + self.cur.plan.scratch_offset + self.scratch_top
         self.scratch_top += size
-        return op
+        return isa.Operand("lb", core, offset, dtype, tuple(strides))
 
     # -- instructions ----------------------------------------------------------------------------
     def _push(self, ins, core: int) -> None:
-        tracker = self.trackers.setdefault(core, _Tracker())
         srcs, dst = isa.operands(ins)
         unit = isa.unit_of(ins, self.hw.cores_per_cluster)
         reads = [self._key(o) for o in srcs]
         writes = [self._key(dst)]
         idx = len(self.instructions)
-        self.instructions.append(replace(ins, deps=tuple(sorted(tracker.deps(reads, writes, unit)))))
-        tracker.record(idx, reads, writes, unit)
+        self.instructions.append(replace(ins, deps=tuple(sorted(self.deps.deps(reads, writes, unit)))))
+        self.deps.record(idx, reads, writes, unit)
 
     def _key(self, o: isa.Operand):
-        """The memory object an operand touches: a DDR tensor, an LB buffer copy, or scratch."""
-        if o.mem == "lb" and o.offset >= self.plan.scratch_offset:
-            return ("scratch",)
-        ranges = self.ddr_ranges if o.mem == "ddr" else self.lb_ranges
-        i = bisect.bisect_right(ranges, (o.offset, float("inf"))) - 1
-        if i >= 0 and ranges[i][0] <= o.offset < ranges[i][1]:
-            return ranges[i][2]
-        raise CodegenError(f"{o.mem} offset {o.offset} belongs to no buffer")
+        """The memory object an operand touches: a tensor's region, a tile buffer copy, scratch."""
+        space = self.spaces.get((o.mem, o.index))
+        key = space.owner(o.offset) if space else None
+        if key is None:
+            raise CodegenError(f"{o.mem}[{o.index}] offset {o.offset} belongs to no buffer")
+        return key
 
     def _stage(self, stage: Stage, core: int) -> None:
         self.scratch_top = 0
@@ -258,7 +363,7 @@ class KernelEmitter:
         sub_dst = _sub_operand(dst, start)
         shape = tuple(extent)
         if isinstance(v, Read):
-            src = self._operand(stage, v.access, core, start)
+            src = self._operand(stage, v.access, core, start, extent)
             if src.dtype != sub_dst.dtype:
                 tmp = self._scratch(set(range(len(shape))), stage, core, sub_dst.dtype)
                 self._push(isa.Vector(core, "vme", "copy", shape, tmp, (src,)), core)
@@ -332,14 +437,32 @@ def _sub_operand(o: isa.Operand, start) -> isa.Operand:
     return replace(o, offset=off)
 
 
+def _whole_operand(r: Region) -> isa.Operand:
+    return isa.Operand(r.mem, r.index, r.base, r.dtype, tuple(_row_major(r.extents)))
+
+
 def build_program(func, hw: Hardware, name: str, num_outputs: int = 1) -> isa.Program:
-    """One-kernel program for a lowered PrimFunc whose last ``num_outputs`` params are outputs."""
-    kernel = read_kernel(func)
-    ddr, args, offset = {}, [], 0
-    for i, (pname, shape, dtype) in enumerate(kernel.params):
-        role = "output" if i >= len(kernel.params) - num_outputs else "input"
-        ddr[pname] = (offset, shape)
+    """One-kernel program for a lowered PrimFunc whose last ``num_outputs`` params are outputs:
+    every tensor in DDR, the first tile loop's index picks the cluster (the batch split), tiles go
+    round-robin over the cluster's cores."""
+    layer = Layer.of(func, hw, name)
+    regions, args, offset = {}, [], 0
+    for i, (pname, shape, dtype) in enumerate(layer.ir.params):
+        role = "output" if i >= len(layer.ir.params) - num_outputs else "input"
+        regions[pname] = Region.whole("ddr", 0, offset, shape, hw.storage_dtype)
         args.append(isa.TensorArg(pname, role, shape, hw.storage_dtype, dtype, offset))
         offset = align(offset + args[-1].nbytes)
-    k = KernelEmitter(kernel, hw, ddr, name).emit()
-    return isa.Program(hw.to_dict(), max(offset, ALIGN), tuple(args), (k,), name)
+    emitter = KernelEmitter(hw, name)
+    for pname, r in regions.items():
+        emitter.claim(r, ("ddr", pname))
+    tile_loops = layer.ir.tile_loops()
+    cpc = hw.cores_per_cluster
+    clusters = min(tile_loops[0].extent, hw.clusters)
+    dealt = [0] * clusters
+    work = []
+    for values in itertools.product(*(range(lp.extent) for lp in tile_loops)):
+        cluster = values[0] % clusters
+        work.append((values, cluster * cpc + dealt[cluster] % cpc))
+        dealt[cluster] += 1
+    emitter.layer(layer, work, regions)
+    return isa.Program(hw.to_dict(), max(offset, ALIGN), tuple(args), (emitter.kernel(),), name)

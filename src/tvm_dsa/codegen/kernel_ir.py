@@ -485,8 +485,10 @@ def scratch_bytes(stage: Stage, dtypes: dict[str, str], storage: str) -> int:
     return total
 
 
-def plan_lb(kernel: KernelIR, hw: Hardware) -> LBPlan:
-    """Place the kernel's LB buffers; raises ``CodegenError`` when one tile does not fit."""
+def plan_lb(kernel: KernelIR, hw: Hardware, lb_bytes: int | None = None) -> LBPlan:
+    """Place the kernel's LB buffers in the first ``lb_bytes`` of the LB (all of it by default);
+    raises ``CodegenError`` when one tile does not fit."""
+    capacity = hw.lb_bytes if lb_bytes is None else lb_bytes
     stages = kernel.stages()
     dtypes = lb_dtypes(stages, hw)
     first: dict[str, LBBuffer] = {}
@@ -499,9 +501,9 @@ def plan_lb(kernel: KernelIR, hw: Hardware) -> LBPlan:
             first[acc.buffer] = LBBuffer(acc.buffer, dtypes[acc.buffer], acc.extents(st.shape), st.name)
     scratch = max((scratch_bytes(st, dtypes, hw.storage_dtype) for st in stages), default=0)
     single = sum(align(b.nbytes) for b in first.values())
-    if single + scratch > hw.lb_bytes:
-        raise CodegenError(f"tile working set {single + scratch} bytes exceeds the LB ({hw.lb_bytes})")
-    copies = 2 if 2 * single + scratch <= hw.lb_bytes else 1
+    if single + scratch > capacity:
+        raise CodegenError(f"tile working set {single + scratch} bytes exceeds the LB ({capacity})")
+    copies = 2 if 2 * single + scratch <= capacity else 1
     offset, placed = 0, {}
     for b in first.values():
         slots = []
