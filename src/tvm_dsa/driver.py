@@ -21,7 +21,7 @@ from tvm import relax
 
 from . import hardware, host
 from .models import MODELS, TINY, get_model
-from .pipeline import pipeline_result
+from .pipeline import pipeline, pipeline_result
 from .relax_passes.offload import OffloadResult
 from .runtime import Report
 
@@ -109,13 +109,16 @@ class Compiled:
     offload: OffloadResult | None = None
 
     @classmethod
-    def build(cls, mod: tvm.IRModule, target: str = "dsa/stcp920") -> "Compiled":
-        """Compile with the ``dsa`` pipeline for a DSA target, with TVM's default one for others."""
+    def build(cls, mod: tvm.IRModule, target: str = "dsa/stcp920", schedule: str = "layerwise",
+              options=None) -> "Compiled":
+        """Compile with the ``dsa`` pipeline (``schedule``, stitched-kernel ``options``) for a DSA
+        target, with TVM's default one for others."""
         is_dsa = target == "dsa" or target.startswith("dsa/")
         if is_dsa:
             check_target(target)
         start = time.perf_counter()
-        ex = tvm.compile(mod, target=target, relax_pipeline="dsa" if is_dsa else "default")
+        ex = tvm.compile(mod, target=target,
+                         relax_pipeline=pipeline(schedule, options=options) if is_dsa else "default")
         seconds = time.perf_counter() - start
         return cls(ex, target, seconds, pipeline_result() if is_dsa else None)
 

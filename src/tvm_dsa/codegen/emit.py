@@ -128,14 +128,21 @@ class _Space:
         self.ranges: list = []  # sorted (lo, hi, key)
 
     def assign(self, lo: int, hi: int, key) -> list:
-        """Give [lo, hi) to ``key``; returns the keys that owned part of it."""
+        """Give [lo, hi) to ``key``; returns the keys that owned part of it (they keep the rest
+        of their ranges, so a later object placed there still waits for them)."""
         keep, old = [], []
         for r in self.ranges:
-            (old if r[0] < hi and lo < r[1] and r[2] != key else keep).append(r)
-        keep = [r for r in keep if r[2] != key]
-        bisect.insort(keep, (lo, hi, key))
+            if r[2] == key:
+                continue
+            if r[0] < hi and lo < r[1]:
+                old.append(r[2])
+                keep += [p for p in ((r[0], lo, r[2]), (hi, r[1], r[2])) if p[0] < p[1]]
+            else:
+                keep.append(r)
+        keep.append((lo, hi, key))
+        keep.sort(key=lambda r: (r[0], r[1]))
         self.ranges = keep
-        return [r[2] for r in old]
+        return old
 
     def owner(self, offset: int):
         i = bisect.bisect_right(self.ranges, (offset, float("inf"))) - 1

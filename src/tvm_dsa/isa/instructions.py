@@ -17,7 +17,8 @@ unit        runs                        operands
 ``dma``     ``Dma`` with an LB side,    one side in ``lb[core]``, the other in DDR, any GB or
 (per core)  ``Fill``                    any LB (another core's LB: through the GBs on a bus,
                                         over the NoC on a mesh); a fill writes ``lb[core]``
-``cdma``    ``Dma`` without an LB side  DDR <-> ``gb[cluster of core]`` or DDR <-> DDR
+``cdma``    ``Dma`` without an LB side  DDR <-> ``gb[cluster of core]``, DDR <-> DDR or within
+                                        ``gb[cluster of core]`` (a copy between on-chip tensors)
 (per
 cluster)
 ``mme``     ``Mme``                     all in ``lb[core]``
@@ -101,7 +102,7 @@ Scalar = float  # an immediate source of a vector instruction
 class Dma:
     """dst[p] = src[p] for p in shape (same dtype, no conversion). Unit: the core's ``dma`` when a
     side is in an LB, and then one side is the core's own LB; else the cluster's ``cdma``, between
-    DDR and the cluster's GB or within DDR."""
+    DDR and the cluster's GB, within DDR or within the cluster's GB."""
 
     core: int
     shape: tuple[int, ...]

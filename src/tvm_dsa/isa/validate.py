@@ -213,8 +213,6 @@ class _Checker:
         if dst.mem == "lb" or src.mem == "lb":
             return (f"DMA {move} touches an LB but not the issuing core's own (lb[{core}]): a core's DMA "
                     f"moves data to or from its own LB")
-        if dst.mem == src.mem == "gb":
-            return f"DMA {move}: a cluster DMA moves DDR <-> GB or DDR <-> DDR, not GB <-> GB"
         cluster = core // self.cpc
         for o in (dst, src):
             if o.mem == "gb" and o.index != cluster:

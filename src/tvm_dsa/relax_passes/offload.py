@@ -1,9 +1,11 @@
-"""OffloadToDSA: replace each scheduled kernel's ``call_tir`` by a call that runs its DSA program.
+"""OffloadToDSA: replace each scheduled kernel's ``call_tir`` calls by one call that runs its program.
 
-For every kernel of the schedule the PrimFunc is lowered by the TIR passes, turned into a program
-by the codegen, and the call becomes ``call_dps_packed("tvm_dsa.execute", (program, info, *args))``:
-the program text lives in the VM bytecode, so ``export_library`` / ``load_module`` keep it. A kernel
-the DSA cannot run keeps its ``call_tir`` and runs on the host; the reason is recorded.
+Every PrimFunc ``main`` calls is lowered by the TIR passes; the scheduler groups the calls into
+kernels; each kernel becomes a DSA program (one layer: ``build_program``; a stitched sub-graph:
+``build_stitched``) and its calls become one
+``call_dps_packed("tvm_dsa.execute", (program, info, *inputs))`` returning its outputs. The program
+text lives in the VM bytecode, so ``export_library`` / ``load_module`` keep it. A PrimFunc the DSA
+cannot run keeps its ``call_tir`` and runs on the host; the reason is recorded.
 """
 
 from __future__ import annotations
@@ -12,11 +14,13 @@ import json
 from dataclasses import dataclass, field
 
 import tvm
-from tvm import relax
+from tvm import relax, tirx
 
 from .. import schedule as schedules
-from ..codegen.emit import build_program
+from ..codegen.emit import Layer, build_program
+from ..codegen.stitch import SubGraphKernel, build_stitched
 from ..hardware import Hardware
+from ..schedule.graph import OpGraph
 from ..tir_passes import Unsupported, lower_kernel
 from .stats import kernel_macs
 
@@ -28,54 +32,143 @@ class OffloadResult:
     """What the pass decided, per kernel (``tvm_dsa.pipeline_result()`` returns the last one)."""
 
     dsa: list = field(default_factory=list)  # kernel names
-    host: dict = field(default_factory=dict)  # kernel name -> reason
+    host: dict = field(default_factory=dict)  # PrimFunc name -> reason
     dsa_macs: int = 0
     host_macs: int = 0
+    stitched: dict = field(default_factory=dict)  # kernel name -> StitchInfo
 
 
-def offload(mod: tvm.IRModule, hw: Hardware, schedule: str = "layerwise", run_id: str = "model"):
+@dataclass(frozen=True)
+class StitchOptions:
+    """Kernel generation choices of stitched kernels (the ablation switches of seed 000 Fig. 15)."""
+
+    gb: bool = True  # intermediates and weights in the GB (False: DDR, as layerwise)
+    order: str = "best"  # instance order: dfs, bfs or best (Algorithm 3)
+    spill: str = "longest"  # spill policy: longest (the seed) or largest (prior work)
+
+
+def offload(mod: tvm.IRModule, hw: Hardware, schedule: str = "layerwise", run_id: str = "model",
+            options: StitchOptions = StitchOptions()):
     """Return (new module, OffloadResult)."""
-    specs = schedules.get(schedule)(mod, hw)
     result = OffloadResult()
-    programs: dict[str, str] = {}
-    for spec in specs:  # one spec per call site; a PrimFunc called twice is compiled once
-        name = spec.name
-        macs = kernel_macs(mod[name])
-        if name not in programs and name not in result.host:
-            if relax.analysis.has_reshape_pattern(mod[name]):
-                result.host[name] = "a pure reshape: a view on the host, no data moves"
-                result.host_macs += macs
-                continue
-            try:
-                lowered, _ = lower_kernel(mod[name], hw)
-                programs[name] = build_program(lowered, hw, name).serialize()
-                result.dsa.append(name)
-            except Unsupported as err:
-                result.host[name] = str(err)
-        if name in programs:
+    graph = OpGraph.from_relax(mod)
+    lowered: dict = {}
+    for name in dict.fromkeys(n.func for n in graph.nodes):
+        func = mod[name]
+        if not isinstance(func, tirx.PrimFunc):
+            continue
+        if schedule == "layerwise" and relax.analysis.has_reshape_pattern(func):
+            result.host[name] = "a pure reshape: a view on the host, no data moves"
+            continue
+        try:
+            lowered[name] = lower_kernel(func, hw)[0]
+        except Unsupported as err:
+            result.host[name] = str(err)
+    specs = schedules.get(schedule)(mod, hw, set(lowered))
+    node_of = {n.name: n for n in graph.nodes}
+    kernels = []  # (spec, program text, input exprs, output vars)
+    programs: dict = {}  # PrimFunc name -> program text of its one-layer kernel
+    for spec in specs:
+        nodes = [node_of[c] for c in spec.calls]
+        if not spec.stitched:
+            (node,) = nodes
+            if node.func not in programs:
+                try:
+                    programs[node.func] = build_program(lowered[node.func], hw, node.func).serialize()
+                    result.dsa.append(node.func)
+                except Unsupported as err:
+                    result.host[node.func] = str(err)
+                    continue
+            inputs = [graph.tensors[t] for t in node.inputs]
+            kernels.append((spec, programs[node.func], inputs, [node.output]))
+            continue
+        sg = _subgraph(spec, nodes, graph, lowered, hw)
+        try:
+            program, info = build_stitched(sg, hw, options.order, options.spill, options.gb)
+        except Unsupported as err:
+            for n in nodes:
+                result.host[n.func] = f"in {spec.name}: {err}"
+            continue
+        result.dsa.append(spec.name)
+        result.stitched[spec.name] = info
+        kernels.append((spec, program.serialize(), [graph.tensors[t] for t in sg.inputs], list(sg.outputs)))
+    on_dsa = {c for spec, *_ in kernels for c in spec.calls}
+    for node in graph.nodes:
+        macs = kernel_macs(mod[node.func])
+        if node.name in on_dsa:
             result.dsa_macs += macs
         else:
             result.host_macs += macs
-    call_tir = tvm.ir.Op.get("relax.call_tir")
-    calls = sum(1 for s in specs if s.name in programs)
+            result.host.setdefault(node.func, "not scheduled on the DSA")
+    return _rewrite(mod, kernels, graph, run_id), result
 
-    @relax.expr_functor.mutator
-    class _Rewrite(relax.PyExprMutator):
-        index = 0  # DSA call sites in program order; the first one starts a run
 
-        def visit_call_(self, call):
-            call = super().visit_call_(call)
-            if not call.op.same_as(call_tir) or call.args[0].name_hint not in programs:
-                return call
-            name = call.args[0].name_hint
-            info = json.dumps({"run": run_id, "kernel": name, "index": self.index, "count": calls})
-            self.index += 1
-            args = [tvm.ir.StringImm(programs[name]), tvm.ir.StringImm(info), *call.args[1].fields]
-            return relax.call_dps_packed(EXECUTE, args, out_ty=call.ty_args[0] if call.ty_args else call.ty)
+def _subgraph(spec, nodes, graph, lowered, hw) -> SubGraphKernel:
+    members = {n.output for n in nodes}
+    inputs, outputs, tensors = [], [], {}
+    for n in nodes:
+        for t in n.inputs:
+            if t not in members and t not in inputs:
+                inputs.append(t)
+        consumers = [m for m in graph.nodes if n.output in m.inputs and m.output not in members]
+        if consumers or n.output in graph.outputs:
+            outputs.append(n.output)
+        for t in (*n.inputs, n.output):
+            tensors[t] = (graph.tensors[t].shape, graph.tensors[t].dtype)
+    layers = tuple(Layer.of(lowered[n.func], hw, n.name, (*n.inputs, n.output)) for n in nodes)
+    weights = frozenset(t for t in inputs if graph.tensors[t].constant)
+    split_loop, groups = spec.split if spec.split else (0, 1 << 30)
+    return SubGraphKernel(spec.name, layers, tuple(inputs), tuple(outputs), tensors, weights, split_loop, groups)
 
-    rewriter = _Rewrite(mod)
-    new_main = rewriter.visit_expr(mod["main"])
+
+def _rewrite(mod, kernels, graph, run_id):
+    """``main`` with each kernel's calls replaced by one DSA call. Bindings are re-ordered
+    topologically with each kernel as one unit, keeping the original order where they are free
+    (a sub-graph is convex, so the units form a DAG)."""
+    func = mod["main"]
+    owner = {c: k for k, (spec, *_) in enumerate(kernels) for c in spec.calls}
+    emitted = [0]
+    blocks = []
+    for block in func.body.blocks:
+        units: dict = {}  # unit id -> [position, bindings]
+        for pos, b in enumerate(block.bindings):
+            name = graph.names.get(b.var)
+            uid = ("k", owner[name]) if name in owner and graph.tensors[name].expr.same_as(b.var) else ("b", pos)
+            units.setdefault(uid, [pos, []])
+            units[uid][0] = pos
+            units[uid][1].append(b)
+        where = {b.var: uid for uid, (_, bs) in units.items() for b in bs}
+        needs = {uid: {where[v] for b in bs for v in relax.analysis.free_vars(b.value)
+                       if v in where and where[v] != uid} for uid, (_, bs) in units.items()}
+        done, out = set(), []
+        while len(done) < len(units):
+            ready = [u for u in units if u not in done and needs[u] <= done]
+            uid = min(ready, key=lambda u: units[u][0])
+            done.add(uid)
+            if uid[0] == "k":
+                out += _kernel_bindings(kernels[uid[1]], emitted[0], len(kernels), block, graph, run_id)
+                emitted[0] += 1
+            else:
+                out += units[uid][1]
+        cls = relax.DataflowBlock if isinstance(block, relax.DataflowBlock) else relax.BindingBlock
+        blocks.append(cls(out))
+    new_main = relax.Function(func.params, relax.SeqExpr(blocks, func.body.body), func.ret_ty, func.is_pure,
+                              func.attrs)
     mod = mod.clone()  # the caller's module is not modified
     mod["main"] = new_main
-    mod = relax.transform.DeadCodeElimination(["main"])(mod)
-    return mod, result
+    return relax.transform.DeadCodeElimination(["main"])(mod)
+
+
+def _kernel_bindings(kernel, index, count, block, graph, run_id):
+    spec, text, inputs, outputs = kernel
+    info = json.dumps({"run": run_id, "kernel": spec.name, "index": index, "count": count})
+    args = [tvm.ir.StringImm(text), tvm.ir.StringImm(info), *(t.expr for t in inputs)]
+    out_vars = [graph.tensors[t].expr for t in outputs]
+    types = [v.ty for v in out_vars]
+    if len(out_vars) == 1:
+        return [relax.VarBinding(out_vars[0], relax.call_dps_packed(EXECUTE, args, out_ty=types[0]))]
+    call = relax.call_dps_packed(EXECUTE, args, out_ty=types)
+    var_cls = relax.DataflowVar if isinstance(block, relax.DataflowBlock) else relax.Var
+    tup = var_cls(f"{spec.name}_out", call.ty)
+    return [relax.VarBinding(tup, call)] + [relax.VarBinding(v, relax.TupleGetItem(tup, j))
+                                            for j, v in enumerate(out_vars)]

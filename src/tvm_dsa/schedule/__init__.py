@@ -1,6 +1,7 @@
 """Inter-layer schedulers: decide which kernels run on the DSA, where, and with which scopes.
 
-A scheduler returns data (``KernelSpec``s), not TIR; kernel generation consumes it. ``layerwise``
+A scheduler ``(mod, hw, supported) -> [KernelSpec]`` returns data, not TIR; kernel generation
+consumes it. ``supported`` names the PrimFuncs the DSA can run (the rest stay on the host). ``layerwise``
 is the baseline GraphTurbo calls "TVM": one kernel per fused group from TVM's own fusion rules
 (``FuseOps``), inputs and outputs in DDR. ``graph`` holds what the coarser schedulers work on: the
 layer graph of a fused module and its partition into sub-graphs with GraphTurbo's merge patterns.
@@ -13,11 +14,17 @@ from dataclasses import dataclass
 
 @dataclass(frozen=True)
 class KernelSpec:
-    """One DSA kernel: the PrimFunc it runs and where its tensors live."""
+    """One DSA kernel: the ``call_tir`` calls it runs (by the Relax variables they bind, in
+    program order) and how kernel generation treats them.
 
-    name: str  # global symbol of the fused PrimFunc
-    arg_scopes: tuple[str, ...]  # "ddr" | "gb" | "lb" per PrimFunc parameter
-    order: int
+    ``stitched`` kernels run their layers instance by instance with the tensors between layers on
+    chip and weights promoted to the GB (GraphTurbo); others run one layer with every tensor in DDR.
+    ``split`` is Algorithm 1's best split (output dimension, factor) for the instances."""
+
+    name: str
+    calls: tuple[str, ...]
+    stitched: bool = False
+    split: tuple[int, int] | None = None
 
 
 SCHEDULERS = {}
@@ -37,4 +44,4 @@ def get(name: str):
     return SCHEDULERS[name]
 
 
-from . import layerwise  # noqa: E402,F401  (registers "layerwise")
+from . import graphturbo, layerwise  # noqa: E402,F401  (register "graphturbo", "layerwise")

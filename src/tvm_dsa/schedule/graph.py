@@ -12,12 +12,11 @@ the three merge patterns of GraphTurbo's grouping (seed 000 §3.2, Fig. 4) as qu
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import tvm
 from tvm import relax
 
-from .layerwise import call_tirs
 
 
 @dataclass(frozen=True)
@@ -27,6 +26,7 @@ class Tensor:
     dtype: str
     producer: int | None  # node index; None for graph inputs and constants
     constant: bool = False
+    expr: object = field(default=None, compare=False, repr=False)  # the Relax variable or constant
 
     @property
     def nbytes(self) -> int:
@@ -47,6 +47,7 @@ class OpGraph:
     nodes: tuple[Node, ...]
     tensors: dict  # name -> Tensor
     outputs: tuple[str, ...]  # tensors the function returns
+    names: dict = field(default_factory=dict, compare=False, repr=False)  # Relax variable -> tensor
 
     def producers(self, i: int) -> set[int]:
         return {self.tensors[t].producer for t in self.nodes[i].inputs if self.tensors[t].producer is not None}
@@ -57,42 +58,53 @@ class OpGraph:
 
     @classmethod
     def from_relax(cls, mod: tvm.IRModule, func: str = "main") -> "OpGraph":
-        """The graph of ``call_tir`` nodes of ``mod[func]`` (after FuseOps/FuseTIR)."""
+        """The graph of ``call_tir`` nodes of ``mod[func]`` (after FuseOps/FuseTIR). Tensors are
+        named after their Relax variables, made unique (Relax allows two variables one name)."""
         f = mod[func]
         tensors: dict[str, Tensor] = {}
-        alias: dict[str, str] = {}
+        names: dict = {}  # Relax variable -> tensor name
+
+        def name_of(var) -> str:
+            if var not in names:
+                base, k = var.name, 1
+                name = base
+                while name in tensors or name in names.values():
+                    name, k = f"{base}_{k}", k + 1
+                names[var] = name
+            return names[var]
 
         def tensor_of(expr) -> str:
             if isinstance(expr, tvm.ir.expr.Constant):
                 name = f"const{len(tensors)}"
-                tensors[name] = Tensor(name, _shape(expr), _dtype(expr), None, True)
+                tensors[name] = Tensor(name, _shape(expr), _dtype(expr), None, True, expr)
                 return name
             if isinstance(expr, relax.Var):
-                name = alias.get(expr.name, expr.name)
+                name = name_of(expr)
                 if name not in tensors:
-                    tensors[name] = Tensor(name, _shape(expr), _dtype(expr), None)
+                    tensors[name] = Tensor(name, _shape(expr), _dtype(expr), None, expr=expr)
                 return name
             raise ValueError(f"argument {expr} is neither a variable nor a constant")
 
         for p in f.params:
             tensor_of(p)
-        calls = {id(c): c for c in call_tirs(f)}
+        call_tir = tvm.ir.Op.get("relax.call_tir")
         nodes: list[Node] = []
         for block in f.body.blocks:
             for binding in block.bindings:
-                value, var = binding.value, binding.var.name
-                if isinstance(value, relax.Call) and any(value.same_as(c) for c in calls.values()):
+                value, var = binding.value, binding.var
+                if isinstance(value, relax.Call) and value.op.same_as(call_tir):
                     inputs = tuple(tensor_of(a) for a in value.args[1].fields)
-                    tensors[var] = Tensor(var, _shape(binding.var), _dtype(binding.var), len(nodes))
-                    nodes.append(Node(len(nodes), var, value.args[0].name_hint, inputs, var))
+                    name = name_of(var)
+                    tensors[name] = Tensor(name, _shape(var), _dtype(var), len(nodes), expr=var)
+                    nodes.append(Node(len(nodes), name, value.args[0].name_hint, inputs, name))
                 elif isinstance(value, relax.Var):
-                    alias[var] = alias.get(value.name, value.name)
+                    names[var] = name_of(value)  # an alias names the same tensor
         outputs = []
         body = f.body.body
         for e in body.fields if isinstance(body, relax.Tuple) else [body]:
             if isinstance(e, relax.Var):
-                outputs.append(alias.get(e.name, e.name))
-        return cls(tuple(nodes), tensors, tuple(outputs))
+                outputs.append(name_of(e))
+        return cls(tuple(nodes), tensors, tuple(outputs), names)
 
 
 def _shape(expr) -> tuple[int, ...]:

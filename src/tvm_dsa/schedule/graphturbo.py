@@ -1,7 +1,8 @@
 """GraphTurbo's hardware-aware partitioning (seed 000 §3; docs/graphturbo.md is the spec).
 
-This module holds the pure algorithms on ``SubGraphs``; the scheduler that turns their result
-into kernels comes later. Implemented so far:
+The scheduler ``graphturbo`` groups a module's layers with these algorithms and returns one
+stitched kernel per sub-graph; kernel generation (``codegen.stitch``) splits it into instances,
+binds them to cores and places the tensors. The algorithms, pure functions on ``SubGraphs``:
 
 - ``split_info`` (Algorithm 1): for each loop dimension ``d`` of a sub-graph's output tensor,
   whether it can split the sub-graph into instances whose footprint fits the local buffer, with
@@ -38,7 +39,8 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from .graph import SubGraphs
+from . import KernelSpec, register
+from .graph import OpGraph, SubGraphs
 
 
 @dataclass(frozen=True)
@@ -117,8 +119,9 @@ def split_factor(sgs: SubGraphs, g: int, lb_bytes: int, element_bytes: int) -> i
     return best.f if best else None
 
 
-def group(sgs: SubGraphs, lb_bytes: int, element_bytes: int) -> SubGraphs:
+def group(sgs: SubGraphs, lb_bytes: int, element_bytes: int, fixed: frozenset = frozenset()) -> SubGraphs:
     """Algorithm 2: merge sub-graphs by the three patterns while a pass lowers their number.
+    Nodes in ``fixed`` (layers the DSA cannot run) are never merged.
 
     Rule (i), straight {SG1, SG2} and branch {SG2, SG3}: the consumer's factor is not smaller
     than the producer's (a large factor does not spread past a downsampling), and the merged
@@ -151,7 +154,7 @@ def group(sgs: SubGraphs, lb_bytes: int, element_bytes: int) -> SubGraphs:
         """Merge the first allowed match and look again, until no match is allowed."""
         while True:
             for match in pattern():
-                if allowed(match):
+                if not any(sgs.groups[g] & fixed for g in match) and allowed(match):
                     sgs.merge(match)
                     break
             else:
@@ -253,3 +256,34 @@ def order_instances(instances: list[Instance], edges) -> tuple[list[int], str]:
     if bytes_in_flight(bfs, instances, edges) < bytes_in_flight(dfs, instances, edges):
         return bfs, "bfs"
     return dfs, "dfs"
+
+
+@register("graphturbo")
+def graphturbo(mod, hw, supported) -> list[KernelSpec]:
+    """One stitched kernel per sub-graph of Algorithm 2's grouping of ``main``'s layers, with the
+    sub-graph's best split (Eq. 1); layers the DSA cannot run stay single and on the host.
+
+    Data parallelism comes first (§2.1): a split of the outermost (batch) dimension is made at
+    least as fine as the number of clusters, so every cluster gets samples; without a fitting
+    split, the batch alone is split that way."""
+    graph = OpGraph.from_relax(mod)
+    esize = tvm_dtype_bytes(hw.storage_dtype)
+    host = frozenset(n.index for n in graph.nodes if n.func not in supported)
+    sgs = group(SubGraphs(graph), hw.lb_bytes, esize, host)
+    specs = []
+    for g, members in enumerate(sgs.groups):
+        if members & host:
+            continue
+        best = best_split(split_info(sgs, g, hw.lb_bytes, esize))
+        d, f = (best.d, best.f) if best else (0, 1)
+        if d == 0:
+            f = max(f, hw.clusters)
+        calls = tuple(graph.nodes[n].name for n in sorted(members))
+        specs.append(KernelSpec(f"sg{len(specs)}_{calls[0]}", calls, True, (d, f)))
+    return specs
+
+
+def tvm_dtype_bytes(dtype: str) -> int:
+    import tvm
+
+    return tvm.runtime.DataType(dtype).bits // 8

@@ -2,26 +2,11 @@
 
 from __future__ import annotations
 
-import tvm
-import tvm_ffi
-from tvm import relax, tirx
-
 from . import KernelSpec, register
-
-
-def call_tirs(func) -> list:
-    """The ``call_tir`` calls of a Relax function, in program order."""
-    op, out = tvm.ir.Op.get("relax.call_tir"), []
-    tvm_ffi.structural_walk(func, [(relax.Call, lambda c: out.append(c) if c.op.same_as(op) else None)])
-    return out
+from .graph import OpGraph
 
 
 @register("layerwise")
-def layerwise(mod, hw) -> list[KernelSpec]:  # noqa: ARG001 - same signature for every scheduler
-    """One kernel per ``call_tir`` of ``main``, in program order, all arguments in DDR."""
-    specs = []
-    for call in call_tirs(mod["main"]):
-        func = mod[call.args[0]]
-        if isinstance(func, tirx.PrimFunc):
-            specs.append(KernelSpec(call.args[0].name_hint, ("ddr",) * len(func.params), len(specs)))
-    return specs
+def layerwise(mod, hw, supported) -> list[KernelSpec]:  # noqa: ARG001 - same signature for every scheduler
+    """One kernel per supported ``call_tir`` of ``main``, in program order, all tensors in DDR."""
+    return [KernelSpec(n.func, (n.name,)) for n in OpGraph.from_relax(mod).nodes if n.func in supported]

@@ -1,0 +1,396 @@
+"""Stitched kernels (seed 000 §4.2-4.3): one kernel runs a sub-graph's layers instance by instance,
+the tensors between its layers kept on chip instead of going through DDR.
+
+Three steps, each a function of its own:
+
+- ``footprints``: per tile of a lowered layer, the box of every tensor it reads and writes
+  (from the kernel IR's integer access patterns, over the tile's chunk loops).
+- ``plan_instances``: the sub-graph's output layer's tiles grouped into instances; each instance's
+  tiles of every other layer found backwards from what its consumers read (a 3x3 window reads a
+  halo: those tiles are computed by both neighbouring instances — the recomputation). Instances
+  are made coarser while recomputation costs more than ``RECOMPUTE_LIMIT`` of the work.
+- ``allocate``: liveness over the kernel's steps, first-fit placement at a level, and when the
+  live tensors do not fit, spilling by a policy: the tensor with the longest lifetime first (the
+  seed's rule) or the largest first (prior work's), to the next level down.
+"""
+
+from __future__ import annotations
+
+import itertools
+import math
+from dataclasses import dataclass
+
+from .emit import Layer
+from .kernel_ir import Loop, align
+
+RECOMPUTE_LIMIT = 1.25  # assumed (the seed gives no number): at most 25 % of the work computed twice
+
+Box = tuple[tuple[int, ...], tuple[int, ...]]  # (low corner, high corner exclusive)
+
+
+def _union(a: Box | None, b: Box) -> Box:
+    if a is None:
+        return b
+    return tuple(map(min, a[0], b[0])), tuple(map(max, a[1], b[1]))
+
+
+def _meets(a: Box, b: Box) -> bool:
+    return all(lo1 < hi2 and lo2 < hi1 for lo1, hi1, lo2, hi2 in zip(a[0], a[1], b[0], b[1]))
+
+
+def _inside(a: Box, b: Box) -> bool:
+    return all(lo2 <= lo1 and hi1 <= hi2 for lo1, hi1, lo2, hi2 in zip(a[0], a[1], b[0], b[1]))
+
+
+@dataclass(frozen=True)
+class Footprint:
+    """Per tile (tile-loop values): box per parameter read, box per parameter written, and the
+    tile's work (loop iterations of its stages)."""
+
+    reads: dict  # tile -> {param: Box}
+    writes: dict  # tile -> {param: Box}
+    work: int  # per tile
+
+
+def footprints(layer: Layer) -> Footprint:
+    ir = layer.ir
+    shapes = {name: shape for name, shape, _ in ir.params}
+    tile_loops = ir.tile_loops()
+    accesses, work = [], 0  # (param, access, is_write, stage shape, enclosing chunk loops)
+
+    def walk(nodes, chunks):
+        nonlocal work
+        for n in nodes:
+            if isinstance(n, Loop):
+                walk(n.body, chunks + [(n.slot, n.extent)])
+                continue
+            work += math.prod(n.shape) * math.prod(e for _, e in chunks)
+            for acc, w in [(n.dst, True)] + [(a, False) for a in n.reads()]:
+                if not acc.lb:
+                    accesses.append((acc.buffer, acc, w, n.shape, chunks))
+
+    walk(tile_loops[-1].body, [])
+    reads, writes = {}, {}
+    env = [0] * ir.slots
+    for values in itertools.product(*(range(lp.extent) for lp in tile_loops)):
+        for lp, v in zip(tile_loops, values):
+            env[lp.slot] = v
+        r, w = {}, {}
+        for name, acc, is_write, shape, chunks in accesses:
+            ext = acc.extents(shape)
+            for corner in itertools.product(*((0, e - 1) for _, e in chunks)):
+                for (slot, _), v in zip(chunks, corner):
+                    env[slot] = v
+                low = acc.low_corner(env, shape)
+                box = (tuple(max(0, x) for x in low),
+                       tuple(min(n, x + e) for x, e, n in zip(low, ext, shapes[name])))
+                target = w if is_write else r
+                target[name] = _union(target.get(name), box)
+        reads[values], writes[values] = r, w
+    return Footprint(reads, writes, work)
+
+
+@dataclass(frozen=True)
+class Instances:
+    """``tiles[i][layer]``: the tiles instance ``i`` computes; ``boxes[i][tensor]``: the box of
+    each intermediate it produces (what it writes, so consumers' reads fall inside)."""
+
+    tiles: list
+    boxes: list
+    recompute: float  # work of all instances / work of the sub-graph
+
+    @property
+    def count(self) -> int:
+        return len(self.tiles)
+
+
+def plan_instances(layers: list[Layer], prints: dict, outputs: list[str], loop: int, groups: int) -> Instances:
+    """Instances of a sub-graph (``layers`` in topological order, ``prints`` their footprints,
+    ``outputs`` the tensors leaving it): the tiles of the last output layer grouped by their tile-loop
+    values up to ``loop``, loop ``loop`` itself cut into at most ``groups`` ranges. Coarsened (fewer
+    groups, then fewer loops) until the recomputation is within ``RECOMPUTE_LIMIT`` and the output
+    layers' tiles are split between instances exactly; one instance at worst."""
+    while True:
+        inst = _propagate(layers, prints, outputs, loop, groups)
+        if inst is not None and inst.recompute <= RECOMPUTE_LIMIT:
+            return inst
+        if groups > 1:
+            groups = (groups + 1) // 2
+        elif loop > 0:
+            loop, groups = loop - 1, 1 << 30
+        else:
+            return _propagate(layers, prints, outputs, -1, 1)
+
+
+def _propagate(layers, prints, outputs, loop, groups) -> Instances | None:
+    out_of = {L.args[L.ir.params[-1][0]]: L for L in layers}
+    primary = [L for L in layers if L.args[L.ir.params[-1][0]] in outputs][-1]
+    tiles = list(prints[primary.name].writes)
+    if loop >= 0:
+        extent = max(t[loop] for t in tiles) + 1 if tiles and len(tiles[0]) > loop else 1
+        size = -(-extent // min(groups, extent))
+        keys = sorted({t[:loop] + (t[loop] // size,) for t in tiles if len(t) > loop})
+        if len(keys) < 2:
+            return None
+        seeds = [[t for t in tiles if t[:loop] + (t[loop] // size,) == k] for k in keys]
+    else:
+        seeds = [tiles]
+    total = sum(len(prints[L.name].writes) * prints[L.name].work for L in layers)
+    all_tiles, all_boxes, work = [], [], 0
+    for seed in seeds:
+        chosen = {primary.name: seed}
+        need: dict = {}  # tensor -> box read by this instance's chosen tiles
+        boxes: dict = {}
+        for L in reversed(layers):
+            fp = prints[L.name]
+            out = L.args[L.ir.params[-1][0]]
+            if L.name not in chosen:
+                box = need.get(out)
+                if out in outputs and len(seeds) > 1:
+                    return None  # a second output: the instances could not split it exactly
+                chosen[L.name] = [t for t, w in fp.writes.items()
+                                  if out in outputs or box and _meets(next(iter(w.values())), box)]
+            if out not in outputs:
+                for t in chosen[L.name]:
+                    boxes[out] = _union(boxes.get(out), next(iter(fp.writes[t].values())))
+            for t in chosen[L.name]:
+                for param, box in fp.reads[t].items():
+                    tensor = L.args[param]
+                    if tensor in out_of:
+                        need[tensor] = _union(need.get(tensor), box)
+            work += len(chosen[L.name]) * fp.work
+        if any(not _inside(need[t], boxes[t]) for t in need if t in boxes):
+            return None
+        all_tiles.append(chosen)
+        all_boxes.append(boxes)
+    return Instances(all_tiles, all_boxes, work / max(total, 1))
+
+
+# --------------------------------------------------------------------------------------------
+# allocation and reuse (§4.3)
+@dataclass(frozen=True)
+class Lifetime:
+    key: object
+    nbytes: int
+    first: int  # step that writes it
+    last: int  # last step that reads it
+
+
+SPILL_POLICIES = ("longest", "largest")
+
+
+def allocate(lives: list[Lifetime], capacity: int, policy: str = "longest") -> tuple[dict, list]:
+    """(offset per kept key, spilled keys): first-fit placement at one level, freeing each tensor
+    after its last use; when a tensor does not fit, the live tensor (or the new one) chosen by
+    ``policy`` is spilled to the next level and placement restarts without it."""
+    if policy not in SPILL_POLICIES:
+        raise ValueError(f"unknown spill policy {policy!r}; known: {SPILL_POLICIES}")
+    spilled: set = set()
+    while True:
+        offsets, victim = _first_fit([x for x in lives if x.key not in spilled], capacity, policy)
+        if victim is None:
+            return offsets, [x.key for x in lives if x.key in spilled]
+        spilled.add(victim)
+
+
+def _first_fit(lives, capacity, policy):
+    order = sorted(lives, key=lambda x: (x.first, -x.nbytes))
+    placed: list = []  # (offset, end, Lifetime)
+    offsets = {}
+    for x in order:
+        placed = [p for p in placed if p[2].last >= x.first]  # free what is dead by now
+        size = align(x.nbytes)
+        at, prev = None, 0
+        for lo, hi, _ in sorted(placed, key=lambda p: p[0]):
+            if lo - prev >= size:
+                at = prev
+                break
+            prev = max(prev, hi)
+        if at is None and capacity - prev >= size:
+            at = prev
+        if at is None:
+            live = [p[2] for p in placed] + [x]
+            if policy == "longest":  # the seed: the tensor that stays longest (remaining lifetime)
+                victim = max(live, key=lambda y: (y.last - x.first, y.nbytes))
+            else:  # prior work: the largest tensor
+                victim = max(live, key=lambda y: (y.nbytes, y.last - x.first))
+            return offsets, victim.key
+        offsets[x.key] = at
+        placed.append((at, at + size, x))
+    return offsets, None
+
+
+# --------------------------------------------------------------------------------------------
+# the stitched program
+ORDERS = ("dfs", "bfs")
+
+
+@dataclass(frozen=True)
+class SubGraphKernel:
+    """What the scheduler hands kernel generation for one sub-graph."""
+
+    name: str
+    layers: tuple  # Layer, topological order; Layer.name is unique (the call site)
+    inputs: tuple[str, ...]  # tensors read from outside, in argument order
+    outputs: tuple[str, ...]
+    tensors: dict  # tensor -> (shape, host dtype)
+    weights: frozenset  # inputs to promote DDR -> GB (learned parameters)
+    split_loop: int = 0  # tile loop the instances split (Algorithm 1's best split)
+    groups: int = 1 << 30  # at most this many ranges of that loop
+
+
+@dataclass(frozen=True)
+class StitchInfo:
+    """What kernel generation decided for a sub-graph (for reports and tests)."""
+
+    instances: int
+    recompute: float
+    cores_per_instance: int
+    order: str
+    gb_peak: int  # bytes of the GB allocation (intermediates and promoted weights) per cluster
+    spilled: tuple  # intermediates and weights kept in DDR instead of the GB
+
+
+def _binding(n: int, hw) -> list[tuple[int, ...]]:
+    """Cores of each instance (Algorithm 4's factors): instances dealt over the clusters (the batch
+    split), one core each when a cluster has at least as many instances as cores, otherwise the
+    largest of 8, 4, 2, 1 cores each that keeps them balanced."""
+    clusters, cpc = min(n, hw.clusters), hw.cores_per_cluster
+    per = [list(range(c, n, clusters)) for c in range(clusters)]
+    cores = [()] * n
+    for c, members in enumerate(per):
+        share = max([f for f in (8, 4, 2, 1) if f * len(members) <= cpc and f <= cpc] or [1])
+        for j, i in enumerate(members):
+            first = (j * share) % cpc
+            cores[i] = tuple(c * cpc + first + k for k in range(share))
+    return cores
+
+
+def build_stitched(sg: SubGraphKernel, hw, order: str = "best", spill: str = "longest",
+                   gb: bool = True):
+    """(Program, StitchInfo) of one sub-graph: its instances, each layer's tiles of an instance on
+    the instance's cores, intermediates in the GB (``gb=False``: in DDR, the layerwise placement),
+    weights promoted to the GB once per cluster; ``order`` dfs (instance by instance), bfs (layer by
+    layer) or best (the smaller GB peak, Algorithm 3's choice)."""
+    from .. import isa
+    from .emit import KernelEmitter, Region
+    from .kernel_ir import ALIGN
+
+    prints = {L.name: footprints(L) for L in sg.layers}
+    inst = plan_instances(list(sg.layers), prints, list(sg.outputs), sg.split_loop, sg.groups)
+    cores = _binding(inst.count, hw)
+    cpc = hw.cores_per_cluster
+    esize = isa.DTYPES[hw.storage_dtype]
+
+    def nbytes(box):
+        return esize * math.prod(h - l for l, h in zip(*box))
+
+    # DDR: arguments, then scratch for what the GB does not keep
+    args, regions, offset = [], {}, 0
+    for role, names in (("input", sg.inputs), ("output", sg.outputs)):
+        for t in names:
+            shape, dtype = sg.tensors[t]
+            regions[t] = Region.whole("ddr", 0, offset, shape, hw.storage_dtype)
+            args.append(isa.TensorArg(t, role, tuple(shape), hw.storage_dtype, dtype, offset))
+            offset = align(offset + args[-1].nbytes)
+
+    index = {L.name: k for k, L in enumerate(sg.layers)}
+    readers: dict = {}
+    for L in sg.layers:
+        for p, t in L.args.items():
+            if p != L.ir.params[-1][0]:
+                readers.setdefault(t, []).append(index[L.name])
+    produced = {L.args[L.ir.params[-1][0]]: index[L.name] for L in sg.layers}
+
+    def plan(order_name):
+        """Steps (round, layer) per cluster in program order, lifetimes, allocation per cluster."""
+        nl = len(sg.layers)
+        per_cluster: dict = {}
+        for i, cs in enumerate(cores):
+            per_cluster.setdefault(cs[0] // cpc, []).append(i)
+        result = {}
+        for c, members in per_cluster.items():
+            per_core: dict = {}
+            for i in members:
+                per_core.setdefault(cores[i], []).append(i)
+            rnd = {i: k for group in per_core.values() for k, i in enumerate(group)}
+            rounds = max(rnd.values()) + 1
+
+            def step(r, k):
+                return r * nl + k if order_name == "dfs" else k * rounds + r
+
+            lives = []
+            for i in members:
+                for t, box in inst.boxes[i].items():
+                    lives.append(Lifetime(("t", t, i), nbytes(box), step(rnd[i], produced[t]),
+                                          max(step(rnd[i], k) for k in readers[t])))
+            used = {t for i in members for k in range(nl) if inst.tiles[i][sg.layers[k].name]
+                    for t in sg.layers[k].args.values()}
+            for w in sg.weights & used:
+                uses = [step(rnd[i], k) for i in members for k in readers[w] if inst.tiles[i][sg.layers[k].name]]
+                lives.append(Lifetime(("w", w), nbytes(((0,) * len(sg.tensors[w][0]), sg.tensors[w][0])),
+                                      min(uses), max(uses)))
+            capacity = hw.gb_bytes if gb else 0
+            offsets, spilled = allocate(lives, capacity, spill)
+            peak = max((offsets[x.key] + align(x.nbytes) for x in lives if x.key in offsets), default=0)
+            result[c] = (members, rnd, rounds, step, lives, offsets, spilled, peak)
+        return result
+
+    if order == "best":
+        plans = {o: plan(o) for o in ORDERS}
+        order = min(ORDERS, key=lambda o: (sum(len(p[6]) for p in plans[o].values()),
+                                           max(p[7] for p in plans[o].values())))
+        chosen = plans[order]
+    elif order in ORDERS:
+        chosen = plan(order)
+    else:
+        raise ValueError(f"unknown instance order {order!r}; known: {ORDERS + ('best',)}")
+
+    emitter = KernelEmitter(hw, sg.name)
+    for t, r in regions.items():
+        emitter.claim(r, ("ddr", t))
+    scratch_top = offset
+    spilled_all = []
+    for c, (members, rnd, rounds, step, lives, offsets, spilled, peak) in sorted(chosen.items()):
+        spilled_all += spilled
+        # where each instance's intermediates and the cluster's weights live
+        place: dict = {}
+        ddr_lives = [x for x in lives if x.key in spilled and x.key[0] == "t"]
+        ddr_offsets, _ = allocate(ddr_lives, 1 << 62, spill)
+        for x in lives:
+            kind, t = x.key[0], x.key[1]
+            shape = sg.tensors[t][0]
+            box = inst.boxes[x.key[2]][t] if kind == "t" else ((0,) * len(shape), tuple(shape))
+            extents = tuple(h - l for l, h in zip(*box))
+            if x.key in offsets:
+                place[x.key] = Region("gb", c, offsets[x.key], box[0], extents, hw.storage_dtype)
+            elif kind == "t":
+                place[x.key] = Region("ddr", 0, scratch_top + ddr_offsets[x.key], box[0], extents, hw.storage_dtype)
+        if ddr_lives:
+            scratch_top += max(ddr_offsets[x.key] + align(x.nbytes) for x in ddr_lives)
+        starts: dict = {}
+        for x in lives:
+            if x.key in place:
+                starts.setdefault(x.first, []).append(x)
+        steps = sorted({step(rnd[i], k) for i in members for k in range(len(sg.layers))})
+        for s in steps:
+            for x in starts.get(s, []):
+                emitter.claim(place[x.key], x.key)
+                if x.key[0] == "w":
+                    emitter.move(regions[x.key[1]], place[x.key], c * cpc)
+            for i in members:
+                for k, L in enumerate(sg.layers):
+                    if step(rnd[i], k) != s or not inst.tiles[i][L.name]:
+                        continue
+                    local = dict(regions)
+                    for t in L.args.values():
+                        key = ("t", t, i) if t in produced and t not in sg.outputs else ("w", t)
+                        if key in place:
+                            local[t] = place[key]
+                    tiles = inst.tiles[i][L.name]
+                    work = [(t, cores[i][n % len(cores[i])]) for n, t in enumerate(tiles)]
+                    emitter.layer(L, work, local)
+    gb_peak = max(p[7] for p in chosen.values())
+    program = isa.Program(hw.to_dict(), max(scratch_top, ALIGN), tuple(args), (emitter.kernel(),), sg.name)
+    info = StitchInfo(inst.count, inst.recompute, len(cores[0]), order, gb_peak, tuple(spilled_all))
+    return program, info
