@@ -169,3 +169,40 @@ def test_gb_too_small_spills_to_ddr_and_stays_exact(rng):
     # each instance's goes to DDR, and the weights are parameters here (nothing to promote)
     assert sorted(k[2] for k in info.spilled) == [0, 1, 2, 3] and {k[0] for k in info.spilled} == {"t"}
     assert info.gb_peak == 0 < small.gb_bytes
+
+
+def test_two_outputs_leave_one_kernel_as_a_tuple(rng):
+    op = relax.op
+    bb = relax.BlockBuilder()
+    x = relax.Var("x", relax.TensorType((2, 8, 8, 8), "float32"))
+    w = relax.Var("w", relax.TensorType((8, 8, 1, 1), "float32"))
+    with bb.function("main", [x, w]):
+        with bb.dataflow():
+            a = bb.emit(op.nn.relu(op.nn.conv2d(x, w)))
+            b = bb.emit(op.nn.relu(op.nn.conv2d(a, w)))
+            out = bb.emit_output(relax.Tuple([a, b]))
+        bb.emit_func_output(out)
+    mod = bb.get()
+    args = [rng.standard_normal((2, 8, 8, 8)).astype("float32"), rng.standard_normal((8, 8, 1, 1)).astype("float32") * 0.3]
+    ref = relax.VirtualMachine(tvm.compile(mod, target="llvm"), tvm.cpu())["main"](*[tvm.runtime.tensor(v) for v in args])
+    vm, result = _run(mod, "graphturbo")
+    out = vm["main"](*[tvm.runtime.tensor(v) for v in args])
+    assert len(result.dsa) == 1 and result.host == {}
+    (info,) = result.stitched.values()
+    assert info.instances == 1  # a second output cannot be split between instances exactly
+    for o, r in zip(out, ref):
+        assert np.abs(o.numpy() - r.numpy()).max() / np.abs(r.numpy()).max() < 5e-3
+
+
+def test_binding_balances_instances_over_cores():
+    from tvm_dsa.codegen.stitch import _binding
+
+    cpc = HW.cores_per_cluster
+    # 4 instances: one per cluster, each on all 8 cores of it
+    assert _binding(4, HW) == [tuple(range(c * cpc, (c + 1) * cpc)) for c in range(4)]
+    # 8 instances: two per cluster, 4 cores each
+    b8 = _binding(8, HW)
+    assert b8[0] == (0, 1, 2, 3) and b8[4] == (4, 5, 6, 7) and b8[1] == (8, 9, 10, 11)
+    # 64 instances: 16 per cluster, one core each, every core twice
+    b64 = _binding(64, HW)
+    assert all(len(c) == 1 for c in b64) and sorted(c for (c,) in b64) == sorted(list(range(32)) * 2)

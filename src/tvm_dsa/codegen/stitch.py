@@ -9,7 +9,7 @@ Three steps, each a function of its own:
   tiles of every other layer found backwards from what its consumers read (a 3x3 window reads a
   halo: those tiles are computed by both neighbouring instances — the recomputation). Instances
   are made coarser while recomputation costs more than ``RECOMPUTE_LIMIT`` of the work.
-- ``allocate``: liveness over the kernel's steps, first-fit placement at a level, and when the
+- ``allocate``: liveness over the kernel's steps, next-fit placement at a level, and when the
   live tensors do not fit, spilling by a policy: the tensor with the longest lifetime first (the
   seed's rule) or the largest first (prior work's), to the next level down.
 """
@@ -180,7 +180,7 @@ SPILL_POLICIES = ("longest", "largest")
 
 
 def allocate(lives: list[Lifetime], capacity: int, policy: str = "longest") -> tuple[dict, list]:
-    """(offset per kept key, spilled keys): first-fit placement at one level, freeing each tensor
+    """(offset per kept key, spilled keys): next-fit placement at one level, freeing each tensor
     after its last use; when a tensor does not fit, the live tensor (or the new one) chosen by
     ``policy`` is spilled to the next level and placement restarts without it."""
     if policy not in SPILL_POLICIES:
@@ -194,20 +194,28 @@ def allocate(lives: list[Lifetime], capacity: int, policy: str = "longest") -> t
 
 
 def _first_fit(lives, capacity, policy):
+    """Next-fit: each tensor goes to the first gap at or after where the previous one ended,
+    wrapping around. Memory freed a moment ago is reused last, so a new tensor rarely has to wait
+    for the readers of the old one (the cores run instances and layers concurrently)."""
     order = sorted(lives, key=lambda x: (x.first, -x.nbytes))
     placed: list = []  # (offset, end, Lifetime)
-    offsets = {}
+    offsets, cursor = {}, 0
     for x in order:
         placed = [p for p in placed if p[2].last >= x.first]  # free what is dead by now
         size = align(x.nbytes)
-        at, prev = None, 0
+        gaps, prev = [], 0
         for lo, hi, _ in sorted(placed, key=lambda p: p[0]):
             if lo - prev >= size:
-                at = prev
-                break
+                gaps.append(prev)
             prev = max(prev, hi)
-        if at is None and capacity - prev >= size:
-            at = prev
+        if capacity - prev >= size:
+            gaps.append(prev)
+        # within a gap the tensor may also start at the cursor, if it still fits there
+        ends = {g: next((lo for lo, _, _ in sorted(placed, key=lambda p: p[0]) if lo >= g + size), capacity)
+                for g in gaps}
+        at = next((max(g, cursor) for g in gaps if max(g, cursor) + size <= ends[g]), None)
+        if at is None and gaps:
+            at = gaps[0]
         if at is None:
             live = [p[2] for p in placed] + [x]
             if policy == "longest":  # the seed: the tensor that stays longest (remaining lifetime)
@@ -216,6 +224,7 @@ def _first_fit(lives, capacity, policy):
                 victim = max(live, key=lambda y: (y.nbytes, y.last - x.first))
             return offsets, victim.key
         offsets[x.key] = at
+        cursor = at + size
         placed.append((at, at + size, x))
     return offsets, None
 
@@ -267,11 +276,15 @@ def _binding(n: int, hw) -> list[tuple[int, ...]]:
 
 
 def build_stitched(sg: SubGraphKernel, hw, order: str = "best", spill: str = "longest",
-                   gb: bool = True):
+                   gb: bool = True, prefetch: int = 2):
     """(Program, StitchInfo) of one sub-graph: its instances, each layer's tiles of an instance on
     the instance's cores, intermediates in the GB (``gb=False``: in DDR, the layerwise placement),
     weights promoted to the GB once per cluster; ``order`` dfs (instance by instance), bfs (layer by
-    layer) or best (the smaller GB peak, Algorithm 3's choice)."""
+    layer) or best (the smaller GB peak, Algorithm 3's choice).
+
+    Cross-layer scheduling (§4.4): a weight's promotion is issued ``prefetch`` steps before the
+    step that first reads it, so the cluster DMA moves it while earlier layers compute (its GB
+    space is held from then on); with 0 every layer waits for its own weights."""
     from .. import isa
     from .emit import KernelEmitter, Region
     from .kernel_ir import ALIGN
@@ -328,8 +341,8 @@ def build_stitched(sg: SubGraphKernel, hw, order: str = "best", spill: str = "lo
                     for t in sg.layers[k].args.values()}
             for w in sg.weights & used:
                 uses = [step(rnd[i], k) for i in members for k in readers[w] if inst.tiles[i][sg.layers[k].name]]
-                lives.append(Lifetime(("w", w), nbytes(((0,) * len(sg.tensors[w][0]), sg.tensors[w][0])),
-                                      min(uses), max(uses)))
+                lives.append(Lifetime(("w", w, c), nbytes(((0,) * len(sg.tensors[w][0]), sg.tensors[w][0])),
+                                      max(0, min(uses) - prefetch), max(uses)))
             capacity = hw.gb_bytes if gb else 0
             offsets, spilled = allocate(lives, capacity, spill)
             peak = max((offsets[x.key] + align(x.nbytes) for x in lives if x.key in offsets), default=0)
@@ -372,7 +385,7 @@ def build_stitched(sg: SubGraphKernel, hw, order: str = "best", spill: str = "lo
         for x in lives:
             if x.key in place:
                 starts.setdefault(x.first, []).append(x)
-        steps = sorted({step(rnd[i], k) for i in members for k in range(len(sg.layers))})
+        steps = sorted({step(rnd[i], k) for i in members for k in range(len(sg.layers))} | set(starts))
         for s in steps:
             for x in starts.get(s, []):
                 emitter.claim(place[x.key], x.key)
@@ -384,7 +397,7 @@ def build_stitched(sg: SubGraphKernel, hw, order: str = "best", spill: str = "lo
                         continue
                     local = dict(regions)
                     for t in L.args.values():
-                        key = ("t", t, i) if t in produced and t not in sg.outputs else ("w", t)
+                        key = ("t", t, i) if t in produced and t not in sg.outputs else ("w", t, c)
                         if key in place:
                             local[t] = place[key]
                     tiles = inst.tiles[i][L.name]

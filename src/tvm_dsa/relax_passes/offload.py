@@ -45,6 +45,7 @@ class StitchOptions:
     gb: bool = True  # intermediates and weights in the GB (False: DDR, as layerwise)
     order: str = "best"  # instance order: dfs, bfs or best (Algorithm 3)
     spill: str = "longest"  # spill policy: longest (the seed) or largest (prior work)
+    prefetch: int = 2  # cross-layer scheduling: weight promotions issued this many steps early
 
 
 def offload(mod: tvm.IRModule, hw: Hardware, schedule: str = "layerwise", run_id: str = "model",
@@ -84,7 +85,7 @@ def offload(mod: tvm.IRModule, hw: Hardware, schedule: str = "layerwise", run_id
             continue
         sg = _subgraph(spec, nodes, graph, lowered, hw)
         try:
-            program, info = build_stitched(sg, hw, options.order, options.spill, options.gb)
+            program, info = build_stitched(sg, hw, options.order, options.spill, options.gb, options.prefetch)
         except Unsupported as err:
             for n in nodes:
                 result.host[n.func] = f"in {spec.name}: {err}"
@@ -169,6 +170,6 @@ def _kernel_bindings(kernel, index, count, block, graph, run_id):
         return [relax.VarBinding(out_vars[0], relax.call_dps_packed(EXECUTE, args, out_ty=types[0]))]
     call = relax.call_dps_packed(EXECUTE, args, out_ty=types)
     var_cls = relax.DataflowVar if isinstance(block, relax.DataflowBlock) else relax.Var
-    tup = var_cls(f"{spec.name}_out", call.ty)
+    tup = var_cls(f"{spec.name}_out", relax.TupleType(types))
     return [relax.VarBinding(tup, call)] + [relax.VarBinding(v, relax.TupleGetItem(tup, j))
                                             for j, v in enumerate(out_vars)]

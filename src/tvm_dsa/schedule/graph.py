@@ -46,7 +46,7 @@ class Node:
 class OpGraph:
     nodes: tuple[Node, ...]
     tensors: dict  # name -> Tensor
-    outputs: tuple[str, ...]  # tensors the function returns
+    outputs: tuple[str, ...]  # produced tensors used other than by a node (returned, host ops, tuples)
     names: dict = field(default_factory=dict, compare=False, repr=False)  # Relax variable -> tensor
 
     def producers(self, i: int) -> set[int]:
@@ -89,6 +89,7 @@ class OpGraph:
             tensor_of(p)
         call_tir = tvm.ir.Op.get("relax.call_tir")
         nodes: list[Node] = []
+        escaping: list = []
         for block in f.body.blocks:
             for binding in block.bindings:
                 value, var = binding.value, binding.var
@@ -99,11 +100,11 @@ class OpGraph:
                     nodes.append(Node(len(nodes), name, value.args[0].name_hint, inputs, name))
                 elif isinstance(value, relax.Var):
                     names[var] = name_of(value)  # an alias names the same tensor
-        outputs = []
-        body = f.body.body
-        for e in body.fields if isinstance(body, relax.Tuple) else [body]:
-            if isinstance(e, relax.Var):
-                outputs.append(name_of(e))
+                else:  # any other use (a tuple, a host op) takes the tensor off the layer graph
+                    escaping += [v for v in relax.analysis.free_vars(value)]
+        escaping += list(relax.analysis.free_vars(f.body.body))
+        outputs = list(dict.fromkeys(names[v] for v in escaping if v in names and names[v] in tensors
+                                     and tensors[names[v]].producer is not None))
         return cls(tuple(nodes), tensors, tuple(outputs), names)
 
 
