@@ -16,6 +16,8 @@ from tvm_dsa.codegen.kernel_ir import align
 from tvm_dsa.relax_passes.offload import StitchOptions, offload
 from tvm_dsa.tir_passes import lower_kernel
 
+from test_tir_passes import relax_graph
+
 HW = hardware.get("stcp920")
 KB = 1024
 
@@ -63,20 +65,10 @@ def _fused_layers(build):
     return mod, graph, layers
 
 
-def _graph(shapes, body):
-    bb = relax.BlockBuilder()
-    vs = [relax.Var(f"a{i}", relax.TensorType(s, "float32")) for i, s in enumerate(shapes)]
-    with bb.function("main", vs):
-        with bb.dataflow():
-            out = bb.emit_output(body(*vs))
-        bb.emit_func_output(out)
-    return bb.get()
-
-
 def conv_chain(batch=4, k=3, hw_=16):
     op = relax.op
     pad = k // 2
-    return _graph([(batch, 8, hw_, hw_), (8, 8, k, k), (8, 8, k, k)],
+    return relax_graph([(batch, 8, hw_, hw_), (8, 8, k, k), (8, 8, k, k)],
                   lambda x, w1, w2: op.nn.relu(op.nn.conv2d(op.nn.relu(op.nn.conv2d(x, w1, padding=pad)), w2,
                                                             padding=pad)))
 
@@ -118,7 +110,7 @@ def test_row_instances_recompute_the_halo():
 # -- whole sub-graphs against llvm -------------------------------------------------------------
 def residual_block():
     op = relax.op
-    return _graph([(4, 16, 8, 8), (16, 16, 3, 3), (16, 16, 1, 1), (1, 16, 1, 1)],
+    return relax_graph([(4, 16, 8, 8), (16, 16, 3, 3), (16, 16, 1, 1), (1, 16, 1, 1)],
                   lambda x, w1, w2, b: op.nn.relu(op.add(
                       op.add(op.nn.conv2d(op.nn.relu(op.nn.conv2d(x, w1, padding=1)), w2), b), x)))
 
