@@ -6,17 +6,22 @@ import dataclasses
 import numpy as np
 import pytest
 import tvm
+from test_tir_passes import fuse, relax_graph
 from tvm import relax
 
 import tvm_dsa
 from tvm_dsa import hardware
-from tvm_dsa.codegen.stitch import Lifetime, allocate, plan_instances, footprints
 from tvm_dsa.codegen.emit import Layer
-from tvm_dsa.codegen.kernel_ir import align
-from tvm_dsa.relax_passes.offload import StitchOptions, offload
+from tvm_dsa.codegen.stitch import (
+    RECOMPUTE_LIMIT,
+    Lifetime,
+    allocate,
+    footprints,
+    plan_instances,
+)
+from tvm_dsa.relax_passes.offload import StitchOptions
+from tvm_dsa.schedule.graph import OpGraph
 from tvm_dsa.tir_passes import lower_kernel
-
-from test_tir_passes import relax_graph
 
 HW = hardware.get("stcp920")
 KB = 1024
@@ -53,13 +58,7 @@ def test_spilling_stops_when_the_rest_fits():
 # -- instances -------------------------------------------------------------------------------
 def _fused_layers(build):
     """Lowered layers of a Relax graph, with their call-site tensors, in program order."""
-    mod = build()
-    seq = tvm.transform.Sequential([relax.transform.LegalizeOps(), relax.transform.AnnotateTIROpPattern(),
-                                    relax.transform.FuseOps(), relax.transform.FuseTIR()])
-    with tvm.target.Target("llvm"):
-        mod = seq(mod)
-    from tvm_dsa.schedule.graph import OpGraph
-
+    mod = fuse(build())
     graph = OpGraph.from_relax(mod)
     layers = [Layer.of(lower_kernel(mod[n.func], HW)[0], HW, n.name, (*n.inputs, n.output)) for n in graph.nodes]
     return mod, graph, layers
@@ -92,19 +91,19 @@ def test_row_instances_recompute_the_halo():
     _, graph, layers = _fused_layers(lambda: conv_chain(batch=1, k=3, hw_=32))
     prints = {L.name: footprints(L) for L in layers}
     first, last = layers
-    loops = first.ir.tile_loops()
-    rows = [lp.extent for lp in loops]
-    assert rows[2] > 1, "the tiling must cut the rows for this test"
-    inst = plan_instances(layers, prints, [graph.outputs[0]], loop=2, groups=2)
-    if inst.count == 2:
-        # each half of the output needs one more row of the intermediate: neighbouring row tiles
-        # of the first layer are computed twice, so the recomputation exceeds 1 but stays bounded
-        mid = first.args[first.ir.params[-1][0]]
-        (lo0, hi0), (lo1, hi1) = inst.boxes[0][mid], inst.boxes[1][mid]
-        assert hi0[2] > lo1[2]  # the boxes overlap in rows
-        assert 1.0 < inst.recompute <= 1.25
-    else:  # the halo cost more than the limit: one instance, nothing computed twice
-        assert inst.recompute == 1.0
+    rows = [lp.extent for lp in first.ir.tile_loops()][2]
+    assert rows == [lp.extent for lp in last.ir.tile_loops()][2] == 8  # 8 row tiles of 4 rows each
+    # 2 instances of 4 row tiles: the second 3x3 conv reads one row past its half, so each computes
+    # one more row tile of the first layer: (5 + 5 + 4 + 4) / (8 + 8) tiles of equal work
+    two = plan_instances(layers, prints, [graph.outputs[0]], loop=2, groups=2)
+    assert two.count == 2 and two.recompute == (5 + 5 + 4 + 4) / 16
+    mid = first.args[first.ir.params[-1][0]]
+    assert two.boxes[0][mid] == ((0, 0, 0, 0), (1, 8, 20, 32))  # rows 0..15 and the halo tile 16..19
+    assert two.boxes[1][mid] == ((0, 0, 12, 0), (1, 8, 32, 32))
+    # 4 instances of 2 tiles would compute (3 + 4 + 4 + 3 + 8) / 16 = 1.375 > RECOMPUTE_LIMIT:
+    # coarsened to the 2 above
+    four = plan_instances(layers, prints, [graph.outputs[0]], loop=2, groups=4)
+    assert (3 + 4 + 4 + 3 + 8) / 16 > RECOMPUTE_LIMIT and four.count == 2 and four.recompute == two.recompute
 
 
 # -- whole sub-graphs against llvm -------------------------------------------------------------

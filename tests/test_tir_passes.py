@@ -15,13 +15,17 @@ from tvm_dsa.tir_passes import (
 )
 
 
-def fused_kernel(build):
-    """The single fused PrimFunc of a Relax graph built by ``build(bb)``."""
-    mod = build()
+def fuse(mod):
+    """``mod`` after TVM's legalization and fusion, as the ``dsa`` pipeline runs them."""
     seq = tvm.transform.Sequential([relax.transform.LegalizeOps(), relax.transform.AnnotateTIROpPattern(),
                                     relax.transform.FuseOps(), relax.transform.FuseTIR()])
     with tvm.target.Target("llvm"):
-        mod = seq(mod)
+        return seq(mod)
+
+
+def fused_kernel(build):
+    """The single fused PrimFunc of a Relax graph built by ``build(bb)``."""
+    mod = fuse(build())
     funcs = [f for _, f in mod.functions.items() if isinstance(f, tvm.tirx.PrimFunc)]
     assert len(funcs) == 1
     return funcs[0]

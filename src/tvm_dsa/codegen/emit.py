@@ -1,22 +1,25 @@
-"""Codegen: a lowered kernel (TIR after TileForLB, AssignScopes, LowerToDSA) -> DSA instructions.
+"""Codegen: lowered kernels (TIR after TileForLB, AssignScopes, LowerToDSA) -> DSA instructions.
 
-The emitter walks the kernel's loops (``kernel_ir``). Tile loops are iterated and their tiles dealt
-to cores: the first tile loop's index picks the cluster (the batch split), tiles go round-robin over
-the cluster's cores. Chunk loops are iterated in place. Every stage becomes instructions whose box
-is the stage's loop extents; inner loop coefficients give an operand's strides, outer ones its base.
+A ``KernelEmitter`` emits one kernel made of layers (lowered PrimFuncs read into ``kernel_ir``).
+The caller deals each layer's tiles to cores and says where each tensor lives (a ``Region``: DDR,
+a cluster's GB or a core's LB, possibly a box of the tensor); ``build_program`` is the one-layer
+case (every tensor in DDR, the first tile loop's index picks the cluster, tiles round-robin over
+its cores), ``stitch.build_stitched`` the multi-layer one. Chunk loops are iterated in place. Every
+stage becomes instructions whose box is the stage's loop extents; inner loop coefficients give an
+operand's strides, outer ones its base.
 
-Local buffers are placed by ``plan_lb``: each LB buffer holds the region its first writer produces
-in one iteration (its origin moves with the tile), double-buffered when the LB has room, plus a
-scratch area for vector temporaries. Dependency tokens are derived from the memory each
-instruction touches (last writer; readers since the last write, per unit), so they are exactly
-what the data flow implies.
+Tile buffers are placed by ``plan_lb``: each holds the region its first writer produces in one
+iteration (its origin moves with the tile), double-buffered when the LB has room, plus a scratch
+area for vector temporaries. Dependency tokens are derived from the memory objects each
+instruction touches, including memory a later object reuses, so they are what the data flow
+implies.
 """
 
 from __future__ import annotations
 
 import bisect
 import itertools
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, replace
 
 from .. import isa
 from ..hardware import Hardware
