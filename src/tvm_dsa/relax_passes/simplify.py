@@ -2,13 +2,16 @@
 
 SimplifyInference (batch-norm folding into the preceding convolution where it follows one, the
 remaining batch norms decomposed into scale and shift), then constant folding, which also performs
-the pre-computation of everything that depends only on weights.
+the pre-computation of everything that depends only on weights: in numpy where it can
+(``FoldWeights``), with TVM's compile-and-run ``FoldConstant`` for the rest.
 """
 
 from __future__ import annotations
 
 import tvm
 from tvm import relax
+
+from .fold import FoldWeights
 
 
 def SimplifyInference() -> tvm.transform.Pass:  # noqa: N802 - TVM pass naming
@@ -17,6 +20,7 @@ def SimplifyInference() -> tvm.transform.Pass:  # noqa: N802 - TVM pass naming
             relax.transform.FoldBatchnormToConv2D(),
             relax.transform.DecomposeOpsForInference(),
             relax.transform.CanonicalizeBindings(),
+            FoldWeights,
             relax.transform.FoldConstant(),
         ],
         name="dsa.SimplifyInference",

@@ -1,0 +1,55 @@
+"""Relax passes of the pipeline, each against what TVM's own passes make of the same module."""
+
+import numpy as np
+import pytest
+import tvm
+import tvm_ffi
+from tvm import relax
+
+from tvm_dsa.driver import import_onnx, load_model
+from tvm_dsa.relax_passes.fold import EVALUATORS, FoldWeights
+
+from test_tir_passes import relax_graph
+
+PREPARE = tvm.transform.Sequential([relax.transform.FoldBatchnormToConv2D(),
+                                    relax.transform.DecomposeOpsForInference(),
+                                    relax.transform.CanonicalizeBindings()])
+
+
+def constant_calls(mod) -> list[str]:
+    """Ops of ``main`` still called on nothing but constants."""
+    left = []
+
+    def visit(call):
+        if isinstance(call.op, tvm.ir.Op) and call.args and all(
+                isinstance(a, (tvm.ir.expr.Constant, relax.ShapeExpr)) for a in call.args):
+            left.append(call.op.name)
+
+    tvm_ffi.structural_walk(mod["main"].body, [(relax.Call, visit)])
+    return left
+
+
+@pytest.mark.parametrize("model", ["resnet50", "mobilenet_v2", "bert_base"])
+def test_fold_weights_equals_tvm_fold_constant(model):
+    mod = PREPARE(import_onnx(load_model(model, tiny=True, batch=1)))
+    with tvm.target.Target("llvm"):
+        ours = FoldWeights(mod)
+        left = constant_calls(relax.transform.DeadCodeElimination()(ours))
+        assert not set(left) & set(EVALUATORS), left
+        assert tvm_ffi.structural_equal(relax.transform.FoldConstant()(ours),
+                                        relax.transform.FoldConstant()(mod))
+
+
+def test_fold_weights_leaves_other_ops_and_variables_alone():
+    rng = np.random.default_rng(0)
+    w = relax.const(rng.standard_normal((4, 6)).astype("float32"))
+    op = relax.op
+    mod = relax_graph([(2, 4)], lambda x: op.matmul(x, op.add(op.permute_dims(op.nn.softmax(w), [0, 1]),
+                                                             op.reshape(op.multiply(w, w), (4, 6)))))
+    folded = FoldWeights(mod)
+    # softmax is left to FoldConstant; the squared and reshaped weight becomes one constant
+    assert constant_calls(folded) == ["relax.nn.softmax"]
+    consts = []
+    tvm_ffi.structural_walk(folded["main"].body, [(tvm.ir.expr.Constant, consts.append)])
+    squared = [c.value.numpy() for c in consts if isinstance(c.value, tvm.runtime.Tensor)][-1]
+    np.testing.assert_array_equal(squared, w.value.numpy() ** 2)
