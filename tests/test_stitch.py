@@ -84,7 +84,7 @@ def test_batch_instances_partition_without_recomputation():
     # every tile of every layer is computed exactly once
     for L in layers:
         tiles = [t for i in range(4) for t in inst.tiles[i][L.name]]
-        assert sorted(tiles) == sorted(prints[L.name].writes)
+        assert sorted(tiles) == sorted(prints[L.name].tiles)
 
 
 def test_row_instances_recompute_the_halo():

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, replace
 
+import numpy as np
 import tvm
 import tvm_ffi
 from tvm import tirx
@@ -360,7 +361,8 @@ def _py(e, slot_of) -> str:
     if type(e) in ops:
         return f"({_py(e.a, slot_of)} {ops[type(e)]} {_py(e.b, slot_of)})"
     if isinstance(e, (tirx.Min, tirx.Max)):
-        return f"{'min' if isinstance(e, tirx.Min) else 'max'}({_py(e.a, slot_of)}, {_py(e.b, slot_of)})"
+        # numpy's, so that the function also applies to arrays of slot values (all tiles at once)
+        return f"np.{'minimum' if isinstance(e, tirx.Min) else 'maximum'}({_py(e.a, slot_of)}, {_py(e.b, slot_of)})"
     raise Unsupported(f"index {e} is not an integer expression of the tile loops")
 
 

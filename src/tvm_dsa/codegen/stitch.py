@@ -20,22 +20,34 @@ import itertools
 import math
 from dataclasses import dataclass
 
+import numpy as np
+
 from .emit import Layer
 from .kernel_ir import Loop, align
 
 RECOMPUTE_LIMIT = 1.25  # assumed (the seed gives no number): at most 25 % of the work computed twice
 
 Box = tuple[tuple[int, ...], tuple[int, ...]]  # (low corner, high corner exclusive)
+Boxes = tuple[np.ndarray, np.ndarray]  # low and high corners, one row per tile
 
 
-def _union(a: Box | None, b: Box) -> Box:
-    if a is None:
-        return b
+def _hull(boxes: Boxes, rows: np.ndarray) -> Box | None:
+    """The smallest box holding the ``rows`` of ``boxes``."""
+    if not len(rows):
+        return None
+    return tuple(boxes[0][rows].min(0).tolist()), tuple(boxes[1][rows].max(0).tolist())
+
+
+def _union(a: Box | None, b: Box | None) -> Box | None:
+    if a is None or b is None:
+        return a or b
     return tuple(map(min, a[0], b[0])), tuple(map(max, a[1], b[1]))
 
 
-def _meets(a: Box, b: Box) -> bool:
-    return all(lo1 < hi2 and lo2 < hi1 for lo1, hi1, lo2, hi2 in zip(a[0], a[1], b[0], b[1]))
+def _meeting(boxes: Boxes, box: Box) -> np.ndarray:
+    """Rows of ``boxes`` that overlap ``box``."""
+    lo, hi = np.asarray(box[0]), np.asarray(box[1])
+    return np.flatnonzero(np.all((boxes[0] < hi) & (lo < boxes[1]), axis=1))
 
 
 def _inside(a: Box, b: Box) -> bool:
@@ -44,17 +56,22 @@ def _inside(a: Box, b: Box) -> bool:
 
 @dataclass(frozen=True)
 class Footprint:
-    """Per tile (tile-loop values): box per parameter read, box per parameter written, and the
-    tile's work (loop iterations of its stages)."""
+    """Per tile (``tiles``: tile-loop values, row order of the arrays): the box of the output it
+    writes, the box of every parameter it reads, and the tile's work (loop iterations of its
+    stages)."""
 
-    reads: dict  # tile -> {param: Box}
-    writes: dict  # tile -> {param: Box}
+    tiles: list[tuple[int, ...]]
+    write: Boxes
+    reads: dict  # param -> Boxes
     work: int  # per tile
 
 
 def footprints(layer: Layer) -> Footprint:
+    """Evaluated for all tiles at once: the access patterns are integer expressions of the loop
+    slots, so they apply to arrays of slot values as well as to single values."""
     ir = layer.ir
     shapes = {name: shape for name, shape, _ in ir.params}
+    out = ir.params[-1][0]
     tile_loops = ir.tile_loops()
     accesses, work = [], 0  # (param, access, is_write, stage shape, enclosing chunk loops)
 
@@ -66,28 +83,29 @@ def footprints(layer: Layer) -> Footprint:
                 continue
             work += math.prod(n.shape) * math.prod(e for _, e in chunks)
             for acc, w in [(n.dst, True)] + [(a, False) for a in n.reads()]:
-                if not acc.lb:
+                if not acc.lb and (acc.buffer == out or not w):
                     accesses.append((acc.buffer, acc, w, n.shape, chunks))
 
     walk(tile_loops[-1].body, [])
-    reads, writes = {}, {}
-    env = [0] * ir.slots
-    for values in itertools.product(*(range(lp.extent) for lp in tile_loops)):
-        for lp, v in zip(tile_loops, values):
-            env[lp.slot] = v
-        r, w = {}, {}
-        for name, acc, is_write, shape, chunks in accesses:
-            ext = acc.extents(shape)
-            for corner in itertools.product(*((0, e - 1) for _, e in chunks)):
-                for (slot, _), v in zip(chunks, corner):
-                    env[slot] = v
-                low = acc.low_corner(env, shape)
-                box = (tuple(max(0, x) for x in low),
-                       tuple(min(n, x + e) for x, e, n in zip(low, ext, shapes[name])))
-                target = w if is_write else r
-                target[name] = _union(target.get(name), box)
-        reads[values], writes[values] = r, w
-    return Footprint(reads, writes, work)
+    grid = np.indices([lp.extent for lp in tile_loops]).reshape(len(tile_loops), -1)
+    count = grid.shape[1]
+    env: list = [0] * ir.slots
+    for lp, values in zip(tile_loops, grid):
+        env[lp.slot] = values
+    boxes: dict = {}  # (param, is_write) -> Boxes
+    for name, acc, is_write, shape, chunks in accesses:
+        ext = np.asarray(acc.extents(shape), dtype=np.int64)
+        for corner in itertools.product(*((0, e - 1) for _, e in chunks)):
+            for (slot, _), v in zip(chunks, corner):
+                env[slot] = v
+            low = np.array([np.broadcast_to(x, (count,)) for x in acc.low_corner(env, shape)],
+                           dtype=np.int64).reshape(len(acc.const), count)
+            high = np.minimum(low + ext.reshape(-1, 1), np.asarray(shapes[name], dtype=np.int64).reshape(-1, 1))
+            box = (np.maximum(low, 0).T, high.T)
+            old = boxes.get((name, is_write))
+            boxes[(name, is_write)] = box if old is None else (np.minimum(old[0], box[0]), np.maximum(old[1], box[1]))
+    tiles = [tuple(t) for t in grid.T.tolist()]
+    return Footprint(tiles, boxes[(out, True)], {n: b for (n, w), b in boxes.items() if not w}, work)
 
 
 @dataclass(frozen=True)
@@ -110,32 +128,34 @@ def plan_instances(layers: list[Layer], prints: dict, outputs: list[str], loop: 
     values up to ``loop``, loop ``loop`` itself cut into at most ``groups`` ranges. Coarsened (fewer
     groups, then fewer loops) until the recomputation is within ``RECOMPUTE_LIMIT`` and the output
     layers' tiles are split between instances exactly; one instance at worst."""
-    while True:
-        inst = _propagate(layers, prints, outputs, loop, groups)
-        if inst is not None and inst.recompute <= RECOMPUTE_LIMIT:
-            return inst
-        if groups > 1:
-            groups = (groups + 1) // 2
-        elif loop > 0:
-            loop, groups = loop - 1, 1 << 30
-        else:
-            return _propagate(layers, prints, outputs, -1, 1)
-
-
-def _propagate(layers, prints, outputs, loop, groups) -> Instances | None:
-    out_of = {L.args[L.ir.params[-1][0]]: L for L in layers}
     primary = [L for L in layers if L.args[L.ir.params[-1][0]] in outputs][-1]
-    tiles = list(prints[primary.name].writes)
-    if loop >= 0:
-        extent = max(t[loop] for t in tiles) + 1 if tiles and len(tiles[0]) > loop else 1
-        size = -(-extent // min(groups, extent))
-        keys = sorted({t[:loop] + (t[loop] // size,) for t in tiles if len(t) > loop})
-        if len(keys) < 2:
-            return None
-        seeds = [[t for t in tiles if t[:loop] + (t[loop] // size,) == k] for k in keys]
-    else:
-        seeds = [tiles]
-    total = sum(len(prints[L.name].writes) * prints[L.name].work for L in layers)
+    grid = np.asarray(prints[primary.name].tiles).reshape(len(prints[primary.name].tiles), -1)
+    tried = set()
+    for loop in range(min(loop, grid.shape[1] - 1), -1, -1):
+        extent = int(grid[:, loop].max()) + 1
+        groups = min(groups, extent)
+        while groups > 1:
+            size = -(-extent // groups)
+            groups = (groups + 1) // 2
+            if (loop, size) in tried:
+                continue
+            tried.add((loop, size))
+            _, seed_of = np.unique(np.column_stack([grid[:, :loop], grid[:, loop] // size]), axis=0,
+                                   return_inverse=True)
+            seeds = [np.flatnonzero(seed_of.ravel() == k) for k in range(int(seed_of.max()) + 1)]
+            inst = _propagate(layers, prints, outputs, primary, seeds)
+            if inst is not None and inst.recompute <= RECOMPUTE_LIMIT:
+                return inst
+        groups = 1 << 30
+    return _propagate(layers, prints, outputs, primary, [np.arange(len(grid))])
+
+
+def _propagate(layers, prints, outputs, primary, seeds) -> Instances | None:
+    """Instances from the ``seeds`` (rows of ``primary``'s tiles): every other layer's tiles whose
+    output meets what the instance's later layers read; None where an instance would read past
+    what it computes or a second output would be split."""
+    out_of = {L.args[L.ir.params[-1][0]]: L for L in layers}
+    total = sum(len(prints[L.name].tiles) * prints[L.name].work for L in layers)
     all_tiles, all_boxes, work = [], [], 0
     for seed in seeds:
         chosen = {primary.name: seed}
@@ -145,24 +165,23 @@ def _propagate(layers, prints, outputs, loop, groups) -> Instances | None:
             fp = prints[L.name]
             out = L.args[L.ir.params[-1][0]]
             if L.name not in chosen:
-                box = need.get(out)
                 if out in outputs and len(seeds) > 1:
                     return None  # a second output: the instances could not split it exactly
-                chosen[L.name] = [t for t, w in fp.writes.items()
-                                  if out in outputs or box and _meets(next(iter(w.values())), box)]
+                box = need.get(out)
+                chosen[L.name] = (np.arange(len(fp.tiles)) if out in outputs else
+                                  _meeting(fp.write, box) if box else np.arange(0))
+            rows = chosen[L.name]
             if out not in outputs:
-                for t in chosen[L.name]:
-                    boxes[out] = _union(boxes.get(out), next(iter(fp.writes[t].values())))
-            for t in chosen[L.name]:
-                for param, box in fp.reads[t].items():
-                    tensor = L.args[param]
-                    if tensor in out_of:
-                        need[tensor] = _union(need.get(tensor), box)
-            work += len(chosen[L.name]) * fp.work
-        if any(not _inside(need[t], boxes[t]) for t in need if t in boxes):
+                boxes[out] = _union(boxes.get(out), _hull(fp.write, rows))
+            for param, reads in fp.reads.items():
+                tensor = L.args[param]
+                if tensor in out_of:
+                    need[tensor] = _union(need.get(tensor), _hull(reads, rows))
+            work += len(rows) * fp.work
+        if any(not _inside(need[t], boxes[t]) for t in need if boxes.get(t) and need[t]):
             return None
-        all_tiles.append(chosen)
-        all_boxes.append(boxes)
+        all_tiles.append({name: [prints[name].tiles[r] for r in rows.tolist()] for name, rows in chosen.items()})
+        all_boxes.append({t: b for t, b in boxes.items() if b is not None})
     return Instances(all_tiles, all_boxes, work / max(total, 1))
 
 
