@@ -223,6 +223,7 @@ class KernelEmitter:
         """Emit ``layer``'s tiles: ``work`` is a list of (tile loop values, core); ``regions``
         maps each parameter's tensor to where it lives for these tiles."""
         self.cur, self.regions, self.lb_base = layer, regions, lb_base
+        self.views: dict = {}  # id(access) -> _view
         self.lb_strides = {n: _row_major(b.extents) for n, b in layer.plan.buffers.items()}
         self.env = [0] * layer.ir.slots
         tile_loops = layer.ir.tile_loops()
@@ -247,30 +248,44 @@ class KernelEmitter:
     def _operand(self, stage: Stage, acc: Access, core: int, start=None, extent=None) -> isa.Operand:
         """Operand of ``acc`` over the stage's box, or over the sub-box [start, start + extent)."""
         point = acc.point(self.env, start)
+        view = self.views.get(id(acc))
+        if view is None:
+            view = self.views[id(acc)] = self._view(stage, acc)
+        mem, dtype, itemsize, extents, estrides, strides, spans, region = view
         if acc.lb:
-            b = self.cur.plan.buffers[acc.buffer]
-            origin, extents = self.origin[(core, acc.buffer)], b.extents
-            estrides = self.lb_strides[acc.buffer]
-            dtype, mem, index = b.dtype, "lb", core
-            base = self.lb_base + self.slot[(core, acc.buffer)]
+            origin = self.origin[(core, acc.buffer)]
+            index, base = core, self.lb_base + self.slot[(core, acc.buffer)]
         else:
-            tensor = self.cur.args.get(acc.buffer)
-            r = self.regions.get(tensor)
-            if r is None:
-                raise CodegenError(f"buffer {acc.buffer} is neither in the LB nor placed in a memory")
-            origin, extents, estrides = r.origin, r.extents, _row_major(r.extents)
-            dtype, mem, base = r.dtype, r.mem, r.base
+            origin, base = region.origin, region.base
             index = core if mem == "lb" else core // self.hw.cores_per_cluster if mem == "gb" else 0
-            if (mem, index) != (r.mem, r.index):
-                raise CodegenError(f"core {core} cannot reach {tensor} in {r.mem}[{r.index}]")
-        point = [p - o for p, o in zip(point, origin)]
-        for d, (p, n) in enumerate(zip(point, extents)):
-            span = sum(abs(c) * (e - 1) for c, e in zip(acc.inner[d], extent or stage.shape))
+            if index != region.index:
+                raise CodegenError(f"core {core} cannot reach {self.cur.args.get(acc.buffer)} "
+                                   f"in {region.mem}[{region.index}]")
+        if extent is not None and tuple(extent) != stage.shape:
+            spans = [sum(abs(c) * (e - 1) for c, e in zip(row, extent)) for row in acc.inner]
+        offset = 0
+        for p, o, n, span, st in zip(point, origin, extents, spans, estrides):
+            p -= o
             if p < 0 or p + span > n - 1:
                 raise CodegenError(f"stage {stage.name}: access to {acc.buffer} leaves its region")
-        offset = base + isa.DTYPES[dtype] * sum(p * s for p, s in zip(point, estrides))
+            offset += p * st
+        return isa.Operand(mem, index, base + itemsize * offset, dtype, strides)
+
+    def _view(self, stage: Stage, acc: Access) -> tuple:
+        """What an access's operands share while a layer is emitted: memory, element strides of
+        the region or buffer, operand strides, spans over the stage's box."""
+        region = None
+        if acc.lb:
+            b = self.cur.plan.buffers[acc.buffer]
+            mem, dtype, extents, estrides = "lb", b.dtype, b.extents, self.lb_strides[acc.buffer]
+        else:
+            region = self.regions.get(self.cur.args.get(acc.buffer))
+            if region is None:
+                raise CodegenError(f"buffer {acc.buffer} is neither in the LB nor placed in a memory")
+            mem, dtype, extents, estrides = region.mem, region.dtype, region.extents, _row_major(region.extents)
         strides = tuple(sum(row[i] * s for row, s in zip(acc.inner, estrides)) for i in range(len(stage.shape)))
-        return isa.Operand(mem, index, offset, dtype, strides)
+        spans = [sum(abs(c) * (e - 1) for c, e in zip(row, stage.shape)) for row in acc.inner]
+        return mem, dtype, isa.DTYPES[dtype], extents, estrides, strides, spans, region
 
     def _start_lifetime(self, stage: Stage, core: int) -> None:
         acc = stage.dst
@@ -304,7 +319,10 @@ class KernelEmitter:
         reads = [self._key(o) for o in srcs]
         writes = [self._key(dst)]
         idx = len(self.instructions)
-        self.instructions.append(replace(ins, deps=tuple(sorted(self.deps.deps(reads, writes, unit)))))
+        # the instruction was made here and nothing else holds it yet: its deps are set in place
+        # (``dataclasses.replace`` cost more than the rest of the emission)
+        object.__setattr__(ins, "deps", tuple(sorted(self.deps.deps(reads, writes, unit))))
+        self.instructions.append(ins)
         self.deps.record(idx, reads, writes, unit)
 
     def _key(self, o: isa.Operand):
@@ -444,7 +462,7 @@ def _restrict(o, keep: list[int]):
 
 def _sub_operand(o: isa.Operand, start) -> isa.Operand:
     off = o.offset + o.itemsize * sum(s * st for s, st in zip(start, o.strides))
-    return replace(o, offset=off)
+    return o if off == o.offset else replace(o, offset=off)
 
 
 def _whole_operand(r: Region) -> isa.Operand:

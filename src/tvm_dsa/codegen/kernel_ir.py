@@ -9,9 +9,10 @@ Emitting a tile is then integer arithmetic only.
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass, replace
 
-import numpy as np
+import numpy as np  # noqa: F401 - generated index functions call np.minimum/np.maximum
 import tvm
 import tvm_ffi
 from tvm import tirx
@@ -59,21 +60,36 @@ class Access:
 
     def point(self, env: list[int], start=None) -> list[int]:
         """Buffer index at the box origin (or at ``start`` inside the box)."""
-        out = []
+        if start is None:
+            return self._compiled[0](env)
+        return self._compiled[1](env, start)
+
+    @functools.cached_property
+    def _compiled(self):
+        """``point`` as two generated Python functions, without and with ``start``: the codegen
+        evaluates it per stage and tile, hundreds of thousands of times per model."""
+        base, within = [], []
         for d, k in enumerate(self.const):
-            for slot, c in self.outer[d]:
-                k += c * env[slot]
+            terms = [str(k)] + [f"{c} * env[{slot}]" for slot, c in self.outer[d]]
             if self.outer_fn and self.outer_fn[d] is not None:
-                k += self.outer_fn[d](env)
-            if start is not None:
-                k += sum(c * s for c, s in zip(self.inner[d], start))
-            out.append(k)
-        return out
+                terms.append(f"fns[{d}](env)")
+            base.append(" + ".join(terms))
+            within.append(" + ".join([base[-1]] + [f"{c} * start[{i}]" for i, c in enumerate(self.inner[d]) if c]))
+        scope = {"fns": self.outer_fn}
+        return (eval(f"lambda env: [{', '.join(base)}]", scope),  # noqa: S307 - from the access's integers
+                eval(f"lambda env, start: [{', '.join(within)}]", scope))  # noqa: S307
 
     def low_corner(self, env, shape) -> list[int]:
         """Smallest index per dim touched over the box (coefficients may be negative)."""
-        return [p + sum(min(0, c) * (n - 1) for c, n in zip(self.inner[d], shape))
-                for d, p in enumerate(self.point(env))]
+        shift = self._shifts.get(shape)
+        if shift is None:
+            shift = self._shifts[shape] = [sum(min(0, c) * (n - 1) for c, n in zip(row, shape)) for row in self.inner]
+        return [p + s for p, s in zip(self.point(env), shift)]
+
+    @functools.cached_property
+    def _shifts(self) -> dict:
+        """Box shape -> per dim, the low corner's offset from the origin point."""
+        return {}
 
     def extents(self, shape) -> tuple[int, ...]:
         return tuple(1 + sum(abs(c) * (n - 1) for c, n in zip(row, shape)) for row in self.inner)

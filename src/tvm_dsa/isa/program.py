@@ -147,18 +147,19 @@ class Program:
 
 def _op_to_list(o: Operand | float):
     if isinstance(o, Operand):
-        return [o.mem, o.index, o.offset, o.dtype, list(o.strides)]
+        return [o.mem, o.index, o.offset, o.dtype, o.strides]
     return float(o)
 
 
 def _op_from_list(v) -> Operand | float:
-    if isinstance(v, list):
+    if isinstance(v, (list, tuple)):
         return Operand(v[0], int(v[1]), int(v[2]), v[3], tuple(int(s) for s in v[4]))
     return float(v)
 
 
 def _ins_to_list(i: Instruction) -> list:
-    head = [OPCODE_OF[type(i)], i.core, list(i.deps), list(i.shape)]
+    """The instruction as JSON values (tuples serialise as lists)."""
+    head = [OPCODE_OF[type(i)], i.core, i.deps, i.shape]
     if isinstance(i, Dma):
         return head + [_op_to_list(i.dst), _op_to_list(i.src)]
     if isinstance(i, Fill):

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from tvm import s_tir
 
-from .analysis import Unsupported, classify
+from .analysis import Unsupported, classify, sch_get, sch_loops
 from .scopes import LB_SCOPE, attach_index
 from .tile import leaf_blocks
 
@@ -19,12 +19,12 @@ OP_OF_KIND = {"copy": "dma", "mme": "mme", "vector": "vector", "reduce": "reduce
 
 def lower_to_dsa(sch: s_tir.Schedule) -> s_tir.Schedule:
     for block_rv in leaf_blocks(sch):
-        block = sch.get(block_rv)
+        block = sch_get(sch, block_rv)
         kind = classify(block)
-        loops = sch.get_loops(block_rv)
+        loops = sch_loops(sch, block_rv)
         at = attach_index(sch, block_rv)
         for lp in loops[at + 1:]:
-            if "dsa.loop" in sch.get(lp).annotations:
+            if "dsa.loop" in sch_get(sch, lp).annotations:
                 raise Unsupported(f"stage {block.name_hint}: tile loop inside a stage")
         if kind.kind != "copy":
             touched = [r.source for r in block.reads] + [w.source for w in block.writes]

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from tvm import s_tir
 
-from .analysis import Unsupported, classify
+from .analysis import Unsupported, classify, sch_get, sch_loops
 from .tile import leaf_blocks
 
 LB_SCOPE = "local.dsa_lb"
@@ -21,10 +21,10 @@ GB_SCOPE = "global.dsa_gb"
 
 def attach_index(sch, block_rv) -> int:
     """Index (in ``get_loops``) of the innermost tile/chunk loop enclosing the block."""
-    loops = sch.get_loops(block_rv)
-    marked = [i for i, lp in enumerate(loops) if "dsa.loop" in sch.get(lp).annotations]
+    loops = sch_loops(sch, block_rv)
+    marked = [i for i, lp in enumerate(loops) if "dsa.loop" in sch_get(sch, lp).annotations]
     if not marked:
-        raise Unsupported(f"block {sch.get(block_rv).name_hint} is not under a tile loop")
+        raise Unsupported(f"block {sch_get(sch, block_rv).name_hint} is not under a tile loop")
     return marked[-1]
 
 
@@ -34,35 +34,35 @@ def _is_param(buf, params) -> bool:
 
 def assign_scopes(sch: s_tir.Schedule) -> s_tir.Schedule:
     params = list(sch.mod["main"].params)
-    root_allocs = list(sch.get(sch.get_sblock("root")).alloc_buffers)
+    root_allocs = list(sch_get(sch, sch.get_sblock("root")).alloc_buffers)
     for block_rv in leaf_blocks(sch):
-        block = sch.get(block_rv)
+        block = sch_get(sch, block_rv)
         write = block.writes[0].source
         if any(write.same_as(b) for b in root_allocs):
             sch.set_scope(block_rv, 0, LB_SCOPE)
     for block_rv in leaf_blocks(sch):
-        block = sch.get(block_rv)
+        block = sch_get(sch, block_rv)
         kind = classify(block).kind
         if kind == "copy":
             continue
-        loop = sch.get_loops(block_rv)[attach_index(sch, block_rv)]
+        loop = sch_loops(sch, block_rv)[attach_index(sch, block_rv)]
         names = [r.source for r in block.reads]
         for buf in names:
             if not _is_param(buf, params):
                 continue
-            i = [j for j, r in enumerate(sch.get(block_rv).reads) if r.source.same_as(buf)][0]
+            i = [j for j, r in enumerate(sch_get(sch, block_rv).reads) if r.source.same_as(buf)][0]
             cache = sch.cache_read(block_rv, i, LB_SCOPE)
             sch.compute_at(cache, loop, preserve_unit_loops=True)
-        if _is_param(sch.get(block_rv).writes[0].source, params):
+        if _is_param(sch_get(sch, block_rv).writes[0].source, params):
             cache = sch.cache_write(block_rv, 0, LB_SCOPE)
             sch.reverse_compute_at(cache, loop, preserve_unit_loops=True)
     for block_rv in leaf_blocks(sch):
-        block = sch.get(block_rv)
+        block = sch_get(sch, block_rv)
         if block.init is None:
             continue
-        loops = sch.get_loops(block_rv)
+        loops = sch_loops(sch, block_rv)
         at = attach_index(sch, block_rv)
-        if sch.get(loops[at]).annotations["dsa.loop"] == "chunk":
+        if sch_get(sch, loops[at]).annotations["dsa.loop"] == "chunk":
             sch.decompose_reduction(block_rv, loops[at])
         elif at + 1 < len(loops):
             sch.decompose_reduction(block_rv, loops[at + 1])

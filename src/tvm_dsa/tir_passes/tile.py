@@ -16,7 +16,17 @@ from dataclasses import dataclass
 
 from tvm import s_tir
 
-from .analysis import REDUCE_ITER, StageKind, Unsupported, classify, contraction, int_value
+from .analysis import (
+    REDUCE_ITER,
+    StageKind,
+    Unsupported,
+    classify,
+    contraction,
+    int_value,
+    sch_children,
+    sch_get,
+    sch_loops,
+)
 
 
 @dataclass(frozen=True)
@@ -41,13 +51,13 @@ class AnchorInfo:
 
 
 def leaf_blocks(sch: s_tir.Schedule) -> list:
-    return list(sch.get_child_blocks(sch.get_sblock("root")))
+    return list(sch_children(sch, sch.get_sblock("root")))
 
 
 def find_anchor(sch: s_tir.Schedule) -> tuple[int, list]:
     """Index of the anchor among the root's blocks, and every block's stage kind."""
     blocks = leaf_blocks(sch)
-    kinds = [classify(sch.get(b)) for b in blocks]
+    kinds = [classify(sch_get(sch, b)) for b in blocks]
     mmes = [i for i, k in enumerate(kinds) if k.kind == "mme"]
     if len(mmes) > 1:
         raise Unsupported("kernel has more than one contraction")
@@ -56,13 +66,13 @@ def find_anchor(sch: s_tir.Schedule) -> tuple[int, list]:
 
 def _loop_roles(sch, block_rv):
     """(loops, is_reduction flags) of a block whose loops bind its iter vars one to one."""
-    block = sch.get(block_rv)
-    loops = sch.get_loops(block_rv)
+    block = sch_get(sch, block_rv)
+    loops = sch_loops(sch, block_rv)
     iters = list(block.iter_vars)
     if len(loops) != len(iters):
         raise Unsupported(f"block {block.name_hint}: {len(loops)} loops for {len(iters)} iterators")
     for lp in loops:
-        if int_value(sch.get(lp).min) != 0:
+        if int_value(sch_get(sch, lp).min) != 0:
             raise Unsupported(f"block {block.name_hint}: loop does not start at 0")
     return loops, [int(it.iter_type) == REDUCE_ITER for it in iters]
 
@@ -73,13 +83,13 @@ def anchor_info(func) -> AnchorInfo:
     idx, kinds = find_anchor(sch)
     anchor = leaf_blocks(sch)[idx]
     loops, is_red = _loop_roles(sch, anchor)
-    extents = [int_value(sch.get(lp).extent) for lp in loops]
+    extents = [int_value(sch_get(sch, lp).extent) for lp in loops]
     if any(e is None for e in extents):
         raise Unsupported("symbolic loop extents are not supported yet")
     roles = [""] * sum(1 for r in is_red if not r)
     if kinds[idx].kind == "mme":
-        roles = _mme_roles(sch.get(anchor), is_red)
-    block = sch.get(anchor)
+        roles = _mme_roles(sch_get(sch, anchor), is_red)
+    block = sch_get(sch, anchor)
     spatial_vars = [it.var for it, r in zip(block.iter_vars, is_red) if not r]
     return AnchorInfo(
         block.name_hint, kinds[idx],
@@ -146,7 +156,7 @@ def tile_schedule(func, plan: TilePlan) -> s_tir.Schedule:
         raise ValueError(f"plan has {len(plan.tiles)} tiles for {len(spatial)} spatial loops")
     outer, inner = [], []
     for lp, t in zip(spatial, plan.tiles):
-        extent = int_value(sch.get(lp).extent)
+        extent = int_value(sch_get(sch, lp).extent)
         if t <= 0 or extent % t:
             raise ValueError(f"tile {t} does not divide loop extent {extent}")
         o, i = sch.split(lp, [extent // t, t])
@@ -155,7 +165,7 @@ def tile_schedule(func, plan: TilePlan) -> s_tir.Schedule:
     chunk_loops = []
     red_inner = list(reduction)
     if reduction and plan.chunk is not None:
-        extent = int_value(sch.get(reduction[0]).extent)
+        extent = int_value(sch_get(sch, reduction[0]).extent)
         if plan.chunk <= 0 or extent % plan.chunk:
             raise ValueError(f"chunk {plan.chunk} does not divide reduction extent {extent}")
         ro, ri = sch.split(reduction[0], [extent // plan.chunk, plan.chunk])
