@@ -25,8 +25,9 @@ from tvm_dsa.relax_passes.offload import StitchOptions
 # (label, schedule, options): the ablation of Fig. 15, cumulative
 VARIANTS = [
     ("layerwise", "layerwise", None),
-    ("stitched, DDR", "graphturbo", StitchOptions(gb=False, order="dfs", prefetch=0)),
-    ("+ GB (LLB)", "graphturbo", StitchOptions(gb=True, order="dfs", prefetch=0)),
+    ("stitched, DDR", "graphturbo", StitchOptions(gb=False, order="dfs", prefetch=0, lb_keep=0)),
+    ("+ GB (LLB)", "graphturbo", StitchOptions(gb=True, order="dfs", prefetch=0, lb_keep=0)),
+    ("+ LB (L1)", "graphturbo", StitchOptions(gb=True, order="dfs", prefetch=0)),
     ("+ instance order", "graphturbo", StitchOptions(gb=True, order="best", prefetch=0)),
     ("+ cross-layer", "graphturbo", StitchOptions(gb=True, order="best", prefetch=2)),
 ]
@@ -72,9 +73,9 @@ def main() -> None:
         mod, inputs = import_onnx(model), example_inputs(model)
         start = time.perf_counter()
         llvm = Compiled.build(mod, "llvm")
-        ref = llvm.run(inputs).outputs if args.check else None
         results[name] = {"llvm_compile": time.perf_counter() - start,
                          "roofline": roofline_cycles(model, hardware.get(args.target.split("/")[-1]))}
+        ref = llvm.run(inputs).outputs if args.check else None
         for label, schedule, options in VARIANTS:
             _step(f"{name}: {label}")
             c = Compiled.build(mod, args.target, schedule=schedule, options=options)

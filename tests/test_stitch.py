@@ -197,3 +197,34 @@ def test_binding_balances_instances_over_cores():
     # 64 instances: 16 per cluster, one core each, every core twice
     b64 = _binding(64, HW)
     assert all(len(c) == 1 for c in b64) and sorted(c for (c,) in b64) == sorted(list(range(32)) * 2)
+
+
+@pytest.mark.parametrize("lb_keep", [0.0, 0.5])
+def test_lb_level_keeps_single_core_instances_intermediates(rng, lb_keep):
+    """Batch 32 on 32 cores: one sample per instance and core (Algorithm 4's factor 1), so the
+    conv's output stays in that core's LB (the "L1" level) and the 1x1 conv reads it in place."""
+    op = relax.op
+    mod = relax_graph([(32, 16, 8, 8), (16, 16, 3, 3), (16, 16, 1, 1)],
+                      lambda x, w1, w2: op.nn.relu(op.nn.conv2d(op.nn.relu(op.nn.conv2d(x, w1, padding=1)), w2)))
+    args = [rng.standard_normal([int(s) for s in p.ty.shape]).astype("float32") * 0.3 for p in mod["main"].params]
+    ref = _llvm(mod, args)
+    vm, result = _run(mod, "graphturbo", options=StitchOptions(lb_keep=lb_keep))
+    out = vm["main"](*[tvm.runtime.tensor(a) for a in args]).numpy()
+    assert np.abs(out - ref).max() / np.abs(ref).max() < 5e-3
+    (info,) = result.stitched.values()
+    assert info.instances == 32 and info.cores_per_instance == 1
+    report = tvm_dsa.last_report()
+    sample = 16 * 8 * 8 * 2  # one sample of the intermediate, fp16
+    if lb_keep:
+        # the layers were tiled into the other half, so at least the kept share is free for it
+        assert info.lb_kept == 32 and HW.lb_bytes * lb_keep <= info.lb_bytes < HW.lb_bytes
+        assert report.gb_write == 0  # the weights are parameters: nothing else goes to the GB
+    else:
+        assert info.lb_kept == 0 and report.gb_write == 32 * sample
+
+
+def test_lb_keep_is_a_share_of_the_lb():
+    assert StitchOptions(lb_keep=0.5).lb_budget(HW) == HW.lb_bytes // 2
+    assert StitchOptions(lb_keep=0).lb_budget(HW) is None
+    with pytest.raises(ValueError, match=r"lb_keep is a share of the LB in \[0, 1\), not 1.5"):
+        StitchOptions(lb_keep=1.5)

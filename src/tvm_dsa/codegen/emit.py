@@ -186,6 +186,8 @@ class KernelEmitter:
         self.origin: dict = {}  # (core, buffer) -> origin indices
         self.slot: dict = {}  # (core, buffer) -> byte offset of the current copy
         self.count: dict = {}  # (core, buffer) -> lifetimes started
+        self.alias: dict = {}  # (core, buffer) -> Region the tile buffer reads in place
+        self.content: dict = {}  # (core, buffer) -> (tensor, region, box origin) it was loaded with
         self.scratch_top = 0
 
     def kernel(self) -> isa.Kernel:
@@ -213,6 +215,8 @@ class KernelEmitter:
                                     (layer.plan.scratch_bytes,), "int8"), ("scratch", core, layer.name), ssa=False)
         for b in layer.plan.buffers:
             self.count.pop((core, b), None)
+        self.alias = {k: r for k, r in self.alias.items() if k[0] != core}
+        self.content = {k: c for k, c in self.content.items() if k[0] != core}
 
     def move(self, src: Region, dst: Region, core: int) -> None:
         """Copy a whole region (same box) to another memory, e.g. a weight promotion DDR -> GB."""
@@ -223,7 +227,8 @@ class KernelEmitter:
         """Emit ``layer``'s tiles: ``work`` is a list of (tile loop values, core); ``regions``
         maps each parameter's tensor to where it lives for these tiles."""
         self.cur, self.regions, self.lb_base = layer, regions, lb_base
-        self.views: dict = {}  # id(access) -> _view
+        self.views: dict = {}  # (id(access), aliased region) -> _view
+        self.aliasable = _aliasable(layer.ir)
         self.lb_strides = {n: _row_major(b.extents) for n, b in layer.plan.buffers.items()}
         self.env = [0] * layer.ir.slots
         tile_loops = layer.ir.tile_loops()
@@ -248,11 +253,12 @@ class KernelEmitter:
     def _operand(self, stage: Stage, acc: Access, core: int, start=None, extent=None) -> isa.Operand:
         """Operand of ``acc`` over the stage's box, or over the sub-box [start, start + extent)."""
         point = acc.point(self.env, start)
-        view = self.views.get(id(acc))
+        alias = self.alias.get((core, acc.buffer)) if acc.lb else None
+        view = self.views.get((id(acc), alias))
         if view is None:
-            view = self.views[id(acc)] = self._view(stage, acc)
+            view = self.views[(id(acc), alias)] = self._view(stage, acc, alias)
         mem, dtype, itemsize, extents, estrides, strides, spans, region = view
-        if acc.lb:
+        if acc.lb and alias is None:
             origin = self.origin[(core, acc.buffer)]
             index, base = core, self.lb_base + self.slot[(core, acc.buffer)]
         else:
@@ -271,15 +277,15 @@ class KernelEmitter:
             offset += p * st
         return isa.Operand(mem, index, base + itemsize * offset, dtype, strides)
 
-    def _view(self, stage: Stage, acc: Access) -> tuple:
+    def _view(self, stage: Stage, acc: Access, alias: Region | None) -> tuple:
         """What an access's operands share while a layer is emitted: memory, element strides of
         the region or buffer, operand strides, spans over the stage's box."""
-        region = None
-        if acc.lb:
+        region = alias
+        if acc.lb and alias is None:
             b = self.cur.plan.buffers[acc.buffer]
             mem, dtype, extents, estrides = "lb", b.dtype, b.extents, self.lb_strides[acc.buffer]
         else:
-            region = self.regions.get(self.cur.args.get(acc.buffer))
+            region = region or self.regions.get(self.cur.args.get(acc.buffer))
             if region is None:
                 raise CodegenError(f"buffer {acc.buffer} is neither in the LB nor placed in a memory")
             mem, dtype, extents, estrides = region.mem, region.dtype, region.extents, _row_major(region.extents)
@@ -335,6 +341,20 @@ class KernelEmitter:
 
     def _stage(self, stage: Stage, core: int) -> None:
         self.scratch_top = 0
+        if stage.name in self.aliasable:
+            tensor = self.cur.args.get(stage.value.access.buffer)
+            source = self.regions.get(tensor)
+            key = (core, stage.dst.buffer)
+            if source is not None and (source.mem, source.index) == ("lb", core) and \
+                    source.dtype == self.cur.plan.buffers[stage.dst.buffer].dtype:
+                self.alias[key] = source  # stitched in this core's LB: read in place, no copy
+                self.content.pop(key, None)
+                return
+            self.alias.pop(key, None)
+            content = (tensor, source, tuple(stage.value.access.point(self.env)))
+            if self.content.get(key) == content:
+                return  # the buffer still holds this box (e.g. the weights of the previous tile)
+            self.content[key] = content
         if stage.dst.lb:
             self._start_lifetime(stage, core)
         dst = self._operand(stage, stage.dst, core)
@@ -432,6 +452,25 @@ class KernelEmitter:
         if any(a >= b for a, b in zip(lo, hi)):
             return None
         return lo, hi
+
+
+def _aliasable(ir: KernelIR) -> frozenset[str]:
+    """DMA stages that may be skipped when their source already sits in the core's LB: a plain
+    copy, index for index, from a parameter into an LB buffer that no other stage writes. The
+    buffer's readers then read the source region in place (seed 000 §4.2's stitching)."""
+    writers: dict = {}
+    for st in ir.stages():
+        writers.setdefault(st.dst.buffer, []).append(st)
+    out = set()
+    for buffer, sts in writers.items():
+        st = sts[0]
+        if len(sts) != 1 or st.op != "dma" or not st.dst.lb or not isinstance(st.value, Read):
+            continue
+        src = st.value.access
+        if not src.lb and (src.const, src.outer, src.inner, src.outer_fn) == \
+                (st.dst.const, st.dst.outer, st.dst.inner, st.dst.outer_fn):
+            out.add(st.name)
+    return frozenset(out)
 
 
 def _split_box(start, extent, lo, hi):

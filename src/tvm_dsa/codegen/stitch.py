@@ -277,6 +277,8 @@ class StitchInfo:
     order: str
     gb_peak: int  # bytes of the GB allocation (intermediates and promoted weights) per cluster
     spilled: tuple  # intermediates and weights kept in DDR instead of the GB
+    lb_kept: int = 0  # instance intermediates kept in their core's LB
+    lb_bytes: int = 0  # bytes of each core's LB set aside for them (the rest holds the layers' tiles)
 
 
 def _binding(n: int, hw) -> list[tuple[int, ...]]:
@@ -295,11 +297,16 @@ def _binding(n: int, hw) -> list[tuple[int, ...]]:
 
 
 def build_stitched(sg: SubGraphKernel, hw, order: str = "best", spill: str = "longest",
-                   gb: bool = True, prefetch: int = 2):
+                   gb: bool = True, prefetch: int = 2, lb: bool = False):
     """(Program, StitchInfo) of one sub-graph: its instances, each layer's tiles of an instance on
     the instance's cores, intermediates in the GB (``gb=False``: in DDR, the layerwise placement),
     weights promoted to the GB once per cluster; ``order`` dfs (instance by instance), bfs (layer by
     layer) or best (the smaller GB peak, Algorithm 3's choice).
+
+    With ``lb`` an instance bound to one core keeps its intermediates in that core's LB, below the
+    layers' tile buffers (which then sit at the top of the LB); what does not fit spills to the GB,
+    and from there to DDR (Fig. 12). An instance on several cores keeps them in the GB: its
+    producers' and consumers' tiles run on different cores (Algorithm 4's scope rule).
 
     Cross-layer scheduling (§4.4): a weight's promotion is issued ``prefetch`` steps before the
     step that first reads it, so the cluster DMA moves it while earlier layers compute (its GB
@@ -311,6 +318,8 @@ def build_stitched(sg: SubGraphKernel, hw, order: str = "best", spill: str = "lo
     prints = {L.name: footprints(L) for L in sg.layers}
     inst = plan_instances(list(sg.layers), prints, list(sg.outputs), sg.split_loop, sg.groups)
     cores = _binding(inst.count, hw)
+    lb_base = hw.lb_bytes - max(L.plan.total_bytes for L in sg.layers) if lb else 0
+    lb_base -= lb_base % ALIGN
     cpc = hw.cores_per_cluster
     esize = isa.DTYPES[hw.storage_dtype]
 
@@ -351,11 +360,17 @@ def build_stitched(sg: SubGraphKernel, hw, order: str = "best", spill: str = "lo
             def step(r, k):
                 return r * nl + k if order_name == "dfs" else k * rounds + r
 
-            lives = []
+            lives, lb_lives = [], {}
             for i in members:
                 for t, box in inst.boxes[i].items():
-                    lives.append(Lifetime(("t", t, i), nbytes(box), step(rnd[i], produced[t]),
-                                          max(step(rnd[i], k) for k in readers[t])))
+                    x = Lifetime(("t", t, i), nbytes(box), step(rnd[i], produced[t]),
+                                 max(step(rnd[i], k) for k in readers[t]))
+                    (lb_lives.setdefault(cores[i][0], []) if lb and len(cores[i]) == 1 else lives).append(x)
+            kept = {}  # key -> (core, LB offset)
+            for core, xs in lb_lives.items():
+                offsets, spilled = allocate(xs, lb_base, spill)
+                kept.update({k: (core, o) for k, o in offsets.items()})
+                lives += [x for x in xs if x.key in spilled]  # on to the GB
             used = {t for i in members for k in range(nl) if inst.tiles[i][sg.layers[k].name]
                     for t in sg.layers[k].args.values()}
             for w in sg.weights & used:
@@ -365,12 +380,16 @@ def build_stitched(sg: SubGraphKernel, hw, order: str = "best", spill: str = "lo
             capacity = hw.gb_bytes if gb else 0
             offsets, spilled = allocate(lives, capacity, spill)
             peak = max((offsets[x.key] + align(x.nbytes) for x in lives if x.key in offsets), default=0)
-            result[c] = (members, rnd, rounds, step, lives, offsets, spilled, peak)
+            lives += [x for xs in lb_lives.values() for x in xs if x.key in kept]
+            result[c] = (members, rnd, rounds, step, lives, offsets, spilled, peak, kept)
         return result
 
     if order == "best":
         plans = {o: plan(o) for o in ORDERS}
+        # Algorithm 3 keeps the order that uses the LB better: fewer spills to DDR, more
+        # intermediates kept in the LBs, then the smaller GB peak
         order = min(ORDERS, key=lambda o: (sum(len(p[6]) for p in plans[o].values()),
+                                           -sum(len(p[8]) for p in plans[o].values()),
                                            max(p[7] for p in plans[o].values())))
         chosen = plans[order]
     elif order in ORDERS:
@@ -383,7 +402,8 @@ def build_stitched(sg: SubGraphKernel, hw, order: str = "best", spill: str = "lo
         emitter.claim(r, ("ddr", t))
     scratch_top = offset
     spilled_all = []
-    for c, (members, rnd, rounds, step, lives, offsets, spilled, peak) in sorted(chosen.items()):
+    lb_kept = 0
+    for c, (members, rnd, rounds, step, lives, offsets, spilled, peak, kept) in sorted(chosen.items()):
         spilled_all += spilled
         # where each instance's intermediates and the cluster's weights live
         place: dict = {}
@@ -394,10 +414,13 @@ def build_stitched(sg: SubGraphKernel, hw, order: str = "best", spill: str = "lo
             shape = sg.tensors[t][0]
             box = inst.boxes[x.key[2]][t] if kind == "t" else ((0,) * len(shape), tuple(shape))
             extents = tuple(h - l for l, h in zip(*box))
-            if x.key in offsets:
+            if x.key in kept:
+                place[x.key] = Region("lb", kept[x.key][0], kept[x.key][1], box[0], extents, hw.storage_dtype)
+            elif x.key in offsets:
                 place[x.key] = Region("gb", c, offsets[x.key], box[0], extents, hw.storage_dtype)
             elif kind == "t":
                 place[x.key] = Region("ddr", 0, scratch_top + ddr_offsets[x.key], box[0], extents, hw.storage_dtype)
+        lb_kept += len(kept)
         if ddr_lives:
             scratch_top += max(ddr_offsets[x.key] + align(x.nbytes) for x in ddr_lives)
         starts: dict = {}
@@ -421,8 +444,9 @@ def build_stitched(sg: SubGraphKernel, hw, order: str = "best", spill: str = "lo
                             local[t] = place[key]
                     tiles = inst.tiles[i][L.name]
                     work = [(t, cores[i][n % len(cores[i])]) for n, t in enumerate(tiles)]
-                    emitter.layer(L, work, local)
+                    emitter.layer(L, work, local, lb_base)
     gb_peak = max(p[7] for p in chosen.values())
     program = isa.Program(hw.to_dict(), max(scratch_top, ALIGN), tuple(args), (emitter.kernel(),), sg.name)
-    info = StitchInfo(inst.count, inst.recompute, len(cores[0]), order, gb_peak, tuple(spilled_all))
+    info = StitchInfo(inst.count, inst.recompute, len(cores[0]), order, gb_peak, tuple(spilled_all),
+                      lb_kept, lb_base)
     return program, info

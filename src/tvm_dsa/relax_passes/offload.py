@@ -18,6 +18,7 @@ from tvm import relax, tirx
 
 from .. import schedule as schedules
 from ..codegen.emit import Layer, build_program
+from ..codegen.kernel_ir import ALIGN
 from ..codegen.stitch import SubGraphKernel, build_stitched
 from ..hardware import Hardware
 from ..schedule.graph import OpGraph
@@ -46,6 +47,17 @@ class StitchOptions:
     order: str = "best"  # instance order: dfs, bfs or best (Algorithm 3)
     spill: str = "longest"  # spill policy: longest (the seed) or largest (prior work)
     prefetch: int = 2  # cross-layer scheduling: weight promotions issued this many steps early
+    # share of each core's LB kept for stitched intermediates (the "L1" level); the layers of
+    # graphturbo are tiled to fit the rest. 0: intermediates go no closer than the GB
+    lb_keep: float = 0.5
+
+    def __post_init__(self):
+        if not 0 <= self.lb_keep < 1:
+            raise ValueError(f"lb_keep is a share of the LB in [0, 1), not {self.lb_keep}")
+
+    def lb_budget(self, hw: Hardware) -> int | None:
+        """Bytes of the LB a layer's tiles may use, None for all of it."""
+        return int(hw.lb_bytes * (1 - self.lb_keep)) // ALIGN * ALIGN if self.lb_keep else None
 
 
 def offload(mod: tvm.IRModule, hw: Hardware, schedule: str = "layerwise", run_id: str = "model",
@@ -54,6 +66,7 @@ def offload(mod: tvm.IRModule, hw: Hardware, schedule: str = "layerwise", run_id
     result = OffloadResult()
     graph = OpGraph.from_relax(mod)
     lowered: dict = {}
+    budget: dict = {}  # PrimFunc name -> LB bytes its tiles were fitted to (None: the whole LB)
     for name in dict.fromkeys(n.func for n in graph.nodes):
         func = mod[name]
         if not isinstance(func, tirx.PrimFunc):
@@ -61,10 +74,15 @@ def offload(mod: tvm.IRModule, hw: Hardware, schedule: str = "layerwise", run_id
         if schedule == "layerwise" and relax.analysis.has_reshape_pattern(func):
             result.host[name] = "a pure reshape: a view on the host, no data moves"
             continue
-        try:
-            lowered[name] = lower_kernel(func, hw)[0]
-        except Unsupported as err:
-            result.host[name] = str(err)
+        # graphturbo's layers leave part of the LB to stitched intermediates where they can
+        for budget[name] in dict.fromkeys([options.lb_budget(hw) if schedule == "graphturbo" else None, None]):
+            try:
+                lowered[name] = lower_kernel(func, hw, budget[name])[0]
+                break
+            except Unsupported as err:
+                result.host[name] = str(err)
+        if name in lowered:
+            result.host.pop(name, None)
     specs = schedules.get(schedule)(mod, hw, set(lowered))
     node_of = {n.name: n for n in graph.nodes}
     kernels = []  # (spec, program text, input exprs, output vars)
@@ -83,9 +101,10 @@ def offload(mod: tvm.IRModule, hw: Hardware, schedule: str = "layerwise", run_id
             inputs = [graph.tensors[t] for t in node.inputs]
             kernels.append((spec, programs[node.func], inputs, [node.output]))
             continue
-        sg = _subgraph(spec, nodes, graph, lowered, hw)
+        sg = _subgraph(spec, nodes, graph, lowered, budget, hw)
         try:
-            program, info = build_stitched(sg, hw, options.order, options.spill, options.gb, options.prefetch)
+            program, info = build_stitched(sg, hw, options.order, options.spill, options.gb, options.prefetch,
+                                           lb=options.lb_keep > 0)
         except Unsupported as err:
             for n in nodes:
                 result.host[n.func] = f"in {spec.name}: {err}"
@@ -104,7 +123,7 @@ def offload(mod: tvm.IRModule, hw: Hardware, schedule: str = "layerwise", run_id
     return _rewrite(mod, kernels, graph, run_id), result
 
 
-def _subgraph(spec, nodes, graph, lowered, hw) -> SubGraphKernel:
+def _subgraph(spec, nodes, graph, lowered, budget, hw) -> SubGraphKernel:
     members = {n.output for n in nodes}
     inputs, outputs, tensors = [], [], {}
     for n in nodes:
@@ -116,7 +135,7 @@ def _subgraph(spec, nodes, graph, lowered, hw) -> SubGraphKernel:
             outputs.append(n.output)
         for t in (*n.inputs, n.output):
             tensors[t] = (graph.tensors[t].shape, graph.tensors[t].dtype)
-    layers = tuple(Layer.of(lowered[n.func], hw, n.name, (*n.inputs, n.output)) for n in nodes)
+    layers = tuple(Layer.of(lowered[n.func], hw, n.name, (*n.inputs, n.output), budget[n.func]) for n in nodes)
     weights = frozenset(t for t in inputs if graph.tensors[t].constant)
     split_loop, groups = spec.split if spec.split else (0, 1 << 30)
     return SubGraphKernel(spec.name, layers, tuple(inputs), tuple(outputs), tensors, weights, split_loop, groups)

@@ -44,9 +44,10 @@ def lower_with_plan(func, plan: TilePlan):
     return sch.mod["main"]
 
 
-def lower_kernel(func, hw):
-    """Lower ``func`` with the largest tiling whose working set fits ``hw``'s LB and that gives
-    the cluster's cores a tile each where the kernel has that many. Returns (lowered, plan).
+def lower_kernel(func, hw, lb_bytes: int | None = None):
+    """Lower ``func`` with the largest tiling whose working set fits ``hw``'s LB (its first
+    ``lb_bytes`` if given) and that gives the cluster's cores a tile each where the kernel has that
+    many. Returns (lowered, plan).
 
     Candidate plans shrink monotonically, so both conditions are found by bisection."""
     from ..codegen.kernel_ir import plan_lb, read_kernel
@@ -60,7 +61,7 @@ def lower_kernel(func, hw):
         if i not in tried:
             try:
                 lowered = lower_with_plan(func, plans[i])
-                plan_lb(read_kernel(lowered), hw)
+                plan_lb(read_kernel(lowered), hw, lb_bytes)
                 tried[i] = lowered
             except Unsupported as err:  # too big for the LB, or indices not affine in this tiling
                 tried[i] = None
@@ -82,7 +83,7 @@ def lower_kernel(func, hw):
     while first < len(plans) and lowered_if_fits(first) is None:
         first += 1
     if first == len(plans):
-        raise Unsupported(f"no tiling of {info.name} fits the {hw.lb_bytes}-byte LB "
+        raise Unsupported(f"no tiling of {info.name} fits the {lb_bytes or hw.lb_bytes}-byte LB "
                           f"with affine accesses (last: {reasons[-1] if reasons else '?'})")
     if parallel(plans[first]):
         return lowered_if_fits(first), plans[first]
