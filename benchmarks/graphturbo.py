@@ -27,9 +27,9 @@ VARIANTS = [
     ("layerwise", "layerwise", None),
     ("stitched, DDR", "graphturbo", StitchOptions(gb=False, order="dfs", prefetch=0, lb_keep=0)),
     ("+ GB (LLB)", "graphturbo", StitchOptions(gb=True, order="dfs", prefetch=0, lb_keep=0)),
-    ("+ LB (L1)", "graphturbo", StitchOptions(gb=True, order="dfs", prefetch=0)),
-    ("+ instance order", "graphturbo", StitchOptions(gb=True, order="best", prefetch=0)),
-    ("+ cross-layer", "graphturbo", StitchOptions(gb=True, order="best", prefetch=2)),
+    ("+ LB (L1)", "graphturbo", StitchOptions(gb=True, order="dfs", prefetch=0, lb_keep=0.5)),
+    ("+ instance order", "graphturbo", StitchOptions(gb=True, order="best", prefetch=0, lb_keep=0.5)),
+    ("+ cross-layer", "graphturbo", StitchOptions(gb=True, order="best", prefetch=2, lb_keep=0.5)),
 ]
 
 

@@ -48,8 +48,9 @@ class StitchOptions:
     spill: str = "longest"  # spill policy: longest (the seed) or largest (prior work)
     prefetch: int = 2  # cross-layer scheduling: weight promotions issued this many steps early
     # share of each core's LB kept for stitched intermediates (the "L1" level); the layers of
-    # graphturbo are tiled to fit the rest. 0: intermediates go no closer than the GB
-    lb_keep: float = 0.5
+    # graphturbo are tiled to fit the rest. 0 (the default until it pays: the smaller tiles cost
+    # about what the kept tensors save): intermediates go no closer than the GB
+    lb_keep: float = 0.0
 
     def __post_init__(self):
         if not 0 <= self.lb_keep < 1:
