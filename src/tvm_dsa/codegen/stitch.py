@@ -281,6 +281,21 @@ class StitchInfo:
     lb_bytes: int = 0  # bytes of each core's LB set aside for them (the rest holds the layers' tiles)
 
 
+@dataclass(frozen=True)
+class _ClusterPlan:
+    """One cluster's part of a stitched kernel for an instance order: its instances, their round
+    on their cores, the step of (round, layer), the lifetimes and where they were placed."""
+
+    members: list  # instance indices
+    rnd: dict  # instance -> round on its cores
+    step: object  # (round, layer index) -> step
+    lives: list  # Lifetime of every intermediate and promoted weight
+    offsets: dict  # key -> GB offset
+    spilled: list  # keys in DDR
+    gb_peak: int
+    kept: dict  # key -> (core, LB offset)
+
+
 def _binding(n: int, hw) -> list[tuple[int, ...]]:
     """Cores of each instance (Algorithm 4's factors): instances dealt over the clusters (the batch
     split), one core each when a cluster has at least as many instances as cores, otherwise the
@@ -381,16 +396,16 @@ def build_stitched(sg: SubGraphKernel, hw, order: str = "best", spill: str = "lo
             offsets, spilled = allocate(lives, capacity, spill)
             peak = max((offsets[x.key] + align(x.nbytes) for x in lives if x.key in offsets), default=0)
             lives += [x for xs in lb_lives.values() for x in xs if x.key in kept]
-            result[c] = (members, rnd, rounds, step, lives, offsets, spilled, peak, kept)
+            result[c] = _ClusterPlan(members, rnd, step, lives, offsets, spilled, peak, kept)
         return result
 
     if order == "best":
         plans = {o: plan(o) for o in ORDERS}
         # Algorithm 3 keeps the order that uses the LB better: fewer spills to DDR, more
         # intermediates kept in the LBs, then the smaller GB peak
-        order = min(ORDERS, key=lambda o: (sum(len(p[6]) for p in plans[o].values()),
-                                           -sum(len(p[8]) for p in plans[o].values()),
-                                           max(p[7] for p in plans[o].values())))
+        order = min(ORDERS, key=lambda o: (sum(len(p.spilled) for p in plans[o].values()),
+                                           -sum(len(p.kept) for p in plans[o].values()),
+                                           max(p.gb_peak for p in plans[o].values())))
         chosen = plans[order]
     elif order in ORDERS:
         chosen = plan(order)
@@ -403,7 +418,9 @@ def build_stitched(sg: SubGraphKernel, hw, order: str = "best", spill: str = "lo
     scratch_top = offset
     spilled_all = []
     lb_kept = 0
-    for c, (members, rnd, rounds, step, lives, offsets, spilled, peak, kept) in sorted(chosen.items()):
+    for c, cp in sorted(chosen.items()):
+        members, rnd, step, lives, offsets, spilled, kept = (cp.members, cp.rnd, cp.step, cp.lives, cp.offsets,
+                                                             cp.spilled, cp.kept)
         spilled_all += spilled
         # where each instance's intermediates and the cluster's weights live
         place: dict = {}
@@ -445,7 +462,7 @@ def build_stitched(sg: SubGraphKernel, hw, order: str = "best", spill: str = "lo
                     tiles = inst.tiles[i][L.name]
                     work = [(t, cores[i][n % len(cores[i])]) for n, t in enumerate(tiles)]
                     emitter.layer(L, work, local, lb_base)
-    gb_peak = max(p[7] for p in chosen.values())
+    gb_peak = max(p.gb_peak for p in chosen.values())
     program = isa.Program(hw.to_dict(), max(scratch_top, ALIGN), tuple(args), (emitter.kernel(),), sg.name)
     info = StitchInfo(inst.count, inst.recompute, len(cores[0]), order, gb_peak, tuple(spilled_all),
                       lb_kept, lb_base)

@@ -75,15 +75,10 @@ def offload(mod: tvm.IRModule, hw: Hardware, schedule: str = "layerwise", run_id
         if schedule == "layerwise" and relax.analysis.has_reshape_pattern(func):
             result.host[name] = "a pure reshape: a view on the host, no data moves"
             continue
-        # graphturbo's layers leave part of the LB to stitched intermediates where they can
-        for budget[name] in dict.fromkeys([options.lb_budget(hw) if schedule == "graphturbo" else None, None]):
-            try:
-                lowered[name] = lower_kernel(func, hw, budget[name])[0]
-                break
-            except Unsupported as err:
-                result.host[name] = str(err)
-        if name in lowered:
-            result.host.pop(name, None)
+        try:
+            lowered[name], budget[name] = _lower(func, hw, options.lb_budget(hw) if schedule == "graphturbo" else None)
+        except Unsupported as err:
+            result.host[name] = str(err)
     specs = schedules.get(schedule)(mod, hw, set(lowered))
     node_of = {n.name: n for n in graph.nodes}
     kernels = []  # (spec, program text, input exprs, output vars)
@@ -122,6 +117,17 @@ def offload(mod: tvm.IRModule, hw: Hardware, schedule: str = "layerwise", run_id
             result.host_macs += macs
             result.host.setdefault(node.func, "not scheduled on the DSA")
     return _rewrite(mod, kernels, graph, run_id), result
+
+
+def _lower(func, hw, lb_bytes):
+    """(lowered PrimFunc, LB budget it was tiled to): within ``lb_bytes`` where it fits (graphturbo
+    leaves the rest of the LB to stitched intermediates), else within the whole LB."""
+    if lb_bytes is not None:
+        try:
+            return lower_kernel(func, hw, lb_bytes)[0], lb_bytes
+        except Unsupported:
+            pass
+    return lower_kernel(func, hw)[0], None
 
 
 def _subgraph(spec, nodes, graph, lowered, budget, hw) -> SubGraphKernel:
