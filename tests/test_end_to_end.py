@@ -62,6 +62,12 @@ def test_small_cnn_matches_llvm_and_onnxruntime(rng):
     assert report.cycles >= report.roofline_cycles > 0
     # the launch cost is part of the time: at least one launch per kernel
     assert report.cycles >= 3 * tvm_dsa.hardware.get("stcp920").kernel_launch_cycles
+    # per kernel: the offloaded kernels in call order, their reports adding up to the model's
+    runs = tvm_dsa.last_kernel_runs()
+    assert [k.name for k in runs] == result.dsa
+    assert sum(k.report.cycles for k in runs) == report.cycles
+    assert [k.report.macs for k in runs] == [conv_macs, fc_macs, 0]
+    assert runs[-1].output_shapes == (out.shape,)
 
 
 def test_export_library_keeps_the_program(rng, tmp_path):

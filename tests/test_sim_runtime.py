@@ -311,6 +311,12 @@ def test_missing_dependency_is_a_hazard():
     war.insert(4, Dma(0, (16, 32), lb(0, "float16", 32, 1), ddr(0, "float16", 32, 1), deps=(1,)))
     with pytest.raises(HazardError, match=r"instruction 4 \(dma\) .* instruction 2 \(mme\).*WAR on lb\[0\]"):
         simulate(replace(program, kernels=(replace(k, instructions=tuple(war)),)), inputs, mode="timing")
+    # trusting the tokens: the same timing for a correct program, no check for a wrong one
+    checked = simulate(program, mode="timing").report.cycles
+    assert simulate(program, mode="timing", check_hazards=False).report.cycles == checked
+    simulate(replace(program, kernels=(replace(k, instructions=tuple(war)),)), mode="timing", check_hazards=False)
+    with pytest.raises(ValueError, match="functional run always checks"):
+        simulate(program, inputs, check_hazards=False)
 
 
 def test_dependency_orders_dma_then_mme():

@@ -33,7 +33,7 @@ def _autoload() -> None:
 
 _autoload()
 
-from .host import last_report, last_trace, set_mode  # noqa: E402
+from .host import KernelRun, last_kernel_runs, last_report, last_trace, set_mode  # noqa: E402
 from .pipeline import pipeline, pipeline_result  # noqa: E402
 
-__all__ = ["Hardware", "HardwareError", "hardware", "last_report", "last_trace", "set_mode", "pipeline", "pipeline_result"]
+__all__ = ["Hardware", "HardwareError", "hardware", "KernelRun", "last_kernel_runs", "last_report", "last_trace", "set_mode", "pipeline", "pipeline_result"]

@@ -97,6 +97,7 @@ class Run:
     seconds: float
     report: Report | None = None
     trace: list = field(default_factory=list)
+    kernels: list = field(default_factory=list)  # host.KernelRun per DSA kernel call
 
 
 @dataclass
@@ -122,12 +123,14 @@ class Compiled:
         seconds = time.perf_counter() - start
         return cls(ex, target, seconds, pipeline_result() if is_dsa else None)
 
-    def run(self, inputs: dict[str, np.ndarray], mode: str = "functional", trace: bool = False) -> Run:
-        """Run ``main`` once on ``inputs`` (in graph-input order). ``mode`` and ``trace`` set how DSA
-        kernels are simulated for this run (``timing``: outputs of DSA kernels are not computed)."""
+    def run(self, inputs: dict[str, np.ndarray], mode: str = "functional", trace: bool = False,
+            check_hazards: bool = True) -> Run:
+        """Run ``main`` once on ``inputs`` (in graph-input order). ``mode``, ``trace`` and
+        ``check_hazards`` set how DSA kernels are simulated for this run (``host.set_mode``;
+        ``timing``: outputs of DSA kernels are not computed)."""
         vm = relax.VirtualMachine(self.executable, tvm.cpu())
         args = [tvm.runtime.tensor(v) for v in inputs.values()]
-        host.set_mode(mode, trace=trace)
+        host.set_mode(mode, trace=trace, check_hazards=check_hazards)
         try:
             start = time.perf_counter()
             out = vm["main"](*args)
@@ -136,7 +139,8 @@ class Compiled:
             host.set_mode("functional", trace=False)
         if self.offload is None:
             return Run(_numpy(out), seconds)
-        return Run(_numpy(out), seconds, host.last_report(), host.last_trace() if trace else [])
+        return Run(_numpy(out), seconds, host.last_report(), host.last_trace() if trace else [],
+                   host.last_kernel_runs())
 
 
 def _numpy(value) -> list[np.ndarray]:

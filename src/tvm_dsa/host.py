@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import os
+from dataclasses import dataclass
 from functools import lru_cache
 
 import numpy as np
@@ -17,18 +18,33 @@ import tvm_ffi
 from .isa import Program
 from .runtime import Report, simulate
 
-_RUN: list[Report] = []  # reports of the kernels of the current (or last) model run
+
+
+@dataclass(frozen=True)
+class KernelRun:
+    """One DSA kernel call of a model run: its name, the shapes of its outputs, its report."""
+
+    name: str
+    output_shapes: tuple
+    report: Report
+
+
+_RUN: list[KernelRun] = []  # the kernels of the current (or last) model run, in call order
 _TRACE: list = []
-_MODE = {"mode": "functional", "trace": bool(os.environ.get("TVM_DSA_TRACE"))}
+_MODE = {"mode": "functional", "trace": bool(os.environ.get("TVM_DSA_TRACE")), "check_hazards": True}
 
 
-def set_mode(mode: str = "functional", trace: bool | None = None) -> None:
+def set_mode(mode: str = "functional", trace: bool | None = None, check_hazards: bool = True) -> None:
     """How offloaded kernels run from now on: ``functional`` (numerics and time) or ``timing``
     (time only: outputs are left untouched, so the model's results are meaningless). ``trace``
-    records trace events for ``last_trace()``."""
+    records trace events for ``last_trace()``. ``check_hazards=False`` (timing only) trusts the
+    programs' dependency tokens instead of checking them, for speed on large programs."""
     if mode not in ("functional", "timing"):
         raise ValueError(f"simulation mode must be 'functional' or 'timing', not {mode!r}")
+    if mode == "functional" and not check_hazards:
+        raise ValueError("a functional run always checks the dependency tokens (check_hazards=True)")
     _MODE["mode"] = mode
+    _MODE["check_hazards"] = check_hazards
     if trace is not None:
         _MODE["trace"] = trace
 
@@ -53,10 +69,11 @@ def execute(program_text, info_text, *tensors) -> None:
     if info["index"] == 0:  # the model's first DSA call site starts a run
         _RUN.clear()
         _TRACE.clear()
-    start = sum(r.cycles for r in _RUN)
+    start = sum(k.report.cycles for k in _RUN)
     result = simulate(program, inputs if mode == "functional" else None, mode=mode, start_cycle=start,
-                      trace=_MODE["trace"])
-    _RUN.append(result.report)
+                      trace=_MODE["trace"], check_hazards=_MODE["check_hazards"])
+    _RUN.append(KernelRun(info["kernel"], tuple(a.shape for a in program.args if a.role == "output"),
+                          result.report))
     _TRACE.extend(result.trace_events or [])
     for t, out in zip(tensors[n_in:], result.outputs):
         np.from_dlpack(t)[...] = out
@@ -64,7 +81,12 @@ def execute(program_text, info_text, *tensors) -> None:
 
 def last_report() -> Report | None:
     """The report of the last model run (all its DSA kernels), or None before any run."""
-    return Report.combine(_RUN) if _RUN else None
+    return Report.combine([k.report for k in _RUN]) if _RUN else None
+
+
+def last_kernel_runs() -> list[KernelRun]:
+    """Each DSA kernel call of the last model run, in call order (per-kernel reports)."""
+    return list(_RUN)
 
 
 def last_trace() -> list:

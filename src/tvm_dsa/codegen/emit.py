@@ -93,14 +93,19 @@ class _Deps:
         self.ssa: set = set()
 
     def deps(self, reads, writes, unit) -> set:
-        out = set()
-        for key in reads:
-            out.update(i for u, i in self.writers.get(key, {}).items() if u != unit)
+        # every recorded index belongs to the one unit that ran it: collect all, then drop ours
+        tables = [self.writers.get(key) for key in reads]
         for key in writes:
             if key not in self.ssa:
-                out.update(i for u, i in self.writers.get(key, {}).items() if u != unit)
-            out.update(i for u, i in self.readers.get(key, {}).items() if u != unit)
-        return out
+                tables.append(self.writers.get(key))
+            tables.append(self.readers.get(key))
+        out, mine = set(), set()
+        for t in tables:
+            if t:
+                out.update(t.values())
+                if unit in t:
+                    mine.add(t[unit])
+        return out - mine
 
     def record(self, idx, reads, writes, unit) -> None:
         for key in reads:

@@ -237,17 +237,16 @@ class HazardTracker:
         written = (me, ())
         memo: dict[int, tuple] = {}  # id(old state) -> new state of a read
         p, x = i, starts[i]
-        end = starts[p + 1] if p < last else size  # end of piece p
         for lo, hi in ranges:
-            while x < lo:  # untouched part before the range
+            if x < lo:  # untouched part before the range: copied piece by piece at C speed
+                k = bisect_left(starts, lo, p + 1, j)  # pieces p + 1 .. k - 1 start before ``lo``
                 out_starts.append(x)
                 out_states.append(states[p])
-                if end <= lo:
-                    x = end
-                    p += 1
-                    end = starts[p + 1] if p < last else size
-                else:
-                    x = lo
+                out_starts += starts[p + 1:k]
+                out_states += states[p + 1:k]
+                p = k if k < j and starts[k] == lo else k - 1  # the piece holding ``lo``
+                x = lo
+            end = starts[p + 1] if p < last else size  # end of piece p
             if write:
                 out_starts.append(lo)
                 out_states.append(written)
