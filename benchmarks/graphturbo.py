@@ -24,7 +24,7 @@ import time
 from tvm_dsa import hardware
 from tvm_dsa.driver import Compiled, import_onnx, max_relative_error
 from tvm_dsa.models import TINY, example_inputs, get_model, macs
-from tvm_dsa.runtime import Report
+from tvm_dsa.codegen.emit import PROMOTE
 from tvm_dsa.relax_passes.offload import StitchOptions
 
 # (label, schedule, options): the ablation of Fig. 15, cumulative
@@ -61,17 +61,31 @@ def load_workload(label: str, batch: int, tiny: bool):
 
 
 def stage_of(shape: tuple) -> str:
-    """A CNN kernel's stage, named by its output's spatial size (ResNet-50's stages each keep one)."""
+    """A CNN layer's stage, named by its output's spatial size (ResNet-50's stages each keep one)."""
     return f"{shape[2]}x{shape[3]}" if len(shape) == 4 else "head"
 
 
-def stage_reports(kernels) -> dict[str, Report]:
-    """The combined report of each stage's kernels, largest feature map first."""
-    stages: dict = {}
-    for k in kernels:
-        stages.setdefault(stage_of(k.output_shapes[-1]), []).append(k.report)
-    order = sorted(stages, key=lambda s: -int(s.split("x")[0]) if s != "head" else 0)
-    return {s: Report.combine(stages[s]) for s in order}
+def stage_utilisation(events, hw) -> dict[str, dict[str, float]]:
+    """Per stage (largest feature map first), per unit type: the busy time of the stage's
+    instructions over the time any of them runs, times the units (from a trace's layer marks;
+    a stitched kernel's stages overlap in time, each counts the time it is active)."""
+    busy: dict = {}
+    spans: dict = {}
+    for e in events:
+        if e["ph"] != "X" or e["args"].get("layer", PROMOTE) == PROMOTE:
+            continue
+        st = stage_of(tuple(e["args"]["output"]))
+        busy.setdefault(st, {}).setdefault(e["cat"], 0.0)
+        busy[st][e["cat"]] += e["dur"]
+        spans.setdefault(st, []).append((e["ts"], e["ts"] + e["dur"]))
+    out = {}
+    for st in sorted(spans, key=lambda s: -int(s.split("x")[0]) if s != "head" else 0):
+        active, end = 0.0, -math.inf
+        for lo, hi in sorted(spans[st]):
+            active += max(0.0, hi - max(lo, end))
+            end = max(end, hi)
+        out[st] = {u: busy[st].get(u, 0.0) / (active * hw.cores) if active else 0.0 for u in ("mme", "vme")}
+    return out
 
 
 def _step(text: str) -> None:
@@ -98,8 +112,9 @@ def roofline_cycles(model, hw) -> float:
     return max(macs(model) / hw.peak_macs_per_cycle, elems * esize / hw.ddr_bytes_per_cycle)
 
 
-def run_variants(label: str, batch: int, tiny: bool, target: str, check: bool, variants) -> dict:
-    """Compile and time ``variants`` of one workload; with ``check`` also run them against llvm."""
+def run_variants(label: str, batch: int, tiny: bool, target: str, check: bool, variants, traced=()) -> dict:
+    """Compile and time ``variants`` of one workload; with ``check`` also run them against llvm;
+    the variants named in ``traced`` keep their trace."""
     model = load_workload(label, batch, tiny)
     mod, inputs = import_onnx(model), example_inputs(model)
     start = time.perf_counter()
@@ -110,7 +125,8 @@ def run_variants(label: str, batch: int, tiny: bool, target: str, check: bool, v
     for name, schedule, options in variants:
         _step(f"{label} batch {batch}: {name}")
         c = Compiled.build(mod, target, schedule=schedule, options=options)
-        run = c.run(inputs, mode="timing", check_hazards=False)  # --check runs check the tokens
+        # --check runs check the tokens
+        run = c.run(inputs, mode="timing", trace=name in traced, check_hazards=False)
         err = max_relative_error(c.run(inputs).outputs, ref) if check else None
         out[name] = (c, run, err)
     return out
@@ -127,10 +143,11 @@ def main() -> None:
     p.add_argument("--table1", action="store_true", help="also BERT-128 at batch 8, 16, 32 (seed 000 Table 1)")
     args = p.parse_args()
 
-    results = {label: run_variants(label, args.batch, args.tiny, args.target, args.check, VARIANTS)
-               for label in args.models}
     base = VARIANTS[0][0]
     best = VARIANTS[-1][0]
+    results = {label: run_variants(label, args.batch, args.tiny, args.target, args.check, VARIANTS,
+                                   traced=(base, best) if label == "resnet50" else ())
+               for label in args.models}
     rows, speedups = [], []
     for name, r in results.items():
         lw, gt = r[base][1].report, r[best][1].report
@@ -159,13 +176,13 @@ def main() -> None:
            ["model", "schedule", "DDR", "GB", "LB"], rows)
 
     if "resnet50" in results:
-        r = results["resnet50"]
-        per = {label: stage_reports(r[label][1].kernels) for label in (base, best)}
-        rows = [[stage] + [f"{per[label][stage].utilisation[u]:.1%}" if stage in per[label] else "-"
+        chip = hardware.get(args.target.split("/")[-1])
+        per = {label: stage_utilisation(results["resnet50"][label][1].trace, chip) for label in (base, best)}
+        rows = [[stage] + [f"{per[label][stage][u]:.1%}" if stage in per[label] else "-"
                            for u in ("mme", "vme") for label in (base, best)]
                 for stage in per[base]]
-        _table("ResNet-50 unit utilisation per stage (seed 000 Figs. 16-17): busy time / (stage time x units)",
-               ["stage (output)", "MME lw", "MME gt", "VME lw", "VME gt"], rows)
+        _table("ResNet-50 unit utilisation per stage (seed 000 Figs. 16-17): busy time / (time the stage "
+               "runs x units)", ["stage (output)", "MME lw", "MME gt", "VME lw", "VME gt"], rows)
 
     rows = []
     for name, r in results.items():

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import math
+import re
 import tomllib
 from dataclasses import replace
 from pathlib import Path
@@ -13,7 +14,7 @@ import pytest
 
 from tvm_dsa.hardware.model import Hardware
 from tvm_dsa.isa import (
-    Dma, Fill, Kernel, Mme, Operand, Program, ProgramError, Reduce, TensorArg, Vector, operands,
+    Dma, Fill, Kernel, LayerMark, Mme, Operand, Program, ProgramError, Reduce, TensorArg, Vector, operands,
 )
 from tvm_dsa.runtime import (
     HazardError, Report, compute_cycles, dma_demand, instruction_cycles, simulate, write_trace,
@@ -255,9 +256,11 @@ def small_program() -> tuple[Program, list[np.ndarray]]:
 
 def test_program_round_trip(tmp_path):
     program, inputs = small_program()
+    marks = (LayerMark(0, "matmul", (16, 32)), LayerMark(3, "copy", (16, 32)))
+    program = replace(program, kernels=(replace(program.kernels[0], layers=marks),))
     text = program.serialize()
     again = Program.deserialize(text)
-    assert again == program
+    assert again == program and again.kernels[0].layers == marks
     program.save(tmp_path / "p.json")
     loaded = Program.load(tmp_path / "p.json")
     assert loaded == program
@@ -286,6 +289,16 @@ def test_validator_errors(n, change, message):
     instrs[n] = change(instrs[n])
     bad = replace(program, kernels=(replace(k, cores=(0, 1), instructions=tuple(instrs)),))
     with pytest.raises(ProgramError, match=f"kernel k0 instruction {n} .*{message}"):
+        simulate(bad, inputs)
+
+
+@pytest.mark.parametrize("firsts", [(3, 1), (9,)])
+def test_layer_marks_out_of_order_are_rejected(firsts):
+    program, inputs = small_program()
+    k = program.kernels[0]
+    bad = replace(program, kernels=(replace(k, layers=tuple(LayerMark(f, "a", ()) for f in firsts)),))
+    with pytest.raises(ProgramError, match=re.escape(f"kernel k0: layer marks must start at increasing "
+                                                     f"instruction indices below 5, not {list(firsts)}")):
         simulate(bad, inputs)
 
 
@@ -527,5 +540,9 @@ def test_trace_has_one_track_per_unit_used(tmp_path):
     assert processes == {0: "core 0", HW.cores: "cluster 0"}
     assert min(e["ts"] for e in xs) == pytest.approx((10_000 + LAUNCH) * 1e6 / HW.clock_hz)
     assert {e["name"] for e in xs} == {"dma", "mme", "vector.copy"}
+    assert all("layer" not in e["args"] for e in xs)  # the kernel has no layer marks
+    marked = replace(program, kernels=(replace(program.kernels[0], layers=(LayerMark(2, "mm", (16, 32)),)),))
+    layers = [e["args"].get("layer") for e in simulate(marked, inputs, trace=True).trace_events if e["ph"] == "X"]
+    assert layers == [None] * 2 + ["mm"] * 4  # instructions 2.. belong to the mark
     write_trace(r.trace_events, tmp_path / "t.json")
     assert json.loads((tmp_path / "t.json").read_text())["traceEvents"] == r.trace_events

@@ -11,7 +11,7 @@ from tvm import relax
 
 import tvm_dsa
 from tvm_dsa import hardware
-from tvm_dsa.codegen.emit import Layer
+from tvm_dsa.codegen.emit import PROMOTE, Layer
 from tvm_dsa.codegen.stitch import (
     RECOMPUTE_LIMIT,
     Lifetime,
@@ -145,6 +145,31 @@ def test_residual_block_is_one_kernel_and_matches_llvm(rng, options):
         assert report.gb_write > 0
     else:
         assert report.gb_write == 0 and report.ddr_write > 4 * 16 * 8 * 8 * 2
+
+
+def test_layer_marks_attribute_instructions_to_layers(rng):
+    mod = residual_block()
+    args = [rng.standard_normal([int(s) for s in p.ty.shape]).astype("float32") for p in mod["main"].params]
+    # constant weights, so that they are promoted to the GB
+    mod = relax.transform.BindParams("main", {f"a{i}": tvm.runtime.tensor(args[i]) for i in (1, 2, 3)})(mod)
+    vm, _ = _run(mod, "graphturbo")
+    tvm_dsa.set_mode("functional", trace=True)
+    try:
+        vm["main"](tvm.runtime.tensor(args[0]))
+    finally:
+        tvm_dsa.set_mode("functional", trace=False)
+    events = [e for e in tvm_dsa.last_trace() if e["ph"] == "X"]
+    layers = {e["args"]["layer"] for e in events}
+    # the cluster DMAs are the weights' promotions; the rest are the two fused layers (3x3 conv +
+    # relu; 1x1 conv + bias + residual + relu), each convolution's MACs counted once (no recomputation
+    # across samples), all of them writing the block's shape
+    assert {e["args"]["layer"] for e in events if e["cat"] == "cdma"} == {PROMOTE}
+    assert len(layers) == 3 and PROMOTE in layers
+    macs: dict = {}
+    for e in events:
+        macs[e["args"]["layer"]] = macs.get(e["args"]["layer"], 0) + e["args"].get("macs", 0)
+    assert sorted(macs[name] for name in layers - {PROMOTE}) == [4 * 16 * 8 * 8 * 16, 4 * 16 * 8 * 8 * 16 * 9]
+    assert {tuple(e["args"]["output"]) for e in events if e["args"]["layer"] != PROMOTE} == {(4, 16, 8, 8)}
 
 
 def test_gb_too_small_spills_to_ddr_and_stays_exact(rng):

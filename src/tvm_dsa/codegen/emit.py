@@ -174,6 +174,9 @@ def _row_major(shape) -> list[int]:
     return strides[::-1]
 
 
+PROMOTE = "promote"  # layer mark of whole-tensor copies between memories (weight promotion)
+
+
 class KernelEmitter:
     """Emits one kernel: layers, each over a list of (tile, core), with the regions of its tensors.
 
@@ -193,10 +196,19 @@ class KernelEmitter:
         self.count: dict = {}  # (core, buffer) -> lifetimes started
         self.alias: dict = {}  # (core, buffer) -> Region the tile buffer reads in place
         self.content: dict = {}  # (core, buffer) -> (tensor, region, box origin) it was loaded with
+        self.marks: list = []  # isa.LayerMark per run of instructions of one layer
         self.scratch_top = 0
 
     def kernel(self) -> isa.Kernel:
-        return isa.Kernel(self.name, tuple(sorted(self.cores_used)), tuple(self.instructions))
+        return isa.Kernel(self.name, tuple(sorted(self.cores_used)), tuple(self.instructions), tuple(self.marks))
+
+    def _mark(self, name: str, shape) -> None:
+        """The instructions from here on compute layer ``name`` (for reports and traces)."""
+        first = len(self.instructions)
+        if self.marks and self.marks[-1].first == first:
+            self.marks.pop()  # the previous mark got no instructions
+        if not self.marks or self.marks[-1].name != name:
+            self.marks.append(isa.LayerMark(first, name, tuple(shape)))
 
     # -- memory objects --------------------------------------------------------------------------
     def claim(self, region: Region, key, ssa: bool = True) -> None:
@@ -226,12 +238,14 @@ class KernelEmitter:
     def move(self, src: Region, dst: Region, core: int) -> None:
         """Copy a whole region (same box) to another memory, e.g. a weight promotion DDR -> GB."""
         self.cores_used.add(core)
+        self._mark(PROMOTE, ())
         self._push(isa.Dma(core, src.extents, _whole_operand(dst), _whole_operand(src)), core)
 
     def layer(self, layer: Layer, work, regions: dict, lb_base: int = 0) -> None:
         """Emit ``layer``'s tiles: ``work`` is a list of (tile loop values, core); ``regions``
         maps each parameter's tensor to where it lives for these tiles."""
         self.cur, self.regions, self.lb_base = layer, regions, lb_base
+        self._mark(layer.name, layer.ir.params[-1][1])
         self.views: dict = {}  # (id(access), aliased region) -> _view
         self.aliasable = _aliasable(layer.ir)
         self.lb_strides = {n: _row_major(b.extents) for n, b in layer.plan.buffers.items()}

@@ -59,13 +59,31 @@ class TensorArg:
 
 
 @dataclass(frozen=True)
+class LayerMark:
+    """Instructions from ``first`` up to the next mark belong to layer ``name`` (output ``shape``):
+    what a report or a trace attributes to a layer. Not part of the program's meaning."""
+
+    first: int
+    name: str
+    shape: tuple[int, ...]
+
+
+@dataclass(frozen=True)
 class Kernel:
-    """Instructions launched together on ``cores`` (global core ids); list order is their meaning."""
+    """Instructions launched together on ``cores`` (global core ids); list order is their meaning.
+    ``layers``: which layer each run of instructions computes (marks by increasing ``first``)."""
 
     name: str
     cores: tuple[int, ...]
     instructions: tuple[Instruction, ...]
-    macs_by_layer: dict = field(default_factory=dict, compare=False)
+    layers: tuple[LayerMark, ...] = field(default=(), compare=False)
+
+    def layer_of_each(self) -> list[LayerMark | None]:
+        """The mark of every instruction (None before the first mark)."""
+        out: list = [None] * len(self.instructions)
+        for m, nxt in zip(self.layers, self.layers[1:] + (None,)):
+            out[m.first:nxt.first if nxt else len(out)] = [m] * ((nxt.first if nxt else len(out)) - m.first)
+        return out
 
 
 @dataclass(frozen=True)
@@ -87,7 +105,8 @@ class Program:
             "ddr_bytes": self.ddr_bytes,
             "args": [[a.name, a.role, list(a.shape), a.dtype, a.host_dtype, a.offset] for a in self.args],
             "kernels": [
-                {"name": k.name, "cores": list(k.cores), "macs_by_layer": k.macs_by_layer,
+                {"name": k.name, "cores": list(k.cores),
+                 "layers": [[m.first, m.name, list(m.shape)] for m in k.layers],
                  "instructions": [_ins_to_list(i) for i in k.instructions]}
                 for k in self.kernels
             ],
@@ -103,7 +122,8 @@ class Program:
             args = tuple(TensorArg(a[0], a[1], tuple(a[2]), a[3], a[4], a[5]) for a in d["args"])
             kernels = tuple(
                 Kernel(k["name"], tuple(k["cores"]),
-                       tuple(_ins_from_list(i) for i in k["instructions"]), k.get("macs_by_layer", {}))
+                       tuple(_ins_from_list(i) for i in k["instructions"]),
+                       tuple(LayerMark(int(m[0]), str(m[1]), tuple(int(e) for e in m[2])) for m in k.get("layers", ())))
                 for k in d["kernels"]
             )
             return cls(d["hardware"], int(d["ddr_bytes"]), args, kernels, d.get("name", "program"), VERSION)

@@ -276,6 +276,10 @@ def validate(program: Program) -> None:
         for c in k.cores:
             if not 0 <= c < checker.cores:
                 raise ProgramError(f"kernel {k.name}: core {c} does not exist (there are {checker.cores})")
+        firsts = [m.first for m in k.layers]
+        if any(not 0 <= f < len(k.instructions) for f in firsts) or firsts != sorted(set(firsts)):
+            raise ProgramError(f"kernel {k.name}: layer marks must start at increasing instruction indices "
+                               f"below {len(k.instructions)}, not {firsts}")
         kernel_cores = frozenset(k.cores)
         check = checker.instruction
         for n, ins in enumerate(k.instructions):

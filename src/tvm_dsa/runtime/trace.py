@@ -1,7 +1,8 @@
 """Chrome / Perfetto trace-event JSON of a timed program: open it in ui.perfetto.dev or chrome://tracing.
 
 One process per core (and one per cluster for its ``cdma``), one track per unit that ran something,
-one complete ("X") event per instruction with its kernel, index and bytes or MACs.
+one complete ("X") event per instruction with its kernel, index, layer (name and output shape,
+from the kernel's layer marks) and bytes or MACs.
 """
 
 from __future__ import annotations
@@ -28,11 +29,14 @@ def trace_events(program: Program, hw: Hardware, timing: ProgramTiming, offset: 
     events, tracks = [], set()
     for k, kt in zip(program.kernels, timing.kernels):
         base = offset + kt.start_cycle
+        marks = k.layer_of_each()
         for n, (ins, unit, s, e) in enumerate(zip(k.instructions, kt.units, kt.start, kt.end)):
             pid, tid = _pid(unit, hw), TRACKS.index(unit[0])
             tracks.add((pid, tid, unit))
             name = OPCODE_OF[type(ins)] + (f".{ins.op}" if hasattr(ins, "op") else "")
             args = {"kernel": k.name, "index": n}
+            if marks[n] is not None:
+                args["layer"], args["output"] = marks[n].name, list(marks[n].shape)
             if isinstance(ins, (Dma, Fill)):
                 args["bytes"] = elements(ins.shape) * ins.dst.itemsize
             elif isinstance(ins, Mme):
