@@ -1,0 +1,151 @@
+"""Seed 003's performance model of a dataflow, counted exactly on the relations.
+
+Per tensor F, with A = A_D,F (pairs stamp -> element):
+- total = sum(A): accesses over all stamps;
+- reuse = sum(A ∩ M⁻¹·A) with M = M_temporal ∪ M_spatial: accesses whose element the stamp can
+  take from the same PE at the previous time stamp or from a linked PE (the overlap of
+  neighbouring stamps); temporal = the part the same PE already holds; spatial = the rest, so
+  reuse = spatial + temporal exactly;
+- unique = total - reuse: what must move between the scratchpad and the PEs;
+- reuse factor = total / unique.
+Array-wide: utilisation = active PE-stamps / (PEs x time stamps), by walking the stamps;
+Delay_compute = sum(D_S) / (utilisation x PEs); Delay_read / Delay_write = unique volume of the
+inputs / outputs over the scratchpad bandwidth; latency = max(Delay_compute, Delay_read,
+Delay_write); IBW = spatial reuse / Delay_compute; SBW = unique / Delay_compute.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import asdict, dataclass
+
+from . import relations as rel
+from .notation import Dataflow, PEArray
+
+
+@dataclass(frozen=True)
+class TensorVolumes:
+    """Data volumes of one tensor under a dataflow, in element accesses."""
+
+    tensor: str
+    is_output: bool
+    total: int
+    temporal_reuse: int
+    spatial_reuse: int
+
+    @property
+    def reuse(self) -> int:
+        return self.temporal_reuse + self.spatial_reuse
+
+    @property
+    def unique(self) -> int:
+        return self.total - self.reuse
+
+    @property
+    def reuse_factor(self) -> float:
+        return self.total / self.unique if self.unique else float("inf")
+
+
+@dataclass(frozen=True)
+class DataflowMetrics:
+    """What a dataflow costs on a PE array: the counts, and the seed's derived figures."""
+
+    op: str
+    dataflow: str
+    array: tuple[int, ...]
+    interconnect: str
+    bandwidth: float
+    instances: int       # sum(D_S): MACs
+    active: int          # space-time stamps at which a PE works
+    time_stamps: int     # distinct time stamps: the array's cycles
+    tensors: tuple[TensorVolumes, ...]
+
+    @property
+    def pes(self) -> int:
+        return math.prod(self.array)
+
+    @property
+    def utilisation(self) -> float:
+        return self.active / (self.pes * self.time_stamps)
+
+    @property
+    def compute_delay(self) -> float:
+        """sum(D_S) / (Util_PE x PE size): the number of time stamps when a PE does one instance per stamp."""
+        return self.instances / (self.utilisation * self.pes)
+
+    @property
+    def read_delay(self) -> float:
+        return sum(t.unique for t in self.tensors if not t.is_output) / self.bandwidth
+
+    @property
+    def write_delay(self) -> float:
+        return sum(t.unique for t in self.tensors if t.is_output) / self.bandwidth
+
+    @property
+    def latency(self) -> float:
+        return max(self.compute_delay, self.read_delay, self.write_delay)
+
+    def ibw(self, tensor: str | None = None) -> float:
+        """PE-to-PE bandwidth (elements per stamp) of one tensor, or of all."""
+        return sum(t.spatial_reuse for t in self._select(tensor)) / self.compute_delay
+
+    def sbw(self, tensor: str | None = None) -> float:
+        """Scratchpad-to-PE bandwidth (elements per stamp) of one tensor, or of all."""
+        return sum(t.unique for t in self._select(tensor)) / self.compute_delay
+
+    def tensor(self, name: str) -> TensorVolumes:
+        return self._select(name)[0]
+
+    def _select(self, tensor: str | None) -> tuple[TensorVolumes, ...]:
+        picked = tuple(t for t in self.tensors if tensor in (None, t.tensor))
+        if not picked:
+            raise KeyError(f"no tensor {tensor!r} in {self.op}; tensors: {[t.tensor for t in self.tensors]}")
+        return picked
+
+    def to_dict(self) -> dict:
+        d = asdict(self)
+        d["tensors"] = [dict(asdict(t), reuse=t.reuse, unique=t.unique, reuse_factor=t.reuse_factor,
+                             ibw=self.ibw(t.tensor), sbw=self.sbw(t.tensor)) for t in self.tensors]
+        d.update(pes=self.pes, utilisation=self.utilisation, compute_delay=self.compute_delay,
+                 read_delay=self.read_delay, write_delay=self.write_delay, latency=self.latency,
+                 ibw=self.ibw(), sbw=self.sbw())
+        return d
+
+    def __str__(self) -> str:
+        shape = "x".join(map(str, self.array))
+        head = [f"{self.op}: {self.dataflow} on a {shape} {self.interconnect} array, "
+                f"scratchpad {self.bandwidth:g} elements/stamp",
+                f"  instances {self.instances:,}, time stamps {self.time_stamps:,}, utilisation "
+                f"{self.utilisation:.1%}, latency {self.latency:,.1f} (compute {self.compute_delay:,.1f}, "
+                f"read {self.read_delay:,.1f}, write {self.write_delay:,.1f})"]
+        rows = [("tensor", "total", "reuse", "spatial", "temporal", "unique", "reuse factor", "IBW", "SBW")]
+        for t in self.tensors:
+            rows.append((t.tensor + (" (out)" if t.is_output else ""), f"{t.total:,}", f"{t.reuse:,}",
+                         f"{t.spatial_reuse:,}", f"{t.temporal_reuse:,}", f"{t.unique:,}",
+                         f"{t.reuse_factor:.3f}", f"{self.ibw(t.tensor):.2f}", f"{self.sbw(t.tensor):.2f}"))
+        widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
+        table = ["  " + "  ".join(c.rjust(w) if i else c.ljust(w) for i, (c, w) in enumerate(zip(r, widths)))
+                 for r in rows]
+        return "\n".join(head + table)
+
+
+def tensor_volumes(df: Dataflow, array: PEArray, tensor: str) -> TensorVolumes:
+    """Total, temporal and spatial reuse of ``tensor`` (exact counts)."""
+    a = rel.assignment(df, tensor)
+    temporal = rel.temporal_map(df)
+    neighbours = temporal.union(rel.spatial_map(df, array))
+    reuse = rel.count(a.intersect(neighbours.reverse().apply_range(a)))
+    temporal_reuse = rel.count(a.intersect(temporal.reverse().apply_range(a)))
+    return TensorVolumes(tensor, tensor == df.op.output.tensor, rel.count(a), temporal_reuse,
+                         reuse - temporal_reuse)
+
+
+def analyse(df: Dataflow, array: PEArray) -> DataflowMetrics:
+    """The metrics of dataflow ``df`` on ``array`` (raises ``NotationError`` if it does not fit)."""
+    rel.check_fits(df, array)
+    return DataflowMetrics(
+        op=df.op.name, dataflow=str(df), array=array.shape, interconnect=array.interconnect.name,
+        bandwidth=array.bandwidth, instances=rel.count(rel.domain(df.op)), active=rel.count(rel.stamps(df)),
+        time_stamps=rel.count(rel.time_stamps(df)),
+        tensors=tuple(tensor_volumes(df, array, t) for t in df.op.tensors),
+    )
