@@ -8,7 +8,7 @@ Per tensor F, with A = A_D,F (pairs stamp -> element):
   reuse = spatial + temporal exactly;
 - unique = total - reuse: what must move between the scratchpad and the PEs;
 - reuse factor = total / unique.
-Array-wide: utilisation = active PE-stamps / (PEs x time stamps), by walking the stamps;
+Array-wide: utilisation = busy PE-stamps / (PEs x time stamps in use), by walking the stamps;
 Delay_compute = sum(D_S) / (utilisation x PEs); Delay_read / Delay_write = unique volume of the
 inputs / outputs over the scratchpad bandwidth; latency = max(Delay_compute, Delay_read,
 Delay_write); IBW = spatial reuse / Delay_compute; SBW = unique / Delay_compute.
@@ -55,9 +55,8 @@ class DataflowMetrics:
     array: tuple[int, ...]
     interconnect: str
     bandwidth: float
-    instances: int       # sum(D_S): MACs
-    active: int          # space-time stamps at which a PE works
-    time_stamps: int     # distinct time stamps: the array's cycles
+    instances: int       # sum(D_S): MACs, one per PE per stamp, so also the busy PE-stamps
+    time_stamps: int     # distinct time stamps in use: the array's cycles
     tensors: tuple[TensorVolumes, ...]
 
     @property
@@ -66,7 +65,8 @@ class DataflowMetrics:
 
     @property
     def utilisation(self) -> float:
-        return self.active / (self.pes * self.time_stamps)
+        """Busy PE-stamps over all PE-stamps of the time stamps in use."""
+        return self.instances / (self.pes * self.time_stamps)
 
     @property
     def compute_delay(self) -> float:
@@ -129,23 +129,23 @@ class DataflowMetrics:
         return "\n".join(head + table)
 
 
-def tensor_volumes(df: Dataflow, array: PEArray, tensor: str) -> TensorVolumes:
+def tensor_volumes(st: rel.SpaceTime, tensor: str) -> TensorVolumes:
     """Total, temporal and spatial reuse of ``tensor`` (exact counts)."""
-    a = rel.assignment(df, tensor)
-    temporal = rel.temporal_map(df)
-    neighbours = temporal.union(rel.spatial_map(df, array))
+    a = st.assignment(tensor)
+    neighbours = st.temporal_map.union(st.spatial_map)
     reuse = rel.count(a.intersect(neighbours.reverse().apply_range(a)))
-    temporal_reuse = rel.count(a.intersect(temporal.reverse().apply_range(a)))
-    return TensorVolumes(tensor, tensor == df.op.output.tensor, rel.count(a), temporal_reuse,
-                         reuse - temporal_reuse)
+    temporal_reuse = rel.count(a.intersect(st.temporal_map.reverse().apply_range(a)))
+    # Θ is a bijection onto the stamps (check_fits), so sum(A_D,F) = sum(A_S,F), which has no
+    # existential variables to count through.
+    total = rel.count(rel.access(st.df.op, tensor))
+    return TensorVolumes(tensor, tensor == st.df.op.output.tensor, total, temporal_reuse, reuse - temporal_reuse)
 
 
 def analyse(df: Dataflow, array: PEArray) -> DataflowMetrics:
     """The metrics of dataflow ``df`` on ``array`` (raises ``NotationError`` if it does not fit)."""
     rel.check_fits(df, array)
+    st = rel.SpaceTime(df, array)
     return DataflowMetrics(
         op=df.op.name, dataflow=str(df), array=array.shape, interconnect=array.interconnect.name,
-        bandwidth=array.bandwidth, instances=rel.count(rel.domain(df.op)), active=rel.count(rel.stamps(df)),
-        time_stamps=rel.count(rel.time_stamps(df)),
-        tensors=tuple(tensor_volumes(df, array, t) for t in df.op.tensors),
+        bandwidth=array.bandwidth, instances=rel.count(rel.domain(df.op)), time_stamps=rel.count(st.time_stamps), tensors=tuple(tensor_volumes(st, t) for t in df.op.tensors),
     )

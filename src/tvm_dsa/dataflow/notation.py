@@ -212,12 +212,14 @@ def mesh(ndim: int = 2) -> Interconnect:
     return Interconnect("mesh", tuple(d for d in product((-1, 0, 1), repeat=ndim) if any(d)))
 
 
-def multicast(k: int, ndim: int = 1, axis: int = 0) -> Interconnect:
-    """The seed's 1-D multicast: a wire reaching the PEs up to ``k`` further along ``axis`` in the
-    same stamp (|i' - i| <= k, shared once, from the first PE that holds the value)."""
+def multicast(k: int, ndim: int = 1, axes: tuple[int, ...] = (0,)) -> Interconnect:
+    """The seed's 1-D multicast along each of ``axes``: a wire reaching the PEs up to ``k`` further
+    along the axis in the same stamp (|i' - i| <= k; the value is fetched once, by the first PE of
+    the run that needs it, and shared forward). ``axes=(0, 1)`` gives row and column buses."""
     if type(k) is not int or k < 1:
         raise NotationError(f"multicast distance must be a positive integer, got {k!r}")
-    return Interconnect(f"multicast-{k}", tuple(_unit(ndim, axis, s) for s in range(1, k + 1)), delay=0)
+    return Interconnect(f"multicast-{k}" + (f"(axes {', '.join(map(str, axes))})" if ndim > 1 else ""),
+                        tuple(_unit(ndim, a, s) for a in axes for s in range(1, k + 1)), delay=0)
 
 
 @dataclass(frozen=True)

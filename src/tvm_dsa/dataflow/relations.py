@@ -3,14 +3,17 @@
 A space-time stamp (the seed's ``(PE[p] | T[t])``) is one flat isl tuple ``ST[p..., t...]``.
 
 - ``domain``: D_S; ``access``: A_S,F; ``theta``: Θ_S,D;
-- ``assignment``: A_D,F = Θ⁻¹ · A_S,F, the elements each stamp touches;
 - ``links``: the interconnect I = { PE[p] -> PE[q] } inside the array;
-- ``temporal_map`` / ``spatial_map``: M_D,D' from a stamp to the stamps that can take a value
+- ``SpaceTime``: for one dataflow on one array, the stamps in use, A_D,F = Θ⁻¹ · A_S,F (the
+  elements each stamp touches), and the space-time maps M_D,D' (``temporal_map`` /
+  ``spatial_map``) from a stamp to the stamps that can take a value
   from it: the same PE at the next time stamp, or a linked PE at the next (delay 1) or the same
   (delay 0) time stamp. "Next" is the lexicographic successor among the time stamps in use.
 """
 
 from __future__ import annotations
+
+from functools import cached_property
 
 import islpy as isl
 
@@ -53,21 +56,6 @@ def theta(df: Dataflow) -> isl.Map:
     return isl.Map(f"{{ {_loops(df.op)} -> {STAMP}[{exprs}] : {_bounds(df.op)} }}")
 
 
-def assignment(df: Dataflow, tensor: str) -> isl.Map:
-    """A_D,F = Θ⁻¹ · A_S,F: each stamp to the elements of ``tensor`` it touches."""
-    return theta(df).reverse().apply_range(access(df.op, tensor))
-
-
-def stamps(df: Dataflow) -> isl.Set:
-    """The space-time stamps at which some instance runs."""
-    return theta(df).range()
-
-
-def time_stamps(df: Dataflow) -> isl.Set:
-    """The time stamps in use (the array's cycles)."""
-    return stamps(df).project_out(isl.dim_type.set, 0, len(df.space))
-
-
 def pe_domain(array: PEArray) -> isl.Set:
     return isl.Set("{ PE[%s] : %s }" % (", ".join(f"p{a}" for a in range(len(array.shape))),
                                        " and ".join(f"0 <= p{a} < {n}" for a, n in enumerate(array.shape))))
@@ -82,33 +70,58 @@ def links(array: PEArray) -> isl.Map:
     return isl.Map("{ " + "; ".join(parts) + " }").intersect_domain(pes).intersect_range(pes)
 
 
-def _stamp_map(df: Dataflow, space: isl.Map, time: isl.Map) -> isl.Map:
-    """{ ST[p, t] -> ST[q, u] : space(p, q) and time(t, u) } between stamps in use."""
-    active = stamps(df)
+def _stamp_map(space: isl.Map, time: isl.Map) -> isl.Map:
+    """{ ST[p, t] -> ST[q, u] : space(p, q) and time(t, u) }. Not cut to the stamps in use: every
+    use goes through A_D,F, whose stamps are."""
     m = space.flat_product(time)
-    m = m.set_tuple_name(isl.dim_type.in_, STAMP).set_tuple_name(isl.dim_type.out, STAMP)
-    return m.intersect_domain(active).intersect_range(active)
+    return m.set_tuple_name(isl.dim_type.in_, STAMP).set_tuple_name(isl.dim_type.out, STAMP)
 
 
-def _next_time(df: Dataflow) -> isl.Map:
-    """{ T[t] -> T[u] }: u is the time stamp right after t."""
-    times = time_stamps(df)
-    return times.lex_lt_set(times).lexmin()
+class SpaceTime:
+    """The stamp relations of one dataflow on one PE array, each built once."""
 
+    def __init__(self, df: Dataflow, array: PEArray):
+        self.df, self.array = df, array
 
-def temporal_map(df: Dataflow) -> isl.Map:
-    """M_D,D' for temporal reuse: (PE[p] | T[t]) -> (PE[p] | T[next t])."""
-    ps = ", ".join(f"p{a}" for a in range(len(df.space)))
-    return _stamp_map(df, isl.Map(f"{{ PE[{ps}] -> PE[{ps}] }}"), _next_time(df))
+    @cached_property
+    def theta(self) -> isl.Map:
+        return theta(self.df)
 
+    @cached_property
+    def stamps(self) -> isl.Set:
+        """The space-time stamps at which some instance runs."""
+        return self.theta.range()
 
-def spatial_map(df: Dataflow, array: PEArray) -> isl.Map:
-    """M_D,D' for spatial reuse: (PE[p] | T[t]) -> (PE[q] | T[t + delay]) for each link p -> q."""
-    if array.interconnect.delay:
-        time = _next_time(df)
-    else:
-        time = isl.Map.identity(time_stamps(df).get_space().map_from_set())
-    return _stamp_map(df, links(array), time)
+    @cached_property
+    def time_stamps(self) -> isl.Set:
+        """The time stamps in use (the array's cycles). Projecting the PEs out leaves existential
+        variables; making them explicit divisions keeps the successor map (a lexmin) fast."""
+        return self.stamps.project_out(isl.dim_type.set, 0, len(self.df.space)).compute_divs().coalesce()
+
+    @cached_property
+    def next_time(self) -> isl.Map:
+        """{ T[t] -> T[u] }: u is the time stamp in use right after t."""
+        return self.time_stamps.lex_lt_set(self.time_stamps).lexmin()
+
+    @cached_property
+    def temporal_map(self) -> isl.Map:
+        """M_D,D' for temporal reuse: (PE[p] | T[t]) -> (PE[p] | T[next t])."""
+        ps = ", ".join(f"p{a}" for a in range(len(self.df.space)))
+        return _stamp_map(isl.Map(f"{{ PE[{ps}] -> PE[{ps}] }}"), self.next_time)
+
+    @cached_property
+    def spatial_map(self) -> isl.Map:
+        """M_D,D' for spatial reuse: (PE[p] | T[t]) -> (PE[q] | T[t + delay]) for each link p -> q,
+        t + 1 being the next time stamp in use."""
+        if self.array.interconnect.delay:
+            time = self.next_time
+        else:
+            time = isl.Map.identity(self.time_stamps.get_space().map_from_set())
+        return _stamp_map(links(self.array), time)
+
+    def assignment(self, tensor: str) -> isl.Map:
+        """A_D,F = Θ⁻¹ · A_S,F: each stamp to the elements of ``tensor`` it touches."""
+        return self.theta.reverse().apply_range(access(self.df.op, tensor))
 
 
 def check_fits(df: Dataflow, array: PEArray) -> None:
@@ -117,7 +130,7 @@ def check_fits(df: Dataflow, array: PEArray) -> None:
     if len(df.space) != len(array.shape):
         raise NotationError(f"dataflow {df} has {len(df.space)} space dimension(s) but the PE array "
                             f"{array.shape} has {len(array.shape)}")
-    used = stamps(df).project_out(isl.dim_type.set, len(df.space), len(df.time))
+    used = theta(df).range().project_out(isl.dim_type.set, len(df.space), len(df.time))
     used = used.set_tuple_name("PE")
     outside = used.subtract(pe_domain(array))
     if not outside.is_empty():
