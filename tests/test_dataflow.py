@@ -1,15 +1,19 @@
 """TENET dataflow model (seed 003): the worked example, and every metric against brute force."""
 
+import json
 import math
+import re
 from collections import defaultdict
 from itertools import product
 
 import pytest
 
-from tvm_dsa.dataflow import (Dataflow, NotationError, PEArray, TensorOp, TensorVolumes, analyse, mesh, multicast,
+from tvm_dsa.cli import main
+from tvm_dsa.dataflow import (Dataflow, Interconnect, NotationError, PEArray, TensorOp, TensorVolumes, analyse, mesh, multicast,
                               systolic_1d, systolic_2d)
 from tvm_dsa.dataflow import relations as rel
 from tvm_dsa.dataflow.library import BENCHMARKS, standard_dataflows
+from tvm_dsa.hardware import get
 
 GEMM = "Y[i,j] += A[i,k] * B[k,j]"
 
@@ -197,8 +201,46 @@ def test_bad_ops_and_arrays_are_named():
     with pytest.raises(NotationError, match="interconnect 'systolic-2d' is 2-D but the PE array"):
         PEArray((4,), systolic_2d(), 1)
     with pytest.raises(NotationError, match="same-stamp .* must point to lexicographically larger PEs"):
-        from tvm_dsa.dataflow import Interconnect
         Interconnect("bus", ((-1,),), delay=0)
     op = TensorOp.parse("GEMM", GEMM, {"i": 2, "j": 2, "k": 2})
     with pytest.raises(NotationError, match="has 1 space dimension.*PE array \\(2, 2\\) has 2"):
         analyse(Dataflow.parse(op, "PE[i] | T[j, k]"), PEArray((2, 2), systolic_2d(), 1))
+
+
+# -- tvm-dsa dataflow ------------------------------------------------------------------------
+
+def test_cli_given_dataflow_prints_the_models_metrics(capsys):
+    assert main(["dataflow", GEMM, "i=2,j=2,k=4", "--array", "2x2", "--interconnect", "systolic-2d",
+                 "--bandwidth", "2", "--dataflow", "PE[i,j] | T[i+j+k]", "--json"]) == 0
+    [row] = json.loads(capsys.readouterr().out)
+    df, array = seed_example(window=False)
+    expected = json.loads(json.dumps(analyse(df, array).to_dict()))
+    assert {k: v for k, v in row.items() if k not in ("name", "seconds", "op")} == \
+        {k: v for k, v in expected.items() if k != "op"}
+
+
+def test_cli_standard_dataflows_on_the_mme_best_first(capsys):
+    assert main(["dataflow", "gemm", "i=32,j=32,k=8"]) == 0
+    out = capsys.readouterr().out
+    hw = get("stcp920")
+    bench = BENCHMARKS["gemm"]
+    expected = {name: analyse(df, PEArray((hw.mme.rows, hw.mme.cols),
+                                          systolic_2d() if "systolic" in name else multicast(31, 2, (0, 1)),
+                                          hw.lb_bytes_per_cycle / 2)).latency
+                for name, df in standard_dataflows(bench, bench.op({"i": 32, "j": 32, "k": 8}), (16, 32)).items()}
+    best = min(expected, key=expected.get)
+    assert f"best: {best}\n" in out and f"latency {expected[best]:,.1f}" in out
+    assert all(name in out for name in expected)
+
+
+@pytest.mark.parametrize("argv,msg", [
+    (["dataflow", "gemm", "i=4,j=4"], "gemm has loops i, j, k; got sizes for i, j"),
+    (["dataflow", "gemm", "i=4;j=4,k=2"], "sizes must look like i=64,j=64,k=64"),
+    (["dataflow", "gemm", "--interconnect", "torus"], "unknown interconnect 'torus'"),
+    (["dataflow", "fft"], "unknown operation 'fft'"),
+    (["dataflow", "gemm", "--array", "4x4", "--interconnect", "mesh", "--dataflow", "PE[i, j] | T[k]"],
+     r"places instances on PE\[\d+, \d+\], outside the \(4, 4\) array"),
+])
+def test_cli_bad_input_exits_2_with_the_problem(argv, msg, capsys):
+    assert main(argv) == 2
+    assert re.search(msg, capsys.readouterr().err)

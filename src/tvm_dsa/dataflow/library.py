@@ -9,9 +9,12 @@ linear time dimension, skewed by the PE coordinates so that a value can hop one 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from time import perf_counter
 
+from ..hardware.model import STORAGE_DTYPES, Hardware
 from .expr import NotationError
-from .notation import Dataflow, TensorOp
+from .metrics import DataflowMetrics, analyse
+from .notation import Dataflow, Interconnect, PEArray, TensorOp, multicast, systolic_2d
 
 
 @dataclass(frozen=True)
@@ -98,3 +101,34 @@ def standard_dataflows(bench: Benchmark, op: TensorOp, shape: tuple[int, int]) -
         out[kind] = stationary(op, space, time, shape, name=kind)
         out[f"{kind}, systolic"] = stationary(op, space, time, shape, skew=True, name=f"{kind}, systolic")
     return out
+
+
+def mme_bandwidth(hw: Hardware) -> float:
+    """What the core's LB feeds the MME, in MME elements per cycle."""
+    return hw.lb_bytes_per_cycle / STORAGE_DTYPES[hw.mme.dtype]
+
+
+@dataclass(frozen=True)
+class Evaluated:
+    """One dataflow's metrics and the seconds the model took to count them."""
+
+    name: str
+    metrics: DataflowMetrics
+    seconds: float
+
+
+def evaluate(name: str, df: Dataflow, array: PEArray) -> Evaluated:
+    start = perf_counter()
+    metrics = analyse(df, array)
+    return Evaluated(name, metrics, perf_counter() - start)
+
+
+def evaluate_standard(bench: Benchmark, op: TensorOp, shape: tuple[int, int], bandwidth: float,
+                      interconnect: Interconnect | None = None) -> list[Evaluated]:
+    """Every standard dataflow of ``bench`` on a ``shape`` array. Without an ``interconnect``, plain
+    dataflows get row and column multicast buses (operands shared in the stamp they are used) and
+    systolic ones a 2-D systolic array."""
+    buses = multicast(max(max(shape) - 1, 1), 2, (0, 1))
+    return [evaluate(name, df, PEArray(shape, interconnect or (systolic_2d() if "systolic" in name else buses),
+                                       bandwidth))
+            for name, df in standard_dataflows(bench, op, shape).items()]

@@ -123,10 +123,7 @@ class DataflowMetrics:
             rows.append((t.tensor + (" (out)" if t.is_output else ""), f"{t.total:,}", f"{t.reuse:,}",
                          f"{t.spatial_reuse:,}", f"{t.temporal_reuse:,}", f"{t.unique:,}",
                          f"{t.reuse_factor:.3f}", f"{self.ibw(t.tensor):.2f}", f"{self.sbw(t.tensor):.2f}"))
-        widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
-        table = ["  " + "  ".join(c.rjust(w) if i else c.ljust(w) for i, (c, w) in enumerate(zip(r, widths)))
-                 for r in rows]
-        return "\n".join(head + table)
+        return "\n".join(head + ["  " + line for line in _columns(rows, left=1)])
 
 
 def tensor_volumes(st: rel.SpaceTime, tensor: str) -> TensorVolumes:
@@ -149,3 +146,20 @@ def analyse(df: Dataflow, array: PEArray) -> DataflowMetrics:
         op=df.op.name, dataflow=str(df), array=array.shape, interconnect=array.interconnect.name,
         bandwidth=array.bandwidth, instances=rel.count(rel.domain(df.op)), time_stamps=rel.count(st.time_stamps), tensors=tuple(tensor_volumes(st, t) for t in df.op.tensors),
     )
+
+
+def summary(rows: list[tuple[str, DataflowMetrics]]) -> str:
+    """One line per named dataflow: utilisation, delays, latency, unique volume, IBW and SBW."""
+    table = [("dataflow", "interconnect", "util", "compute", "read", "write", "latency", "unique", "IBW", "SBW")]
+    for name, m in rows:
+        table.append((name, m.interconnect, f"{m.utilisation:.1%}", f"{m.compute_delay:,.0f}",
+                      f"{m.read_delay:,.0f}", f"{m.write_delay:,.0f}", f"{m.latency:,.0f}",
+                      f"{sum(t.unique for t in m.tensors):,}", f"{m.ibw():.1f}", f"{m.sbw():.1f}"))
+    return "\n".join(_columns(table, left=2))
+
+
+def _columns(rows: list[tuple[str, ...]], left: int) -> list[str]:
+    """``rows`` as aligned text: the first ``left`` columns flush left, the numbers flush right."""
+    widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
+    return ["  ".join(c.ljust(w) if i < left else c.rjust(w) for i, (c, w) in enumerate(zip(r, widths))).rstrip()
+            for r in rows]

@@ -222,6 +222,24 @@ def multicast(k: int, ndim: int = 1, axes: tuple[int, ...] = (0,)) -> Interconne
                         tuple(_unit(ndim, a, s) for a in axes for s in range(1, k + 1)), delay=0)
 
 
+INTERCONNECTS = ("systolic-1d", "systolic-2d", "mesh", "multicast-K")
+
+
+def interconnect(name: str, ndim: int) -> Interconnect:
+    """The interconnect called ``name`` (one of ``INTERCONNECTS``) on an ``ndim``-D array;
+    ``systolic-1d`` runs along axis 0, ``multicast-K`` along every axis."""
+    if name == "systolic-1d":
+        return systolic_1d(ndim)
+    if name == "systolic-2d" and ndim == 2:
+        return systolic_2d()
+    if name == "mesh":
+        return mesh(ndim)
+    m = re.fullmatch(r"multicast-(\d+)", name)
+    if m:
+        return multicast(int(m[1]), ndim, tuple(range(ndim)))
+    raise NotationError(f"unknown interconnect {name!r} for a {ndim}-D array; known: {', '.join(INTERCONNECTS)}")
+
+
 @dataclass(frozen=True)
 class PEArray:
     """A PE array of ``shape`` (one MAC per PE per stamp), its ``interconnect``, and the scratchpad's
