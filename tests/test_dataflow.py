@@ -9,8 +9,8 @@ from itertools import product
 import pytest
 
 from tvm_dsa.cli import main
-from tvm_dsa.dataflow import (Dataflow, Interconnect, NotationError, PEArray, TensorOp, TensorVolumes, analyse, mesh, multicast,
-                              systolic_1d, systolic_2d)
+from tvm_dsa.dataflow import (Dataflow, Interconnect, NotationError, PEArray, TensorOp, TensorVolumes, analyse,
+                              mesh, multicast, systolic_1d, systolic_2d)
 from tvm_dsa.dataflow import relations as rel
 from tvm_dsa.dataflow.library import BENCHMARKS, standard_dataflows
 from tvm_dsa.hardware import get
