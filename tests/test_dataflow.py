@@ -196,6 +196,8 @@ def test_bad_dataflow_text_is_named(text, msg):
 def test_bad_ops_and_arrays_are_named():
     with pytest.raises(NotationError, match="extent of loop 'k' must be a positive integer"):
         TensorOp.parse("GEMM", GEMM, {"i": 2, "j": 2, "k": 0})
+    with pytest.raises(NotationError, match="mod cannot name a loop"):
+        TensorOp.parse("copy", "Y[mod] = A[mod]", {"mod": 2})
     with pytest.raises(NotationError, match="Y is both read and written"):
         TensorOp.parse("acc", "Y[i] = Y[i] + A[i]", {"i": 2})
     with pytest.raises(NotationError, match="interconnect 'systolic-2d' is 2-D but the PE array"):
@@ -244,3 +246,11 @@ def test_cli_standard_dataflows_on_the_mme_best_first(capsys):
 def test_cli_bad_input_exits_2_with_the_problem(argv, msg, capsys):
     assert main(argv) == 2
     assert re.search(msg, capsys.readouterr().err)
+
+
+def test_cli_help_names_the_options(capsys):
+    with pytest.raises(SystemExit) as stop:
+        main(["dataflow", "--help"])
+    assert stop.value.code == 0
+    out = capsys.readouterr().out
+    assert "--dataflow" in out and "PE[i % 8, j % 8]" in out and "multicast-K" in out

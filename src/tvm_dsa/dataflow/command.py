@@ -89,6 +89,6 @@ def add_parser(sub) -> None:
     p.add_argument("--bandwidth", type=float, help="scratchpad elements per stamp instead of the LB's")
     p.add_argument("--interconnect", help=f"one of {', '.join(INTERCONNECTS)} (default: multicast buses for "
                                           "plain dataflows, systolic-2d for skewed ones)")
-    p.add_argument("--dataflow", help="evaluate this dataflow only, e.g. 'PE[i % 8, j % 8] | T[i // 8, j // 8, k]'")
+    p.add_argument("--dataflow", help="evaluate this dataflow only, e.g. 'PE[i %% 8, j %% 8] | T[i // 8, j // 8, k]'")
     p.add_argument("--json", action="store_true", help="print the metrics as JSON")
     p.set_defaults(func=main)

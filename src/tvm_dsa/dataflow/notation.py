@@ -51,6 +51,10 @@ class Access:
         return f"{self.tensor}[{', '.join(self.indices)}]"
 
 
+# Words of isl's syntax and of the dataflow notation.
+_RESERVED = {"and", "or", "not", "mod", "floor", "ceil", "exists", "min", "max", "infty", "true", "false", "fl"}
+
+
 @dataclass(frozen=True)
 class TensorOp:
     """A statement ``output op= f(inputs)`` in a perfect nest of ``loops`` over ``0 <= loop < extent``,
@@ -65,6 +69,9 @@ class TensorOp:
     where: str = ""
 
     def __post_init__(self) -> None:
+        reserved = sorted(set(self.loops) & _RESERVED)
+        if reserved:
+            raise NotationError(f"{self.name}: {', '.join(reserved)} cannot name a loop (reserved by the notation)")
         if len(self.loops) != len(self.extents) or len(set(self.loops)) != len(self.loops):
             raise NotationError(f"{self.name}: loops {self.loops} and extents {self.extents} do not pair up")
         for loop, extent in zip(self.loops, self.extents):

@@ -6,9 +6,9 @@ A space-time stamp (the seed's ``(PE[p] | T[t])``) is one flat isl tuple ``ST[p.
 - ``links``: the interconnect I = { PE[p] -> PE[q] } inside the array;
 - ``SpaceTime``: for one dataflow on one array, the stamps in use, A_D,F = Θ⁻¹ · A_S,F (the
   elements each stamp touches), and the space-time maps M_D,D' (``temporal_map`` /
-  ``spatial_map``) from a stamp to the stamps that can take a value
-  from it: the same PE at the next time stamp, or a linked PE at the next (delay 1) or the same
-  (delay 0) time stamp. "Next" is the lexicographic successor among the time stamps in use.
+  ``spatial_map``) from a stamp to the stamps that can take a value from it: the same PE at the
+  next time stamp, or a linked PE at the next (delay 1) or the same (delay 0) time stamp. "Next"
+  is the lexicographic successor among the time stamps in use.
 """
 
 from __future__ import annotations
