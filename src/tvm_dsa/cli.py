@@ -3,6 +3,7 @@
     tvm-dsa run resnet18 --tiny                   # compile, simulate, check against llvm, report
     tvm-dsa run model.onnx --target dsa/set-edge16 --timing-only --trace trace.json
     tvm-dsa hw [dsa/<chip>]                       # the presets, or one chip's parameters
+    tvm-dsa dataflow gemm i=64,j=64,k=64          # TENET metrics of the MME's dataflows (seed 003)
 
 Exit codes: 0 success, 1 numerics outside the tolerance, 2 bad input (model, file, target).
 """
@@ -15,6 +16,7 @@ import sys
 from pathlib import Path
 
 from . import hardware
+from .dataflow import command as dataflow_command
 from .driver import Compiled, InputError, check_target, dsa_mac_share, import_onnx, load_model, max_relative_error
 from .models import MODELS, example_inputs
 from .runtime import write_trace
@@ -119,6 +121,7 @@ def parser() -> argparse.ArgumentParser:
     hw = sub.add_parser("hw", help="list the DSA presets, or print one chip's parameters as JSON")
     hw.add_argument("chip", nargs="?", help="a preset, e.g. dsa/stcp920")
     hw.set_defaults(func=_hw)
+    dataflow_command.add_parser(sub)
     return p
 
 

@@ -1,0 +1,94 @@
+"""``tvm-dsa dataflow``: the TENET metrics of a tensor operation's dataflows on a PE array.
+
+    tvm-dsa dataflow gemm i=64,j=64,k=64              # standard dataflows on stcp920's MME, the best one
+    tvm-dsa dataflow conv2d --array 8x8 --interconnect mesh
+    tvm-dsa dataflow "Y[i,j] += A[i,k] * B[k,j]" i=2,j=2,k=4 --array 2x2 --dataflow "PE[i,j] | T[i+j+k]"
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+
+from .. import hardware
+from ..driver import InputError
+from ..hardware import HardwareError
+from .expr import NotationError
+from .library import BENCHMARKS, Evaluated, evaluate, evaluate_standard, mme_bandwidth
+from .metrics import summary
+from .notation import INTERCONNECTS, Dataflow, PEArray, TensorOp, interconnect
+
+
+def parse_sizes(text: str) -> dict[str, int]:
+    """``"i=64,j=64,k=64"`` -> ``{"i": 64, "j": 64, "k": 64}``."""
+    sizes = {}
+    for item in filter(None, text.split(",")):
+        name, _, value = item.partition("=")
+        if not name.strip().isidentifier() or not value.strip().isdigit():
+            raise InputError(f"sizes must look like i=64,j=64,k=64; got {item!r}")
+        sizes[name.strip()] = int(value)
+    return sizes
+
+
+def parse_shape(text: str) -> tuple[int, ...]:
+    """``"16x32"`` -> ``(16, 32)``."""
+    parts = text.lower().split("x")
+    if not all(p.isdigit() and int(p) > 0 for p in parts):
+        raise InputError(f"--array must look like 16x32; got {text!r}")
+    return tuple(int(p) for p in parts)
+
+
+def run(args: argparse.Namespace) -> list[Evaluated]:
+    """The dataflows the arguments ask for, evaluated; the best (lowest latency) first."""
+    if args.bandwidth is not None and not args.bandwidth > 0:
+        raise InputError(f"--bandwidth must be positive, got {args.bandwidth:g}")
+    hw = hardware.get(args.target)
+    shape = parse_shape(args.array) if args.array else (hw.mme.rows, hw.mme.cols)
+    bandwidth = args.bandwidth or mme_bandwidth(hw)
+    sizes = parse_sizes(args.sizes) if args.sizes else None
+    bench = BENCHMARKS.get(args.op)
+    if bench is None and "[" not in args.op:
+        raise InputError(f"unknown operation {args.op!r}: a benchmark ({', '.join(BENCHMARKS)}) or a "
+                           "statement such as 'Y[i,j] += A[i,k] * B[k,j]'")
+    if bench is None and not (sizes and args.dataflow):
+        raise InputError("a statement needs its loop sizes and a --dataflow")
+    op = bench.op(sizes) if bench else TensorOp.parse("op", args.op, sizes)
+    links = interconnect(args.interconnect, len(shape)) if args.interconnect else None
+    if args.dataflow:
+        if links is None:
+            raise InputError(f"--dataflow needs an --interconnect ({', '.join(INTERCONNECTS)})")
+        found = [evaluate("given", Dataflow.parse(op, args.dataflow), PEArray(shape, links, bandwidth))]
+    elif len(shape) != 2:
+        raise InputError(f"the standard dataflows are for a 2-D array; got {args.array!r}")
+    else:
+        found = evaluate_standard(bench, op, shape, bandwidth, links)
+    return sorted(found, key=lambda e: e.metrics.latency)
+
+
+def main(args: argparse.Namespace) -> int:
+    try:
+        found = run(args)
+    except (NotationError, HardwareError) as err:
+        raise InputError(str(err)) from None
+    if args.json:
+        print(json.dumps([{"name": e.name, "seconds": e.seconds, **e.metrics.to_dict()} for e in found], indent=2))
+        return 0
+    best = found[0]
+    print(summary([(e.name, e.metrics) for e in found]))
+    print(f"\nbest: {best.name}\n{best.metrics}")
+    return 0
+
+
+def add_parser(sub) -> None:
+    """Register ``tvm-dsa dataflow`` on the CLI's sub-parsers."""
+    p = sub.add_parser("dataflow", help="TENET metrics of an operation's dataflows on a PE array (seed 003)")
+    p.add_argument("op", help=f"a benchmark ({', '.join(BENCHMARKS)}) or a statement 'Y[i,j] += A[i,k] * B[k,j]'")
+    p.add_argument("sizes", nargs="?", help="loop sizes, e.g. i=64,j=64,k=64 (default: the benchmark's)")
+    p.add_argument("--target", default="dsa/stcp920", help="the chip whose MME is the PE array (default dsa/stcp920)")
+    p.add_argument("--array", help="PE array shape instead of the MME's, e.g. 8x8")
+    p.add_argument("--bandwidth", type=float, help="scratchpad elements per stamp instead of the LB's")
+    p.add_argument("--interconnect", help=f"one of {', '.join(INTERCONNECTS)} (default: multicast buses for "
+                                          "plain dataflows, systolic-2d for skewed ones)")
+    p.add_argument("--dataflow", help="evaluate this dataflow only, e.g. 'PE[i %% 8, j %% 8] | T[i // 8, j // 8, k]'")
+    p.add_argument("--json", action="store_true", help="print the metrics as JSON")
+    p.set_defaults(func=main)

@@ -1,0 +1,134 @@
+"""Seed 003's benchmarks and the standard dataflows on a 2-D PE array.
+
+A standard dataflow keeps one tensor's elements in place: two expressions of the loops (``space``)
+choose the PE, tiled onto the array with ``%`` and ``//`` when they exceed it, and the remaining
+loops (``time``) run in order inside each tile. Its systolic variant runs a tile's time loops as one
+linear time dimension, skewed by the PE coordinates so that a value can hop one PE per stamp.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from time import perf_counter
+
+from ..hardware.model import STORAGE_DTYPES, Hardware
+from .expr import NotationError
+from .metrics import DataflowMetrics, analyse
+from .notation import Dataflow, Interconnect, PEArray, TensorOp, multicast, systolic_2d
+
+
+@dataclass(frozen=True)
+class Benchmark:
+    """A seed 003 benchmark: its statement, loop sizes and which loops each stationary dataflow
+    puts on the array (``stationary[name] = (space expressions, time loops)``)."""
+
+    name: str
+    statement: str
+    sizes: dict[str, int]
+    stationary: dict[str, tuple[tuple[str, str], tuple[str, ...]]] = field(default_factory=dict)
+
+    def op(self, sizes: dict[str, int] | None = None) -> TensorOp:
+        """The tensor operation at ``sizes`` (default: the benchmark's own)."""
+        sizes = dict(sizes or self.sizes)
+        if set(sizes) != set(self.sizes):
+            raise NotationError(f"{self.name} has loops {', '.join(self.sizes)}; got sizes for {', '.join(sizes)}")
+        return TensorOp.parse(self.name, self.statement, {v: sizes[v] for v in self.sizes})
+
+
+BENCHMARKS = {b.name: b for b in (
+    Benchmark("gemm", "Y[i,j] += A[i,k] * B[k,j]", {"i": 64, "j": 64, "k": 64}, {
+        "output-stationary": (("i", "j"), ("k",)),
+        "weight-stationary": (("k", "j"), ("i",)),
+        "input-stationary": (("i", "k"), ("j",)),
+    }),
+    Benchmark("conv2d", "Y[k,ox,oy] += A[c, ox + rx, oy + ry] * B[k,c,rx,ry]",
+              {"k": 32, "c": 32, "ox": 16, "oy": 16, "rx": 3, "ry": 3}, {
+        "output-stationary": (("ox", "oy"), ("k", "c", "rx", "ry")),
+        "weight-stationary": (("k", "c"), ("ox", "oy", "rx", "ry")),
+        "input-stationary": (("c", "ox + rx"), ("k", "oy", "rx", "ry")),
+    }),
+    Benchmark("mttkrp", "Y[i,j] += A[i,k,l] * B[k,j] * C[l,j]", {"i": 32, "j": 32, "k": 16, "l": 16}, {
+        "output-stationary": (("i", "j"), ("k", "l")),
+        "weight-stationary": (("k", "j"), ("i", "l")),
+        "input-stationary": (("i", "k"), ("j", "l")),
+    }),
+    Benchmark("mmc", "Y[i,j] += A[i,k] * B[k,l] * C[l,j]", {"i": 32, "j": 32, "k": 16, "l": 16}, {
+        "output-stationary": (("i", "j"), ("k", "l")),
+        "weight-stationary": (("k", "l"), ("i", "j")),
+        "input-stationary": (("i", "k"), ("j", "l")),
+    }),
+    Benchmark("jacobi2d", "Y[i,j] = (A[i,j] + A[i-1,j] + A[i,j-1] + A[i+1,j] + A[i,j+1]) / 5",
+              {"i": 64, "j": 64}, {
+        "output-stationary": (("i", "j"), ()),
+    }),
+)}
+
+
+def benchmark(name: str) -> Benchmark:
+    if name not in BENCHMARKS:
+        raise NotationError(f"unknown benchmark {name!r}; known: {', '.join(BENCHMARKS)}")
+    return BENCHMARKS[name]
+
+
+def stationary(op: TensorOp, space: tuple[str, str], time: tuple[str, ...], shape: tuple[int, int],
+               skew: bool = False, name: str = "") -> Dataflow:
+    """``PE[s0 % R, s1 % C] | T[s0 // R, s1 // C, *time]``: the modulo and the tile dimension are left
+    out where a space expression is a loop that fits its array axis. With ``skew`` the time loops of a
+    tile become one linear dimension delayed by ``s0 % R + s1 % C`` stamps (a systolic wavefront)."""
+    pes, tiles = [], []
+    for expr, n in zip(space, shape):
+        if op.sizes.get(expr, n + 1) <= n:
+            pes.append(expr)
+            continue
+        term = expr if expr.isidentifier() else f"({expr})"
+        pes.append(f"{term} % {n}")
+        tiles.append(f"{term} // {n}")
+    if skew:
+        stride, terms = 1, []
+        for loop in reversed(time):
+            terms.insert(0, loop if stride == 1 else f"{stride}*{loop}")
+            stride *= op.sizes[loop]
+        times = tiles + [" + ".join(terms + pes)]
+    else:
+        times = tiles + list(time) or ["0"]
+    return Dataflow.parse(op, f"PE[{', '.join(pes)}] | T[{', '.join(times)}]", name)
+
+
+def standard_dataflows(bench: Benchmark, op: TensorOp, shape: tuple[int, int]) -> dict[str, Dataflow]:
+    """Each stationary dataflow of ``bench`` on a ``shape`` array, plain and skewed ("systolic")."""
+    out = {}
+    for kind, (space, time) in bench.stationary.items():
+        out[kind] = stationary(op, space, time, shape, name=kind)
+        out[f"{kind}, systolic"] = stationary(op, space, time, shape, skew=True, name=f"{kind}, systolic")
+    return out
+
+
+def mme_bandwidth(hw: Hardware) -> float:
+    """What the core's LB feeds the MME, in MME elements per cycle."""
+    return hw.lb_bytes_per_cycle / STORAGE_DTYPES[hw.mme.dtype]
+
+
+@dataclass(frozen=True)
+class Evaluated:
+    """One dataflow's metrics and the seconds the model took to count them."""
+
+    name: str
+    metrics: DataflowMetrics
+    seconds: float
+
+
+def evaluate(name: str, df: Dataflow, array: PEArray) -> Evaluated:
+    start = perf_counter()
+    metrics = analyse(df, array)
+    return Evaluated(name, metrics, perf_counter() - start)
+
+
+def evaluate_standard(bench: Benchmark, op: TensorOp, shape: tuple[int, int], bandwidth: float,
+                      interconnect: Interconnect | None = None) -> list[Evaluated]:
+    """Every standard dataflow of ``bench`` on a ``shape`` array. Without an ``interconnect``, plain
+    dataflows get row and column multicast buses (operands shared in the stamp they are used) and
+    systolic ones a 2-D systolic array."""
+    buses = multicast(max(max(shape) - 1, 1), 2, (0, 1))
+    return [evaluate(name, df, PEArray(shape, interconnect or (systolic_2d() if "systolic" in name else buses),
+                                       bandwidth))
+            for name, df in standard_dataflows(bench, op, shape).items()]

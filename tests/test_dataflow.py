@@ -1,0 +1,256 @@
+"""TENET dataflow model (seed 003): the worked example, and every metric against brute force."""
+
+import json
+import math
+import re
+from collections import defaultdict
+from itertools import product
+
+import pytest
+
+from tvm_dsa.cli import main
+from tvm_dsa.dataflow import (Dataflow, Interconnect, NotationError, PEArray, TensorOp, TensorVolumes, analyse,
+                              mesh, multicast, systolic_1d, systolic_2d)
+from tvm_dsa.dataflow import relations as rel
+from tvm_dsa.dataflow.library import BENCHMARKS, standard_dataflows
+from tvm_dsa.hardware import get
+
+GEMM = "Y[i,j] += A[i,k] * B[k,j]"
+
+
+# -- brute force: enumerate the instances, evaluate the notation's text as Python ----------------
+
+def _eval(text, env):
+    return eval(text, {"__builtins__": {}, "fl": math.floor, "floor": math.floor}, env)
+
+
+def brute_force(df, array):
+    """(instances, busy stamps, time stamps, {tensor: TensorVolumes}) of ``df`` on ``array`` by
+    enumeration: a stamp reuses an element it needs if the same PE had it at the previous time stamp
+    (temporal), else if a PE linked to it had it ``delay`` stamps before (spatial)."""
+    op = df.op
+    held = defaultdict(lambda: defaultdict(set))          # tensor -> (pe, time) -> elements
+    instances = 0
+    for values in product(*(range(n) for n in op.extents)):
+        env = dict(zip(op.loops, values))
+        if op.where and not _eval(op.where, env):
+            continue
+        instances += 1
+        stamp = (tuple(_eval(e, env) for e in df.space), tuple(_eval(e, env) for e in df.time))
+        for a in (op.output, *op.inputs):
+            held[a.tensor][stamp].add(tuple(_eval(i, env) for i in a.indices))
+    active = set().union(*(h.keys() for h in held.values()))
+    times = sorted({t for _, t in active})
+    previous = dict(zip(times[1:], times))
+    volumes = {}
+    for tensor, at in held.items():
+        total = temporal = spatial = 0
+        for (pe, t), elements in at.items():
+            for f in elements:
+                total += 1
+                before = previous.get(t)
+                if f in at.get((pe, before), ()):
+                    temporal += 1
+                    continue
+                source_t = before if array.interconnect.delay else t
+                if any(f in at.get((tuple(p - d for p, d in zip(pe, off)), source_t), ())
+                       for off in array.interconnect.offsets):
+                    spatial += 1
+        volumes[tensor] = TensorVolumes(tensor, tensor == op.output.tensor, total, temporal, spatial)
+    return instances, len(active), len(times), volumes
+
+
+def assert_matches_brute_force(df, array):
+    m = analyse(df, array)
+    instances, active, times, volumes = brute_force(df, array)
+    assert active == instances                        # one instance per PE per stamp
+    assert (m.instances, m.time_stamps) == (instances, times)
+    assert {t.tensor: t for t in m.tensors} == volumes
+    return m
+
+
+# -- the seed's worked example ---------------------------------------------------------------
+
+def seed_example(window=True):
+    """2x2 GEMM with K = 4 on a 2x2 systolic array, Θ = { S[i,j,k] -> (PE[i,j] | T[i+j+k]) }; the
+    seed's table shows the stamps t = 0..3."""
+    op = TensorOp.parse("GEMM", GEMM, {"i": 2, "j": 2, "k": 4}, where="i + j + k <= 3" if window else "")
+    return Dataflow.parse(op, "{ S[i,j,k] -> (PE[i,j] | T[i+j+k]) }"), PEArray((2, 2), systolic_2d(), bandwidth=2)
+
+
+def test_seed_worked_example_tensor_a():
+    df, array = seed_example()
+    a = analyse(df, array).tensor("A")
+    assert (a.total, a.reuse, a.unique) == (12, 5, 7)
+    assert f"{a.reuse_factor:.3f}" == "1.714"
+    assert (a.spatial_reuse, a.temporal_reuse) == (5, 0)      # A flows PE[i,j] -> PE[i,j+1]
+
+
+def test_seed_table_is_the_data_assignment():
+    df, array = seed_example()
+    table = {  # the seed's table: (t, PE) -> A element
+        (0, (0, 0)): (0, 0),
+        (1, (0, 0)): (0, 1), (1, (0, 1)): (0, 0), (1, (1, 0)): (1, 0),
+        (2, (0, 0)): (0, 2), (2, (0, 1)): (0, 1), (2, (1, 0)): (1, 1), (2, (1, 1)): (1, 0),
+        (3, (0, 0)): (0, 3), (3, (0, 1)): (0, 2), (3, (1, 0)): (1, 2), (3, (1, 1)): (1, 1),
+    }
+    pairs = set()
+    rel.SpaceTime(df, array).assignment("A").wrap().foreach_point(
+        lambda p: pairs.add(tuple(p.get_coordinate_val(rel.isl.dim_type.set, d).to_python() for d in range(5))))
+    assert pairs == {(*pe, t, *a) for (t, pe), a in table.items()}
+
+
+def test_seed_instances_at_t1():
+    df, _ = seed_example(window=False)
+    at_t1 = rel.theta(df).intersect_range(rel.isl.Set("{ ST[p0, p1, t] : t = 1 }")).domain()
+    found = set()
+    at_t1.foreach_point(lambda p: found.add(tuple(p.get_coordinate_val(rel.isl.dim_type.set, d).to_python()
+                                                  for d in range(3))))
+    assert found == {(0, 0, 1), (1, 0, 0), (0, 1, 0)}
+
+
+def test_latency_and_bandwidths_follow_the_counts():
+    df, array = seed_example()
+    m = assert_matches_brute_force(df, array)
+    y, a, b = (m.tensor(t) for t in "YAB")
+    assert m.utilisation == 12 / (4 * 4)                         # 12 active PE-stamps of 4 PEs x 4 stamps
+    assert m.compute_delay == pytest.approx(4)                   # sum(D_S) / (util x PEs) = the 4 stamps
+    assert m.read_delay == (a.unique + b.unique) / 2 and m.write_delay == y.unique / 2
+    assert m.latency == max(m.compute_delay, m.read_delay, m.write_delay) == 7.0
+    assert m.ibw("A") == a.spatial_reuse / m.compute_delay and m.sbw() == (y.unique + a.unique + b.unique) / 4
+    assert y.temporal_reuse == 8 and y.spatial_reuse == 0        # Y stays in its PE for k = 1..3
+
+
+def test_full_example_loads_each_element_once():
+    df, array = seed_example(window=False)
+    m = assert_matches_brute_force(df, array)
+    assert [(t.total, t.unique) for t in m.tensors] == [(16, 4), (16, 8), (16, 8)]
+    assert m.time_stamps == 6
+
+
+# -- every benchmark against brute force -------------------------------------------------------
+
+SMALL = {
+    "gemm": {"i": 5, "j": 4, "k": 3},
+    "conv2d": {"k": 3, "c": 2, "ox": 3, "oy": 4, "rx": 2, "ry": 2},
+    "mttkrp": {"i": 3, "j": 4, "k": 3, "l": 2},
+    "mmc": {"i": 3, "j": 4, "k": 2, "l": 3},
+    "jacobi2d": {"i": 5, "j": 4},
+}
+SHAPE = (2, 3)
+INTERCONNECTS = {"plain": [multicast(2, 2, (0, 1)), mesh()], "systolic": [systolic_2d(), systolic_1d(2, axis=0)]}
+CASES = [(name, kind + suffix, ic) for name in SMALL for kind in BENCHMARKS[name].stationary
+         for variant, suffix in (("plain", ""), ("systolic", ", systolic")) for ic in INTERCONNECTS[variant]]
+
+
+@pytest.mark.parametrize("name,kind,interconnect", CASES, ids=[f"{n}-{k}-{i.name}" for n, k, i in CASES])
+def test_standard_dataflows_match_brute_force(name, kind, interconnect):
+    bench = BENCHMARKS[name]
+    df = standard_dataflows(bench, bench.op(SMALL[name]), SHAPE)[kind]
+    assert_matches_brute_force(df, PEArray(SHAPE, interconnect, bandwidth=3))
+
+
+@pytest.mark.parametrize("sizes,text,shape,interconnect", [
+    # 1-D arrays: a systolic chain and a multicast bus
+    ({"i": 3, "j": 5, "k": 4}, "PE[k % 4] | T[i, j + k]", (4,), systolic_1d()),
+    ({"i": 3, "j": 5, "k": 4}, "PE[j % 2] | T[j // 2, i, k]", (2,), multicast(1)),
+    ({"i": 3, "j": 5, "k": 4}, "PE[i] | T[k, j]", (3,), multicast(2)),
+    # skew in space: a diagonal (affine) mapping the data-centric notation cannot write
+    ({"i": 4, "j": 4, "k": 3}, "PE[(i + k) % 2, j % 2] | T[i // 2, j // 2, k, (i + k) // 2]", (2, 2), mesh()),
+    # one loop split over both space and time, seed-style fl()
+    ({"i": 6, "j": 2, "k": 3}, "PE[i % 3, j] | T[fl(i / 3), k + i % 3]", (3, 2), systolic_2d()),
+])
+def test_hand_written_gemm_dataflows_match_brute_force(sizes, text, shape, interconnect):
+    df = Dataflow.parse(TensorOp.parse("GEMM", GEMM, sizes), text)
+    assert_matches_brute_force(df, PEArray(shape, interconnect, bandwidth=1))
+
+
+# -- errors name the problem -------------------------------------------------------------------
+
+def test_dataflow_outside_the_array_is_named():
+    op = TensorOp.parse("GEMM", GEMM, {"i": 3, "j": 2, "k": 2})
+    with pytest.raises(NotationError, match=r"PE\[2, .\], outside the \(2, 2\) array"):
+        analyse(Dataflow.parse(op, "PE[i, j] | T[k]"), PEArray((2, 2), systolic_2d(), 1))
+
+
+def test_two_instances_on_one_pe_and_stamp_are_named():
+    op = TensorOp.parse("GEMM", GEMM, {"i": 2, "j": 2, "k": 2})
+    with pytest.raises(NotationError, match=r"runs S\[\d, \d, \d\] and S\[\d, \d, \d\] on the same PE"):
+        analyse(Dataflow.parse(op, "PE[i, j] | T[0]"), PEArray((2, 2), systolic_2d(), 1))
+
+
+@pytest.mark.parametrize("text,msg", [
+    ("PE[i * j, 0] | T[k]", r"i \* j multiplies two non-constant terms"),
+    ("PE[i, q] | T[k]", "unknown loop variable 'q'"),
+    ("PE[i, j] | T[k / 2]", r"'/' is only allowed inside fl\(\.\.\.\)"),
+    ("PE[i % 0, j] | T[k]", "% needs a positive integer constant"),
+    ("PE[i, j] T[k]", "expected a dataflow 'PE"),
+    ("S[i, k, j] -> PE[i, j] | T[k]", r"names the loops S\[i, k, j\] but GEMM has S\[i, j, k\]"),
+])
+def test_bad_dataflow_text_is_named(text, msg):
+    op = TensorOp.parse("GEMM", GEMM, {"i": 2, "j": 2, "k": 2})
+    with pytest.raises(NotationError, match=msg):
+        Dataflow.parse(op, text)
+
+
+def test_bad_ops_and_arrays_are_named():
+    with pytest.raises(NotationError, match="extent of loop 'k' must be a positive integer"):
+        TensorOp.parse("GEMM", GEMM, {"i": 2, "j": 2, "k": 0})
+    with pytest.raises(NotationError, match="mod cannot name a loop"):
+        TensorOp.parse("copy", "Y[mod] = A[mod]", {"mod": 2})
+    with pytest.raises(NotationError, match="Y is both read and written"):
+        TensorOp.parse("acc", "Y[i] = Y[i] + A[i]", {"i": 2})
+    with pytest.raises(NotationError, match="interconnect 'systolic-2d' is 2-D but the PE array"):
+        PEArray((4,), systolic_2d(), 1)
+    with pytest.raises(NotationError, match="same-stamp .* must point to lexicographically larger PEs"):
+        Interconnect("bus", ((-1,),), delay=0)
+    op = TensorOp.parse("GEMM", GEMM, {"i": 2, "j": 2, "k": 2})
+    with pytest.raises(NotationError, match="has 1 space dimension.*PE array \\(2, 2\\) has 2"):
+        analyse(Dataflow.parse(op, "PE[i] | T[j, k]"), PEArray((2, 2), systolic_2d(), 1))
+
+
+# -- tvm-dsa dataflow ------------------------------------------------------------------------
+
+def test_cli_given_dataflow_prints_the_models_metrics(capsys):
+    assert main(["dataflow", GEMM, "i=2,j=2,k=4", "--array", "2x2", "--interconnect", "systolic-2d",
+                 "--bandwidth", "2", "--dataflow", "PE[i,j] | T[i+j+k]", "--json"]) == 0
+    [row] = json.loads(capsys.readouterr().out)
+    df, array = seed_example(window=False)
+    expected = json.loads(json.dumps(analyse(df, array).to_dict()))
+    assert {k: v for k, v in row.items() if k not in ("name", "seconds", "op")} == \
+        {k: v for k, v in expected.items() if k != "op"}
+
+
+def test_cli_standard_dataflows_on_the_mme_best_first(capsys):
+    assert main(["dataflow", "gemm", "i=32,j=32,k=8"]) == 0
+    out = capsys.readouterr().out
+    hw = get("stcp920")
+    bench = BENCHMARKS["gemm"]
+    expected = {name: analyse(df, PEArray((hw.mme.rows, hw.mme.cols),
+                                          systolic_2d() if "systolic" in name else multicast(31, 2, (0, 1)),
+                                          hw.lb_bytes_per_cycle / 2)).latency
+                for name, df in standard_dataflows(bench, bench.op({"i": 32, "j": 32, "k": 8}), (16, 32)).items()}
+    best = min(expected, key=expected.get)
+    assert f"best: {best}\n" in out and f"latency {expected[best]:,.1f}" in out
+    assert all(name in out for name in expected)
+
+
+@pytest.mark.parametrize("argv,msg", [
+    (["dataflow", "gemm", "i=4,j=4"], "gemm has loops i, j, k; got sizes for i, j"),
+    (["dataflow", "gemm", "i=4;j=4,k=2"], "sizes must look like i=64,j=64,k=64"),
+    (["dataflow", "gemm", "--interconnect", "torus"], "unknown interconnect 'torus'"),
+    (["dataflow", "fft"], "unknown operation 'fft'"),
+    (["dataflow", "gemm", "--array", "4x4", "--interconnect", "mesh", "--dataflow", "PE[i, j] | T[k]"],
+     r"places instances on PE\[\d+, \d+\], outside the \(4, 4\) array"),
+])
+def test_cli_bad_input_exits_2_with_the_problem(argv, msg, capsys):
+    assert main(argv) == 2
+    assert re.search(msg, capsys.readouterr().err)
+
+
+def test_cli_help_names_the_options(capsys):
+    with pytest.raises(SystemExit) as stop:
+        main(["dataflow", "--help"])
+    assert stop.value.code == 0
+    out = capsys.readouterr().out
+    assert "--dataflow" in out and "PE[i % 8, j % 8]" in out and "multicast-K" in out
