@@ -30,6 +30,7 @@ from tvm_dsa.models import TINY
 from tvm_dsa.models.dynamic import DYNAMIC
 from tvm_dsa.relax_passes import rdp
 from tvm_dsa.relax_passes.memory_plan import PLANNERS, Lifetime, graph_lifetimes, lower_bound, optimal
+from tvm_dsa.relax_passes.rdp_apply import ApplyRDP
 from tvm_dsa.relax_passes.simplify import SimplifyInference
 from tvm_dsa.schedule.graph import OpGraph
 
@@ -52,10 +53,21 @@ def rdp_table() -> dict:
         s = result.summary()
         reports[name] = result
         rows.append([name, s.tensors, s.relax, s.rdp, s.rdp_only, f"{s.relax_dims}/{s.dims}",
-                     f"{s.rdp_dims}/{s.dims}", result.visits, f"{seconds * 1e3:.0f}"])
-    print("Tensors with rank and dims resolved in terms of the inputs (params and bindings)\n")
-    _table(["model", "tensors", "Relax", "RDP", "RDP only", "dims Relax", "dims RDP", "visits", "RDP ms"], rows)
+                     f"{s.rdp_dims}/{s.dims}", result.visits, f"{seconds * 1e3:.0f}",
+                     _builds(mod), _builds(ApplyRDP()(mod))])
+    print("Tensors with rank and dims resolved in terms of the inputs (params and bindings), and whether\n"
+          "tvm.compile(target='llvm') builds the module as imported and with RDP's shapes cast in\n")
+    _table(["model", "tensors", "Relax", "RDP", "RDP only", "dims Relax", "dims RDP", "visits", "RDP ms",
+            "llvm build", "+ ApplyRDP"], rows)
     return reports
+
+
+def _builds(mod) -> str:
+    try:
+        tvm.compile(mod, target="llvm")
+    except tvm.error.InternalError as err:
+        return "fails" if "CodeGenVM cannot emit" in str(err) else f"fails: {str(err)[:40]}"
+    return "ok"
 
 
 def zoo_lifetimes(name: str, fused: bool) -> list[Lifetime]:

@@ -81,6 +81,7 @@ class RDPResult:
     func: relax.Function
     facts: dict          # Relax Var -> Fact
     symbols: dict        # TIR Var defined by a match_cast or named by RDP -> Dim
+    named: frozenset     # the TIR Vars RDP named (values only execution knows), not in the program
     inputs: frozenset    # TIR Vars of the parameters' shapes
     order: list          # (Var, bound expression; the MatchCast for a match_cast), in program order
     visits: int          # nodes processed until the fixed point
@@ -288,7 +289,8 @@ class _Solver:
             return UNDEF
         return Dim.of(expr, self.analyzer)
 
-    def _subst(self, node):
+    def substitute(self, node):
+        """``node`` (an expression or a type) with the symbols RDP knows replaced by their values."""
         def swap(v):
             d = self.symbols.get(v)
             if d is None or (d.kind is Kind.SYMBOLIC and d.expr.same_as(v)):
@@ -312,11 +314,11 @@ class _Solver:
         if isinstance(expr, relax.Var) and expr in self.facts:
             return self.facts[expr]
         if isinstance(getattr(expr, "ty", None), tvm.ir.PrimType):  # an integer, a symbol, an expression
-            return Fact(Dims(()), Dims((self.from_expr(self._subst(expr)),)))
+            return Fact(Dims(()), Dims((self.from_expr(self.substitute(expr)),)))
         if isinstance(expr, Constant):
             return self._constant_fact(expr)
         if isinstance(expr, relax.ShapeExpr):
-            values = Dims(tuple(self.from_expr(self._subst(e)) for e in expr.values))
+            values = Dims(tuple(self.from_expr(self.substitute(e)) for e in expr.values))
             return Fact(Dims.of([len(expr.values)]), values)
         if isinstance(expr, relax.Tuple):
             return Fact(DIMS_NAC, DIMS_NAC, tuple(self.fact_of(f) for f in expr.fields))
@@ -340,7 +342,7 @@ class _Solver:
 
     def fact_of_type(self, ty) -> Fact:
         """What a struct info (with RDP's symbols substituted) says; unknown dims are ⊥."""
-        ty = self._subst(ty)
+        ty = self.substitute(ty)
         if isinstance(ty, relax.TensorType):
             if isinstance(ty.shape, relax.ShapeExpr):
                 shape = Dims(tuple(self.from_expr(e) for e in ty.shape.values))
@@ -374,7 +376,8 @@ class _Solver:
         order = [(n.var, n.cast or n.value) for n in self.nodes]
         symbols = {v: d for v, d in self.symbols.items() if v not in self.inputs}
         symbols.update({v: Dim.of(v) for v in self.named.values()})
-        return RDPResult(self.func, dict(self.facts), symbols, self.inputs, order, visits)
+        return RDPResult(self.func, dict(self.facts), symbols, frozenset(self.named.values()), self.inputs,
+                         order, visits)
 
     def _visit(self, i: int) -> set[int]:
         node = self.nodes[i]

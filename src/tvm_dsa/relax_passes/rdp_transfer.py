@@ -71,7 +71,7 @@ def _infer(ctx, call, args, wait: bool = True) -> Fact:
     new_args = [_as_arg(ctx, a, f) for a, f in zip(call.args, args)]
     if any(a is None for a in new_args):
         return FACT_UNDEF  # an input not known yet: wait (optimistic ⊤)
-    sinfo = [ctx._subst(s) for s in call.ty_args]
+    sinfo = [ctx.substitute(s) for s in call.ty_args]
     try:
         ty = ctx.bb.normalize(relax.Call(call.op, new_args, call.attrs, sinfo)).ty
     except Exception:  # noqa: BLE001 - the op's inference rejects the shapes RDP proposes: a conflict
