@@ -3,7 +3,7 @@ chosen by an op's dynamism class after constant propagation and by its shape fam
 
 ``ctx`` is the solver (``rdp._Solver``): it evaluates argument facts (``fact_of``), converts
 lattice elements to TIR expressions and back (``to_expr`` / ``from_expr``, ⊤ and ⊥ as fresh
-variables), substitutes RDP's symbols (``_subst``) and names values only execution knows
+variables), substitutes RDP's symbols (``substitute``) and names values only execution knows
 (``name``).
 """
 
@@ -164,7 +164,7 @@ def _evaluate(ctx, call, args, out) -> Dims:
         fn = _BINARY.get(name, lambda a: -a)
         return _join(values, lambda vs: _elementwise(ctx, fn, vs))
     if name == "relax.take":
-        return _join(values, lambda vs: _take(vs[0], vs[1], len(out.shape)))
+        return _join(values, lambda vs: _take(vs[0], vs[1]))
     if name == "relax.strided_slice":
         return _join([values[0], *map(_tuple_value, args[1:])], lambda vs: _slice(vs[0], vs[1:]))
     if name == "relax.arange":
@@ -205,7 +205,7 @@ def _ints(dims: Dims) -> list[int] | None:
     return [d.value for d in dims] if all(d.kind is Kind.KNOWN for d in dims) else None
 
 
-def _take(data: Dims, indices: Dims, rank: int) -> Dims:
+def _take(data: Dims, indices: Dims) -> Dims:
     idx = _ints(indices)
     if idx is None:
         return Dims((NAC,) * len(indices))
