@@ -1,0 +1,103 @@
+"""Apply RDP's results to a Relax module: what RDP knows of a tensor's shape and Relax does not
+becomes a ``match_cast`` right after the binding, so every later op is inferred — and can be
+legalized — with that shape.
+
+A dim RDP determined is written as its expression (in the inputs' symbols, or symbols the
+program already defines); a dim it cannot determine (⊥, ⊤, or a name RDP made up) gets a fresh
+symbol that the ``match_cast`` defines: the graph is cut there, as SoD2 partitions at nac points
+(§4.3), and the rest is analysed and compiled in terms of that symbol. The cast is a checked
+assertion at run time, never a silent assumption.
+
+    mod = ApplyRDP()(mod)     # then tvm.compile(mod, target=...) compiles what Relax alone could not
+"""
+
+from __future__ import annotations
+
+import tvm
+from tvm import relax, tirx
+
+from .lattice import Kind
+from .rdp import RDPResult, analyze
+
+
+def known_dims(result: RDPResult) -> dict:
+    """Relax var -> its dims as RDP knows them, an expression the program can evaluate where
+    RDP determined one, else None; for every tensor whose rank RDP knows."""
+    in_scope = set(result.inputs) | (set(result.symbols) - set(result.named))
+    out = {}
+    for var, _ in result.order:
+        fact = result.facts.get(var)
+        if isinstance(var.ty, relax.TensorType) and fact is not None and fact.shape.known:
+            out[var] = tuple(d.expr if d.kind in (Kind.KNOWN, Kind.SYMBOLIC, Kind.EXPR)
+                             and set(tirx.analysis.undefined_vars(d.expr)) <= in_scope else None
+                             for d in fact.shape)
+    return out
+
+
+def refined_type(var, dims: tuple, analyzer):
+    """The TensorType to cast ``var`` to, or None if its struct info already says as much: RDP's
+    dim where Relax has none or a different one, Relax's where RDP has none or an equal one, a
+    fresh symbol where neither knows."""
+    ty = var.ty
+    have = list(ty.shape.values) if isinstance(ty.shape, relax.ShapeExpr) else [None] * len(dims)
+    if len(have) != len(dims):
+        return None
+    new, better = [], False
+    for k, (d, h) in enumerate(zip(dims, have)):
+        if d is not None and (h is None or not analyzer.can_prove_equal(d, h)):
+            new.append(d)
+            better = True
+        elif h is not None:
+            new.append(h)
+        else:
+            new.append(tirx.Var(f"{var.name}_{k}", "int64"))
+            better = True
+    return relax.TensorType(relax.ShapeExpr(new), ty.dtype) if better else None
+
+
+@relax.expr_functor.mutator
+class _Refine(relax.PyExprMutator):
+    """Re-emits every binding (so later types are inferred from the casts before them) and casts
+    a tensor where RDP knows more than its re-inferred struct info."""
+
+    def __init__(self, dims: dict, mod=None):
+        super().__init__(mod)
+        self.dims = dims
+        self.analyzer = tvm.sym.Analyzer()
+
+    def visit_var_binding_(self, binding):
+        var = self.builder_.emit(self.visit_expr(binding.value), name_hint=binding.var.name)
+        self._cast(binding.var, var)
+
+    def visit_match_cast_(self, binding):
+        var = self.builder_.match_cast(self.visit_expr(binding.value), binding.ty, name_hint=binding.var.name)
+        self._cast(binding.var, var)
+
+    def _cast(self, old, new) -> None:
+        """Use ``new`` (or its cast to what RDP knows) wherever ``old`` was used."""
+        if old in self.dims:
+            ty = refined_type(new, self.dims[old], self.analyzer)
+            if ty is not None:
+                new = self.builder_.match_cast(new, ty, name_hint=old.name)
+        self.set_var_remap(old, new)
+
+
+def refine(mod: tvm.IRModule, func: str = "main") -> tvm.IRModule:
+    """``mod`` with ``func``'s tensors cast to the shapes RDP finds (dataflow blocks become
+    ordinary blocks: a cast of a block's output must be visible after it)."""
+    mod = relax.transform.ToNonDataflow()(mod)
+    f = mod[func]
+    new = _Refine(known_dims(analyze(f)), mod).visit_expr(f)
+    out = tvm.IRModule(dict(mod.functions.items()), attrs=mod.attrs)
+    out[func] = relax.analysis.remove_all_unused(new)
+    return out
+
+
+def ApplyRDP() -> tvm.transform.Pass:  # noqa: N802 - TVM pass naming
+    """Every Relax function of the module, refined by its RDP fixed point."""
+    def transform(mod: tvm.IRModule, ctx) -> tvm.IRModule:
+        for gv, f in list(mod.functions.items()):
+            if isinstance(f, relax.Function):
+                mod = refine(mod, gv.name_hint)
+        return mod
+    return tvm.transform.module_pass(transform, opt_level=0, name="dsa.ApplyRDP")
