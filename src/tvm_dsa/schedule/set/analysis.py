@@ -33,7 +33,7 @@ from ...hardware.model import Hardware
 from .alloc import allocate, split_range
 from .intra import IntraLayer, LayerCost
 from .layers import LayerGraph
-from .tree import Cut, Leaf, Node, Path, Tree, sibling_dependencies
+from .tree import Leaf, Node, Path, Tree, sibling_dependencies
 
 
 @dataclass(frozen=True)

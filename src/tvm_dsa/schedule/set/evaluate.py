@@ -25,7 +25,7 @@ from .alloc import stripe_order
 from .analysis import Schedule, analyse
 from .intra import IntraLayer
 from .layers import LayerGraph
-from .tree import Cut, Leaf, Node, Tree
+from .tree import Leaf, Node, Tree
 
 
 @dataclass(frozen=True)
