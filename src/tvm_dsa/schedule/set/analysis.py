@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass
+from typing import NamedTuple
 
 from ...hardware.model import Hardware
 from .alloc import allocate, split_range
@@ -55,9 +56,9 @@ class LeafPlan:
         return self.group[0], self.group[0] + self.cost.tiles
 
 
-@dataclass(frozen=True)
-class Chunk:
-    """Part of producer invocation ``p``'s output read by consumer invocation ``q``."""
+class Chunk(NamedTuple):
+    """Part of producer invocation ``p``'s output read by consumer invocation ``q`` (a tuple:
+    large batches make thousands per tree)."""
 
     src: int
     p: int
@@ -128,11 +129,8 @@ def analyse(tree: Tree, graph: LayerGraph, hw: Hardware, intra: IntraLayer) -> S
             plans[node.layer] = LeafPlan(node.layer, path, (lo, hi), b, tree.batch // b, segment, False,
                                          intra.cost(node.layer, hi - lo, b))
     plans = _pin_weights(tree, plans, hw)
-    chunks = _chunks(tree, graph, plans)
-    spilled = _spill(tree, graph, plans, chunks, hw)
-    chunks = [c if c.noc == 0 else Chunk(c.src, c.p, c.dst, c.q, c.elements,
-                                         1 - spilled[plans[c.src].segment]) for c in chunks]
-    return Schedule(tree, tuple(plans), tuple(chunks), tuple(spilled))
+    spilled = _spill(tree, graph, plans, hw)
+    return Schedule(tree, tuple(plans), tuple(_chunks(tree, graph, plans, spilled)), tuple(spilled))
 
 
 def _retained(hw: Hardware) -> int:
@@ -167,15 +165,21 @@ def _lca(a: Path, b: Path) -> Path:
     return a[:k]
 
 
-def _chunks(tree: Tree, graph: LayerGraph, plans: list[LeafPlan]) -> list[Chunk]:
-    """Every (producer invocation, consumer invocation) pair sharing samples, NoC or DRAM."""
+def _crosses(tree: Tree, pu: LeafPlan, pv: LeafPlan) -> bool:
+    """True when an edge joins two children of a root T-cut (its feature map goes through DRAM)."""
+    return tree.root.kind == "T" and pu.segment != pv.segment
+
+
+def _chunks(tree: Tree, graph: LayerGraph, plans: list[LeafPlan], spilled: list[float]) -> list[Chunk]:
+    """Every (producer invocation, consumer invocation) pair sharing samples, with the share of
+    the chunk that goes over the NoC (0 when not consumed at once, less than 1 when spilled)."""
     out = []
-    root_t = tree.root.kind == "T"
     for u, v in graph.edges:
         pu, pv = plans[u], plans[v]
         bu, bv, elems = pu.batch, pv.batch, graph.layers[u].ofmap
         lca = _lca(pu.path, pv.path)
-        cross = root_t and pu.segment != pv.segment
+        cross = _crosses(tree, pu, pv)
+        kept = 1.0 - spilled[pu.segment]
         beta = tree.batch_of(lca) // tree.node(lca).sb
         for q in range(pv.invocations):
             s0, s1 = q * bv, (q + 1) * bv
@@ -183,17 +187,20 @@ def _chunks(tree: Tree, graph: LayerGraph, plans: list[LeafPlan]) -> list[Chunk]
                 overlap = min(s1, (p + 1) * bu) - max(s0, p * bu)
                 nxt = (p + 1) * bu
                 immediate = not cross and (nxt >= tree.batch or nxt // beta > s0 // beta)
-                out.append(Chunk(u, p, v, q, overlap * elems, 1.0 if immediate else 0.0))
+                out.append(Chunk(u, p, v, q, overlap * elems, kept if immediate else 0.0))
     return out
 
 
-def _spill(tree: Tree, graph: LayerGraph, plans: list[LeafPlan], chunks: list[Chunk], hw: Hardware) -> list[float]:
-    """Per segment, the fraction of kept feature maps that does not fit the retained buffers."""
+def _spill(tree: Tree, graph: LayerGraph, plans: list[LeafPlan], hw: Hardware) -> list[float]:
+    """Per segment, the fraction of kept feature maps that does not fit the retained buffers
+    (an edge inside a segment keeps at least its producer's last chunk on chip)."""
     order = tree.root.layers
     pos = {layer: k for k, layer in enumerate(order)}
     segments = max(p.segment for p in plans) + 1
     kept = [[0] * (len(order) + 1) for _ in range(segments)]  # difference arrays over leaf positions
-    for u, v in {(c.src, c.dst) for c in chunks if c.noc}:
+    for u, v in graph.edges:
+        if _crosses(tree, plans[u], plans[v]):
+            continue
         seg, size = plans[u].segment, plans[u].batch * graph.layers[u].ofmap
         kept[seg][pos[u]] += size
         kept[seg][pos[v]] -= size

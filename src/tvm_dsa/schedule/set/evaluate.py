@@ -22,7 +22,7 @@ import numpy as np
 
 from ...hardware.model import Hardware
 from .alloc import stripe_order
-from .analysis import Schedule, analyse
+from .analysis import LeafPlan, Schedule, analyse
 from .intra import IntraLayer
 from .layers import LayerGraph
 from .tree import Leaf, Node, Tree
@@ -65,12 +65,13 @@ class Mesh:
         self.width, self.height = hw.mesh
         self.xy = np.array(stripe_order(self.width, self.height))
         x, y = self.xy[:, 0], self.xy[:, 1]
-        self.edge = np.minimum(np.minimum(x, self.width - 1 - x), np.minimum(y, self.height - 1 - y)) + 1
+        edge = np.minimum(np.minimum(x, self.width - 1 - x), np.minimum(y, self.height - 1 - y)) + 1
+        self._edge_sum = [0.0] + np.cumsum(edge).tolist()
         self._routes: dict = {}
 
     def edge_hops(self, lo: int, hi: int) -> float:
         """Mean hops between the tiles [lo, hi) and a DRAM controller on the mesh perimeter."""
-        return float(self.edge[lo:hi].mean())
+        return (self._edge_sum[hi] - self._edge_sum[lo]) / (hi - lo)
 
     def route(self, src: tuple[int, int], dst: tuple[int, int]) -> tuple[float, float]:
         """(mean hops, load of the busiest directed link) per unit of data spread evenly from the
@@ -140,6 +141,16 @@ class Evaluator:
     def evaluate(self, tree: Tree) -> Evaluation:
         return self.evaluate_schedule(self.schedule(tree))
 
+    def _constants(self, plan: LeafPlan) -> tuple:
+        """What every invocation of a layer shares: its group, the tiles it uses, compute cycles,
+        DRAM bytes it always moves (re-fetches, returned outputs) and their delivery, the mean
+        hops to DRAM, and its share of the DRAM bandwidth."""
+        hw, layer = self.hw, self.graph.layers[plan.layer]
+        lo, hi = plan.group
+        fixed = (plan.cost.refetch + (layer.ofmap * plan.batch if layer.output else 0)) * hw.storage_bytes
+        return (lo, hi, plan.used, plan.cost.cycles, fixed, fixed, self.mesh.edge_hops(lo, hi),
+                hw.ddr_bytes_per_cycle * (hi - lo) / hw.cores)
+
     def evaluate_schedule(self, sched: Schedule) -> Evaluation:
         hw, graph, tree = self.hw, self.graph, sched.tree
         eb = hw.storage_bytes
@@ -155,13 +166,13 @@ class Evaluator:
         round_batch = tree.batch // root.sb if root.kind == "T" else tree.batch
         free = [0.0] * hw.cores
         ends: list[list[float]] = [[0.0] * p.invocations for p in plans]
-        dram_total = noc_bit_hops = sram = 0.0
-        bw_tile = hw.ddr_bytes_per_cycle / hw.cores
+        dram_total = noc_bit_hops = 0.0
         link = hw.noc_link_bytes_per_cycle
+        per_layer = [self._constants(plan) for plan in plans]
         for v, q in invocation_order(tree):
             plan, layer = plans[v], graph.layers[v]
+            lo, hi, used, cycles, fixed_dram, delivered_fixed, edge_hops, bw = per_layer[v]
             cost = plan.cost
-            lo, hi = plan.group
             start = max(free[lo:hi])
             ifmap_dram = layer.dram_in * plan.batch  # unique elements read; copies fan out on the NoC
             weight_dram = layer.weights if not plan.pinned or (q * plan.batch) % round_batch == 0 else 0
@@ -170,21 +181,20 @@ class Evaluator:
                 start = max(start, ends[c.src][c.p])
                 ifmap_dram += c.elements * (1 - c.noc)
                 if c.noc:
-                    hops, peak = self.mesh.route(plans[c.src].used, plan.used)
+                    hops, peak = self.mesh.route(per_layer[c.src][2], used)
                     volume = c.elements * c.noc * cost.ifmap_copies * eb
                     noc_bit_hops += volume * 8 * hops
                     noc_load += volume * peak
-            written = writes.get((v, q), 0) + (layer.ofmap * plan.batch if layer.output else 0)
-            dram = (ifmap_dram + weight_dram + cost.refetch + written) * eb
-            delivered = ifmap_dram * cost.ifmap_copies + weight_dram * cost.weight_copies + cost.refetch
-            noc_bit_hops += (delivered + written) * eb * 8 * self.mesh.edge_hops(lo, hi)
+            written = writes.get((v, q), 0)
+            dram = (ifmap_dram + weight_dram + written) * eb + fixed_dram
+            delivered = (ifmap_dram * cost.ifmap_copies + weight_dram * cost.weight_copies + written) * eb
+            noc_bit_hops += (delivered + delivered_fixed) * 8 * edge_hops
             dram_total += dram
-            sram += cost.sram * eb
-            duration = max(cost.cycles, dram / (bw_tile * (hi - lo)), noc_load / link) + hw.dma_latency_cycles
+            duration = max(cycles, dram / bw, noc_load / link) + hw.dma_latency_cycles
             end = start + duration
             ends[v][q] = end
-            for t in range(lo, hi):
-                free[t] = end
+            free[lo:hi] = [end] * (hi - lo)
+        sram = sum(p.cost.sram * p.invocations for p in plans) * eb
         e = hw.energy
         energy = {
             "mac": sum(lay.macs for lay in graph.layers) * tree.batch * e.mac_pj,
