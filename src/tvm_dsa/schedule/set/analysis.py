@@ -75,11 +75,6 @@ class Schedule:
     chunks: tuple[Chunk, ...]
     spilled: tuple[float, ...]  # per segment: fraction of kept feature maps spilled to DRAM
 
-    def flow_elements(self) -> dict[str, int]:
-        """Feature-map elements moved over the NoC and through DRAM (reads)."""
-        noc = sum(c.elements * c.noc for c in self.chunks)
-        return {"noc": round(noc), "dram": round(sum(c.elements for c in self.chunks) - noc)}
-
 
 def npt(node: Node, graph: LayerGraph, intra: IntraLayer) -> float:
     """Normalised processing time (§3.3.2): a leaf's one-sample time on one tile; a T-cut the sum

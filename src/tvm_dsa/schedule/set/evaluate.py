@@ -143,12 +143,12 @@ class Evaluator:
 
     def _constants(self, plan: LeafPlan) -> tuple:
         """What every invocation of a layer shares: its group, the tiles it uses, compute cycles,
-        DRAM bytes it always moves (re-fetches, returned outputs) and their delivery, the mean
-        hops to DRAM, and its share of the DRAM bandwidth."""
+        DRAM bytes it always moves (re-fetches, returned outputs), the mean hops to DRAM, and its
+        share of the DRAM bandwidth."""
         hw, layer = self.hw, self.graph.layers[plan.layer]
         lo, hi = plan.group
         fixed = (plan.cost.refetch + (layer.ofmap * plan.batch if layer.output else 0)) * hw.storage_bytes
-        return (lo, hi, plan.used, plan.cost.cycles, fixed, fixed, self.mesh.edge_hops(lo, hi),
+        return (lo, hi, plan.used, plan.cost.cycles, fixed, self.mesh.edge_hops(lo, hi),
                 hw.ddr_bytes_per_cycle * (hi - lo) / hw.cores)
 
     def evaluate_schedule(self, sched: Schedule) -> Evaluation:
@@ -171,7 +171,7 @@ class Evaluator:
         per_layer = [self._constants(plan) for plan in plans]
         for v, q in invocation_order(tree):
             plan, layer = plans[v], graph.layers[v]
-            lo, hi, used, cycles, fixed_dram, delivered_fixed, edge_hops, bw = per_layer[v]
+            lo, hi, used, cycles, fixed, edge_hops, bw = per_layer[v]
             cost = plan.cost
             start = max(free[lo:hi])
             ifmap_dram = layer.dram_in * plan.batch  # unique elements read; copies fan out on the NoC
@@ -186,9 +186,9 @@ class Evaluator:
                     noc_bit_hops += volume * 8 * hops
                     noc_load += volume * peak
             written = writes.get((v, q), 0)
-            dram = (ifmap_dram + weight_dram + written) * eb + fixed_dram
+            dram = (ifmap_dram + weight_dram + written) * eb + fixed
             delivered = (ifmap_dram * cost.ifmap_copies + weight_dram * cost.weight_copies + written) * eb
-            noc_bit_hops += (delivered + delivered_fixed) * 8 * edge_hops
+            noc_bit_hops += (delivered + fixed) * 8 * edge_hops
             dram_total += dram
             duration = max(cycles, dram / bw, noc_load / link) + hw.dma_latency_cycles
             end = start + duration

@@ -8,8 +8,8 @@ valid tree of the space.
 1. ``swap``: two adjacent leaves (in leaf order) with no direct or transitive dependency trade places.
 2. ``move``: a leaf moves into another cut whose parent is its parent or grandparent, at a random
    position that keeps the leaves in a topological order.
-3. ``group``: consecutive children of a cut (two or more, not all) become a new cut of random
-   kind and sub-batch count.
+3. ``group``: consecutive children of a cut (two or more; all of them only for the root) become a
+   new cut of random kind and sub-batch count.
 4. ``ungroup``: a non-root cut is deleted, its children take its place in its parent.
 5. ``more_sub_batches`` / 6. ``fewer_sub_batches``: a cut's sub-batch count grows / shrinks to
    another divisor of its batch (its children's batches shrink / grow in proportion).
@@ -148,12 +148,13 @@ def move(tree: Tree, graph: LayerGraph, rng: random.Random, space: Space = SET) 
 
 
 def group(tree: Tree, graph: LayerGraph, rng: random.Random, space: Space = SET) -> Tree | None:
-    options = [(p, n, b) for p, n, b in cuts(tree) if len(n.children) >= 3]
+    # the root may group all its children (it may have one child); another cut must keep two
+    options = [(p, n, b) for p, n, b in cuts(tree) if len(n.children) >= (3 if p else 2)]
     if not options:
         return None
     path, cut, b = rng.choice(options)
     k = len(cut.children)
-    size = rng.randint(2, k - 1)
+    size = rng.randint(2, k if not path else k - 1)
     start = rng.randint(0, k - size)
     members = cut.children[start:start + size]
     child_b = b // cut.sb
