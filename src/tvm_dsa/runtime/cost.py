@@ -43,19 +43,26 @@ def mme_dims(ins: Mme) -> tuple[int, int, int, int]:
     return batch, m, n, k
 
 
-def compute_cycles(ins: Instruction, hw: Hardware) -> int:
-    """Cycles of an MME / vector / reduce instruction.
+def mme_cycles(batch: int, m: int, n: int, k: int, hw: Hardware) -> int:
+    """Cycles of ``batch`` ``m x n x k`` products on the MME, output-stationary: M on the PE rows,
+    N on the columns, K in time, plus the array's fill/drain."""
+    pipeline = hw.mme.pipeline_cycles or hw.mme.rows + hw.mme.cols
+    return batch * -(-m // hw.mme.rows) * -(-n // hw.mme.cols) * k + pipeline
 
-    MME, output-stationary: M on the PE rows, N on the columns, K in time, plus the array's
-    fill/drain. Vector and reduce: one element per lane per cycle plus the pipeline latency.
-    """
+
+def vector_cycles(n: int, unit: str, hw: Hardware) -> int:
+    """Cycles of ``n`` element operations on the VME (``unit == "vme"``) or the vector core: one
+    element per lane per cycle plus the pipeline latency."""
+    lanes = hw.vme_lanes if unit == "vme" else hw.vector_lanes
+    return -(-n // lanes) + hw.vector_latency_cycles
+
+
+def compute_cycles(ins: Instruction, hw: Hardware) -> int:
+    """Cycles of an MME / vector / reduce instruction (``mme_cycles``, ``vector_cycles``)."""
     if isinstance(ins, Mme):
-        batch, m, n, k = mme_dims(ins)
-        pipeline = hw.mme.pipeline_cycles or hw.mme.rows + hw.mme.cols
-        return batch * -(-m // hw.mme.rows) * -(-n // hw.mme.cols) * k + pipeline
+        return mme_cycles(*mme_dims(ins), hw)
     if isinstance(ins, (Vector, Reduce)):
-        lanes = hw.vme_lanes if ins.unit == "vme" else hw.vector_lanes
-        return -(-elements(ins.shape) // lanes) + hw.vector_latency_cycles
+        return vector_cycles(elements(ins.shape), ins.unit, hw)
     raise TypeError(f"{type(ins).__name__} is a transfer, not a compute instruction")
 
 

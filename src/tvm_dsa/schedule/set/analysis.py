@@ -1,0 +1,218 @@
+"""Parsing a resource allocation tree into a schedule (seed 002 §3.3).
+
+For every layer: its tile group (a range of stripe ids, §3.3.2), its batch per invocation and the
+number of invocations, the root child ("segment") it belongs to, whether its weights stay pinned,
+and its intra-layer schedule. For every producer -> consumer edge: which parts of the feature map
+go over the NoC to the consumer's tiles and which through DRAM (§3.3.1).
+
+The seed's dataflow rules and how they are made precise here (docs/set.md quotes the seed):
+
+- across different children of a root T-cut, a feature map goes through DRAM;
+- otherwise it goes over the NoC when "consumed immediately", else through DRAM. An invocation of
+  the producer writes one chunk (its samples); a consumer invocation reading that chunk consumes
+  it immediately when it runs before the producer's next invocation in the tree's order: a T-cut
+  runs sub-batch k of all its children before sub-batch k+1, an S-cut pipelines its children by
+  sub-batch. In that order, with ``beta`` the batch of the children of the lowest common cut, the
+  producer's next chunk (from sample ``(p+1)*b_u``) comes later iff it starts in a later
+  ``beta``-block than the consumer's samples (from ``q*b_v``);
+- feature maps kept on chip live in the retained half of the tiles' buffers (intra.py); when a
+  segment's kept feature maps (one chunk per edge, summed over the edges crossing each leaf) and
+  pinned weights exceed it, the excess fraction of every kept chunk is spilled through DRAM;
+- weights: under a root T-cut each child's weights are loaded from DRAM once per root sub-batch
+  and pinned while the child runs; under a root S-cut they are pinned for the whole run. Pinning
+  fills the retained half of each tile in leaf order; a layer whose weights no longer fit reloads
+  them at every invocation.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+from typing import NamedTuple
+
+from ...hardware.model import Hardware
+from .alloc import allocate, split_range
+from .intra import IntraLayer, LayerCost
+from .layers import LayerGraph
+from .tree import Leaf, Node, Path, Tree, sibling_dependencies
+
+
+@dataclass(frozen=True)
+class LeafPlan:
+    """What the tree decides for one layer."""
+
+    layer: int
+    path: Path
+    group: tuple[int, int]  # stripe ids [lo, hi) of its tile group
+    batch: int  # samples per invocation
+    invocations: int
+    segment: int  # index of the root child it is under (0 under a root S-cut)
+    pinned: bool  # weights loaded once per segment round and kept; else reloaded each invocation
+    cost: LayerCost  # intra-layer schedule of one invocation
+
+    @property
+    def used(self) -> tuple[int, int]:
+        """Stripe ids of the tiles the intra-layer partition uses (the first of the group)."""
+        return self.group[0], self.group[0] + self.cost.tiles
+
+
+class Chunk(NamedTuple):
+    """Part of producer invocation ``p``'s output read by consumer invocation ``q`` (a tuple:
+    large batches make thousands per tree)."""
+
+    src: int
+    p: int
+    dst: int
+    q: int
+    elements: int
+    noc: float  # fraction over the NoC (the rest through DRAM)
+
+
+@dataclass(frozen=True)
+class Schedule:
+    tree: Tree
+    leaves: tuple[LeafPlan, ...]  # indexed by layer
+    chunks: tuple[Chunk, ...]
+    spilled: tuple[float, ...]  # per segment: fraction of kept feature maps spilled to DRAM
+
+
+def npt(node: Node, graph: LayerGraph, intra: IntraLayer) -> float:
+    """Normalised processing time (§3.3.2): a leaf's one-sample time on one tile; a T-cut the sum
+    of its children's; an S-cut that sum divided by ``sb / (sb + s)``, ``s`` the pipeline's start
+    offset between its first and last child (the longest dependency chain among the children)."""
+    if isinstance(node, Leaf):
+        return intra.cost(node.layer, 1, 1).cycles
+    total = sum(npt(c, graph, intra) for c in node.children)
+    if node.kind == "T":
+        return total
+    depth = [0] * len(node.children)
+    for i, j in sibling_dependencies(node, graph):
+        depth[j] = max(depth[j], depth[i] + 1)
+    return total * (node.sb + max(depth)) / node.sb
+
+
+def allocate_groups(tree: Tree, graph: LayerGraph, intra: IntraLayer, tiles: int) -> dict[Path, tuple[int, int]]:
+    """Tile group (stripe id range) of every node: a T-cut's children share its group, an S-cut
+    splits its group by ``alloc.allocate`` on the children's NPTs, left to right."""
+    groups: dict[Path, tuple[int, int]] = {}
+
+    def walk(node: Node, path: Path, lo: int, hi: int) -> None:
+        groups[path] = (lo, hi)
+        if isinstance(node, Leaf):
+            return
+        if node.kind == "T":
+            for i, c in enumerate(node.children):
+                walk(c, path + (i,), lo, hi)
+            return
+        counts = allocate([npt(c, graph, intra) for c in node.children],
+                          [c.min_tiles for c in node.children], hi - lo)
+        for i, (c, (a, b)) in enumerate(zip(node.children, split_range(lo, counts))):
+            walk(c, path + (i,), a, b)
+
+    walk(tree.root, (), 0, tiles)
+    return groups
+
+
+def analyse(tree: Tree, graph: LayerGraph, hw: Hardware, intra: IntraLayer) -> Schedule:
+    """The schedule a valid tree stands for (``tree.validate`` first)."""
+    groups = allocate_groups(tree, graph, intra, hw.cores)
+    plans: list = [None] * len(graph)
+    for path, node, b in tree.nodes():
+        if isinstance(node, Leaf):
+            lo, hi = groups[path]
+            segment = path[0] if tree.root.kind == "T" else 0
+            plans[node.layer] = LeafPlan(node.layer, path, (lo, hi), b, tree.batch // b, segment, False,
+                                         intra.cost(node.layer, hi - lo, b))
+    plans = _pin_weights(tree, plans, hw)
+    spilled = _spill(tree, graph, plans, hw)
+    return Schedule(tree, tuple(plans), tuple(_chunks(tree, graph, plans, spilled)), tuple(spilled))
+
+
+def _retained(hw: Hardware) -> int:
+    """Elements of one tile's buffer that hold data kept between layers (the other half of the
+    buffer is the running layer's working set, intra.py)."""
+    return (hw.lb_bytes - hw.lb_bytes // 2) // hw.storage_bytes
+
+
+def _pin_weights(tree: Tree, plans: list[LeafPlan], hw: Hardware) -> list[LeafPlan]:
+    """Pin each layer's per-tile weights in leaf order while every tile it uses has room."""
+    cap = _retained(hw)
+    usage: dict[int, list[int]] = {}  # segment -> elements pinned per tile
+    out = list(plans)
+    for layer in tree.root.layers:
+        plan = plans[layer]
+        tiles = usage.setdefault(plan.segment, [0] * hw.cores)
+        lo, hi = plan.used
+        w = plan.cost.weight_tile
+        if w and max(tiles[lo:hi]) + w <= cap:
+            for t in range(lo, hi):
+                tiles[t] += w
+            out[layer] = dataclasses.replace(plan, pinned=True)
+        elif not w:
+            out[layer] = dataclasses.replace(plan, pinned=True)
+    return out
+
+
+def _lca(a: Path, b: Path) -> Path:
+    k = 0
+    while k < min(len(a), len(b)) and a[k] == b[k]:
+        k += 1
+    return a[:k]
+
+
+def _crosses(tree: Tree, pu: LeafPlan, pv: LeafPlan) -> bool:
+    """True when an edge joins two children of a root T-cut (its feature map goes through DRAM)."""
+    return tree.root.kind == "T" and pu.segment != pv.segment
+
+
+def _chunks(tree: Tree, graph: LayerGraph, plans: list[LeafPlan], spilled: list[float]) -> list[Chunk]:
+    """Every (producer invocation, consumer invocation) pair sharing samples, with the share of
+    the chunk that goes over the NoC (0 when not consumed at once, less than 1 when spilled)."""
+    out = []
+    for u, v in graph.edges:
+        pu, pv = plans[u], plans[v]
+        bu, bv, elems = pu.batch, pv.batch, graph.layers[u].ofmap
+        lca = _lca(pu.path, pv.path)
+        cross = _crosses(tree, pu, pv)
+        kept = 1.0 - spilled[pu.segment]
+        beta = tree.batch_of(lca) // tree.node(lca).sb
+        for q in range(pv.invocations):
+            s0, s1 = q * bv, (q + 1) * bv
+            for p in range(s0 // bu, (s1 - 1) // bu + 1):
+                overlap = min(s1, (p + 1) * bu) - max(s0, p * bu)
+                nxt = (p + 1) * bu
+                immediate = not cross and (nxt >= tree.batch or nxt // beta > s0 // beta)
+                out.append(Chunk(u, p, v, q, overlap * elems, kept if immediate else 0.0))
+    return out
+
+
+def _spill(tree: Tree, graph: LayerGraph, plans: list[LeafPlan], hw: Hardware) -> list[float]:
+    """Per segment, the fraction of kept feature maps that does not fit the retained buffers
+    (an edge inside a segment keeps at least its producer's last chunk on chip)."""
+    order = tree.root.layers
+    pos = {layer: k for k, layer in enumerate(order)}
+    segments = max(p.segment for p in plans) + 1
+    kept = [[0] * (len(order) + 1) for _ in range(segments)]  # difference arrays over leaf positions
+    for u, v in graph.edges:
+        if _crosses(tree, plans[u], plans[v]):
+            continue
+        seg, size = plans[u].segment, plans[u].batch * graph.layers[u].ofmap
+        kept[seg][pos[u]] += size
+        kept[seg][pos[v]] -= size
+    cap = _retained(hw)
+    lo = [hw.cores] * segments
+    hi = [0] * segments
+    pinned = [0] * segments
+    for p in plans:
+        lo[p.segment], hi[p.segment] = min(lo[p.segment], p.group[0]), max(hi[p.segment], p.group[1])
+        if p.pinned:
+            pinned[p.segment] += p.cost.weight_tile * p.cost.tiles
+    spilled = []
+    for seg in range(segments):
+        run, peak = 0, 0
+        for d in kept[seg]:
+            run += d
+            peak = max(peak, run)
+        room = max(0, (hi[seg] - lo[seg]) * cap - pinned[seg])
+        spilled.append(0.0 if peak <= room else 1 - room / peak)
+    return spilled

@@ -1,0 +1,206 @@
+"""The fast evaluator (seed 002 §4.3): latency and energy of a resource allocation tree.
+
+Latency: every leaf invocation (a layer on its tile group for its batch of samples) is a rectangle
+of the S-T graph. Invocations run in the tree's order on their tiles (a tile runs one layer at a
+time) and start when their tiles are free and the producer invocations holding their samples have
+ended. An invocation lasts ``max(compute, DRAM, NoC) + DMA latency``: compute from the intra-layer
+schedule; DRAM its bytes at the group's share of the chip's DRAM bandwidth (DRAM channels split
+among groups in proportion to their tiles); NoC the load of the busiest mesh link it uses (XY
+routing, ``noc_link_bytes_per_cycle``), loads of its producers added.
+
+Energy by component (the seed's E_tot = sum DRAM accesses * e_d + sum link flits * e_hop + sum
+tile energy): ``mac`` (MACs of every layer and sample), ``vector``, ``sram`` (buffer accesses at
+``lb_pj_per_bit``), ``noc`` (bits x hops, feature maps between groups and DRAM traffic between
+its controllers on the mesh perimeter and the tiles), ``dram`` (bits read and written).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from ...hardware.model import Hardware
+from .alloc import stripe_order
+from .analysis import LeafPlan, Schedule, analyse
+from .intra import IntraLayer
+from .layers import LayerGraph
+from .tree import Leaf, Node, Tree
+
+
+@dataclass(frozen=True)
+class Evaluation:
+    latency: float  # cycles
+    energy: dict  # picojoules by component: mac, vector, sram, noc, dram
+    dram_bytes: float
+    noc_bit_hops: float
+    clock_hz: float
+
+    @property
+    def seconds(self) -> float:
+        return self.latency / self.clock_hz
+
+    @property
+    def joules(self) -> float:
+        return sum(self.energy.values()) * 1e-12
+
+    @property
+    def edp(self) -> float:
+        return self.joules * self.seconds
+
+    def cost(self, n: float, m: float) -> float:
+        """The search objective ``E^n * D^m`` (joules, seconds)."""
+        return self.joules ** n * self.seconds ** m
+
+    def to_dict(self) -> dict:
+        return {"latency_cycles": self.latency, "seconds": self.seconds, "joules": self.joules,
+                "edp": self.edp, "energy_pj": dict(self.energy), "dram_bytes": self.dram_bytes,
+                "noc_bit_hops": self.noc_bit_hops}
+
+
+class Mesh:
+    """XY routing statistics between tile groups on the mesh, memoised per pair of id ranges."""
+
+    def __init__(self, hw: Hardware):
+        self.width, self.height = hw.mesh
+        self.xy = np.array(stripe_order(self.width, self.height))
+        x, y = self.xy[:, 0], self.xy[:, 1]
+        edge = np.minimum(np.minimum(x, self.width - 1 - x), np.minimum(y, self.height - 1 - y)) + 1
+        self._edge_sum = [0.0] + np.cumsum(edge).tolist()
+        self._routes: dict = {}
+
+    def edge_hops(self, lo: int, hi: int) -> float:
+        """Mean hops between the tiles [lo, hi) and a DRAM controller on the mesh perimeter."""
+        return (self._edge_sum[hi] - self._edge_sum[lo]) / (hi - lo)
+
+    def route(self, src: tuple[int, int], dst: tuple[int, int]) -> tuple[float, float]:
+        """(mean hops, load of the busiest directed link) per unit of data spread evenly from the
+        tiles ``src`` to the tiles ``dst`` (id ranges), under XY routing."""
+        key = (src, dst)
+        hit = self._routes.get(key)
+        if hit is None:
+            hit = self._routes[key] = self._route(src, dst)
+        return hit
+
+    def _route(self, src, dst) -> tuple[float, float]:
+        a, b = self.xy[src[0]:src[1]], self.xy[dst[0]:dst[1]]
+        xs, ys = np.repeat(a[:, 0], len(b)), np.repeat(a[:, 1], len(b))
+        xd, yd = np.tile(b[:, 0], len(a)), np.tile(b[:, 1], len(a))
+        f = 1.0 / len(xs)
+        peak = 0.0
+        # horizontal leg in row ys, then vertical leg in column xd; each direction separately
+        for row, s, e, n in ((ys, xs, xd, self.width), (xd, ys, yd, self.height)):
+            for fwd in (e > s, e < s):
+                diff = np.zeros((max(self.width, self.height), n + 1))
+                np.add.at(diff, (row[fwd], np.minimum(s, e)[fwd]), f)
+                np.add.at(diff, (row[fwd], np.maximum(s, e)[fwd]), -f)
+                if fwd.any():
+                    peak = max(peak, float(np.cumsum(diff, axis=1).max()))
+        hops = float(np.mean(np.abs(xs - xd) + np.abs(ys - yd)))
+        return hops, peak
+
+
+def invocation_order(tree: Tree) -> list[tuple[int, int]]:
+    """(layer, invocation) in an order that runs each tile's invocations in the tree's order and
+    every producer before its consumers: a T-cut runs all children on sub-batch k before k+1;
+    an S-cut's children run on disjoint tiles, so each can be listed whole, left to right."""
+    out: list[tuple[int, int]] = []
+
+    def expand(node: Node, start: int, b: int) -> None:
+        if isinstance(node, Leaf):
+            out.append((node.layer, start // b))
+            return
+        bc = b // node.sb
+        if node.kind == "T":
+            for k in range(node.sb):
+                for c in node.children:
+                    expand(c, start + k * bc, bc)
+        else:
+            for c in node.children:
+                for k in range(node.sb):
+                    expand(c, start + k * bc, bc)
+
+    expand(tree.root, 0, tree.batch)
+    return out
+
+
+class Evaluator:
+    """Evaluates trees of one layer graph on one chip; intra-layer schedules and routes are
+    memoised across trees (a search evaluates thousands)."""
+
+    def __init__(self, graph: LayerGraph, hw: Hardware):
+        if hw.interconnect != "mesh":
+            raise ValueError(f"SET needs a mesh of tiles; chip {hw.name!r} has a {hw.interconnect}")
+        self.graph, self.hw = graph, hw
+        self.intra = IntraLayer(graph, hw)
+        self.mesh = Mesh(hw)
+
+    def schedule(self, tree: Tree) -> Schedule:
+        return analyse(tree, self.graph, self.hw, self.intra)
+
+    def evaluate(self, tree: Tree) -> Evaluation:
+        return self.evaluate_schedule(self.schedule(tree))
+
+    def _constants(self, plan: LeafPlan) -> tuple:
+        """What every invocation of a layer shares: its group, the tiles it uses, compute cycles,
+        DRAM bytes it always moves (re-fetches, returned outputs), the mean hops to DRAM, and its
+        share of the DRAM bandwidth."""
+        hw, layer = self.hw, self.graph.layers[plan.layer]
+        lo, hi = plan.group
+        fixed = (plan.cost.refetch + (layer.ofmap * plan.batch if layer.output else 0)) * hw.storage_bytes
+        return (lo, hi, plan.used, plan.cost.cycles, fixed, self.mesh.edge_hops(lo, hi),
+                hw.ddr_bytes_per_cycle * (hi - lo) / hw.cores)
+
+    def evaluate_schedule(self, sched: Schedule) -> Evaluation:
+        hw, graph, tree = self.hw, self.graph, sched.tree
+        eb = hw.storage_bytes
+        plans = sched.leaves
+        inputs: dict = {}  # (v, q) -> chunks it reads
+        writes: dict = {}  # (u, p) -> elements written to DRAM
+        for c in sched.chunks:
+            inputs.setdefault((c.dst, c.q), []).append(c)
+            if c.noc < 1:
+                chunk = plans[c.src].batch * graph.layers[c.src].ofmap
+                writes[(c.src, c.p)] = max(writes.get((c.src, c.p), 0), chunk * (1 - c.noc))
+        root = tree.root
+        round_batch = tree.batch // root.sb if root.kind == "T" else tree.batch
+        free = [0.0] * hw.cores
+        ends: list[list[float]] = [[0.0] * p.invocations for p in plans]
+        dram_total = noc_bit_hops = 0.0
+        link = hw.noc_link_bytes_per_cycle
+        per_layer = [self._constants(plan) for plan in plans]
+        for v, q in invocation_order(tree):
+            plan, layer = plans[v], graph.layers[v]
+            lo, hi, used, cycles, fixed, edge_hops, bw = per_layer[v]
+            cost = plan.cost
+            start = max(free[lo:hi])
+            ifmap_dram = layer.dram_in * plan.batch  # unique elements read; copies fan out on the NoC
+            weight_dram = layer.weights if not plan.pinned or (q * plan.batch) % round_batch == 0 else 0
+            noc_load = 0.0
+            for c in inputs.get((v, q), ()):
+                start = max(start, ends[c.src][c.p])
+                ifmap_dram += c.elements * (1 - c.noc)
+                if c.noc:
+                    hops, peak = self.mesh.route(per_layer[c.src][2], used)
+                    volume = c.elements * c.noc * cost.ifmap_copies * eb
+                    noc_bit_hops += volume * 8 * hops
+                    noc_load += volume * peak
+            written = writes.get((v, q), 0)
+            dram = (ifmap_dram + weight_dram + written) * eb + fixed
+            delivered = (ifmap_dram * cost.ifmap_copies + weight_dram * cost.weight_copies + written) * eb
+            noc_bit_hops += (delivered + fixed) * 8 * edge_hops
+            dram_total += dram
+            duration = max(cycles, dram / bw, noc_load / link) + hw.dma_latency_cycles
+            end = start + duration
+            ends[v][q] = end
+            free[lo:hi] = [end] * (hi - lo)
+        sram = sum(p.cost.sram * p.invocations for p in plans) * eb
+        e = hw.energy
+        energy = {
+            "mac": sum(lay.macs for lay in graph.layers) * tree.batch * e.mac_pj,
+            "vector": sum(lay.vector_ops for lay in graph.layers) * tree.batch * e.vector_op_pj,
+            "sram": sram * 8 * e.lb_pj_per_bit,
+            "noc": noc_bit_hops * e.noc_hop_pj_per_bit,
+            "dram": dram_total * 8 * e.ddr_pj_per_bit,
+        }
+        return Evaluation(max(free), energy, dram_total, noc_bit_hops, hw.clock_hz)

@@ -1,0 +1,216 @@
+"""The layer graph SET schedules: per layer the work and the bytes one sample needs, and the
+producer -> consumer edges (seed 002 §3.1: the DNN's layers ``L`` and its dependencies l -> l').
+
+A layer is one ``call_tir`` of a fused module (``schedule.graph.OpGraph``): a conv or matmul with
+its epilogue, a pooling, a softmax... Pure reshapes are views, not layers: their readers read what
+the reshape reads. Quantities are per sample (the module is imported at batch 1) and in elements;
+the evaluator turns them into bytes with the chip's storage width. Hand-built graphs for tests
+use ``LayerGraph.build``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import re
+from dataclasses import dataclass, field
+
+import tvm_ffi
+
+CUT_TOKEN = re.compile(r"^[ST]\d+/\d+$")  # a cut's header in the tree text (tree.py)
+
+
+class LayerGraphError(ValueError):
+    """A layer graph that SET cannot schedule (the message names the layer or edge)."""
+
+
+@dataclass(frozen=True)
+class Contraction:
+    """The contraction of an MME layer per sample: ``b`` independent ``m x n x k`` products
+    (``b``: dims both operands index, e.g. depthwise channels or attention heads)."""
+
+    b: int
+    m: int
+    n: int
+    k: int
+
+
+@dataclass(frozen=True)
+class Layer:
+    """One layer, per sample: MACs, vector-unit operations, and elements of activations read
+    (``ifmap``), constants (``weights``, shared by all samples) and the output (``ofmap``).
+    ``dram_in``: elements read from graph inputs; ``output``: its ofmap leaves the graph."""
+
+    name: str
+    macs: int
+    vector_ops: int
+    ifmap: int
+    weights: int
+    ofmap: int
+    contraction: Contraction | None = None
+    dram_in: int = 0
+    output: bool = False
+    node: int | None = None  # index of the OpGraph node it comes from
+
+
+@dataclass(frozen=True)
+class LayerGraph:
+    """Layers in a topological order and the edges (producer, consumer) between them."""
+
+    layers: tuple[Layer, ...]
+    edges: tuple[tuple[int, int], ...]
+    preds: tuple[tuple[int, ...], ...] = field(init=False, repr=False, compare=False)
+    succs: tuple[tuple[int, ...], ...] = field(init=False, repr=False, compare=False)
+    ancestors: tuple[int, ...] = field(init=False, repr=False, compare=False)  # bitsets
+
+    def __post_init__(self) -> None:
+        n = len(self.layers)
+        if n == 0:
+            raise LayerGraphError("the layer graph has no layers")
+        names = [layer.name for layer in self.layers]
+        for name in names:
+            if not name or any(c.isspace() or c in "()" for c in name) or CUT_TOKEN.match(name):
+                raise LayerGraphError(f"layer name {name!r} cannot be written in a tree's text "
+                                      "(no spaces, no parentheses, not of the form T4/2 or S4/2)")
+        dup = sorted({x for x in names if names.count(x) > 1})
+        if dup:
+            raise LayerGraphError(f"duplicate layer names {dup}")
+        preds: list[list[int]] = [[] for _ in range(n)]
+        succs: list[list[int]] = [[] for _ in range(n)]
+        for u, v in self.edges:
+            if not (0 <= u < n and 0 <= v < n):
+                raise LayerGraphError(f"edge ({u}, {v}) names a layer outside 0..{n - 1}")
+            if u >= v:
+                raise LayerGraphError(f"edge {names[u]} -> {names[v]} goes backwards: layers must be "
+                                      "listed in a topological order")
+            preds[v].append(u)
+            succs[u].append(v)
+        anc = [0] * n
+        for v in range(n):
+            for u in preds[v]:
+                anc[v] |= anc[u] | (1 << u)
+        object.__setattr__(self, "preds", tuple(tuple(p) for p in preds))
+        object.__setattr__(self, "succs", tuple(tuple(s) for s in succs))
+        object.__setattr__(self, "ancestors", tuple(anc))
+
+    def __len__(self) -> int:
+        return len(self.layers)
+
+    def index(self, name: str) -> int:
+        for i, layer in enumerate(self.layers):
+            if layer.name == name:
+                return i
+        raise LayerGraphError(f"no layer named {name!r}")
+
+    def depends(self, u: int, v: int) -> bool:
+        """True when ``v`` needs ``u``'s output, directly or through other layers."""
+        return bool(self.ancestors[v] >> u & 1)
+
+    @classmethod
+    def build(cls, layers: list[Layer], edges: list[tuple[int, int]]) -> "LayerGraph":
+        return cls(tuple(layers), tuple(sorted(set(edges))))
+
+    @classmethod
+    def from_relax(cls, mod) -> "LayerGraph":
+        """The layer graph of a fused module at batch 1 (after ``FuseOps`` + ``FuseTIR``)."""
+        from tvm import relax
+
+        from ...relax_passes.stats import kernel_macs
+        from ..graph import OpGraph
+
+        graph = OpGraph.from_relax(mod)
+        source: dict[str, list[str]] = {}  # tensor -> activation tensors it is a view of
+        producer: dict[str, int] = {}  # tensor -> layer index
+        layers: list[Layer] = []
+        edges: set[tuple[int, int]] = set()
+
+        def sources(t: str) -> list[str]:
+            return source.get(t, [t])
+
+        for node in graph.nodes:
+            func = mod[node.func]
+            acts = [s for t in node.inputs if not graph.tensors[t].constant for s in sources(t)]
+            if relax.analysis.has_reshape_pattern(func):
+                source[node.output] = acts
+                continue
+            consts = [t for t in node.inputs if graph.tensors[t].constant]
+            index = len(layers)
+            from_layers = [t for t in acts if t in producer]
+            edges.update((producer[t], index) for t in from_layers)
+            elements = lambda t: math.prod(graph.tensors[t].shape)  # noqa: E731
+            layers.append(Layer(
+                name=node.name, macs=kernel_macs(func), vector_ops=_vector_ops(func),
+                ifmap=sum(elements(t) for t in acts), weights=sum(elements(t) for t in consts),
+                ofmap=elements(node.output), contraction=_contraction(func),
+                dram_in=sum(elements(t) for t in acts if t not in producer), node=node.index,
+            ))
+            producer[node.output] = index
+        outputs = {p for t in graph.outputs for s in sources(t) if (p := producer.get(s)) is not None}
+        layers = [lay if i not in outputs else dataclasses.replace(lay, output=True) for i, lay in enumerate(layers)]
+        return cls.build(layers, sorted(edges))
+
+    @classmethod
+    def from_onnx(cls, model) -> "LayerGraph":
+        """Import, simplify and fuse an ONNX model the way the ``dsa`` pipeline does, then
+        ``from_relax``. The model must have batch 1 (quantities are per sample)."""
+        return cls.from_relax(fused_module(model))
+
+
+def fused_module(model):
+    """The ``dsa`` pipeline's Relax module of ``model`` just before scheduling (after fusion)."""
+    import tvm
+    from tvm import relax
+    from tvm.relax.backend import cpu_generic
+
+    from ...driver import import_onnx
+    from ...relax_passes import SimplifyInference
+
+    for vi in model.graph.input:
+        dims = vi.type.tensor_type.shape.dim
+        if dims and dims[0].dim_value not in (0, 1):
+            raise LayerGraphError(f"input {vi.name!r} has batch {dims[0].dim_value}: build the model at "
+                                  "batch 1 (SET's trees carry the batch)")
+    host = tvm.target.Target("llvm")
+    with host:
+        return tvm.transform.Sequential(
+            [SimplifyInference()] + cpu_generic.library_dispatch_passes(host)
+            + [relax.transform.LegalizeOps(), relax.transform.AnnotateTIROpPattern(),
+               relax.transform.FoldConstant(), relax.transform.FuseOps(), relax.transform.FuseTIR()]
+        )(import_onnx(model))
+
+
+def _contraction(func) -> Contraction | None:
+    """(b, m, n, k) of the kernel's contraction from its anchor's loop roles; None without one."""
+    from ...tir_passes.analysis import Unsupported
+    from ...tir_passes.tile import anchor_info
+
+    try:
+        info = anchor_info(func)
+    except Unsupported:
+        return None
+    if info.kind.kind != "mme":
+        return None
+    dims = {"B": 1, "M": 1, "N": 1}
+    for extent, role in zip(info.spatial, info.roles):
+        dims[role] *= extent
+    return Contraction(dims["B"], dims["M"], dims["N"], math.prod(info.reduction))
+
+
+def _vector_ops(func) -> int:
+    """Iterations of the kernel's blocks that are not a contraction (elementwise, reductions,
+    copies): what the vector units do."""
+    from tvm.s_tir import SBlockRealize
+
+    from ...tir_passes.analysis import contraction, int_value
+
+    total = 0
+
+    def visit(realize):
+        nonlocal total
+        block = realize.block
+        if not block.iter_vars or contraction(block) is not None:
+            return
+        total += math.prod(int_value(it.dom.extent) or 1 for it in block.iter_vars)
+
+    tvm_ffi.structural_walk(func.body, [(SBlockRealize, visit)])
+    return total

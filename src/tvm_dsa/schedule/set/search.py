@@ -1,0 +1,96 @@
+"""Simulated annealing over resource allocation trees (seed 002 §4.1), one engine for SET, LS, LP.
+
+From the initial tree (every leaf under a root T-cut) the search makes ``n = beta * L``
+iterations. Iteration ``i`` draws a neighbour with a random operator (``ops.mutate``) and accepts
+it when it costs no more, or else with probability ``exp(-(c'/c - 1) / T_i)``: the cost is
+``E^n * D^m`` (edge E²D, cloud ED², EDP for comparisons), compared relatively so that ``T0`` does
+not depend on the workload's scale. The temperature ``T_i = T0 * (1 - i/n)^alpha`` ends at 0
+(the seed's formula is lost from the text; this one has its stated properties: starts at ``T0``,
+cools at a speed set by ``alpha``, reaches 0). Seed-002 defaults: T0 = 0.07, alpha = 8,
+beta = 100. LS and LP are the same search restricted to ``ops.LS`` / ``ops.LP`` trees.
+Deterministic for a given seed.
+"""
+
+from __future__ import annotations
+
+import math
+import random
+import sys
+import time
+from dataclasses import dataclass, field
+
+from ...hardware.model import Hardware
+from .evaluate import Evaluation, Evaluator
+from .layers import LayerGraph
+from .ops import SET, Space, mutate
+from .tree import Tree, initial_tree
+
+#: (n, m) of the objective E^n * D^m by name.
+OBJECTIVES = {"e2d": (2, 1), "ed2": (1, 2), "edp": (1, 1), "delay": (0, 1), "energy": (1, 0)}
+
+
+@dataclass(frozen=True)
+class Anneal:
+    """Hyper-parameters of the search (seed 002 §5.1.4 defaults)."""
+
+    t0: float = 0.07
+    alpha: float = 8.0
+    beta: float = 100.0
+    objective: str = "edp"
+    seed: int = 0
+    space: Space = SET
+
+    def __post_init__(self) -> None:
+        if self.objective not in OBJECTIVES:
+            raise ValueError(f"unknown objective {self.objective!r}; known: {sorted(OBJECTIVES)}")
+        if self.t0 < 0 or self.alpha <= 0 or self.beta <= 0:
+            raise ValueError("t0 must be >= 0, alpha and beta > 0")
+
+    def temperature(self, i: int, n: int) -> float:
+        return self.t0 * (1 - i / n) ** self.alpha
+
+
+@dataclass
+class SearchResult:
+    tree: Tree
+    evaluation: Evaluation
+    cost: float
+    iterations: int
+    accepted: int
+    seconds: float
+    history: list = field(default_factory=list)  # best cost after each iteration
+
+
+def anneal(graph: LayerGraph, hw: Hardware, batch: int, config: Anneal = Anneal(),
+           evaluator: Evaluator | None = None, progress: bool = False) -> SearchResult:
+    """The best tree found for ``graph`` at ``batch`` on ``hw``."""
+    start = time.perf_counter()
+    ev = evaluator or Evaluator(graph, hw)
+    rng = random.Random(config.seed)
+    n_exp, m_exp = OBJECTIVES[config.objective]
+    tree = initial_tree(graph, batch)
+    evaluation = ev.evaluate(tree)
+    cost = evaluation.cost(n_exp, m_exp)
+    best = (tree, evaluation, cost)
+    iterations = max(1, round(config.beta * len(graph)))
+    accepted = 0
+    history = []
+    for i in range(iterations):
+        candidate = mutate(tree, graph, hw.cores, rng, config.space)
+        if candidate is not None:
+            e = ev.evaluate(candidate)
+            c = e.cost(n_exp, m_exp)
+            t = config.temperature(i, iterations)
+            if c <= cost or (t > 0 and rng.random() < math.exp(-(c / cost - 1) / t)):
+                tree, evaluation, cost = candidate, e, c
+                accepted += 1
+                if c < best[2]:
+                    best = (tree, evaluation, cost)
+        history.append(best[2])
+        if progress and (i + 1) % max(1, iterations // 50) == 0:
+            done = (i + 1) / iterations
+            print(f"\r[{'#' * int(40 * done):<40}] {i + 1}/{iterations} best {best[2]:.4g}",
+                  end="", file=sys.stderr, flush=True)
+    if progress:
+        print(file=sys.stderr)
+    return SearchResult(best[0], best[1], best[2], iterations, accepted, time.perf_counter() - start, history)

@@ -1,0 +1,150 @@
+"""SET's tree operators (seed 002 §4.2.1) as property tests on random trees, and the simulated
+annealing engine behind SET, LS and LP (§4.1)."""
+
+import random
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+import tvm_dsa  # noqa: F401  (registers the presets)
+from tvm_dsa import hardware
+from tvm_dsa.schedule.set import Contraction, Cut, Layer, LayerGraph, Leaf, Tree, initial_tree, validate
+from tvm_dsa.schedule.set.evaluate import Evaluator
+from tvm_dsa.schedule.set.ops import (LP, LS, OPERATORS, SET, fewer_sub_batches, group, more_sub_batches, mutate,
+                                      random_tree, swap, ungroup)
+from tvm_dsa.schedule.set.search import Anneal, anneal
+
+EDGE = hardware.get("set-edge16")
+
+
+def random_graph(rng: random.Random, n: int) -> LayerGraph:
+    """n layers, each reading one to three earlier ones (or the input)."""
+    layers, edges = [], []
+    for i in range(n):
+        preds = rng.sample(range(i), rng.randint(1, min(3, i))) if i and rng.random() < 0.9 else []
+        edges += [(p, i) for p in preds]
+        m, c = rng.choice([16, 64, 256]), rng.choice([16, 64, 128])
+        layers.append(Layer(f"n{i}", m * c * c, m * c, m * c, c * c, m * c, None, dram_in=0 if preds else m * c))
+    return LayerGraph.build(layers, edges)
+
+
+def cut_sbs(tree: Tree) -> list:
+    return [(p, n.sb) for p, n, _ in tree.nodes() if isinstance(n, Cut)]
+
+
+def depth_one_kinds(tree: Tree) -> set:
+    return {c.kind for c in tree.root.children if isinstance(c, Cut)}
+
+
+@settings(max_examples=150, deadline=None)
+@given(seed=st.integers(0, 10**9), n=st.integers(2, 9), batch=st.sampled_from([1, 2, 4, 6, 8]),
+       tiles=st.sampled_from([4, 16]))
+def test_every_operator_keeps_the_tree_valid(seed, n, batch, tiles):
+    rng = random.Random(seed)
+    graph = random_graph(rng, n)
+    tree = random_tree(graph, batch, tiles, rng)
+    for op in OPERATORS:
+        new = op(tree, graph, rng)
+        if new is None:
+            continue
+        assert sorted(new.root.layers) == list(range(n))
+        if new.root.min_tiles <= tiles:  # an operator may need more tiles than the chip has
+            validate(new, graph, tiles)
+        else:  # mutate() rejects those
+            with pytest.raises(Exception, match="tiles"):
+                validate(new, graph, tiles)
+
+
+@settings(max_examples=100, deadline=None)
+@given(seed=st.integers(0, 10**9), n=st.integers(3, 9), batch=st.sampled_from([2, 4, 8, 12]))
+def test_each_operator_does_what_it_says(seed, n, batch):
+    rng = random.Random(seed)
+    graph = random_graph(rng, n)
+    tree = random_tree(graph, batch, 16, rng)
+    cuts_before = len(cut_sbs(tree))
+    order = tree.root.layers
+    new = swap(tree, graph, rng)
+    if new is not None:
+        diff = [k for k, (a, b) in enumerate(zip(order, new.root.layers)) if a != b]
+        assert len(diff) == 2 and diff[1] == diff[0] + 1 and not graph.depends(order[diff[0]], order[diff[1]])
+    new = group(tree, graph, rng)
+    if new is not None:
+        assert len(cut_sbs(new)) == cuts_before + 1 and new.root.layers == order
+    new = ungroup(tree, graph, rng)
+    if new is not None:
+        assert len(cut_sbs(new)) == cuts_before - 1 and new.root.layers == order
+    for op, sign in ((more_sub_batches, 1), (fewer_sub_batches, -1)):
+        new = op(tree, graph, rng)
+        if new is not None:
+            changed = [(a, b) for a, b in zip(cut_sbs(tree), cut_sbs(new)) if a != b]
+            assert len(changed) == 1 and (changed[0][1][1] - changed[0][0][1]) * sign > 0
+
+
+@settings(max_examples=60, deadline=None)
+@given(seed=st.integers(0, 10**9), n=st.integers(2, 9), space=st.sampled_from([SET, LS, LP]))
+def test_mutate_stays_in_its_space(seed, n, space):
+    rng = random.Random(seed)
+    graph = random_graph(rng, n)
+    tree = random_tree(graph, 4, 16, rng, space)
+    for _ in range(20):
+        tree = mutate(tree, graph, 16, rng, space) or tree
+        validate(tree, graph, 16)
+        assert space.allows(tree)
+    if space is LS:
+        assert depth_one_kinds(tree) <= {"T"}
+    if space is LP:
+        assert depth_one_kinds(tree) <= {"S"}
+
+
+def test_operators_on_the_initial_tree():
+    g = random_graph(random.Random(3), 5)
+    tree = initial_tree(g, 4)
+    assert ungroup(tree, g, random.Random(0)) is None  # the root cannot be deleted
+    assert fewer_sub_batches(tree, g, random.Random(0)) is None  # already 1
+    new = more_sub_batches(tree, g, random.Random(0))
+    assert new.root.sb in (2, 4) and new.root.children == tree.root.children
+
+
+def test_temperature_schedule():
+    a = Anneal()
+    assert (a.t0, a.alpha, a.beta) == (0.07, 8.0, 100.0)  # seed 002 §5.1.4
+    assert a.temperature(0, 100) == 0.07 and a.temperature(100, 100) == 0
+    assert all(a.temperature(i, 100) > a.temperature(i + 1, 100) for i in range(100))
+    with pytest.raises(ValueError, match="unknown objective"):
+        Anneal(objective="speed")
+
+
+def test_annealing_is_deterministic_and_never_worse_than_its_start():
+    rng = random.Random(7)
+    g = random_graph(rng, 8)
+    ev = Evaluator(g, EDGE)
+    runs = [anneal(g, EDGE, 4, Anneal(beta=20, seed=5, objective="edp"), evaluator=ev) for _ in range(2)]
+    assert runs[0].tree == runs[1].tree and runs[0].cost == runs[1].cost
+    start = ev.evaluate(initial_tree(g, 4)).edp
+    assert runs[0].cost <= start and runs[0].cost == pytest.approx(runs[0].evaluation.edp)
+    assert runs[0].history == sorted(runs[0].history, reverse=True) and len(runs[0].history) == 160
+    assert runs[0].cost == pytest.approx(ev.evaluate(runs[0].tree).edp)  # the tree scores its cost
+
+
+def test_ls_and_lp_are_restricted_searches_of_the_same_engine():
+    g = random_graph(random.Random(11), 8)
+    for space, kind in ((LS, "T"), (LP, "S")):
+        r = anneal(g, EDGE, 8, Anneal(beta=20, seed=1, space=space))
+        assert space.allows(r.tree) and depth_one_kinds(r.tree) <= {kind}
+    s = anneal(g, EDGE, 8, Anneal(beta=20, seed=1))
+    validate(s.tree, g, 16)
+
+
+def test_a_pipeline_beats_layer_sequential_on_a_deep_chain_at_large_batch():
+    """Six equal layers, batch 8: an S-cut pipeline keeps every feature map on chip and every tile
+    busy; SA must find a tree at least as good as both hand-written LS and LP trees."""
+    layers = [Layer(f"c{i}", 256 * 128 * 128, 0, 256 * 128, 128 * 128, 256 * 128,
+                    Contraction(1, 256, 128, 128),
+                    dram_in=256 * 128 if i == 0 else 0, output=i == 5) for i in range(6)]
+    g = LayerGraph.build(layers, [(i, i + 1) for i in range(5)])
+    ev = Evaluator(g, EDGE)
+    ls = Tree(Cut("T", 1, (Cut("T", 1, tuple(Leaf(i) for i in range(6))),)), 8)
+    lp = Tree(Cut("T", 1, (Cut("S", 8, tuple(Leaf(i) for i in range(6))),)), 8)
+    best = anneal(g, EDGE, 8, Anneal(beta=60, seed=0, objective="edp"), evaluator=ev)
+    assert best.cost <= min(ev.evaluate(ls).edp, ev.evaluate(lp).edp) * 1.001

@@ -1,0 +1,221 @@
+"""SET (seed 002 §3): layer graph, resource allocation tree, tile allocation, tree analysis and
+the fast evaluator, on hand-built graphs whose expected figures the tests derive."""
+
+import itertools
+import random
+
+import pytest
+
+import tvm_dsa  # noqa: F401  (registers the presets)
+from tvm_dsa import hardware
+from tvm_dsa.models import TINY, get_model, macs
+from tvm_dsa.runtime.cost import mme_cycles
+from tvm_dsa.schedule.set import (Contraction, Cut, Evaluator, Layer, LayerGraph, LayerGraphError, Leaf,
+                                  Tree, TreeError, dependencies, initial_tree, validate)
+from tvm_dsa.schedule.set.alloc import allocate, imbalance, stripe_order
+from tvm_dsa.schedule.set.analysis import allocate_groups, npt
+from tvm_dsa.schedule.set.ops import random_tree
+
+EDGE = hardware.get("set-edge16")
+
+
+def conv(name, m=256, n=64, k=64, **kw) -> Layer:
+    """An MME layer per sample: m x n outputs over k, ifmap m*k/4 (a 1x1-ish conv), weights n*k."""
+    return Layer(name, m * n * k, m * n, kw.pop("ifmap", m * k // 4), n * k, m * n, Contraction(1, m, n, k), **kw)
+
+
+def chain(length: int, **kw) -> LayerGraph:
+    layers = [conv(f"l{i}", dram_in=(256 * 16 if i == 0 else 0), output=(i == length - 1), **kw)
+              for i in range(length)]
+    return LayerGraph.build(layers, [(i, i + 1) for i in range(length - 1)])
+
+
+def fig3_graph() -> LayerGraph:
+    """The patent's Fig. 3 topology: l1 -> l2, l1 -> l4, l3 -> l4 (l3 reads the graph input)."""
+    layers = [conv("l1", dram_in=4096), conv("l2"), conv("l3", dram_in=4096), conv("l4", output=True)]
+    return LayerGraph.build(layers, [(0, 1), (0, 3), (2, 3)])
+
+
+def fig3_tree(batch=4) -> Tree:
+    # T1( S1( T2( l1 l2 ) l3 ) l4 ), batch 4: S1 splits 4 into 2 sub-batches, T2 into 2 more
+    return Tree(Cut("T", 1, (Cut("S", 2, (Cut("T", 2, (Leaf(0), Leaf(1))), Leaf(2))), Leaf(3))), batch)
+
+
+# -- layer graph --------------------------------------------------------------------------------
+def test_layer_graph_rejects_bad_input():
+    with pytest.raises(LayerGraphError, match="goes backwards"):
+        LayerGraph.build([conv("a"), conv("b")], [(1, 0)])
+    with pytest.raises(LayerGraphError, match="duplicate layer names"):
+        LayerGraph.build([conv("a"), conv("a")], [])
+    with pytest.raises(LayerGraphError, match="cannot be written"):
+        LayerGraph.build([conv("T4/2")], [])
+
+
+def test_layer_graph_from_tiny_resnet50_counts_the_models_macs():
+    model = get_model("resnet50", **TINY["resnet50"])
+    g = LayerGraph.from_onnx(model)
+    assert sum(layer.macs for layer in g.layers) == macs(model)
+    assert all(g.preds[i] or g.layers[i].dram_in for i in range(len(g)))  # every layer reads something
+    assert sum(layer.output for layer in g.layers) == 1
+    first = g.layers[0]  # the stem conv: 3x3? contraction k = 3 * kh * kw, n = output channels
+    assert first.contraction.m * first.contraction.n * first.contraction.k == first.macs
+
+
+# -- tree: validity, text, JSON, dependencies ----------------------------------------------------
+def test_text_and_json_round_trip():
+    g = fig3_graph()
+    tree = fig3_tree()
+    assert tree.text(g) == "T4/1( S4/2( T2/2( l1 l2 ) l3 ) l4 )"
+    assert Tree.parse(tree.text(g), g) == tree
+    assert Tree.from_json(tree.to_json(g), g) == tree
+    rng = random.Random(1)
+    for _ in range(20):
+        t = random_tree(chain(7), rng.choice([1, 4, 6, 8]), 16, rng)
+        assert Tree.parse(t.text(chain(7)), chain(7)) == t
+        assert Tree.from_json(t.to_json(chain(7)), chain(7)) == t
+
+
+@pytest.mark.parametrize("text, message", [
+    ("T4/1( S2/2( l1 l2 ) l3 l4 )", "has batch 2 but its parent gives it 4"),
+    ("T4/3( l1 l2 l3 l4 )", "not a multiple of its sub-batch count 3"),
+    ("T4/1( l1 l2 l3 l9 )", "no layer named 'l9'"),
+    ("T4/1( l1 l2 l3 l4", "not closed"),
+    ("l1", "the root must be a cut"),
+])
+def test_parse_errors(text, message):
+    with pytest.raises((TreeError, LayerGraphError), match=message):
+        Tree.parse(text, fig3_graph())
+
+
+@pytest.mark.parametrize("tree, message", [
+    (Tree(Cut("T", 1, (Leaf(0), Leaf(3), Leaf(1), Leaf(2))), 1), r"l4 \(leaf 1\) needs l3 \(leaf 3\)"),
+    (Tree(Cut("T", 1, (Leaf(0), Leaf(1), Leaf(3))), 1), r"missing \['l3'\]"),
+    (Tree(Cut("T", 1, (Leaf(0), Leaf(1), Leaf(2), Leaf(2), Leaf(3))), 1), r"repeated \['l3'\]"),
+    (Tree(Cut("T", 3, (Leaf(0), Leaf(1), Leaf(2), Leaf(3))), 4), "batch 4 is not a multiple"),
+    (Tree(Cut("T", 1, (Cut("S", 1, (Leaf(0),)), Leaf(1), Leaf(2), Leaf(3))), 1), "needs two or more"),
+    (Tree(Cut("S", 1, (Leaf(0), Leaf(1), Leaf(2), Leaf(3))), 1), "needs 4 tiles .* the chip has 3"),
+])
+def test_validate_names_the_broken_rule(tree, message):
+    with pytest.raises(TreeError, match=message):
+        validate(tree, fig3_graph(), 3)
+
+
+def test_dependencies_original_and_derived_as_in_fig3():
+    g = fig3_graph()
+    deps = {(d.src, d.dst): d.original for d in dependencies(fig3_tree(), g)}
+    t2, l1, l2, l3, l4 = (0, 0), (0, 0, 0), (0, 0, 1), (0, 1), (1,)
+    assert deps[(l1, l2)] is True and deps[(l1, l4)] is True and deps[(l3, l4)] is True
+    assert deps[(t2, l4)] is False  # derived from l1 -> l4
+    assert (t2, l3) not in deps  # neither l1 nor l2 feeds l3
+    assert deps[((0,), l4)] is False  # S1 -> l4
+
+
+# -- tile allocation and ids ---------------------------------------------------------------------
+def test_allocation_is_optimal_against_brute_force():
+    rng = random.Random(0)
+    for _ in range(300):
+        k = rng.randint(1, 4)
+        npts = [rng.choice([0, rng.uniform(0.1, 10), rng.randint(1, 5)]) for _ in range(k)]
+        mins = [rng.randint(1, 2) for _ in range(k)]
+        tiles = rng.randint(sum(mins), 9)
+        x = allocate(npts, mins, tiles)
+        assert sum(x) == tiles and all(a >= m for a, m in zip(x, mins))
+        best = min(imbalance(npts, list(c)) for c in itertools.product(*(range(m, tiles + 1) for m in mins))
+                   if sum(c) == tiles)
+        assert imbalance(npts, x) == pytest.approx(best)
+
+
+def test_allocation_is_proportional_when_it_can_be():
+    assert allocate([1.0, 3.0], [1, 1], 8) == [2, 6]
+    assert allocate([5.0, 5.0, 10.0], [1, 1, 1], 16) == [4, 4, 8]
+    with pytest.raises(ValueError, match="need 3 tiles, the group has 2"):
+        allocate([1, 1, 1], [1, 1, 1], 2)
+
+
+def test_stripe_ids_snake_through_the_mesh():
+    order = stripe_order(4, 4)
+    assert order[:5] == [(0, 0), (1, 0), (2, 0), (3, 0), (3, 1)]  # bottom row left to right, then up
+    assert sorted(order) == sorted(itertools.product(range(4), range(4)))
+    assert all(abs(a[0] - b[0]) + abs(a[1] - b[1]) == 1 for a, b in zip(order, order[1:]))
+
+
+def test_s_cut_groups_are_proportional_to_npt_and_t_cut_children_share():
+    g = LayerGraph.build([conv("a", n=64), conv("b", n=192), conv("c", n=64)], [])
+    tree = Tree(Cut("S", 1, (Leaf(0), Cut("T", 1, (Leaf(1), Leaf(2))))), 1)
+    ev = Evaluator(g, EDGE)
+    one = [npt(Leaf(i), g, ev.intra) for i in range(3)]
+    assert one == [mme_cycles(1, 256, n, 64, EDGE) for n in (64, 192, 64)]  # one sample, one tile
+    t_cut = one[1] + one[2]
+    x = min(range(1, 16), key=lambda x: max(one[0] / x, t_cut / (16 - x)))  # brute force
+    groups = allocate_groups(tree, g, ev.intra, 16)
+    assert groups[(0,)] == (0, x) and groups[(1,)] == (x, 16)
+    assert groups[(1, 0)] == groups[(1, 1)] == (4, 16)
+
+
+# -- dataflow (§3.3.1) and the evaluator ---------------------------------------------------------
+def test_dataflow_root_children_use_dram_and_pipelines_use_the_noc():
+    g = fig3_graph()
+    sched = Evaluator(g, EDGE).schedule(fig3_tree())
+    via = {}
+    for c in sched.chunks:
+        via.setdefault((c.src, c.dst), set()).add(c.noc)
+    assert via[(0, 1)] == {1.0}  # l1 -> l2 under T2: consumed at once
+    assert via[(0, 3)] == via[(2, 3)] == {0.0}  # into l4: another child of the root T-cut
+    plans = sched.leaves
+    assert [p.batch for p in plans] == [1, 1, 2, 4] and [p.invocations for p in plans] == [4, 4, 2, 1]
+
+
+def test_dataflow_chunk_not_consumed_at_once_goes_through_dram():
+    # a -> c, b -> c: c takes the whole batch after a and b ran twice; a's first chunk waits
+    g = LayerGraph.build([conv("a", dram_in=64), conv("b", dram_in=64), conv("c", output=True)], [(0, 2), (1, 2)])
+    tree = Tree(Cut("T", 1, (Cut("T", 1, (Cut("T", 2, (Leaf(0), Leaf(1))), Leaf(2))),)), 2)
+    chunks = {(c.src, c.p): c.noc for c in Evaluator(g, EDGE).schedule(tree).chunks}
+    assert chunks == {(0, 0): 0.0, (0, 1): 1.0, (1, 0): 0.0, (1, 1): 1.0}
+
+
+def test_all_dram_tree_moves_what_the_graph_says():
+    """Initial tree: every feature map through DRAM. DRAM bytes = inputs + weights + every read or
+    returned output written once + every edge read once (unique data, int8)."""
+    g = fig3_graph()
+    batch = 4
+    e = Evaluator(g, EDGE).evaluate(initial_tree(g, batch))
+    expected = sum(layer.dram_in * batch + layer.weights for layer in g.layers)
+    expected += sum(layer.ofmap * batch for i, layer in enumerate(g.layers) if g.succs[i] or layer.output)
+    expected += sum(g.layers[u].ofmap * batch for u, _ in g.edges)
+    assert e.dram_bytes == expected
+    assert e.energy["dram"] == pytest.approx(expected * 8 * 7.5)
+    assert e.energy["mac"] == pytest.approx(sum(layer.macs for layer in g.layers) * batch * 0.018)
+
+
+def test_root_s_cut_pins_weights_and_keeps_feature_maps_on_chip():
+    g = chain(3)
+    batch = 4
+    e = Evaluator(g, EDGE).evaluate(Tree(Cut("S", 4, tuple(Leaf(i) for i in range(3))), batch))
+    first, last = g.layers[0], g.layers[-1]
+    expected = first.dram_in * batch + sum(layer.weights for layer in g.layers) + last.ofmap * batch
+    assert e.dram_bytes == expected  # weights loaded once, no feature map through DRAM
+    assert e.energy["noc"] > 0
+
+
+def test_single_layer_latency_is_its_compute_or_its_dram_time():
+    g = LayerGraph.build([conv("big", m=4096, n=256, k=1152, dram_in=4096 * 1152 // 4, output=True)], [])
+    ev = Evaluator(g, EDGE)
+    e = ev.evaluate(initial_tree(g, 1))
+    cost = ev.intra.cost(0, 16, 1)
+    pb, pm, pn = cost.partition
+    compute = mme_cycles(1, -(-4096 // pm), -(-256 // pn), 1152, EDGE)
+    assert cost.cycles == compute
+    dram_time = e.dram_bytes / EDGE.ddr_bytes_per_cycle
+    assert e.latency == pytest.approx(max(compute, dram_time) + EDGE.dma_latency_cycles)
+
+
+def test_feature_maps_beyond_the_buffers_spill():
+    """A long chain in one LS segment keeps every feature map on chip; at a batch whose maps
+    exceed the retained half of the tiles' buffers the excess goes through DRAM."""
+    g = chain(4, m=65536, n=64, k=64)  # 4 MiB ofmap per sample
+    ls = lambda b: Tree(Cut("T", 1, (Cut("T", 1, tuple(Leaf(i) for i in range(4))),)), b)  # noqa: E731
+    ev = Evaluator(g, EDGE)
+    assert ev.schedule(ls(1)).spilled == (0.0,)
+    spilled = ev.schedule(ls(4)).spilled[0]
+    room = 16 * EDGE.lb_bytes // 2 - sum(p.cost.weight_tile * p.cost.tiles for p in ev.schedule(ls(4)).leaves)
+    assert spilled == pytest.approx(1 - room / (4 * 65536 * 64))  # one chunk kept at a time
