@@ -116,22 +116,31 @@ def random_lifetimes(rng, n: int) -> list[Lifetime]:
     return out
 
 
+def zoo_graphs():
+    """(label, module, OpGraph or the error that prevented one) of each tiny zoo model, unfused
+    and fused; the error is reported in the tables, not hidden."""
+    for model in TINY:
+        for fused in (False, True):
+            mod = zoo_module(model, fused)
+            try:
+                graph = OpGraph.from_relax(mod)
+            except Exception as err:  # noqa: BLE001
+                graph = err
+            yield f"{model}{' fused' if fused else ''}", mod, graph
+
+
 def memory_tables(seconds: float) -> None:
     names = list(PLANNERS)
     rows = []
-    for model in TINY:
-        for fused in (False, True):
-            label = f"{model}{' fused' if fused else ''}"
-            mod = zoo_module(model, fused)
-            try:
-                lts = graph_lifetimes(OpGraph.from_relax(mod))
-            except Exception as err:  # noqa: BLE001 - reported in the table, not hidden
-                rows.append([label, "-", "-", "-", *["n/a"] * (len(names) + 1), f"no graph: {err}"[:60]])
-                continue
-            best = optimal(lts, seconds)
-            rows.append([label, len(lts), lower_bound(lts), best.plan.peak,
-                         *[f"{PLANNERS[p](lts).peak / best.plan.peak:.3f}" for p in names],
-                         f"{relax_plan_bytes(mod) / best.plan.peak:.3f}", "optimal" if best.proven else "best found"])
+    for label, mod, graph in zoo_graphs():
+        if isinstance(graph, Exception):
+            rows.append([label, "-", "-", "-", *["n/a"] * (len(names) + 1), f"no graph: {graph}"[:60]])
+            continue
+        lts = graph_lifetimes(graph)
+        best = optimal(lts, seconds)
+        rows.append([label, len(lts), lower_bound(lts), best.plan.peak,
+                     *[f"{PLANNERS[p](lts).peak / best.plan.peak:.3f}" for p in names],
+                     f"{relax_plan_bytes(mod) / best.plan.peak:.3f}", "optimal" if best.proven else "best found"])
     print("\nArena over CP-SAT's optimum: tiny zoo models' intermediates (bytes)\n")
     _table(["model", "tensors", "lower bound", "optimum", *names, "Relax plan", "CP-SAT"], rows)
 
@@ -153,22 +162,18 @@ def memory_tables(seconds: float) -> None:
 
 def planning_tables() -> None:
     rows = []
-    for model in TINY:
-        for fused in (False, True):
-            label = f"{model}{' fused' if fused else ''}"
-            mod = zoo_module(model, fused)
-            try:
-                g = DataflowGraph.from_opgraph(OpGraph.from_relax(mod))
-            except Exception as err:  # noqa: BLE001 - reported in the table, not hidden
-                rows.append([label, "-", *["n/a"] * 6, f"no graph: {err}"[:60]])
-                continue
-            program = tuple(range(len(g.sizes)))
-            best = optimal_order(g)
-            planned = best or greedy_order(g)
-            rows.append([label, len(g.sizes), sum(g.sizes), relax_plan_bytes(mod),
-                         peak_first(lifetimes(g, program)).peak, peak_of(g, program),
-                         planned.peak, peak_first(lifetimes(g, planned.order)).peak,
-                         "exact" if best else "greedy"])
+    for label, mod, graph in zoo_graphs():
+        if isinstance(graph, Exception):
+            rows.append([label, "-", *["n/a"] * 6, f"no graph: {graph}"[:60]])
+            continue
+        g = DataflowGraph.from_opgraph(graph)
+        program = tuple(range(len(g.sizes)))
+        best = optimal_order(g)
+        planned = best or greedy_order(g)
+        rows.append([label, len(g.sizes), sum(g.sizes), relax_plan_bytes(mod),
+                     peak_first(lifetimes(g, program)).peak, peak_of(g, program),
+                     planned.peak, peak_first(lifetimes(g, planned.order)).peak,
+                     "exact" if best else "greedy"])
     print("\nIntermediate bytes of the tiny zoo: no reuse, Relax's plan, peak-first arena in program order,\n"
           "peak of the program order and of the planned order (§4.3), peak-first arena in the planned order\n")
     _table(["model", "ops", "no reuse", "Relax plan", "arena", "peak", "planned peak", "planned arena", "order"], rows)
