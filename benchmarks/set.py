@@ -2,7 +2,7 @@
 
     python benchmarks/set.py                                   # ResNet-50, both presets, batch 1/8/64
     python benchmarks/set.py --models resnet50 bert_base --beta 20
-    python benchmarks/set.py --presets set-edge16 --batches 1 --objective delay
+    python benchmarks/set.py --presets set-edge16 --batches 1 --objective delay --save trees/
 
 All three schemes come from one simulated-annealing engine (``schedule.set.search``): SET over all
 trees, LS over trees whose depth-one cuts are T-cuts, LP over depth-one S-cuts. The objective is
@@ -13,7 +13,9 @@ the preset's (edge E²D, cloud ED²) unless ``--objective`` says otherwise. Prin
 from __future__ import annotations
 
 import argparse
+import json
 import time
+from pathlib import Path
 
 import tvm_dsa  # noqa: F401  (registers the presets)
 from tvm_dsa import hardware
@@ -33,6 +35,7 @@ def main() -> None:
     ap.add_argument("--objective", default="preset", help="preset (E²D edge, ED² cloud), delay, edp, e2d, ed2")
     ap.add_argument("--beta", type=float, default=100.0)
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--save", type=Path, help="directory for each best tree as .txt and .json")
     args = ap.parse_args()
 
     print(f"{'model':<10} {'preset':<13} {'batch':>5} {'scheme':<4} {'latency(cyc)':>13} {'energy(mJ)':>11} "
@@ -54,6 +57,11 @@ def main() -> None:
                     e = r.evaluation
                     found[space.name] = e
                     text = r.tree.text(graph)
+                    if args.save:
+                        args.save.mkdir(parents=True, exist_ok=True)
+                        stem = args.save / f"{model}-{preset}-b{batch}-{space.name}"
+                        stem.with_suffix(".txt").write_text(text + "\n")
+                        stem.with_suffix(".json").write_text(json.dumps(r.tree.to_json(graph), indent=1))
                     print(f"{model:<10} {preset:<13} {batch:>5} {space.name.upper():<4} {e.latency:>13.0f} "
                           f"{e.joules * 1e3:>11.3f} {e.edp:>10.3e} {e.dram_bytes / 1e6:>9.2f} {r.iterations:>6} "
                           f"{r.seconds:>9.1f}  {text[:70]}{'...' if len(text) > 70 else ''}", flush=True)
