@@ -56,9 +56,10 @@ def register(hw: Hardware | dict | str | Path, *, override: bool = False) -> Har
 def _register_tag(name: str) -> None:
     from tvm.target import register_tag
 
-    register_tag(f"dsa/{name}", {"kind": "llvm", "keys": ["dsa", "cpu"], "model": name})
+    # override: the same config again (init() called twice, a preset re-registered) is no error
+    register_tag(f"dsa/{name}", {"kind": "llvm", "keys": ["dsa", "cpu"], "model": name}, override=True)
     if name == DEFAULT:
-        register_tag("dsa", {"kind": "llvm", "keys": ["dsa", "cpu"], "model": name})
+        register_tag("dsa", {"kind": "llvm", "keys": ["dsa", "cpu"], "model": name}, override=True)
 
 
 def names() -> list[str]:
