@@ -5,12 +5,11 @@ from __future__ import annotations
 
 import numpy as np
 import onnx
+import onnxruntime as ort
 import pytest
 
 from tvm_dsa.models import MODELS, TINY, example_inputs, get_model, macs, model_config
 from tvm_dsa.models.builder import infer_shapes
-
-ort = pytest.importorskip("onnxruntime")
 
 
 def run_ort(model: onnx.ModelProto, feeds: dict) -> np.ndarray:
