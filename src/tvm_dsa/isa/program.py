@@ -82,7 +82,8 @@ class Kernel:
         """The mark of every instruction (None before the first mark)."""
         out: list = [None] * len(self.instructions)
         for m, nxt in zip(self.layers, self.layers[1:] + (None,)):
-            out[m.first:nxt.first if nxt else len(out)] = [m] * ((nxt.first if nxt else len(out)) - m.first)
+            end = nxt.first if nxt else len(out)
+            out[m.first:end] = [m] * (end - m.first)
         return out
 
 
