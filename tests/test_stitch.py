@@ -253,3 +253,50 @@ def test_lb_keep_is_a_share_of_the_lb():
     assert StitchOptions(lb_keep=0).lb_budget(HW) is None
     with pytest.raises(ValueError, match=r"lb_keep is a share of the LB in \[0, 1\), not 1.5"):
         StitchOptions(lb_keep=1.5)
+
+
+def test_lb_level_only_where_instances_have_a_core_each(rng):
+    """Batch 4 on 4 clusters: each instance spans a cluster's 8 cores, so its intermediates go to
+    the GB (Algorithm 4's scope rule); reserving LB for them would only shrink the tiles."""
+    mod = residual_block()
+    args = [tvm.runtime.tensor(rng.standard_normal([int(s) for s in p.ty.shape]).astype("float32"))
+            for p in mod["main"].params]
+    cycles = {}
+    for lb_keep in (0.0, 0.5):
+        vm, result = _run(mod, "graphturbo", options=StitchOptions(lb_keep=lb_keep))
+        (info,) = result.stitched.values()
+        assert info.cores_per_instance == 8 and info.lb_kept == 0 and info.lb_bytes == 0
+        vm["main"](*args)
+        cycles[lb_keep] = tvm_dsa.last_report().cycles
+    assert cycles[0.5] == cycles[0.0]
+
+
+def test_clusters_copy_the_first_clusters_instructions(monkeypatch):
+    """Four clusters, one sample each: clusters 1-3 run cluster 0's instructions moved to their
+    cores, their GB and their samples. The copy is what emitting them gives, less the dependencies
+    emission adds between clusters' disjoint pieces of one DDR tensor."""
+    import importlib
+
+    from tvm_dsa.codegen import emit, stitch
+
+    offload = importlib.import_module("tvm_dsa.relax_passes.offload")
+    seen = []
+    monkeypatch.setattr(offload, "build_stitched", lambda sg, *a, **k: seen.append(sg) or stitch.build_stitched(sg, *a, **k))
+    _run(residual_block(), "graphturbo")
+    (sg,) = seen
+    calls = []
+    layer = emit.KernelEmitter.layer
+    monkeypatch.setattr(emit.KernelEmitter, "layer", lambda self, L, work, *a: calls.append(work) or layer(self, L, work, *a))
+    emitted, _ = stitch.build_stitched(sg, HW, replicate=False)
+    emitted_calls, calls[:] = list(calls), []
+    copied, _ = stitch.build_stitched(sg, HW)
+    cpc = HW.cores_per_cluster
+    assert {core // cpc for work in emitted_calls for _, core in work} == {0, 1, 2, 3}
+    assert {core // cpc for work in calls for _, core in work} == {0}  # only cluster 0 emitted
+    (a,), (b,) = emitted.kernels, copied.kernels
+    assert a.cores == b.cores and len(a.instructions) == len(b.instructions)
+    assert [m.name for m in a.layers] == [m.name for m in b.layers]
+    for x, y in zip(a.instructions, b.instructions):
+        assert dataclasses.replace(x, deps=()) == dataclasses.replace(y, deps=())
+        assert set(y.deps) <= set(x.deps)
+        assert all(a.instructions[d].core // cpc != x.core // cpc for d in set(x.deps) - set(y.deps))

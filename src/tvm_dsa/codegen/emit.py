@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import bisect
 import itertools
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, fields, replace
 
 from .. import isa
 from ..hardware import Hardware
@@ -240,6 +240,52 @@ class KernelEmitter:
         self.cores_used.add(core)
         self._mark(PROMOTE, ())
         self._push(isa.Dma(core, src.extents, _whole_operand(dst), _whole_operand(src)), core)
+
+    def replicate(self, start: int, stop: int, cores: int, cluster: int, ddr_shift: dict) -> bool:
+        """Append a copy of instructions [start, stop) — one cluster's part of a kernel — for the
+        cluster ``cluster`` whose part is the same translated: cores moved by ``cores``, its own
+        GB, each DDR object (keyed as when claimed) moved by ``ddr_shift[key]`` bytes, deps kept
+        inside the copy. False (nothing appended) when the part depends on instructions outside it
+        or touches DDR objects ``ddr_shift`` does not name. Emitting a cluster this way costs a
+        fraction of emitting it, and what it appends is what emitting would give, without the
+        false dependencies emission adds between clusters' disjoint pieces of one DDR tensor."""
+        part = self.instructions[start:stop]
+        ddr = self.spaces.get(("ddr", 0))
+        moved: dict = {}  # DDR offset -> shifted offset
+
+        def move(o):
+            if not isinstance(o, isa.Operand):
+                return o
+            if o.mem == "lb":
+                return replace(o, index=o.index + cores)
+            if o.mem == "gb":
+                return replace(o, index=cluster)
+            if o.offset not in moved:
+                key = ddr.owner(o.offset) if ddr else None
+                if key not in ddr_shift:
+                    raise KeyError(key)
+                moved[o.offset] = o.offset + ddr_shift[key]
+            return replace(o, offset=moved[o.offset])
+
+        shift = len(self.instructions) - start
+        try:
+            copies = []
+            for ins in part:
+                if any(not start <= d < stop for d in ins.deps):
+                    return False
+                changes = {f.name: move(getattr(ins, f.name)) for f in fields(ins)
+                           if isinstance(getattr(ins, f.name), isa.Operand)}
+                if isinstance(ins, isa.Vector):
+                    changes["srcs"] = tuple(move(x) for x in ins.srcs)
+                copies.append(replace(ins, core=ins.core + cores, deps=tuple(d + shift for d in ins.deps), **changes))
+        except KeyError:
+            return False
+        runs = [m for m in self.marks if m.first <= start][-1:] + [m for m in self.marks if start < m.first < stop]
+        for m, nxt in zip(runs, runs[1:] + [None]):
+            self._mark(m.name, m.shape)
+            self.instructions += copies[max(m.first, start) - start:(nxt.first if nxt else stop) - start]
+        self.cores_used.update(ins.core for ins in copies)
+        return True
 
     def layer(self, layer: Layer, work, regions: dict, lb_base: int = 0) -> None:
         """Emit ``layer``'s tiles: ``work`` is a list of (tile loop values, core); ``regions``

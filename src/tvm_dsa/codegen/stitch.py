@@ -9,8 +9,8 @@ Three steps, each a function of its own:
   tiles of every other layer found backwards from what its consumers read (a 3x3 window reads a
   halo: those tiles are computed by both neighbouring instances — the recomputation). Instances
   are made coarser while recomputation costs more than ``RECOMPUTE_LIMIT`` of the work.
-- ``allocate``: liveness over the kernel's steps, next-fit placement at a level, and when the
-  live tensors do not fit, spilling by a policy: the tensor with the longest lifetime first (the
+- ``allocate``: liveness over the kernel's steps, an offline placement plan at a level, and when
+  the live tensors do not fit, spilling by a policy: the tensor with the longest lifetime first (the
   seed's rule) or the largest first (prior work's), to the next level down.
 """
 
@@ -23,6 +23,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from .emit import Layer
+from ..relax_passes import memory_plan
 from .kernel_ir import Loop, align
 
 RECOMPUTE_LIMIT = 1.25  # assumed (the seed gives no number): at most 25 % of the work computed twice
@@ -199,53 +200,33 @@ SPILL_POLICIES = ("longest", "largest")
 
 
 def allocate(lives: list[Lifetime], capacity: int, policy: str = "longest") -> tuple[dict, list]:
-    """(offset per kept key, spilled keys): next-fit placement at one level, freeing each tensor
-    after its last use; when a tensor does not fit, the live tensor (or the new one) chosen by
-    ``policy`` is spilled to the next level and placement restarts without it."""
+    """(offset per kept key, spilled keys) at one level of ``capacity`` bytes. The lifetimes are
+    known before the kernel runs, so the placement is planned offline (``memory_plan.peak_first``,
+    SoD2's planner: the tensors live at the peak first, then outwards), each tensor's space free
+    for reuse after its last read. When the plan does not fit, the first step whose live tensors
+    overflow (or, with enough bytes but no fitting gap, the first step of a tensor placed past the
+    end) gives up one of its live tensors, chosen by ``policy``, to the next level, and planning
+    restarts without it."""
     if policy not in SPILL_POLICIES:
         raise ValueError(f"unknown spill policy {policy!r}; known: {SPILL_POLICIES}")
     spilled: set = set()
     while True:
-        offsets, victim = _first_fit([x for x in lives if x.key not in spilled], capacity, policy)
-        if victim is None:
-            return offsets, [x.key for x in lives if x.key in spilled]
-        spilled.add(victim)
-
-
-def _first_fit(lives, capacity, policy):
-    """Next-fit: each tensor goes to the first gap at or after where the previous one ended,
-    wrapping around. Memory freed a moment ago is reused last, so a new tensor rarely has to wait
-    for the readers of the old one (the cores run instances and layers concurrently)."""
-    order = sorted(lives, key=lambda x: (x.first, -x.nbytes))
-    placed: list = []  # (offset, end, Lifetime)
-    offsets, cursor = {}, 0
-    for x in order:
-        placed = [p for p in placed if p[2].last >= x.first]  # free what is dead by now
-        size = align(x.nbytes)
-        gaps, prev = [], 0
-        for lo, hi, _ in sorted(placed, key=lambda p: p[0]):
-            if lo - prev >= size:
-                gaps.append(prev)
-            prev = max(prev, hi)
-        if capacity - prev >= size:
-            gaps.append(prev)
-        # within a gap the tensor may also start at the cursor, if it still fits there
-        ends = {g: next((lo for lo, _, _ in sorted(placed, key=lambda p: p[0]) if lo >= g + size), capacity)
-                for g in gaps}
-        at = next((max(g, cursor) for g in gaps if max(g, cursor) + size <= ends[g]), None)
-        if at is None and gaps:
-            at = gaps[0]
+        kept = [x for x in lives if x.key not in spilled]
+        spans = [memory_plan.Lifetime(align(x.nbytes), x.first, x.last) for x in kept]
+        plan = memory_plan.peak_first(spans)
+        if plan.peak <= capacity:
+            return ({x.key: o for x, o in zip(kept, plan.offsets)},
+                    [x.key for x in lives if x.key in spilled])
+        live = memory_plan.live_bytes(spans)
+        at = next((s for s, n in enumerate(live) if n > capacity), None)
         if at is None:
-            live = [p[2] for p in placed] + [x]
-            if policy == "longest":  # the seed: the tensor that stays longest (remaining lifetime)
-                victim = max(live, key=lambda y: (y.last - x.first, y.nbytes))
-            else:  # prior work: the largest tensor
-                victim = max(live, key=lambda y: (y.nbytes, y.last - x.first))
-            return offsets, victim.key
-        offsets[x.key] = at
-        cursor = at + size
-        placed.append((at, at + size, x))
-    return offsets, None
+            at = min(x.first for x, o, t in zip(kept, plan.offsets, spans) if o + t.size > capacity)
+        candidates = [x for x in kept if x.first <= at <= x.last]
+        if policy == "longest":  # the seed: the tensor that stays longest (remaining lifetime)
+            victim = max(candidates, key=lambda y: (y.last - at, y.nbytes))
+        else:  # prior work: the largest tensor
+            victim = max(candidates, key=lambda y: (y.nbytes, y.last - at))
+        spilled.add(victim.key)
 
 
 # --------------------------------------------------------------------------------------------
@@ -311,8 +292,86 @@ def _binding(n: int, hw) -> list[tuple[int, ...]]:
     return cores
 
 
+def sg_instances(sg: SubGraphKernel) -> tuple[Instances, dict]:
+    """The instances of a sub-graph, split as its scheduler decided (``plan_instances``), and the
+    footprints of its layers."""
+    prints = {L.name: footprints(L) for L in sg.layers}
+    return plan_instances(list(sg.layers), prints, list(sg.outputs), sg.split_loop, sg.groups), prints
+
+
+def instance_cores(sg: SubGraphKernel, hw) -> list[tuple[int, ...]]:
+    """The cores each instance of ``sg`` is bound to (Algorithm 4's factors)."""
+    return _binding(sg_instances(sg)[0].count, hw)
+
+
+def _translation(sg: SubGraphKernel, prints: dict, inst: Instances, pairs) -> dict | None:
+    """Per tensor, how many elements along its first (batch) dimension the second instance of
+    each pair in ``pairs`` is moved from the first: when every layer's tiles of the second read and
+    write exactly the first's boxes moved that way (weights not moved), tile for tile. None when
+    the instances are not translates of each other."""
+    delta: dict = {}
+
+    def agree(tensor, a: Boxes, b: Boxes) -> bool:
+        d = b[0] - a[0]
+        if not len(d) or (d != b[1] - a[1]).any() or d[:, 1:].any() or (d[:, 0] != d[0, 0]).any():
+            return not len(d)
+        return delta.setdefault(tensor, int(d[0, 0])) == int(d[0, 0]) and not (tensor in sg.weights and d[0, 0])
+
+    for i, j in pairs:
+        for L in sg.layers:
+            fp = prints[L.name]
+            a, b = inst.tiles[i][L.name], inst.tiles[j][L.name]
+            if len(a) != len(b):
+                return None
+            if not a:
+                continue
+            row = {t: r for r, t in enumerate(fp.tiles)}
+            ra, rb = [row[t] for t in a], [row[t] for t in b]
+            out = L.args[L.ir.params[-1][0]]
+            if not agree(out, (fp.write[0][ra], fp.write[1][ra]), (fp.write[0][rb], fp.write[1][rb])):
+                return None
+            for param, boxes in fp.reads.items():
+                if not agree(L.args[param], (boxes[0][ra], boxes[1][ra]), (boxes[0][rb], boxes[1][rb])):
+                    return None
+    return delta
+
+
+def _cluster_shift(sg, prints, inst, cores, cpc, reference, other, regions, esize) -> dict | None:
+    """Bytes each DDR object moves between the reference cluster's part of a stitched kernel and
+    ``other``'s, when ``other``'s part is the reference's translated (same rounds on cores moved by
+    whole clusters, instances moved along the batch, tensors placed alike); None otherwise."""
+    (c0, cp0, place0, _), (c, cp, place) = reference, other
+    if len(cp0.members) != len(cp.members):
+        return None
+    pairs = list(zip(cp0.members, cp.members))
+    moved = (c - c0) * cpc
+    if any(cp0.rnd[i] != cp.rnd[j] or cores[j] != tuple(k + moved for k in cores[i]) for i, j in pairs):
+        return None
+    delta = _translation(sg, prints, inst, pairs)
+    if delta is None:
+        return None
+    twin = {i: j for i, j in pairs}
+    lives = {x.key: x for x in cp.lives}
+    shift = {("ddr", t): delta.get(t, 0) * math.prod(r.extents[1:]) * esize for t, r in regions.items()}
+    for x in cp0.lives:
+        key = (x.key[0], x.key[1], twin[x.key[2]] if x.key[0] == "t" else c)
+        y = lives.get(key)
+        if y is None or (y.first, y.last, y.nbytes) != (x.first, x.last, x.nbytes):
+            return None
+        a, b = place0.get(x.key), place.get(key)
+        if (a is None) != (b is None):
+            return None
+        if a is None:
+            continue
+        if a.mem != b.mem or a.extents != b.extents or (a.mem != "ddr" and a.base != b.base):
+            return None
+        if a.mem == "ddr":
+            shift[x.key] = b.base - a.base
+    return shift
+
+
 def build_stitched(sg: SubGraphKernel, hw, order: str = "best", spill: str = "longest",
-                   gb: bool = True, prefetch: int = 2, lb: bool = False):
+                   gb: bool = True, prefetch: int = 2, lb: bool = False, replicate: bool = True):
     """(Program, StitchInfo) of one sub-graph: its instances, each layer's tiles of an instance on
     the instance's cores, intermediates in the GB (``gb=False``: in DDR, the layerwise placement),
     weights promoted to the GB once per cluster; ``order`` dfs (instance by instance), bfs (layer by
@@ -325,13 +384,15 @@ def build_stitched(sg: SubGraphKernel, hw, order: str = "best", spill: str = "lo
 
     Cross-layer scheduling (§4.4): a weight's promotion is issued ``prefetch`` steps before the
     step that first reads it, so the cluster DMA moves it while earlier layers compute (its GB
-    space is held from then on); with 0 every layer waits for its own weights."""
+    space is held from then on); with 0 every layer waits for its own weights.
+
+    A cluster whose instances are the first cluster's moved along the batch, placed alike, gets a
+    copy of its instructions (``replicate``; False emits every cluster, for tests)."""
     from .. import isa
     from .emit import KernelEmitter, Region
     from .kernel_ir import ALIGN
 
-    prints = {L.name: footprints(L) for L in sg.layers}
-    inst = plan_instances(list(sg.layers), prints, list(sg.outputs), sg.split_loop, sg.groups)
+    inst, prints = sg_instances(sg)
     cores = _binding(inst.count, hw)
     lb_base = hw.lb_bytes - max(L.plan.total_bytes for L in sg.layers) if lb else 0
     lb_base -= lb_base % ALIGN
@@ -418,6 +479,7 @@ def build_stitched(sg: SubGraphKernel, hw, order: str = "best", spill: str = "lo
     scratch_top = offset
     spilled_all = []
     lb_kept = 0
+    reference = None  # (cluster, its plan, placement, [first, end) of its instructions): the others copy it
     for c, cp in sorted(chosen.items()):
         members, rnd, step, lives, offsets, spilled, kept = (cp.members, cp.rnd, cp.step, cp.lives, cp.offsets,
                                                              cp.spilled, cp.kept)
@@ -440,6 +502,13 @@ def build_stitched(sg: SubGraphKernel, hw, order: str = "best", spill: str = "lo
         lb_kept += len(kept)
         if ddr_lives:
             scratch_top += max(ddr_offsets[x.key] + align(x.nbytes) for x in ddr_lives)
+        if reference is None:
+            reference = (c, cp, place, [len(emitter.instructions), None])
+        elif replicate:
+            shift = _cluster_shift(sg, prints, inst, cores, cpc, reference, (c, cp, place), regions, esize)
+            c0, _, _, (start, stop) = reference
+            if shift is not None and emitter.replicate(start, stop, (c - c0) * cpc, c, shift):
+                continue
         starts: dict = {}
         for x in lives:
             if x.key in place:
@@ -462,6 +531,8 @@ def build_stitched(sg: SubGraphKernel, hw, order: str = "best", spill: str = "lo
                     tiles = inst.tiles[i][L.name]
                     work = [(t, cores[i][n % len(cores[i])]) for n, t in enumerate(tiles)]
                     emitter.layer(L, work, local, lb_base)
+        if reference[0] == c:
+            reference[3][1] = len(emitter.instructions)
     gb_peak = max(p.gb_peak for p in chosen.values())
     program = isa.Program(hw.to_dict(), max(scratch_top, ALIGN), tuple(args), (emitter.kernel(),), sg.name)
     info = StitchInfo(inst.count, inst.recompute, len(cores[0]), order, gb_peak, tuple(spilled_all),

@@ -19,7 +19,7 @@ from tvm import relax, tirx
 from .. import schedule as schedules
 from ..codegen.emit import Layer, build_program
 from ..codegen.kernel_ir import ALIGN
-from ..codegen.stitch import SubGraphKernel, build_stitched
+from ..codegen.stitch import SubGraphKernel, build_stitched, instance_cores
 from ..hardware import Hardware
 from ..schedule.graph import OpGraph
 from ..tir_passes import Unsupported, lower_kernel
@@ -66,8 +66,7 @@ def offload(mod: tvm.IRModule, hw: Hardware, schedule: str = "layerwise", run_id
     """Return (new module, OffloadResult)."""
     result = OffloadResult()
     graph = OpGraph.from_relax(mod)
-    lowered: dict = {}
-    budget: dict = {}  # PrimFunc name -> LB bytes its tiles were fitted to (None: the whole LB)
+    lowered: dict = {}  # PrimFunc name -> (lowered, LB budget it was tiled to; None: the whole LB)
     for name in dict.fromkeys(n.func for n in graph.nodes):
         func = mod[name]
         if not isinstance(func, tirx.PrimFunc):
@@ -76,9 +75,15 @@ def offload(mod: tvm.IRModule, hw: Hardware, schedule: str = "layerwise", run_id
             result.host[name] = "a pure reshape: a view on the host, no data moves"
             continue
         try:
-            lowered[name], budget[name] = _lower(func, hw, options.lb_budget(hw) if schedule == "graphturbo" else None)
+            lowered[name] = (lower_kernel(func, hw)[0], None)
         except Unsupported as err:
             result.host[name] = str(err)
+    in_part: dict = {}  # PrimFunc name -> lowered within the LB share StitchOptions leaves to tiles
+
+    def tiled_in_part(name):
+        if name not in in_part:
+            in_part[name] = _lower(mod[name], hw, options.lb_budget(hw))
+        return in_part[name]
     specs = schedules.get(schedule)(mod, hw, set(lowered))
     node_of = {n.name: n for n in graph.nodes}
     kernels = []  # (spec, program text, input exprs, output vars)
@@ -89,7 +94,7 @@ def offload(mod: tvm.IRModule, hw: Hardware, schedule: str = "layerwise", run_id
             (node,) = nodes
             if node.func not in programs:
                 try:
-                    programs[node.func] = build_program(lowered[node.func], hw, node.func).serialize()
+                    programs[node.func] = build_program(lowered[node.func][0], hw, node.func).serialize()
                     result.dsa.append(node.func)
                 except Unsupported as err:
                     result.host[node.func] = str(err)
@@ -97,10 +102,14 @@ def offload(mod: tvm.IRModule, hw: Hardware, schedule: str = "layerwise", run_id
             inputs = [graph.tensors[t] for t in node.inputs]
             kernels.append((spec, programs[node.func], inputs, [node.output]))
             continue
-        sg = _subgraph(spec, nodes, graph, lowered, budget, hw)
         try:
-            program, info = build_stitched(sg, hw, options.order, options.spill, options.gb, options.prefetch,
-                                           lb=options.lb_keep > 0)
+            sg = _subgraph(spec, nodes, graph, lowered, hw)
+            # the LB level (Fig. 15's "L1") pays only where Algorithm 4 gives every instance one
+            # core (it keeps the intermediates in that core's LB); elsewhere the tiles keep the LB
+            lb = options.lb_keep > 0 and all(len(c) == 1 for c in instance_cores(sg, hw))
+            if lb:
+                sg = _subgraph(spec, nodes, graph, {n.func: tiled_in_part(n.func) for n in nodes}, hw)
+            program, info = build_stitched(sg, hw, options.order, options.spill, options.gb, options.prefetch, lb=lb)
         except Unsupported as err:
             for n in nodes:
                 result.host[n.func] = f"in {spec.name}: {err}"
@@ -130,7 +139,9 @@ def _lower(func, hw, lb_bytes):
     return lower_kernel(func, hw)[0], None
 
 
-def _subgraph(spec, nodes, graph, lowered, budget, hw) -> SubGraphKernel:
+def _subgraph(spec, nodes, graph, lowered, hw) -> SubGraphKernel:
+    """The sub-graph of ``spec`` for kernel generation, its layers from ``lowered`` (PrimFunc name
+    -> (lowered PrimFunc, LB budget))."""
     members = {n.output for n in nodes}
     inputs, outputs, tensors = [], [], {}
     for n in nodes:
@@ -142,7 +153,8 @@ def _subgraph(spec, nodes, graph, lowered, budget, hw) -> SubGraphKernel:
             outputs.append(n.output)
         for t in (*n.inputs, n.output):
             tensors[t] = (graph.tensors[t].shape, graph.tensors[t].dtype)
-    layers = tuple(Layer.of(lowered[n.func], hw, n.name, (*n.inputs, n.output), budget[n.func]) for n in nodes)
+    layers = tuple(Layer.of(lowered[n.func][0], hw, n.name, (*n.inputs, n.output), lowered[n.func][1])
+                   for n in nodes)
     weights = frozenset(t for t in inputs if graph.tensors[t].constant)
     split_loop, groups = spec.split if spec.split else (0, 1 << 30)
     return SubGraphKernel(spec.name, layers, tuple(inputs), tuple(outputs), tensors, weights, split_loop, groups)
