@@ -4,7 +4,8 @@ import math
 
 from tvm_dsa.schedule.graph import Node, OpGraph, SubGraphs, Tensor
 from tvm_dsa.schedule.graphturbo import (
-    Split, best_split, bytes_in_flight, group, instance_graph, order_instances, peak_bytes, split_info,
+    Split, best_split, bytes_in_flight, group, group_two_levels, instance_graph, order_instances, peak_bytes,
+    split_info,
 )
 
 LB = 64 * 1024
@@ -105,6 +106,16 @@ def test_group_stops_at_a_downsampling():
     # so the large factor of the big early layers does not spread past the downsampling.
     sgs = group(SubGraphs(chain(shapes)), LB, FP16)
     assert sgs.groups == [frozenset({0, 1}), frozenset({2})]
+
+
+def test_layers_no_split_fits_into_the_lb_group_at_the_gb_level():
+    shapes = [(1, 4, 4, 4)] * 4  # 256 B per layer (input + output): no split fits a 16-byte LB
+    assert group(SubGraphs(chain(shapes)), 16, FP16).groups == [frozenset({i}) for i in range(3)]
+    # with the GB in Algorithm 1 each splits by 1 and merging keeps it: one sub-graph
+    assert group_two_levels(SubGraphs(chain(shapes)), 16, 1024, FP16).groups == [frozenset(range(3))]
+    # where every sub-graph splits into the LB, the GB level changes nothing
+    shapes = [(1, 16, 64, 64), (1, 16, 64, 64), (1, 32, 32, 32), (1, 32, 32, 32)]
+    assert group_two_levels(SubGraphs(chain(shapes)), LB, 8 << 20, FP16).groups == [frozenset({0, 1}), frozenset({2})]
 
 
 def test_group_merges_a_small_diamond_then_the_entry():

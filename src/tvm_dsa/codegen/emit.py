@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import bisect
 import itertools
-from dataclasses import dataclass, fields, replace
+from dataclasses import dataclass, replace
 
 from .. import isa
 from ..hardware import Hardware
@@ -251,21 +251,24 @@ class KernelEmitter:
         false dependencies emission adds between clusters' disjoint pieces of one DDR tensor."""
         part = self.instructions[start:stop]
         ddr = self.spaces.get(("ddr", 0))
-        moved: dict = {}  # DDR offset -> shifted offset
+        memo: dict = {}  # id(operand) -> moved operand (tile buffers' operands recur)
 
         def move(o):
             if not isinstance(o, isa.Operand):
                 return o
-            if o.mem == "lb":
-                return replace(o, index=o.index + cores)
-            if o.mem == "gb":
-                return replace(o, index=cluster)
-            if o.offset not in moved:
-                key = ddr.owner(o.offset) if ddr else None
-                if key not in ddr_shift:
-                    raise KeyError(key)
-                moved[o.offset] = o.offset + ddr_shift[key]
-            return replace(o, offset=moved[o.offset])
+            new = memo.get(id(o))
+            if new is None:
+                if o.mem == "lb":
+                    new = _with(o, index=o.index + cores)
+                elif o.mem == "gb":
+                    new = _with(o, index=cluster)
+                else:
+                    key = ddr.owner(o.offset) if ddr else None
+                    if key not in ddr_shift:
+                        raise KeyError(key)
+                    new = _with(o, offset=o.offset + ddr_shift[key])
+                memo[id(o)] = new
+            return new
 
         shift = len(self.instructions) - start
         try:
@@ -273,11 +276,10 @@ class KernelEmitter:
             for ins in part:
                 if any(not start <= d < stop for d in ins.deps):
                     return False
-                changes = {f.name: move(getattr(ins, f.name)) for f in fields(ins)
-                           if isinstance(getattr(ins, f.name), isa.Operand)}
+                changes = {k: move(v) for k, v in ins.__dict__.items() if isinstance(v, isa.Operand)}
                 if isinstance(ins, isa.Vector):
                     changes["srcs"] = tuple(move(x) for x in ins.srcs)
-                copies.append(replace(ins, core=ins.core + cores, deps=tuple(d + shift for d in ins.deps), **changes))
+                copies.append(_with(ins, core=ins.core + cores, deps=tuple(d + shift for d in ins.deps), **changes))
         except KeyError:
             return False
         runs = [m for m in self.marks if m.first <= start][-1:] + [m for m in self.marks if start < m.first < stop]
@@ -555,6 +557,15 @@ def _split_box(start, extent, lo, hi):
             cur_hi[d] = hi[d]
     pieces.append((cur_lo, [b - a for a, b in zip(cur_lo, cur_hi)], True))
     return pieces
+
+
+def _with(obj, **changes):
+    """A copy of a frozen dataclass with ``changes``: ``dataclasses.replace`` re-runs the
+    constructor and cost more than emitting the instruction."""
+    new = object.__new__(type(obj))
+    new.__dict__.update(obj.__dict__)
+    new.__dict__.update(changes)
+    return new
 
 
 def _restrict(o, keep: list[int]):

@@ -25,7 +25,9 @@ Choices where the seed is silent (docs/graphturbo.md, §1 [AMBIG]):
   position) and the factor divides its extent there.
 - in rule (i) for the branch pattern the seed compares the merged factor with SG2's; by analogy
   with the straight pattern (the consumer's factor) the exit's factor is used;
-- a sub-graph with no split that fits the LB is never merged (its merge could not fit either);
+- a sub-graph with no split that fits the LB is not merged by the LB grouping (its merge could
+  not fit either); a second grouping with the GB's capacity merges those among themselves
+  (§3.6: the LB may be replaced by the GB), so their tensors stay in the GB;
 - instance ``i`` of a sub-graph split by ``f`` along dimension ``d`` covers the fraction
   [i/f, (i+1)/f) of its output along ``d``; a consumer instance needs a producer instance when
   both split the same dimension and their fractions overlap, and needs all of them otherwise;
@@ -172,6 +174,19 @@ def group(sgs: SubGraphs, lb_bytes: int, element_bytes: int, fixed: frozenset = 
             return sgs
 
 
+def group_two_levels(sgs: SubGraphs, lb_bytes: int, gb_bytes: int, element_bytes: int,
+                     fixed: frozenset = frozenset()) -> SubGraphs:
+    """Algorithm 2 with the LB, then again with the GB for the sub-graphs no split fits into the
+    LB (§3.6: "LB可以被GB替代"): their layers (a ResNet-50 stage-1 block holds MBs per sample) are
+    merged by the same patterns and rules, with the GB's capacity in Algorithm 1, and their kernel
+    keeps the tensors between them in the GB instead of sending each through DDR. Sub-graphs that
+    split into the LB stay as the first grouping made them."""
+    sgs = group(sgs, lb_bytes, element_bytes, fixed)
+    in_lb = frozenset(n for g, members in enumerate(sgs.groups)
+                      if split_factor(sgs, g, lb_bytes, element_bytes) is not None for n in members)
+    return group(sgs, gb_bytes, element_bytes, fixed | in_lb)
+
+
 @dataclass(frozen=True)
 class Instance:
     sg: int
@@ -270,7 +285,7 @@ def graphturbo(mod, hw, supported) -> list[KernelSpec]:
     graph = OpGraph.from_relax(mod)
     esize = tvm_dtype_bytes(hw.storage_dtype)
     host = frozenset(n.index for n in graph.nodes if n.func not in supported)
-    sgs = group(SubGraphs(graph), hw.lb_bytes, esize, host)
+    sgs = group_two_levels(SubGraphs(graph), hw.lb_bytes, hw.gb_bytes, esize, host)
     specs = []
     for g, members in enumerate(sgs.groups):
         if members & host:
