@@ -300,3 +300,24 @@ def test_clusters_copy_the_first_clusters_instructions(monkeypatch):
         assert dataclasses.replace(x, deps=()) == dataclasses.replace(y, deps=())
         assert set(y.deps) <= set(x.deps)
         assert all(a.instructions[d].core // cpc != x.core // cpc for d in set(x.deps) - set(y.deps))
+
+
+def test_promotions_come_later_where_early_ones_would_spill(rng):
+    """The residual block with constant weights, one sample per cluster: the 3x3 conv's weights
+    (16x16x3x3 fp16) and its output (16x8x8 fp16) are live at step 0; promoting the 1x1 conv's
+    weights and bias there too (prefetch) needs a 7232-byte GB. A 7 KiB GB gets them one step
+    later instead of spilling; an 8 KiB one holds them early."""
+    from tvm_dsa.codegen.kernel_ir import align
+
+    mod = residual_block()
+    args = [rng.standard_normal([int(s) for s in p.ty.shape]).astype("float32") for p in mod["main"].params]
+    mod = relax.transform.BindParams("main", {f"a{i}": tvm.runtime.tensor(args[i]) for i in (1, 2, 3)})(mod)
+    w1, out1, w2, bias = 16 * 16 * 9 * 2, 16 * 8 * 8 * 2, 16 * 16 * 2, 16 * 2
+    peaks = {}
+    for kib in (7, 8):
+        hardware.register(dataclasses.replace(HW, name=f"stcp920-gb{kib}k", gb_bytes=kib * KB), override=True)
+        _, result = _run(mod, "graphturbo", hw=f"dsa/stcp920-gb{kib}k", options=StitchOptions(prefetch=2))
+        (info,) = result.stitched.values()
+        assert info.spilled == ()
+        peaks[kib] = info.gb_peak
+    assert peaks[7] == w1 + out1 <= 7 * KB < w1 + out1 + w2 + align(bias) == peaks[8]

@@ -384,7 +384,8 @@ def build_stitched(sg: SubGraphKernel, hw, order: str = "best", spill: str = "lo
 
     Cross-layer scheduling (§4.4): a weight's promotion is issued ``prefetch`` steps before the
     step that first reads it, so the cluster DMA moves it while earlier layers compute (its GB
-    space is held from then on); with 0 every layer waits for its own weights.
+    space is held from then on), or fewer steps where holding the weights that long would spill
+    more to DDR; with 0 every layer waits for its own weights.
 
     A cluster whose instances are the first cluster's moved along the batch, placed alike, gets a
     copy of its instructions (``replicate``; False emits every cluster, for tests)."""
@@ -449,12 +450,21 @@ def build_stitched(sg: SubGraphKernel, hw, order: str = "best", spill: str = "lo
                 lives += [x for x in xs if x.key in spilled]  # on to the GB
             used = {t for i in members for k in range(nl) if inst.tiles[i][sg.layers[k].name]
                     for t in sg.layers[k].args.values()}
-            for w in sg.weights & used:
-                uses = [step(rnd[i], k) for i in members for k in readers[w] if inst.tiles[i][sg.layers[k].name]]
-                lives.append(Lifetime(("w", w, c), nbytes(((0,) * len(sg.tensors[w][0]), sg.tensors[w][0])),
-                                      max(0, min(uses) - prefetch), max(uses)))
+            uses = {w: [step(rnd[i], k) for i in members for k in readers[w] if inst.tiles[i][sg.layers[k].name]]
+                    for w in sg.weights & used}
             capacity = hw.gb_bytes if gb else 0
-            offsets, spilled = allocate(lives, capacity, spill)
+
+            def placed(ahead):
+                """Allocation with every promotion issued ``ahead`` steps before first use."""
+                weights = [Lifetime(("w", w, c), nbytes(((0,) * len(sg.tensors[w][0]), sg.tensors[w][0])),
+                                    max(0, min(u) - ahead), max(u)) for w, u in uses.items()]
+                return lives + weights, *allocate(lives + weights, capacity, spill)
+
+            # promotions as early as ``prefetch`` allows without pushing more to DDR than none
+            # early: a spilled weight is read from DDR by every tile, costing far more than the wait
+            fallback = placed(0)
+            lives, offsets, spilled = next((t for t in map(placed, range(prefetch, 0, -1))
+                                            if len(t[2]) <= len(fallback[2])), fallback)
             peak = max((offsets[x.key] + align(x.nbytes) for x in lives if x.key in offsets), default=0)
             lives += [x for xs in lb_lives.values() for x in xs if x.key in kept]
             result[c] = _ClusterPlan(members, rnd, step, lives, offsets, spilled, peak, kept)
