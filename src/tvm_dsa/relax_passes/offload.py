@@ -37,6 +37,7 @@ class OffloadResult:
     dsa_macs: int = 0
     host_macs: int = 0
     stitched: dict = field(default_factory=dict)  # kernel name -> StitchInfo
+    tuned: list = field(default_factory=list)  # PrimFunc names lowered with a tuning record
 
 
 @dataclass(frozen=True)
@@ -62,8 +63,9 @@ class StitchOptions:
 
 
 def offload(mod: tvm.IRModule, hw: Hardware, schedule: str = "layerwise", run_id: str = "model",
-            options: StitchOptions = StitchOptions()):
-    """Return (new module, OffloadResult)."""
+            options: StitchOptions = StitchOptions(), tuned=None):
+    """Return (new module, OffloadResult). ``tuned(func)`` gives a PrimFunc lowered with its tuning
+    record (``tvm_dsa.tuning``), or None to tile it by default."""
     result = OffloadResult()
     graph = OpGraph.from_relax(mod)
     lowered: dict = {}
@@ -76,7 +78,13 @@ def offload(mod: tvm.IRModule, hw: Hardware, schedule: str = "layerwise", run_id
             result.host[name] = "a pure reshape: a view on the host, no data moves"
             continue
         try:
-            lowered[name], budget[name] = _lower(func, hw, options.lb_budget(hw) if schedule == "graphturbo" else None)
+            lb = options.lb_budget(hw) if schedule == "graphturbo" else None
+            record = tuned(func) if tuned is not None and lb is None else None
+            if record is not None:
+                lowered[name], budget[name] = record, None
+                result.tuned.append(name)
+            else:
+                lowered[name], budget[name] = _lower(func, hw, lb)
         except Unsupported as err:
             result.host[name] = str(err)
     specs = schedules.get(schedule)(mod, hw, set(lowered))
