@@ -5,6 +5,8 @@ One small tuning run (a conv kernel, a few trials) is shared by the module: meta
 use imports every TVM tensor intrinsic (about 20-30 s), once per process.
 """
 
+import json
+
 import numpy as np
 import onnx
 import pytest
@@ -137,6 +139,20 @@ def test_records_of_another_chip_are_not_applied(tuned):
     other = hardware.get("set-edge16-fp16")
     (task,) = extract_tasks(mod, TARGET)
     assert tuned_kernel(load_database(work_dir), task.mod["main"], other) is None
+
+
+def test_tune_command_and_compare_with_its_database(conv_onnx, tmp_path, capsys):
+    from tvm_dsa.cli import main
+
+    path, _ = conv_onnx
+    work_dir = str(tmp_path / "db")
+    assert main(["tune", path, "--trials", "4", "--per-iter", "4", "--work-dir", work_dir, "--json"]) == 0
+    (task,) = json.loads(capsys.readouterr().out)["tasks"]
+    assert task["trials"] >= 4 and task["tuned_cycles"] <= task["default_cycles"]
+    assert main(["compare", path, "--database", work_dir, "--json"]) == 0
+    runs = json.loads(capsys.readouterr().out)["runs"]
+    assert [r["tuned"] for r in runs] == [False, True]
+    assert [r["cycles"] for r in runs] == [task["default_cycles"], task["tuned_cycles"]]
 
 
 def test_bad_tuning_input_is_named(tmp_path):
