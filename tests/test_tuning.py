@@ -22,7 +22,7 @@ from tvm_dsa import hardware
 from tvm_dsa.codegen.emit import build_program
 from tvm_dsa.driver import Compiled, import_onnx, max_relative_error
 from tvm_dsa.runtime import simulate
-from tvm_dsa.tir_passes import TilePlan, lower_kernel
+from tvm_dsa.tir_passes import TilePlan, anchor_info, lower_kernel
 from tvm_dsa.tuning import DSABuilder, extract_tasks, load_database, tuned_kernel, workload
 from tvm_dsa.tuning.space import FitsDSA, design_spaces, sample_tiling, tile_orders
 
@@ -82,7 +82,7 @@ def test_design_spaces_split_every_spatial_loop_and_the_chunk_by_sampling():
 def test_fits_dsa_rejects_a_tile_larger_than_the_lb():
     func = _matmul(256)  # one whole fp32-accumulated 256x256 tile is far beyond a 64 KiB LB
     _, plan = lower_kernel(func, HW)
-    post = FitsDSA(HW)
+    post = FitsDSA(HW, anchor_info(func))
     whole, default = s_tir.Schedule(workload(func)), s_tir.Schedule(workload(func))
     sample_tiling(whole, (0, 1), TilePlan((256, 256), 256))
     sample_tiling(default, (0, 1), plan)

@@ -6,13 +6,15 @@ tile size of each spatial loop of the anchor and the chunk of its first reductio
 order of the tile loops is one design space per permutation. Both change the DSA program: the tile
 sizes set every instruction's box and how many tiles the cores share, the chunk how often partial
 sums are accumulated, the order which loop is dealt over the clusters and whether consecutive tiles
-on a core reuse the operand already in its LB. ``FitsDSA`` rejects samples whose working set
-exceeds the LB or whose indices stop being affine, before they are measured.
+on a core reuse the operand already in its LB. ``FitsDSA`` rejects, before they are measured,
+samples whose working set exceeds the LB, whose indices stop being affine, or whose tiles are
+below the floor under which per-tile overheads always lose (``below_floor``).
 """
 
 from __future__ import annotations
 
 import itertools
+import math
 
 from tvm import s_tir
 from tvm.s_tir import meta_schedule as ms
@@ -22,9 +24,10 @@ from .. import hardware
 from ..codegen.kernel_ir import plan_lb, read_kernel
 from ..hardware import Hardware
 from ..tir_passes import TilePlan, Unsupported, anchor_info, assign_scopes, lower_to_dsa
-from ..tir_passes.tile import tile_anchor
+from ..tir_passes.tile import AnchorInfo, tile_anchor
 
 MAX_ORDERS = 24  # design spaces per kernel: all orders of up to four tiled loops
+MIN_VECTOR_TILE = 64  # innermost tile of a kernel without contraction (as ``parallel_plans``)
 
 
 def tile_orders(spatial: tuple[int, ...]) -> list[tuple[int, ...]]:
@@ -69,6 +72,32 @@ def design_spaces(sch: s_tir.Schedule) -> list[s_tir.Schedule]:
     return out
 
 
+def below_floor(info: AnchorInfo, tiles: tuple[int, ...], hw: Hardware) -> str | None:
+    """Why ``tiles`` (the anchor's spatial tile sizes) are too small to be worth measuring, or
+    None. A contraction's M and N tile products must reach the PE array's rows and columns (or
+    the whole extent, if smaller); another anchor's innermost tile 64 elements (or the extent).
+    Below that every instruction pays its fixed costs for a fraction of the work: on a 64-channel
+    3x3 conv such samples measured 2.2 to 220 times slower than the default (docs/tuning.md)."""
+    def product(values, role):
+        return math.prod(v for v, r in zip(values, info.roles) if r == role)
+
+    if "N" in info.roles:
+        for role, floor in (("M", hw.mme.rows), ("N", hw.mme.cols)):
+            if product(tiles, role) < min(floor, product(info.spatial, role)):
+                return f"{role} tile {product(tiles, role)} is below the PE array's {floor}"
+        return None
+    if tiles and tiles[-1] < min(MIN_VECTOR_TILE, info.spatial[-1]):
+        return f"innermost tile {tiles[-1]} is below {MIN_VECTOR_TILE} elements"
+    return None
+
+
+def sampled_tiles(sch: s_tir.Schedule, spatial: int) -> tuple[int, ...]:
+    """The tile sizes a sample chose for the anchor's ``spatial`` loops (its first decisions)."""
+    trace = sch.trace
+    decisions = [trace.decisions[i] for i in trace.insts if i.kind.name == "SamplePerfectTile"]
+    return tuple(int(d[1]) for d in decisions[:spatial])
+
+
 def lower_scheduled(func, hw: Hardware):
     """A tiled PrimFunc (a tuning sample or record) lowered for the DSA: scopes, DSA operations,
     and the check that a tile's working set fits the LB (``Unsupported`` if not)."""
@@ -84,14 +113,17 @@ def lower_scheduled(func, hw: Hardware):
 class FitsDSA(ms.postproc.PyPostproc):
     """Postprocessor: accept a sample only if it lowers to a DSA kernel on the task's chip."""
 
-    def __init__(self, hw: Hardware | None = None):
+    def __init__(self, hw: Hardware | None = None, info: AnchorInfo | None = None):
         super().__init__()
-        self.hw = hw
+        self.hw, self.info = hw, info
 
     def _initialize_with_tune_context(self, context) -> None:
         self.hw = hardware.from_target(context.target)
+        self.info = anchor_info(context.mod["main"])
 
     def apply(self, sch: s_tir.Schedule) -> bool:
+        if below_floor(self.info, sampled_tiles(sch, len(self.info.spatial)), self.hw):
+            return False
         try:
             lower_scheduled(sch.mod["main"], self.hw)
         except Unsupported:
@@ -99,7 +131,7 @@ class FitsDSA(ms.postproc.PyPostproc):
         return True
 
     def clone(self) -> "FitsDSA":
-        return FitsDSA(self.hw)
+        return FitsDSA(self.hw, self.info)
 
 
 def space_generator() -> ms.space_generator.ScheduleFn:
