@@ -71,6 +71,16 @@ def test_trace_table_and_bad_gantt_suffix(conv_onnx, tmp_path, capsys):
     assert "use a .png or .svg file" in capsys.readouterr().err
 
 
+def test_compare_plots_each_run_under_the_roofline(conv_onnx, tmp_path, capsys):
+    roof = tmp_path / "roof.svg"
+    argv = ["compare", conv_onnx[0], "--schedule", "layerwise", "--schedule", "graphturbo", "--roofline", str(roof)]
+    assert main(argv) == 0
+    text = roof.read_text()
+    assert "layerwise" in text and "graphturbo" in text
+    assert main(argv + ["--target", "dsa/stcp920", "--target", "dsa/set-edge16"]) == 2
+    assert "single --target" in capsys.readouterr().err
+
+
 def test_roofline_point_and_plot(conv_onnx, tmp_path):
     report = _cycles(conv_onnx[1], "dsa/stcp920")
     p = roofline_point("conv", report)

@@ -30,16 +30,6 @@ TARGET = "dsa/stcp920"
 HW = hardware.get(TARGET)
 
 
-def _conv_model():
-    w = np.random.default_rng(0).standard_normal((32, 16, 3, 3)).astype("float32") * 0.1
-    g = h.make_graph([h.make_node("Conv", ["x", "W"], ["c"], pads=[1, 1, 1, 1]), h.make_node("Relu", ["c"], ["y"])],
-                     "conv", [h.make_tensor_value_info("x", TP.FLOAT, [1, 16, 16, 16])],
-                     [h.make_tensor_value_info("y", TP.FLOAT, [1, 32, 16, 16])], [nh.from_array(w, "W")])
-    model = h.make_model(g, opset_imports=[h.make_opsetid("", 17)])
-    model.ir_version = 10
-    return model
-
-
 def _matmul(n: int):
     a = te.placeholder((n, n), "float32", name="A")
     b = te.placeholder((n, n), "float32", name="B")
@@ -49,8 +39,8 @@ def _matmul(n: int):
 
 
 @pytest.fixture(scope="module")
-def tuned(tmp_path_factory):
-    model = _conv_model()
+def tuned(tmp_path_factory, conv_relu):
+    model = conv_relu(16, 32, 16)
     mod = import_onnx(model)
     work_dir = tmp_path_factory.mktemp("tune")
     seen = []
@@ -155,8 +145,8 @@ def test_tune_command_and_compare_with_its_database(conv_onnx, tmp_path, capsys)
     assert [r["cycles"] for r in runs] == [task["default_cycles"], task["tuned_cycles"]]
 
 
-def test_bad_tuning_input_is_named(tmp_path):
-    mod = import_onnx(_conv_model())
+def test_bad_tuning_input_is_named(tmp_path, conv_relu):
+    mod = import_onnx(conv_relu(16, 32, 16))
     with pytest.raises(ValueError, match="trials must be at least 1"):
         tvm_dsa.tune(mod, TARGET, trials=0, work_dir=tmp_path)
     with pytest.raises(ValueError, match="is not a directory"):

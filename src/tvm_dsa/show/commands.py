@@ -44,13 +44,21 @@ def _compare(args) -> int:
         check_target(t, model, timing_only=True)
     if args.database and not Path(args.database).is_dir():
         raise InputError(f"no tuning database at {args.database}: give the work_dir of `tvm-dsa tune`")
+    if args.roofline:
+        if len(targets) != 1:
+            raise InputError("--roofline draws one chip's roofline: give a single --target")
+        _check_plot_path(args.roofline)
     mod, inputs = import_onnx(model), example_inputs(model)
     databases = [None, args.database] if args.database else [None]
-    rows = []
+    rows, points = [], []
     for target, schedule, db in itertools.product(targets, args.schedule or ["layerwise"], databases):
         report = _timed_run(mod, inputs, target, schedule, db).report
         if report is None:
             raise InputError(f"no kernel of {args.model} runs on {target}: nothing to compare")
+        if args.roofline:
+            from .plots import roofline_point
+
+            points.append(roofline_point(f"{schedule}{' tuned' if db else ''}", report))
         rows.append({"target": target, "schedule": schedule, "tuned": db is not None, "cycles": report.cycles,
                      "seconds": report.seconds, "kernels": report.kernels,
                      "ddr_bytes": report.ddr_burst_bytes, "mme_utilisation": report.mme_mac_utilisation,
@@ -58,6 +66,10 @@ def _compare(args) -> int:
     base = rows[0]["seconds"]
     for r in rows:
         r["speedup"] = base / r["seconds"] if r["seconds"] else 0.0
+    if args.roofline:
+        from .plots import plot_roofline
+
+        plot_roofline(points, hardware.get(targets[0]), args.roofline, title=f"{args.model} on {targets[0]}")
     if args.json:
         print(json.dumps({"model": args.model, "tiny": args.tiny, "runs": rows}, indent=2))
         return 0
@@ -71,12 +83,20 @@ def _compare(args) -> int:
 
 
 # -- trace ---------------------------------------------------------------------------------------
+def _check_plot_path(path: str) -> None:
+    from .plots import check_path
+
+    try:
+        check_path(path)
+    except ValueError as err:
+        raise InputError(str(err)) from None
+
+
 def _trace(args) -> int:
-    for out in filter(None, [args.output, args.gantt]):
-        if not Path(out).resolve().parent.is_dir():
-            raise InputError(f"cannot write {out}: its directory does not exist")
-    if args.gantt and Path(args.gantt).suffix.lower() not in (".png", ".svg"):
-        raise InputError(f"cannot write the Gantt chart to {args.gantt}: use a .png or .svg file")
+    if not Path(args.output).resolve().parent.is_dir():
+        raise InputError(f"cannot write {args.output}: its directory does not exist")
+    if args.gantt:
+        _check_plot_path(args.gantt)
     model = load_model(args.model, tiny=args.tiny, batch=args.batch)
     check_target(args.target, model, timing_only=True)
     run = _timed_run(import_onnx(model), example_inputs(model), args.target, args.schedule, trace=True)
@@ -173,6 +193,7 @@ def add_parsers(sub) -> None:
     compare.add_argument("--target", action="append", help="a DSA preset; repeat to compare (default dsa/stcp920)")
     compare.add_argument("--schedule", action="append", choices=SCHEDULES, help="repeat to compare (default layerwise)")
     compare.add_argument("--database", help="a `tvm-dsa tune` work_dir: adds the tuned build of each combination")
+    compare.add_argument("--roofline", metavar="PNG_OR_SVG", help="plot each run under the chip's roofline (one target)")
     compare.set_defaults(func=_compare)
     trace = sub.add_parser("trace", help="simulate a model and write its Perfetto/Chrome trace (and a Gantt chart)",
                            description="Compile and simulate a model in timing-only mode, write the trace "

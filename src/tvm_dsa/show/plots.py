@@ -49,7 +49,7 @@ def plot_gantt(events: list[dict], path, title: str = "simulated run") -> list[B
     bars = gantt_bars(events)
     if not bars:
         raise ValueError("the trace has no instruction events: record it with set_mode(..., trace=True)")
-    _check_path(path)
+    check_path(path)
     tracks = sorted({b.track for b in bars}, key=_track_key)
     row = {t: i for i, t in enumerate(tracks)}
     fig, ax = _figure((12, max(2.0, 0.25 * len(tracks) + 1)))
@@ -84,7 +84,7 @@ def plot_roofline(points: list[RooflinePoint], hw: Hardware, path, title: str | 
     """The chip's roofline (peak MACs/cycle, DDR bandwidth) on log axes and each run as a point."""
     if not points:
         raise ValueError("no runs to place on the roofline")
-    _check_path(path)
+    check_path(path)
     lo = min(min(p.intensity for p in points) / 4, hw.peak_macs_per_cycle / hw.ddr_bytes_per_cycle / 4)
     hi = max(max(p.intensity for p in points) * 4, hw.peak_macs_per_cycle / hw.ddr_bytes_per_cycle * 4)
     ridge = hw.peak_macs_per_cycle / hw.ddr_bytes_per_cycle
@@ -111,7 +111,8 @@ def _track_key(track: str):
     return (kind != "core", int(n) if n.isdigit() else 0, unit)
 
 
-def _check_path(path) -> None:
+def check_path(path) -> None:
+    """A ``ValueError`` naming the problem if a plot cannot be written to ``path``."""
     if Path(path).suffix.lower() not in FORMATS:
         raise ValueError(f"cannot write a plot to {path}: use a .png or .svg file")
     if not Path(path).resolve().parent.is_dir():
