@@ -17,6 +17,8 @@ import argparse
 import sys
 import tempfile
 import time
+from contextlib import nullcontext
+from pathlib import Path
 
 import tvm_dsa
 from tvm_dsa.driver import Compiled, import_onnx, load_model
@@ -32,6 +34,7 @@ def main() -> None:
     p.add_argument("--batch", type=int, help="batch size of the tiny models")
     p.add_argument("--conv", metavar="CHANNELS,SIZE", help="tune one 3x3 conv + ReLU instead of the models")
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--work-dir", help="keep the databases here (one folder per model); default: temporary")
     args = p.parse_args()
     if args.conv:
         channels, size = (int(v) for v in args.conv.split(","))
@@ -44,7 +47,8 @@ def main() -> None:
     for name, model in models.items():
         mod, inputs = import_onnx(model), example_inputs(model)
         trials = args.trials * len(extract_tasks(mod, args.target))
-        with tempfile.TemporaryDirectory(prefix="tvm-dsa-tune-bench-") as work_dir:
+        keep = Path(args.work_dir, name) if args.work_dir else None
+        with (nullcontext(str(keep)) if keep else tempfile.TemporaryDirectory(prefix="tvm-dsa-tune-bench-")) as work_dir:
             print(f"... tuning {name} ({trials} trials)", file=sys.stderr, flush=True)
             start = time.perf_counter()
             result = tvm_dsa.tune(mod, args.target, trials=trials, work_dir=work_dir, seed=args.seed)

@@ -23,7 +23,6 @@ from .driver import Compiled, InputError, check_target, dsa_mac_share, import_on
 from .models import MODELS, example_inputs
 from .runtime import write_trace
 from .show import commands as show_commands
-from .tuning import command as tune_command
 
 TOLERANCE = 2e-2  # fp16 storage: max |dsa - llvm| relative to max |llvm|
 
@@ -107,7 +106,6 @@ def parser() -> argparse.ArgumentParser:
                      help=f"max |dsa - llvm| / max |llvm| accepted (default {TOLERANCE:g})")
     run.set_defaults(func=_run)
     show_commands.add_parsers(sub)
-    tune_command.add_parser(sub)
     dataflow_command.add_parser(sub)
     return p
 

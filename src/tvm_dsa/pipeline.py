@@ -5,7 +5,6 @@ DSA, then TVM's own CPU lowering for what remains on the host (keeping ``VMShape
 from __future__ import annotations
 
 import os
-import sys
 
 import tvm
 from tvm import relax
@@ -49,14 +48,13 @@ def pipeline(schedule: str = "layerwise", hw: hardware.Hardware | str | None = N
 
 
 def _tuned_kernels(database, chip: hardware.Hardware):
-    """``func -> lowered PrimFunc or None`` from a tuning database, or None without one. Without
-    ``database``, the meta-schedule database in scope (only if meta-schedule is loaded at all:
-    importing it costs a second)."""
+    """``func -> lowered PrimFunc or None`` from a tuning database (default: the meta-schedule
+    database in scope), or None without one."""
+    from tvm.s_tir import meta_schedule as ms
+
+    database = ms.Database.current() if database is None else database
     if database is None:
-        ms = sys.modules.get("tvm.s_tir.meta_schedule")
-        database = ms.Database.current() if ms is not None else None
-        if database is None:
-            return None
+        return None
     from .tuning import load_database, tuned_kernel
 
     if isinstance(database, (str, os.PathLike)):

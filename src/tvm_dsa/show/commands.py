@@ -1,8 +1,9 @@
-"""``tvm-dsa compare``, ``tvm-dsa trace`` and ``tvm-dsa hw``: side-by-side runs, a trace with its
-per-unit summary and Gantt chart, the chips and their hardware files.
+"""``tvm-dsa compare``, ``trace``, ``tune`` and ``hw``: side-by-side runs, a trace with its per-unit
+summary and Gantt chart, tuning with a progress bar, the chips and their hardware files.
 
     tvm-dsa compare resnet18 --tiny --target dsa/stcp920 --target dsa/set-edge16 --schedule graphturbo
     tvm-dsa trace resnet18 --tiny -o run.json --gantt run.png
+    tvm-dsa tune resnet50 --tiny --trials 64 --work-dir tuned
     tvm-dsa hw my-chip.toml                     # validate a hardware file and show its parameters
 """
 
@@ -11,6 +12,8 @@ from __future__ import annotations
 import argparse
 import itertools
 import json
+import sys
+from contextlib import nullcontext
 from pathlib import Path
 
 from .. import hardware
@@ -19,6 +22,12 @@ from ..models import MODELS, example_inputs
 from ..runtime import write_trace
 from ..runtime.report import UNIT_TYPES
 from .table import render_table
+
+
+def _positive_int(text: str) -> int:
+    from ..cli import _positive_int as positive  # the cli module is loaded: it builds the parser
+
+    return positive(text)
 
 SCHEDULES = ("layerwise", "graphturbo")
 
@@ -135,6 +144,76 @@ def trace_summary(events: list[dict]) -> dict:
     return out
 
 
+# -- tune ----------------------------------------------------------------------------------------
+def _tune(args) -> int:
+    model = load_model(args.model, tiny=args.tiny, batch=args.batch)
+    check_target(args.target, model, timing_only=True)
+    mod = import_onnx(model)
+    from ..tuning import tune  # meta-schedule: imported only when tuning
+
+    with _progress(args.json) as bar:
+        try:
+            result = tune(mod, args.target, trials=args.trials, work_dir=args.work_dir, per_iter=args.per_iter,
+                          seed=args.seed, progress=bar)
+        except ValueError as err:
+            raise InputError(str(err)) from None
+    if args.json:
+        print(json.dumps(result.to_dict(), indent=2))
+        return 0
+    render_table(result.rows(), title=f"{args.model} on {args.target}: {args.trials} trials")
+    print(f"records: {args.work_dir} (compile with tvm_dsa.pipeline(database={str(args.work_dir)!r}))")
+    return 0
+
+
+class _Bar:
+    """A rich progress bar on stderr as a ``progress(done, total)`` callback."""
+
+    def __init__(self):
+        from rich.progress import Progress
+
+        self.progress = Progress(transient=False, console=None)
+        self.task = None
+
+    def __enter__(self):
+        self.progress.__enter__()
+        return self
+
+    def __exit__(self, *exc):
+        return self.progress.__exit__(*exc)
+
+    def __call__(self, done: int, total: int) -> None:
+        if self.task is None:
+            self.task = self.progress.add_task("measuring candidates", total=total)
+        self.progress.update(self.task, completed=done)
+
+
+def _progress(quiet: bool):
+    """A progress bar on a terminal (rich), nothing otherwise (or with --json)."""
+    if quiet or not sys.stderr.isatty():
+        return nullcontext(None)
+    try:
+        return _Bar()
+    except ImportError:
+        return nullcontext(None)
+
+
+def _add_tune_parser(sub) -> None:
+    p = sub.add_parser("tune", help="tune a model's DSA kernels with meta-schedule on the simulator",
+                       description="Tune the tiling of every DSA kernel of a model with meta-schedule (evolutionary "
+                                   "search, XGBoost cost model), each candidate measured as its simulated time; the "
+                                   "records go to a JSON database in --work-dir (docs/tuning.md).")
+    p.add_argument("model", help=f"an .onnx file or a built-in model: {', '.join(MODELS)}")
+    p.add_argument("--target", default="dsa/stcp920", help="DSA preset (default dsa/stcp920)")
+    p.add_argument("--tiny", action="store_true", help="the built-in model's small configuration")
+    p.add_argument("--batch", type=_positive_int, help="batch size of a built-in model")
+    p.add_argument("--trials", type=_positive_int, default=64, help="measured candidates in all (default 64)")
+    p.add_argument("--per-iter", type=_positive_int, default=16, help="candidates per search round (default 16)")
+    p.add_argument("--work-dir", default="tune", help="where the JSON database goes (default ./tune)")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--json", action="store_true", help="print the result as JSON")
+    p.set_defaults(func=_tune)
+
+
 # -- hw ------------------------------------------------------------------------------------------
 def _hw(args) -> int:
     if args.chip is None:
@@ -210,3 +289,4 @@ def add_parsers(sub) -> None:
     hw.add_argument("chip", nargs="?", help="a preset, e.g. dsa/stcp920, or a hardware file")
     hw.add_argument("--json", action="store_true", help="print as JSON")
     hw.set_defaults(func=_hw)
+    _add_tune_parser(sub)

@@ -77,12 +77,17 @@ class TuneResult:
                 "tasks": [{"name": t.name, "calls": t.calls, "default_cycles": t.default_cycles,
                            "tuned_cycles": t.tuned_cycles, "trials": t.trials} for t in self.tasks]}
 
-    def __str__(self) -> str:
+    def rows(self) -> list[tuple[str, ...]]:
+        """The result as table rows (a header first, a total last)."""
         rows = [("kernel", "calls", "default cycles", "tuned cycles", "speedup", "trials")]
         rows += [(t.name, str(t.calls), f"{t.default_cycles:,}", f"{t.tuned_cycles:,}", f"{t.speedup:.2f}x",
                   str(t.trials)) for t in self.tasks]
         before, after = self.cycles(False), self.cycles(True)
         rows.append(("all calls", "", f"{before:,}", f"{after:,}", f"{before / after:.2f}x" if after else "", ""))
+        return rows
+
+    def __str__(self) -> str:
+        rows = self.rows()
         widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
         return "\n".join("  ".join(c.ljust(w) for c, w in zip(r, widths)).rstrip() for r in rows)
 
