@@ -169,9 +169,10 @@ class _Bar:
     """A rich progress bar on stderr as a ``progress(done, total)`` callback."""
 
     def __init__(self):
+        from rich.console import Console
         from rich.progress import Progress
 
-        self.progress = Progress(transient=False, console=None)
+        self.progress = Progress(console=Console(stderr=True))
         self.task = None
 
     def __enter__(self):

@@ -10,7 +10,7 @@ def render_table(rows: list[tuple], title: str | None = None, file=None) -> None
     the table is never wrapped or cut to fit a width."""
     file = file or sys.stdout
     header, body = [str(c) for c in rows[0]], [[str(c) for c in r] for r in rows[1:]]
-    right = [all(_numeric(r[i]) for r in body) and bool(body) for i in range(len(header))]
+    right = [any(r[i] for r in body) and all(_numeric(r[i]) or not r[i] for r in body) for i in range(len(header))]
     try:
         from rich.console import Console
         from rich.table import Table
