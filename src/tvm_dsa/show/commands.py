@@ -35,7 +35,7 @@ SCHEDULES = ("layerwise", "graphturbo")
 def _model_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("model", help=f"an .onnx file or a built-in model: {', '.join(MODELS)}")
     p.add_argument("--tiny", action="store_true", help="the built-in model's small configuration")
-    p.add_argument("--batch", type=int, help="batch size of a built-in model")
+    p.add_argument("--batch", type=_positive_int, help="batch size of a built-in model")
     p.add_argument("--json", action="store_true", help="print the result as JSON")
 
 
@@ -203,15 +203,12 @@ def _add_tune_parser(sub) -> None:
                        description="Tune the tiling of every DSA kernel of a model with meta-schedule (evolutionary "
                                    "search, XGBoost cost model), each candidate measured as its simulated time; the "
                                    "records go to a JSON database in --work-dir (docs/tuning.md).")
-    p.add_argument("model", help=f"an .onnx file or a built-in model: {', '.join(MODELS)}")
+    _model_args(p)
     p.add_argument("--target", default="dsa/stcp920", help="DSA preset (default dsa/stcp920)")
-    p.add_argument("--tiny", action="store_true", help="the built-in model's small configuration")
-    p.add_argument("--batch", type=_positive_int, help="batch size of a built-in model")
     p.add_argument("--trials", type=_positive_int, default=64, help="measured candidates in all (default 64)")
     p.add_argument("--per-iter", type=_positive_int, default=16, help="candidates per search round (default 16)")
     p.add_argument("--work-dir", default="tune", help="where the JSON database goes (default ./tune)")
     p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--json", action="store_true", help="print the result as JSON")
     p.set_defaults(func=_tune)
 
 
