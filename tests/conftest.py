@@ -1,7 +1,37 @@
 import numpy as np
+import onnx
 import pytest
+from onnx import TensorProto as TP
+from onnx import helper as h
+from onnx import numpy_helper as nh
 
 
 @pytest.fixture
 def rng():
     return np.random.default_rng(0)
+
+
+def conv_relu_model(cin: int, cout: int, size: int) -> onnx.ModelProto:
+    """A 3x3 same-padded Conv + Relu with seeded weights: one kernel, entirely on the DSA."""
+    w = np.random.default_rng(0).standard_normal((cout, cin, 3, 3)).astype("float32") * 0.2
+    g = h.make_graph([h.make_node("Conv", ["x", "W"], ["c"], pads=[1, 1, 1, 1]), h.make_node("Relu", ["c"], ["y"])],
+                     "conv", [h.make_tensor_value_info("x", TP.FLOAT, [1, cin, size, size])],
+                     [h.make_tensor_value_info("y", TP.FLOAT, [1, cout, size, size])], [nh.from_array(w, "W")])
+    model = h.make_model(g, opset_imports=[h.make_opsetid("", 17)])
+    model.ir_version = 10
+    return model
+
+
+@pytest.fixture(scope="session")
+def conv_relu():
+    """``conv_relu_model`` for tests and module-scoped fixtures."""
+    return conv_relu_model
+
+
+@pytest.fixture
+def conv_onnx(tmp_path):
+    """A Conv + Relu model saved as a file; returns (path, model)."""
+    model = conv_relu_model(8, 16, 16)
+    path = tmp_path / "conv.onnx"
+    onnx.save(model, str(path))
+    return str(path), model

@@ -36,4 +36,13 @@ _autoload()
 from .host import KernelRun, last_kernel_runs, last_report, last_trace, set_mode  # noqa: E402
 from .pipeline import pipeline, pipeline_result  # noqa: E402
 
-__all__ = ["Hardware", "HardwareError", "hardware", "KernelRun", "last_kernel_runs", "last_report", "last_trace", "set_mode", "pipeline", "pipeline_result"]
+
+def tune(mod, target: str = "dsa/stcp920", trials: int = 64, work_dir="tune", **options):
+    """Tune the DSA kernels of a Relax module with meta-schedule, measured on the simulator;
+    returns a ``tvm_dsa.tuning.TuneResult`` (options and details: ``tvm_dsa.tuning.tune``)."""
+    from .tuning import tune as run
+
+    return run(mod, target, trials, work_dir, **options)
+
+
+__all__ = ["Hardware", "HardwareError", "hardware", "KernelRun", "last_kernel_runs", "last_report", "last_trace", "set_mode", "pipeline", "pipeline_result", "tune"]

@@ -2,7 +2,10 @@
 
     tvm-dsa run resnet18 --tiny                   # compile, simulate, check against llvm, report
     tvm-dsa run model.onnx --target dsa/set-edge16 --timing-only --trace trace.json
-    tvm-dsa hw [dsa/<chip>]                       # the presets, or one chip's parameters
+    tvm-dsa compare resnet18 --tiny --target dsa/stcp920 --target dsa/set-edge16 --schedule graphturbo
+    tvm-dsa trace resnet18 --tiny -o trace.json --gantt run.png   # Perfetto trace, per-unit summary
+    tvm-dsa tune resnet50 --tiny --trials 64 --work-dir tuned     # meta-schedule on the simulator
+    tvm-dsa hw [dsa/<chip> | chip.toml] [--json]  # the presets, or validate and show one chip
     tvm-dsa dataflow gemm i=64,j=64,k=64          # TENET metrics of the MME's dataflows (seed 003)
 
 Exit codes: 0 success, 1 numerics outside the tolerance, 2 bad input (model, file, target).
@@ -15,11 +18,11 @@ import json
 import sys
 from pathlib import Path
 
-from . import hardware
 from .dataflow import command as dataflow_command
 from .driver import Compiled, InputError, check_target, dsa_mac_share, import_onnx, load_model, max_relative_error
 from .models import MODELS, example_inputs
 from .runtime import write_trace
+from .show import commands as show_commands
 
 TOLERANCE = 2e-2  # fp16 storage: max |dsa - llvm| relative to max |llvm|
 
@@ -79,22 +82,6 @@ def _run(args: argparse.Namespace) -> int:
     return 0
 
 
-def _hw(args: argparse.Namespace) -> int:
-    if args.chip:
-        print(json.dumps(check_target(args.chip).to_dict(), indent=2))
-        return 0
-    rows = [("target", "cores", "MME", "storage", "clock", "peak MAC/cycle", "LB", "GB", "DDR B/cycle")]
-    for name in hardware.names():
-        hw = hardware.get(name)
-        rows.append((f"dsa/{name}", str(hw.cores), f"{hw.mme.rows}x{hw.mme.cols}", hw.storage_dtype,
-                     f"{hw.clock_hz / 1e9:g} GHz", f"{hw.peak_macs_per_cycle:,}", f"{hw.lb_bytes // 1024} KiB",
-                     f"{hw.gb_bytes // 1024} KiB", f"{hw.ddr_bytes_per_cycle:g}"))
-    widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
-    for r in rows:
-        print("  ".join(c.ljust(w) for c, w in zip(r, widths)).rstrip())
-    return 0
-
-
 def _positive_int(text: str) -> int:
     value = int(text)
     if value < 1:
@@ -118,9 +105,7 @@ def parser() -> argparse.ArgumentParser:
     run.add_argument("--tolerance", type=float, default=TOLERANCE,
                      help=f"max |dsa - llvm| / max |llvm| accepted (default {TOLERANCE:g})")
     run.set_defaults(func=_run)
-    hw = sub.add_parser("hw", help="list the DSA presets, or print one chip's parameters as JSON")
-    hw.add_argument("chip", nargs="?", help="a preset, e.g. dsa/stcp920")
-    hw.set_defaults(func=_hw)
+    show_commands.add_parsers(sub)
     dataflow_command.add_parser(sub)
     return p
 

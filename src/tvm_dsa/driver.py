@@ -111,15 +111,15 @@ class Compiled:
 
     @classmethod
     def build(cls, mod: tvm.IRModule, target: str = "dsa/stcp920", schedule: str = "layerwise",
-              options=None) -> "Compiled":
-        """Compile with the ``dsa`` pipeline (``schedule``, stitched-kernel ``options``) for a DSA
-        target, with TVM's default one for others."""
+              options=None, database=None) -> "Compiled":
+        """Compile with the ``dsa`` pipeline (``schedule``, stitched-kernel ``options``, tuning
+        ``database``) for a DSA target, with TVM's default one for others."""
         is_dsa = target == "dsa" or target.startswith("dsa/")
         if is_dsa:
             check_target(target)
         start = time.perf_counter()
         ex = tvm.compile(mod, target=target,
-                         relax_pipeline=pipeline(schedule, options=options) if is_dsa else "default")
+                         relax_pipeline=pipeline(schedule, options=options, database=database) if is_dsa else "default")
         seconds = time.perf_counter() - start
         return cls(ex, target, seconds, pipeline_result() if is_dsa else None)
 

@@ -37,6 +37,7 @@ class OffloadResult:
     dsa_macs: int = 0
     host_macs: int = 0
     stitched: dict = field(default_factory=dict)  # kernel name -> StitchInfo
+    tuned: list = field(default_factory=list)  # PrimFunc names lowered with a tuning record
 
 
 @dataclass(frozen=True)
@@ -62,8 +63,9 @@ class StitchOptions:
 
 
 def offload(mod: tvm.IRModule, hw: Hardware, schedule: str = "layerwise", run_id: str = "model",
-            options: StitchOptions = StitchOptions()):
-    """Return (new module, OffloadResult)."""
+            options: StitchOptions = StitchOptions(), tuned=None):
+    """Return (new module, OffloadResult). ``tuned(func)`` gives a PrimFunc lowered with its tuning
+    record (``tvm_dsa.tuning``), or None to tile it by default."""
     result = OffloadResult()
     graph = OpGraph.from_relax(mod)
     lowered: dict = {}  # PrimFunc name -> (lowered, LB budget it was tiled to; None: the whole LB)
@@ -75,7 +77,12 @@ def offload(mod: tvm.IRModule, hw: Hardware, schedule: str = "layerwise", run_id
             result.host[name] = "a pure reshape: a view on the host, no data moves"
             continue
         try:
-            lowered[name] = (lower_kernel(func, hw)[0], None)
+            record = tuned(func) if tuned is not None else None
+            if record is not None:
+                lowered[name] = (record, None)
+                result.tuned.append(name)
+            else:
+                lowered[name] = (lower_kernel(func, hw)[0], None)
         except Unsupported as err:
             result.host[name] = str(err)
     in_part: dict = {}  # PrimFunc name -> lowered within the LB share StitchOptions leaves to tiles

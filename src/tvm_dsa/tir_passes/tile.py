@@ -146,29 +146,51 @@ def _mme_roles(block, is_red) -> list[str]:
 def tile_schedule(func, plan: TilePlan) -> s_tir.Schedule:
     """Apply ``plan`` to ``func``; returns the schedule (raises ``Unsupported`` if TVM refuses)."""
     sch = s_tir.Schedule(func)
+    spatial = len(_anchor_loops(sch)[2])
+    if len(plan.tiles) != spatial:
+        raise ValueError(f"plan has {len(plan.tiles)} tiles for {spatial} spatial loops")
+
+    def fixed(_sch, _loop, extent, index):
+        t = plan.chunk if index is None else plan.tiles[index]
+        if t is None:
+            return None
+        if t <= 0 or extent % t:
+            raise ValueError(f"{'chunk' if index is None else 'tile'} {t} does not divide loop extent {extent}")
+        return [extent // t, t]
+
+    tile_anchor(sch, fixed)
+    return sch
+
+
+def _anchor_loops(sch: s_tir.Schedule):
+    """(root blocks, anchor index, anchor's spatial loops, its reduction loops)."""
     idx, _ = find_anchor(sch)
     blocks = leaf_blocks(sch)
-    anchor = blocks[idx]
-    loops, is_red = _loop_roles(sch, anchor)
-    spatial = [lp for lp, r in zip(loops, is_red) if not r]
-    reduction = [lp for lp, r in zip(loops, is_red) if r]
-    if len(plan.tiles) != len(spatial):
-        raise ValueError(f"plan has {len(plan.tiles)} tiles for {len(spatial)} spatial loops")
+    loops, is_red = _loop_roles(sch, blocks[idx])
+    return blocks, idx, [lp for lp, r in zip(loops, is_red) if not r], [lp for lp, r in zip(loops, is_red) if r]
+
+
+def tile_anchor(sch: s_tir.Schedule, factors, order: tuple[int, ...] | None = None) -> None:
+    """Tile ``sch``'s anchor in place.
+
+    ``factors(sch, loop, extent, index)`` gives the [tile count, tile size] split of spatial loop
+    ``index`` (or of the first reduction loop when ``index`` is None; None there: no chunk loop):
+    plain integers for a fixed plan, sampled variables for a tuning space (``tvm_dsa.tuning``)."""
+    blocks, idx, spatial, reduction = _anchor_loops(sch)
     outer, inner = [], []
-    for lp, t in zip(spatial, plan.tiles):
-        extent = int_value(sch_get(sch, lp).extent)
-        if t <= 0 or extent % t:
-            raise ValueError(f"tile {t} does not divide loop extent {extent}")
-        o, i = sch.split(lp, [extent // t, t])
+    for i, lp in enumerate(spatial):
+        o, n = sch.split(lp, factors(sch, lp, int_value(sch_get(sch, lp).extent), i))
         outer.append(o)
-        inner.append(i)
+        inner.append(n)
+    if order is not None:
+        if sorted(order) != list(range(len(outer))):
+            raise ValueError(f"tile loop order {order} is not a permutation of {len(outer)} loops")
+        outer = [outer[i] for i in order]
     chunk_loops = []
     red_inner = list(reduction)
-    if reduction and plan.chunk is not None:
-        extent = int_value(sch_get(sch, reduction[0]).extent)
-        if plan.chunk <= 0 or extent % plan.chunk:
-            raise ValueError(f"chunk {plan.chunk} does not divide reduction extent {extent}")
-        ro, ri = sch.split(reduction[0], [extent // plan.chunk, plan.chunk])
+    split = factors(sch, reduction[0], int_value(sch_get(sch, reduction[0]).extent), None) if reduction else None
+    if split is not None:
+        ro, ri = sch.split(reduction[0], split)
         chunk_loops = [ro]
         red_inner = [ri] + reduction[1:]
     sch.reorder(*outer, *chunk_loops, *inner, *red_inner)
@@ -190,7 +212,6 @@ def tile_schedule(func, plan: TilePlan) -> s_tir.Schedule:
             sch.compute_at(b, tile_loop, preserve_unit_loops=True)
     except Exception as err:  # noqa: BLE001
         raise Unsupported(f"cannot place stages under the tile loop: {str(err).splitlines()[0]}") from None
-    return sch
 
 
 def _aligns(info: AnchorInfo) -> tuple[int, ...]:

@@ -1,0 +1,84 @@
+"""Cycles before and after meta-schedule tuning of a model's DSA kernels, on the simulator.
+
+    python benchmarks/tune.py                       # tiny ResNet-50 and BERT on dsa/stcp920
+    python benchmarks/tune.py --model resnet50 --trials 32 --batch 4
+    python benchmarks/tune.py --conv 64,28 --trials 32  # one 64-channel 3x3 conv + ReLU on 28x28
+
+Per kernel: the default tiling's cycles (``lower_kernel``), the best record's after tuning with
+``--trials`` measured candidates per kernel (in all: that times the model's distinct kernels),
+the trials it got. Per model: the same summed over the kernel calls, and a
+timing-only run of the whole model compiled without and with the database (every DSA kernel,
+launches included), with the tuning wall time.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import tempfile
+import time
+from contextlib import nullcontext
+from pathlib import Path
+
+import tvm_dsa
+from tvm_dsa.driver import Compiled, import_onnx, load_model
+from tvm_dsa.models import MODELS, example_inputs
+from tvm_dsa.tuning import extract_tasks
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--model", action="append", choices=list(MODELS), help="default: resnet50 and bert_base")
+    p.add_argument("--target", default="dsa/stcp920")
+    p.add_argument("--trials", type=int, default=16, help="measured candidates per kernel (default 16)")
+    p.add_argument("--batch", type=int, help="batch size of the tiny models")
+    p.add_argument("--conv", metavar="CHANNELS,SIZE", help="tune one 3x3 conv + ReLU instead of the models")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--work-dir", help="keep the databases here (one folder per model); default: temporary")
+    args = p.parse_args()
+    if args.conv:
+        channels, size = (int(v) for v in args.conv.split(","))
+        models = {f"conv{channels}x{size}": _conv(channels, size)}
+    else:
+        models = {name: load_model(name, tiny=True, batch=args.batch) for name in args.model or ["resnet50", "bert_base"]}
+
+    rows = [("model", "DSA kernels", "default cycles", "tuned cycles", "speedup", "model default", "model tuned",
+             "model speedup", "tune s")]
+    for name, model in models.items():
+        mod, inputs = import_onnx(model), example_inputs(model)
+        trials = args.trials * len(extract_tasks(mod, args.target))
+        keep = Path(args.work_dir, name) if args.work_dir else None
+        with (nullcontext(str(keep)) if keep else tempfile.TemporaryDirectory(prefix="tvm-dsa-tune-bench-")) as work_dir:
+            print(f"... tuning {name} ({trials} trials)", file=sys.stderr, flush=True)
+            start = time.perf_counter()
+            result = tvm_dsa.tune(mod, args.target, trials=trials, work_dir=work_dir, seed=args.seed)
+            seconds = time.perf_counter() - start
+            print(f"\n{name} on {args.target}:\n{result}\n")
+            before = Compiled.build(mod, args.target).run(inputs, mode="timing").report.cycles
+            after = Compiled.build(mod, args.target, database=work_dir).run(inputs, mode="timing").report.cycles
+        rows.append((name, str(len(result.tasks)), f"{result.cycles(False):,}", f"{result.cycles(True):,}",
+                     f"{result.cycles(False) / result.cycles(True):.3f}x", f"{before:,}", f"{after:,}",
+                     f"{before / after:.3f}x", f"{seconds:.0f}"))
+    widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
+    for r in rows:
+        print("  ".join(c.rjust(w) if i else c.ljust(w) for i, (c, w) in enumerate(zip(r, widths))))
+
+
+def _conv(channels: int, size: int):
+    """A 3x3 same-padded conv + ReLU with seeded weights, as one ONNX model."""
+    import numpy as np
+    from onnx import TensorProto, helper, numpy_helper
+
+    w = np.random.default_rng(0).standard_normal((channels, channels, 3, 3)).astype("float32") * 0.1
+    shape = [1, channels, size, size]
+    graph = helper.make_graph(
+        [helper.make_node("Conv", ["x", "w"], ["c"], pads=[1, 1, 1, 1]), helper.make_node("Relu", ["c"], ["y"])],
+        "conv", [helper.make_tensor_value_info("x", TensorProto.FLOAT, shape)],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, shape)], [numpy_helper.from_array(w, "w")])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    model.ir_version = 10
+    return model
+
+
+if __name__ == "__main__":
+    main()

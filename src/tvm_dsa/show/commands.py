@@ -1,0 +1,290 @@
+"""``tvm-dsa compare``, ``trace``, ``tune`` and ``hw``: side-by-side runs, a trace with its per-unit
+summary and Gantt chart, tuning with a progress bar, the chips and their hardware files.
+
+    tvm-dsa compare resnet18 --tiny --target dsa/stcp920 --target dsa/set-edge16 --schedule graphturbo
+    tvm-dsa trace resnet18 --tiny -o run.json --gantt run.png
+    tvm-dsa tune resnet50 --tiny --trials 64 --work-dir tuned
+    tvm-dsa hw my-chip.toml                     # validate a hardware file and show its parameters
+"""
+
+from __future__ import annotations
+
+import argparse
+import itertools
+import json
+import sys
+from contextlib import nullcontext
+from pathlib import Path
+
+from .. import hardware
+from ..driver import Compiled, InputError, check_target, import_onnx, load_model
+from ..models import MODELS, example_inputs
+from ..runtime import write_trace
+from ..runtime.report import UNIT_TYPES
+from .table import render_table
+
+
+def _positive_int(text: str) -> int:
+    from ..cli import _positive_int as positive  # the cli module is loaded: it builds the parser
+
+    return positive(text)
+
+SCHEDULES = ("layerwise", "graphturbo")
+
+
+def _model_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("model", help=f"an .onnx file or a built-in model: {', '.join(MODELS)}")
+    p.add_argument("--tiny", action="store_true", help="the built-in model's small configuration")
+    p.add_argument("--batch", type=_positive_int, help="batch size of a built-in model")
+    p.add_argument("--json", action="store_true", help="print the result as JSON")
+
+
+def _timed_run(mod, inputs, target: str, schedule: str, database=None, trace: bool = False):
+    """Compile for ``target`` and run it in timing mode (tokens trusted: the runs are for cycles)."""
+    compiled = Compiled.build(mod, target, schedule, database=database)
+    return compiled.run(inputs, mode="timing", trace=trace, check_hazards=False)
+
+
+# -- compare -------------------------------------------------------------------------------------
+def _compare(args) -> int:
+    model = load_model(args.model, tiny=args.tiny, batch=args.batch)
+    targets = args.target or ["dsa/stcp920"]
+    for t in targets:
+        check_target(t, model, timing_only=True)
+    if args.database and not Path(args.database).is_dir():
+        raise InputError(f"no tuning database at {args.database}: give the work_dir of `tvm-dsa tune`")
+    if args.roofline:
+        if len(targets) != 1:
+            raise InputError("--roofline draws one chip's roofline: give a single --target")
+        _check_plot_path(args.roofline)
+    mod, inputs = import_onnx(model), example_inputs(model)
+    databases = [None, args.database] if args.database else [None]
+    rows, points = [], []
+    for target, schedule, db in itertools.product(targets, args.schedule or ["layerwise"], databases):
+        report = _timed_run(mod, inputs, target, schedule, db).report
+        if report is None:
+            raise InputError(f"no kernel of {args.model} runs on {target}: nothing to compare")
+        if args.roofline:
+            from .plots import roofline_point
+
+            points.append(roofline_point(f"{schedule}{' tuned' if db else ''}", report))
+        rows.append({"target": target, "schedule": schedule, "tuned": db is not None, "cycles": report.cycles,
+                     "seconds": report.seconds, "kernels": report.kernels,
+                     "ddr_bytes": report.ddr_burst_bytes, "mme_utilisation": report.mme_mac_utilisation,
+                     "roofline_ratio": report.roofline_ratio, "energy_joules": report.energy_total})
+    base = rows[0]["seconds"]
+    for r in rows:
+        r["speedup"] = base / r["seconds"] if r["seconds"] else 0.0
+    if args.roofline:
+        from .plots import plot_roofline
+
+        plot_roofline(points, hardware.get(targets[0]), args.roofline, title=f"{args.model} on {targets[0]}")
+    if args.json:
+        print(json.dumps({"model": args.model, "tiny": args.tiny, "runs": rows}, indent=2))
+        return 0
+    table = [("target", "schedule", "tuned", "cycles", "time (us)", "kernels", "DDR bytes", "MME util",
+              "x roofline", "energy (uJ)", "speedup")]
+    table += [(r["target"], r["schedule"], "yes" if r["tuned"] else "no", f"{r['cycles']:,}",
+               f"{r['seconds'] * 1e6:.1f}", str(r["kernels"]), f"{r['ddr_bytes']:,}", f"{r['mme_utilisation']:.1%}",
+               f"{r['roofline_ratio']:.2f}", f"{r['energy_joules'] * 1e6:.3g}", f"{r['speedup']:.2f}x") for r in rows]
+    render_table(table, title=f"{args.model}{' (tiny)' if args.tiny else ''}: timing-only simulation")
+    return 0
+
+
+# -- trace ---------------------------------------------------------------------------------------
+def _check_plot_path(path: str) -> None:
+    from .plots import check_path
+
+    try:
+        check_path(path)
+    except ValueError as err:
+        raise InputError(str(err)) from None
+
+
+def _trace(args) -> int:
+    if not Path(args.output).resolve().parent.is_dir():
+        raise InputError(f"cannot write {args.output}: its directory does not exist")
+    if args.gantt:
+        _check_plot_path(args.gantt)
+    model = load_model(args.model, tiny=args.tiny, batch=args.batch)
+    check_target(args.target, model, timing_only=True)
+    run = _timed_run(import_onnx(model), example_inputs(model), args.target, args.schedule, trace=True)
+    if not run.trace:
+        raise InputError(f"no kernel of {args.model} runs on {args.target}: the trace is empty")
+    write_trace(run.trace, args.output)
+    summary = trace_summary(run.trace)
+    if args.gantt:
+        from .plots import plot_gantt
+
+        plot_gantt(run.trace, args.gantt, title=f"{args.model} on {args.target} ({args.schedule})")
+    if args.json:
+        print(json.dumps({"trace": args.output, "gantt": args.gantt, "cycles": run.report.cycles,
+                          "units": summary}, indent=2))
+        return 0
+    rows = [("unit", "tracks", "instructions", "busy (us)", "busy / run")]
+    span = run.report.seconds * 1e6
+    for unit, s in summary.items():
+        rows.append((unit, str(s["tracks"]), f"{s['instructions']:,}", f"{s['busy_us']:.1f}",
+                     f"{s['busy_us'] / (span * s['tracks']):.1%}" if span else "-"))
+    render_table(rows, title=f"{args.model} on {args.target}: {run.report.cycles:,} cycles")
+    print(f"trace: {len(run.trace)} events written to {args.output} (open in ui.perfetto.dev)")
+    if args.gantt:
+        print(f"Gantt chart: {args.gantt}")
+    return 0
+
+
+def trace_summary(events: list[dict]) -> dict:
+    """Per unit type: tracks that ran something, instructions, busy microseconds summed."""
+    out = {}
+    for unit in UNIT_TYPES:
+        mine = [e for e in events if e.get("ph") == "X" and e["cat"] == unit]
+        if mine:
+            out[unit] = {"tracks": len({(e["pid"], e["tid"]) for e in mine}), "instructions": len(mine),
+                         "busy_us": sum(e["dur"] for e in mine)}
+    return out
+
+
+# -- tune ----------------------------------------------------------------------------------------
+def _tune(args) -> int:
+    model = load_model(args.model, tiny=args.tiny, batch=args.batch)
+    check_target(args.target, model, timing_only=True)
+    mod = import_onnx(model)
+    from ..tuning import tune  # meta-schedule: imported only when tuning
+
+    with _progress(args.json) as bar:
+        try:
+            result = tune(mod, args.target, trials=args.trials, work_dir=args.work_dir, per_iter=args.per_iter,
+                          seed=args.seed, progress=bar)
+        except ValueError as err:
+            raise InputError(str(err)) from None
+    if args.json:
+        print(json.dumps(result.to_dict(), indent=2))
+        return 0
+    render_table(result.rows(), title=f"{args.model} on {args.target}: {args.trials} trials")
+    print(f"records: {args.work_dir} (compile with tvm_dsa.pipeline(database={str(args.work_dir)!r}))")
+    return 0
+
+
+class _Bar:
+    """A rich progress bar on stderr as a ``progress(done, total)`` callback."""
+
+    def __init__(self):
+        from rich.console import Console
+        from rich.progress import Progress
+
+        self.progress = Progress(console=Console(stderr=True))
+        self.task = None
+
+    def __enter__(self):
+        self.progress.__enter__()
+        return self
+
+    def __exit__(self, *exc):
+        return self.progress.__exit__(*exc)
+
+    def __call__(self, done: int, total: int) -> None:
+        if self.task is None:
+            self.task = self.progress.add_task("measuring candidates", total=total)
+        self.progress.update(self.task, completed=done)
+
+
+def _progress(quiet: bool):
+    """A progress bar on a terminal (rich), nothing otherwise (or with --json)."""
+    if quiet or not sys.stderr.isatty():
+        return nullcontext(None)
+    try:
+        return _Bar()
+    except ImportError:
+        return nullcontext(None)
+
+
+def _add_tune_parser(sub) -> None:
+    p = sub.add_parser("tune", help="tune a model's DSA kernels with meta-schedule on the simulator",
+                       description="Tune the tiling of every DSA kernel of a model with meta-schedule (evolutionary "
+                                   "search, XGBoost cost model), each candidate measured as its simulated time; the "
+                                   "records go to a JSON database in --work-dir (docs/tuning.md).")
+    _model_args(p)
+    p.add_argument("--target", default="dsa/stcp920", help="DSA preset (default dsa/stcp920)")
+    p.add_argument("--trials", type=_positive_int, default=64, help="measured candidates in all (default 64)")
+    p.add_argument("--per-iter", type=_positive_int, default=16, help="candidates per search round (default 16)")
+    p.add_argument("--work-dir", default="tune", help="where the JSON database goes (default ./tune)")
+    p.add_argument("--seed", type=int, default=0)
+    p.set_defaults(func=_tune)
+
+
+# -- hw ------------------------------------------------------------------------------------------
+def _hw(args) -> int:
+    if args.chip is None:
+        return _presets(args.json)
+    source = "preset"
+    if args.chip.endswith((".toml", ".json")) or Path(args.chip).is_file():
+        try:
+            hw = hardware.load_file(args.chip)
+        except hardware.HardwareError as err:
+            raise InputError(str(err)) from None
+        source = f"file {args.chip}"
+    else:
+        hw = check_target(args.chip)
+    if args.json:
+        print(json.dumps(hw.to_dict(), indent=2))
+        return 0
+    print(f"{hw.name} ({source}): a valid hardware description")
+    render_table([("field", "value")] + [(k, _value(v)) for k, v in _flat(hw.to_dict())])
+    return 0
+
+
+def _presets(as_json: bool) -> int:
+    chips = [hardware.get(n) for n in hardware.names()]
+    if as_json:
+        print(json.dumps({f"dsa/{hw.name}": hw.to_dict() for hw in chips}, indent=2))
+        return 0
+    rows = [("target", "cores", "MME", "storage", "clock", "peak MAC/cycle", "LB", "GB", "DDR B/cycle")]
+    for hw in chips:
+        rows.append((f"dsa/{hw.name}", str(hw.cores), f"{hw.mme.rows}x{hw.mme.cols}", hw.storage_dtype,
+                     f"{hw.clock_hz / 1e9:g} GHz", f"{hw.peak_macs_per_cycle:,}", f"{hw.lb_bytes // 1024} KiB",
+                     f"{hw.gb_bytes // 1024} KiB", f"{hw.ddr_bytes_per_cycle:g}"))
+    render_table(rows)
+    return 0
+
+
+def _flat(d: dict, prefix: str = ""):
+    for k, v in d.items():
+        if isinstance(v, dict):
+            yield from _flat(v, f"{prefix}{k}.")
+        else:
+            yield f"{prefix}{k}", v
+
+
+def _value(v) -> str:
+    if isinstance(v, int) and not isinstance(v, bool):
+        return f"{v:,}"
+    return str(v)
+
+
+def add_parsers(sub) -> None:
+    compare = sub.add_parser("compare", help="run a model on several targets / schedules and compare them in a table",
+                             description="Compile a model for each combination of --target and --schedule (and "
+                                         "with and without a tuning --database), simulate each in timing-only mode, "
+                                         "and print one table (speedup against the first row).")
+    _model_args(compare)
+    compare.add_argument("--target", action="append", help="a DSA preset; repeat to compare (default dsa/stcp920)")
+    compare.add_argument("--schedule", action="append", choices=SCHEDULES, help="repeat to compare (default layerwise)")
+    compare.add_argument("--database", help="a `tvm-dsa tune` work_dir: adds the tuned build of each combination")
+    compare.add_argument("--roofline", metavar="PNG_OR_SVG", help="plot each run under the chip's roofline (one target)")
+    compare.set_defaults(func=_compare)
+    trace = sub.add_parser("trace", help="simulate a model and write its Perfetto/Chrome trace (and a Gantt chart)",
+                           description="Compile and simulate a model in timing-only mode, write the trace "
+                                       "(one track per unit; open it in ui.perfetto.dev) and print busy time per unit.")
+    _model_args(trace)
+    trace.add_argument("-o", "--output", default="trace.json", help="trace file (default trace.json)")
+    trace.add_argument("--gantt", metavar="PNG_OR_SVG", help="also draw a per-unit Gantt chart")
+    trace.add_argument("--target", default="dsa/stcp920", help="DSA preset (default dsa/stcp920)")
+    trace.add_argument("--schedule", default="layerwise", choices=SCHEDULES)
+    trace.set_defaults(func=_trace)
+    hw = sub.add_parser("hw", help="list the DSA presets, or validate and show one chip or hardware file",
+                        description="Without argument: the presets. With a preset (dsa/<chip>) or a .toml/.json "
+                                    "hardware file: validate it and show every parameter (docs/hardware-format.md).")
+    hw.add_argument("chip", nargs="?", help="a preset, e.g. dsa/stcp920, or a hardware file")
+    hw.add_argument("--json", action="store_true", help="print as JSON")
+    hw.set_defaults(func=_hw)
+    _add_tune_parser(sub)

@@ -1,0 +1,224 @@
+"""Meta-schedule on the DSA: tune a model's kernels by their simulated time, apply the records.
+
+    result = tvm_dsa.tune(mod, "dsa/stcp920", trials=64, work_dir="tuned")   # a JSON database
+    print(result)                                         # cycles per kernel, before and after
+    ex = tvm.compile(mod, target="dsa/stcp920", relax_pipeline=tvm_dsa.pipeline(database="tuned"))
+
+The tasks are the fused PrimFuncs the ``dsa`` pipeline offloads (``extract_tasks``); the space is
+their tiling (``space``), measured by building each candidate into a DSA program and simulating it
+in time (``measure``), searched by meta-schedule's evolutionary search with its XGBoost cost model.
+The kernel generation's own tiling (``lower_kernel``) is measured first and committed as a record,
+so the search starts from it and a tuned kernel is never slower than the default one.
+"""
+
+from __future__ import annotations
+
+import os
+from collections import Counter
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import tvm
+import tvm_ffi
+from tvm import relax, s_tir, tirx
+from tvm.ir.utils import derived_object
+from tvm.s_tir import meta_schedule as ms
+
+from .. import hardware
+from ..codegen.emit import build_program
+from ..hardware import Hardware
+from ..schedule.graph import OpGraph
+from ..tir_passes import TilePlan, Unsupported, anchor_info, lower_kernel
+from .measure import DSABuilder, DSARunner, simulated_seconds
+from .space import lower_scheduled, sample_tiling, space_generator, tile_orders
+
+
+@dataclass(frozen=True)
+class Task:
+    """A kernel to tune: its PrimFunc (as the workload module), how often the model calls it, and
+    the kernel generation's default tiling with its simulated time."""
+
+    name: str
+    mod: tvm.IRModule
+    calls: int
+    default_plan: TilePlan
+    default_seconds: float
+
+
+@dataclass(frozen=True)
+class TaskResult:
+    name: str
+    calls: int
+    default_cycles: int
+    tuned_cycles: int
+    trials: int  # candidates measured (failed builds included)
+
+    @property
+    def speedup(self) -> float:
+        return self.default_cycles / self.tuned_cycles if self.tuned_cycles else 0.0
+
+
+@dataclass
+class TuneResult:
+    """Per kernel the cycles before and after tuning; ``database`` holds the records."""
+
+    target: str
+    work_dir: str
+    tasks: list[TaskResult]
+    database: object = field(repr=False)
+
+    def cycles(self, tuned: bool) -> int:
+        """Cycles of all kernel calls of the model (each kernel times its call count)."""
+        return sum(t.calls * (t.tuned_cycles if tuned else t.default_cycles) for t in self.tasks)
+
+    def to_dict(self) -> dict:
+        return {"target": self.target, "work_dir": self.work_dir,
+                "default_cycles": self.cycles(False), "tuned_cycles": self.cycles(True),
+                "tasks": [{"name": t.name, "calls": t.calls, "default_cycles": t.default_cycles,
+                           "tuned_cycles": t.tuned_cycles, "trials": t.trials} for t in self.tasks]}
+
+    def rows(self) -> list[tuple[str, ...]]:
+        """The result as table rows (a header first, a total last)."""
+        rows = [("kernel", "calls", "default cycles", "tuned cycles", "speedup", "trials")]
+        rows += [(t.name, str(t.calls), f"{t.default_cycles:,}", f"{t.tuned_cycles:,}", f"{t.speedup:.2f}x",
+                  str(t.trials)) for t in self.tasks]
+        before, after = self.cycles(False), self.cycles(True)
+        rows.append(("all calls", "", f"{before:,}", f"{after:,}", f"{before / after:.2f}x" if after else "", ""))
+        return rows
+
+    def __str__(self) -> str:
+        rows = self.rows()
+        widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
+        return "\n".join("  ".join(c.ljust(w) for c, w in zip(r, widths)).rstrip() for r in rows)
+
+
+def workload(func: tirx.PrimFunc) -> tvm.IRModule:
+    """The module meta-schedule keys a kernel's records by: a copy of the function as ``main``.
+
+    A copy, because a schedule of ``IRModule({"main": func.with_attr(...)})`` rewrites the body
+    it shares with ``func`` in place (TVM 0.27)."""
+    return tvm.IRModule({"main": tvm.ir.load_json(tvm.ir.save_json(func)).with_attr("global_symbol", "main")})
+
+
+def extract_tasks(mod: tvm.IRModule, target: str = "dsa/stcp920") -> list[Task]:
+    """The kernels the ``dsa`` pipeline would offload from ``mod`` (a Relax module before the
+    pipeline), one task per distinct PrimFunc, with the number of calls to it."""
+    from ..pipeline import fuse_passes
+
+    hw = hardware.get(target)
+    host = hardware.make_target(target)
+    with host:
+        mod = fuse_passes(host)(mod)
+    calls = Counter(n.func for n in OpGraph.from_relax(mod).nodes)
+    tasks: list[Task] = []
+    for name, count in calls.items():
+        func = mod[name]
+        if not isinstance(func, tirx.PrimFunc) or relax.analysis.has_reshape_pattern(func):
+            continue
+        wl = workload(func)
+        same = next((i for i, t in enumerate(tasks) if tvm_ffi.structural_equal(t.mod, wl)), None)
+        if same is not None:
+            t = tasks[same]
+            tasks[same] = Task(t.name, t.mod, t.calls + count, t.default_plan, t.default_seconds)
+            continue
+        try:
+            lowered, plan = lower_kernel(func, hw)
+            seconds = simulated_seconds(build_program(lowered, hw, name))
+        except Unsupported:  # runs on the host: nothing to tune
+            continue
+        tasks.append(Task(name, wl, count, plan, seconds))
+    return tasks
+
+
+def load_database(work_dir: str | os.PathLike) -> ms.database.JSONDatabase:
+    """The JSON database of tuning records in ``work_dir`` (created if missing)."""
+    Path(work_dir).mkdir(parents=True, exist_ok=True)
+    return ms.database.JSONDatabase(work_dir=str(work_dir), module_equality="structural")
+
+
+def tune(mod: tvm.IRModule, target: str = "dsa/stcp920", trials: int = 64, work_dir: str | os.PathLike = "tune",
+         *, per_iter: int = 16, population: int = 64, seed: int = 0, check_hazards: bool = False,
+         progress=None) -> TuneResult:
+    """Tune the DSA kernels of ``mod`` for ``target`` with ``trials`` measured candidates in all,
+    ``per_iter`` per round; records go to the JSON database in ``work_dir``. ``population`` is the
+    evolutionary search's population; ``progress(measured, total)`` is called after each round."""
+    if trials < 1:
+        raise ValueError(f"trials must be at least 1, not {trials}")
+    hw = hardware.get(target)
+    tvm_target = hardware.make_target(target)
+    tasks = extract_tasks(mod, target)
+    if not tasks:
+        raise ValueError(f"no kernel of the model runs on {target}: nothing to tune")
+    database = load_database(work_dir)
+    for task in tasks:
+        _commit_default(database, task, tvm_target)
+    contexts = [
+        ms.TuneContext(
+            mod=task.mod, target=tvm_target, space_generator=space_generator(),
+            search_strategy=ms.search_strategy.EvolutionarySearch(
+                population_size=population, init_min_unmeasured=min(population, per_iter), genetic_num_iters=2),
+            task_name=task.name, rand_state=seed + i, num_threads=1,
+        ).clone()
+        for i, task in enumerate(tasks)
+    ]
+    counter = _Measured(len(tasks), trials, progress)
+    callbacks = ms.measure_callback.MeasureCallback.create("default") + [counter]
+    ms.tune_tasks(tasks=contexts, task_weights=[float(t.calls) for t in tasks], work_dir=str(work_dir),
+                  max_trials_global=trials, num_trials_per_iter=per_iter, builder=DSABuilder(),
+                  runner=DSARunner(check_hazards), database=database, cost_model="xgb",
+                  measure_callbacks=callbacks, task_scheduler="gradient")
+    results = [TaskResult(task.name, task.calls, _cycles(task.default_seconds, hw),
+                          _cycles(float(_best_record(database, task.mod, hw).run_secs[0]), hw), counter.per_task[i])
+               for i, task in enumerate(tasks)]
+    return TuneResult(str(tvm_target.attrs["model"]), str(work_dir), results, database)
+
+
+def tuned_kernel(database, func: tirx.PrimFunc, hw: Hardware):
+    """``func`` lowered with its best record for ``hw`` in ``database``, or None without one."""
+    wl = workload(func)
+    record = _best_record(database, wl, hw)
+    if record is None:
+        return None
+    sch = s_tir.Schedule(wl)
+    record.trace.apply_to_schedule(sch, remove_postproc=False)
+    return lower_scheduled(sch.mod["main"], hw)
+
+
+def _best_record(database, mod: tvm.IRModule, hw: Hardware):
+    """The fastest record of ``mod`` measured on chip ``hw`` (records of other chips are skipped)."""
+    if not database.has_workload(mod):
+        return None
+    records = database.get_top_k(database.commit_workload(mod), 1 << 16)
+    return next((r for r in records if r.target is not None and str(r.target.attrs.get("model")) == hw.name), None)
+
+
+def _commit_default(database, task: Task, target) -> None:
+    """Record the default tiling as a sample of the design space (its decisions, the anchor's loop
+    order), so that the evolutionary search starts from it."""
+    sch = s_tir.Schedule(task.mod)
+    sample_tiling(sch, tile_orders(anchor_info(task.mod["main"]).spatial)[0], task.default_plan)
+    database.commit_tuning_record(ms.database.TuningRecord(
+        sch.trace, database.commit_workload(task.mod), [task.default_seconds], target,
+        ms.arg_info.ArgInfo.from_prim_func(task.mod["main"])))
+
+
+def _cycles(seconds: float, hw: Hardware) -> int:
+    return round(seconds * hw.clock_hz)
+
+
+@derived_object
+class _Measured(ms.measure_callback.PyMeasureCallback):
+    """Counts measured candidates per task and reports progress."""
+
+    def __init__(self, tasks: int, total: int, progress):
+        super().__init__()
+        self.per_task, self.total, self.progress = [0] * tasks, total, progress
+
+    def apply(self, task_scheduler, task_id, measure_candidates, builder_results, runner_results) -> None:
+        self.per_task[task_id] += len(measure_candidates)
+        if self.progress is not None:
+            self.progress(min(sum(self.per_task), self.total), self.total)
+
+
+__all__ = ["Task", "TaskResult", "TuneResult", "extract_tasks", "load_database", "tune", "tuned_kernel",
+           "DSABuilder", "DSARunner", "space_generator"]

@@ -1,0 +1,161 @@
+"""Meta-schedule on the DSA: the design space, the LB check, builder and runner measuring with the
+simulator, the database applied at compile time (numerics against llvm).
+
+One small tuning run (a conv kernel, a few trials) is shared by the module: meta-schedule's first
+use imports every TVM tensor intrinsic (about 20-30 s), once per process.
+"""
+
+import json
+
+import numpy as np
+import onnx
+import pytest
+import tvm
+from onnx import TensorProto as TP
+from onnx import helper as h
+from onnx import numpy_helper as nh
+from tvm import relax, s_tir, te
+from tvm.s_tir import meta_schedule as ms
+
+import tvm_dsa
+from tvm_dsa import hardware
+from tvm_dsa.codegen.emit import build_program
+from tvm_dsa.driver import Compiled, import_onnx, max_relative_error
+from tvm_dsa.runtime import simulate
+from tvm_dsa.tir_passes import TilePlan, anchor_info, lower_kernel
+from tvm_dsa.tuning import DSABuilder, extract_tasks, load_database, tuned_kernel, workload
+from tvm_dsa.tuning.space import FitsDSA, design_spaces, sample_tiling, tile_orders
+
+TARGET = "dsa/stcp920"
+HW = hardware.get(TARGET)
+
+
+def _matmul(n: int):
+    a = te.placeholder((n, n), "float32", name="A")
+    b = te.placeholder((n, n), "float32", name="B")
+    k = te.reduce_axis((0, n), "k")
+    c = te.compute((n, n), lambda i, j: te.sum(a[i, k] * b[k, j], axis=k), name="C")
+    return te.create_prim_func([a, b, c])
+
+
+@pytest.fixture(scope="module")
+def tuned(tmp_path_factory, conv_relu):
+    model = conv_relu(16, 32, 16)
+    mod = import_onnx(model)
+    work_dir = tmp_path_factory.mktemp("tune")
+    seen = []
+    result = tvm_dsa.tune(mod, TARGET, trials=8, work_dir=work_dir, per_iter=8, population=16,
+                          progress=lambda done, total: seen.append((done, total)))
+    return model, mod, work_dir, result, seen
+
+
+def _seconds(func) -> float:
+    return simulate(build_program(func, HW, "k"), mode="timing").report.seconds
+
+
+def test_tile_orders_permute_only_loops_with_several_tiles():
+    orders = tile_orders((1, 32, 16, 16))
+    assert orders[0] == (0, 1, 2, 3) and len(orders) == 6 == len(set(orders))
+    assert all(o[0] == 0 and sorted(o) == [0, 1, 2, 3] for o in orders)
+    assert tile_orders((1, 1, 8)) == [(0, 1, 2)]
+
+
+def test_design_spaces_split_every_spatial_loop_and_the_chunk_by_sampling():
+    func = _matmul(64)
+    spaces = design_spaces(s_tir.Schedule(workload(func)))
+    assert len(spaces) == 2  # i, j: two orders
+    for sch in spaces:
+        samples = [inst for inst in sch.trace.insts if inst.kind.name == "SamplePerfectTile"]
+        assert len(samples) == 3  # i, j and the reduction chunk
+
+
+def test_fits_dsa_rejects_a_tile_larger_than_the_lb():
+    func = _matmul(256)  # one whole fp32-accumulated 256x256 tile is far beyond a 64 KiB LB
+    _, plan = lower_kernel(func, HW)
+    post = FitsDSA(HW, anchor_info(func))
+    whole, default = s_tir.Schedule(workload(func)), s_tir.Schedule(workload(func))
+    sample_tiling(whole, (0, 1), TilePlan((256, 256), 256))
+    sample_tiling(default, (0, 1), plan)
+    assert post.apply(default) and not post.apply(whole)
+    (res,) = DSABuilder().build([ms.builder.BuilderInput(whole.mod, hardware.make_target(TARGET))])
+    assert res.artifact_path is None and "not a DSA kernel" in res.error_msg and "exceeds the LB" in res.error_msg
+
+
+def test_tasks_are_the_offloaded_kernels_with_their_default_time(tuned):
+    model, mod, *_ = tuned
+    (task,) = extract_tasks(mod, TARGET)  # conv + relu fused into one kernel
+    lowered, plan = lower_kernel(task.mod["main"], HW)
+    assert task.calls == 1 and task.default_plan == plan
+    assert task.default_seconds == _seconds(lowered)
+
+
+def test_records_are_simulated_times_and_tuning_never_loses(tuned):
+    _, mod, work_dir, result, seen = tuned
+    (task,) = result.tasks
+    assert task.trials >= 8 and seen[-1] == (8, 8)
+    database = load_database(work_dir)
+    wl = extract_tasks(mod, TARGET)[0].mod
+    records = database.get_top_k(database.commit_workload(wl), 100)
+    assert len(records) >= 2  # the default tiling and measured candidates
+    best = records[0]
+    assert round(float(best.run_secs[0]) * HW.clock_hz) == task.tuned_cycles <= task.default_cycles
+    # the runner's time is the simulator's time of the program the record's trace produces
+    for rec in records[:3]:
+        sch = s_tir.Schedule(wl)
+        rec.trace.apply_to_schedule(sch, remove_postproc=False)
+        assert _seconds(tvm_dsa.tuning.space.lower_scheduled(sch.mod["main"], HW)) == float(rec.run_secs[0])
+    assert result.cycles(True) == task.tuned_cycles and result.to_dict()["tasks"][0]["name"] == task.name
+
+
+def test_compiling_with_the_database_uses_the_records_and_stays_exact(tuned):
+    model, mod, work_dir, result, _ = tuned
+    x = np.random.default_rng(1).standard_normal((1, 16, 16, 16)).astype("float32")
+    ref = Compiled.build(mod, "llvm").run({"x": x}).outputs
+    ex = tvm.compile(mod, target=TARGET, relax_pipeline=tvm_dsa.pipeline(database=str(work_dir)))
+    assert tvm_dsa.pipeline_result().tuned == [result.tasks[0].name]
+    out = relax.VirtualMachine(ex, tvm.cpu())["main"](tvm.runtime.tensor(x)).numpy()
+    assert max_relative_error([out], ref) < 2e-2
+    assert tvm_dsa.last_report().cycles == result.tasks[0].tuned_cycles
+    # the registered "dsa" pipeline finds the database in scope
+    with load_database(work_dir):
+        tvm.compile(mod, target=TARGET, relax_pipeline="dsa")
+    assert tvm_dsa.pipeline_result().tuned == [result.tasks[0].name]
+    tvm.compile(mod, target=TARGET, relax_pipeline="dsa")
+    assert tvm_dsa.pipeline_result().tuned == []
+
+
+def test_records_of_another_chip_are_not_applied(tuned):
+    _, mod, work_dir, *_ = tuned
+    other = hardware.get("set-edge16-fp16")
+    (task,) = extract_tasks(mod, TARGET)
+    assert tuned_kernel(load_database(work_dir), task.mod["main"], other) is None
+
+
+def test_tune_command_and_compare_with_its_database(conv_onnx, tmp_path, capsys):
+    from tvm_dsa.cli import main
+
+    path, _ = conv_onnx
+    work_dir = str(tmp_path / "db")
+    assert main(["tune", path, "--trials", "4", "--per-iter", "4", "--work-dir", work_dir, "--json"]) == 0
+    (task,) = json.loads(capsys.readouterr().out)["tasks"]
+    assert task["trials"] >= 4 and task["tuned_cycles"] <= task["default_cycles"]
+    assert main(["compare", path, "--database", work_dir, "--json"]) == 0
+    runs = json.loads(capsys.readouterr().out)["runs"]
+    assert [r["tuned"] for r in runs] == [False, True]
+    assert [r["cycles"] for r in runs] == [task["default_cycles"], task["tuned_cycles"]]
+
+
+def test_bad_tuning_input_is_named(tmp_path, conv_relu):
+    mod = import_onnx(conv_relu(16, 32, 16))
+    with pytest.raises(ValueError, match="trials must be at least 1"):
+        tvm_dsa.tune(mod, TARGET, trials=0, work_dir=tmp_path)
+    with pytest.raises(ValueError, match="is not a directory"):
+        tvm.compile(mod, target=TARGET, relax_pipeline=tvm_dsa.pipeline(database=str(tmp_path / "missing")))
+    empty = onnx.helper.make_model(h.make_graph([h.make_node("Gather", ["t", "i"], ["y"])], "g",
+                                                [h.make_tensor_value_info("i", TP.INT64, [4])],
+                                                [h.make_tensor_value_info("y", TP.FLOAT, [4, 8])],
+                                                [nh.from_array(np.zeros((10, 8), "float32"), "t")]),
+                                   opset_imports=[h.make_opsetid("", 17)])
+    empty.ir_version = 10
+    with pytest.raises(ValueError, match="nothing to tune"):
+        tvm_dsa.tune(import_onnx(empty), TARGET, trials=4, work_dir=tmp_path)
