@@ -57,7 +57,7 @@ def load_workload(label: str, batch: int, tiny: bool):
     name, kwargs = WORKLOADS[label]
     if tiny:
         kwargs = {**TINY[name], **{k: v // 8 for k, v in kwargs.items()}}
-    return get_model(name, batch=batch, **kwargs)
+    return get_model(name, **{**kwargs, "batch": batch})  # the tiny DLRM names a batch of its own
 
 
 def stage_of(shape: tuple) -> str:
