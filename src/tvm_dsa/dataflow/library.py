@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 from time import perf_counter
 
 from ..hardware.model import STORAGE_DTYPES, Hardware
-from .expr import NotationError
+from .expr import NotationError, linear_form
 from .metrics import DataflowMetrics, analyse
 from .notation import Dataflow, Interconnect, PEArray, TensorOp, multicast, systolic_2d
 
@@ -70,14 +70,21 @@ def benchmark(name: str) -> Benchmark:
     return BENCHMARKS[name]
 
 
+def expression_range(op: TensorOp, expr: str) -> int:
+    """How many consecutive values the affine expression ``expr`` of ``op``'s loops takes from its least
+    (``ox + rx`` with ox < 16, rx < 3: 18)."""
+    coefs, _ = linear_form(expr, op.loops)
+    return sum(abs(c) * (op.sizes[v] - 1) for v, c in coefs.items()) + 1
+
+
 def stationary(op: TensorOp, space: tuple[str, str], time: tuple[str, ...], shape: tuple[int, int],
                skew: bool = False, name: str = "") -> Dataflow:
     """``PE[s0 % R, s1 % C] | T[s0 // R, s1 // C, *time]``: the modulo and the tile dimension are left
-    out where a space expression is a loop that fits its array axis. With ``skew`` the time loops of a
+    out where a space expression's values fit its array axis. With ``skew`` the time loops of a
     tile become one linear dimension delayed by ``s0 % R + s1 % C`` stamps (a systolic wavefront)."""
     pes, tiles = [], []
     for expr, n in zip(space, shape):
-        if op.sizes.get(expr, n + 1) <= n:
+        if expression_range(op, expr) <= n:
             pes.append(expr)
             continue
         term = expr if expr.isidentifier() else f"({expr})"
