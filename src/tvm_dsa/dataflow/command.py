@@ -22,9 +22,6 @@ from .metrics import summary
 from .notation import INTERCONNECTS, Dataflow, PEArray, TensorOp, interconnect
 
 
-DEFAULT_INTERCONNECT = "systolic-2d"
-
-
 def parse_sizes(text: str) -> dict[str, int]:
     """``"i=64,j=64,k=64"`` -> ``{"i": 64, "j": 64, "k": 64}``."""
     sizes = {}
@@ -76,7 +73,7 @@ def run(args: argparse.Namespace) -> Outcome:
     if len(shape) != 2:
         raise InputError(f"the standard dataflows and the exploration are for a 2-D array; got {args.array!r}")
     found = evaluate_standard(bench, op, shape, bandwidth, links) if bench else []
-    explored = best_relation(op, PEArray(shape, links or interconnect(DEFAULT_INTERCONNECT, 2), bandwidth))
+    explored = best_relation(op, PEArray(shape, links or interconnect(hw.mme.interconnect, 2), bandwidth))
     return Outcome(sorted(found, key=lambda e: e.metrics.latency), explored)
 
 
@@ -116,7 +113,8 @@ def add_parser(sub) -> None:
     p.add_argument("--array", help="PE array shape instead of the MME's, e.g. 8x8")
     p.add_argument("--bandwidth", type=float, help="scratchpad elements per stamp instead of the LB's")
     p.add_argument("--interconnect", help=f"one of {', '.join(INTERCONNECTS)} (default: multicast buses for "
-                                          "plain standard dataflows, systolic-2d for skewed ones and the exploration)")
+                                          "plain standard dataflows, systolic-2d for skewed ones, the MME's for the "
+                                          "exploration)")
     p.add_argument("--dataflow", help="evaluate this dataflow only, e.g. 'PE[i %% 8, j %% 8] | T[i // 8, j // 8, k]'")
     p.add_argument("--json", action="store_true", help="print the metrics as JSON")
     p.set_defaults(func=main)
