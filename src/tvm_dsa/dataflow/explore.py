@@ -78,11 +78,11 @@ def time_loop_sets(op: TensorOp, space: tuple[str, ...]) -> list[tuple[str, ...]
     """The smallest sets of time loops that, with the space expressions, determine every loop (Θ one-to-one):
     the loops no space expression uses, plus as few loops of the space expressions as complete the rank."""
     rows = [linear_form(e, op.loops)[0] for e in space]
+    if _rank(rows, op.loops) < len(space):
+        return []
     free = [v for v in op.loops if not any(v in r for r in rows)]
     used = [v for v in op.loops if v not in free]
     need = len(op.loops) - _rank(rows + [{v: 1} for v in free], op.loops)
-    if _rank(rows, op.loops) < len(space):
-        return []
     out = []
     for extra in itertools.combinations(used, need):
         if _rank(rows + [{v: 1} for v in free + list(extra)], op.loops) == len(op.loops):
@@ -96,8 +96,8 @@ def relation_space(op: TensorOp, shape: tuple[int, ...], skew: bool) -> list[Dat
     and (with ``skew``) skewed; plus the data-centric ones, which this space contains."""
     out = [dc.relation(shape) for dc in datacentric_space(op, shape)]
     for space in itertools.permutations(space_expressions(op), len(shape)):
-        if any("+" in e and expression_range(op, e) > n for e, n in zip(space, shape)):
-            continue
+        if any(e not in op.loops and expression_range(op, e) > n for e, n in zip(space, shape)):
+            continue  # a sum of loops that would be folded (pruning 2)
         for times in time_loop_sets(op, space):
             for inner in times or (None,):
                 order = tuple(v for v in times if v != inner) + ((inner,) if inner else ())

@@ -101,12 +101,17 @@ def stationary(op: TensorOp, space: tuple[str, str], time: tuple[str, ...], shap
     return Dataflow.parse(op, f"PE[{', '.join(pes)}] | T[{', '.join(times)}]", name)
 
 
+def standard_names(bench: Benchmark) -> tuple[str, ...]:
+    """The names of ``bench``'s standard dataflows: each stationary kind, then its skewed variant."""
+    return tuple(name for kind in bench.stationary for name in (kind, f"{kind}, systolic"))
+
+
 def standard_dataflows(bench: Benchmark, op: TensorOp, shape: tuple[int, int]) -> dict[str, Dataflow]:
     """Each stationary dataflow of ``bench`` on a ``shape`` array, plain and skewed ("systolic")."""
     out = {}
-    for kind, (space, time) in bench.stationary.items():
-        out[kind] = stationary(op, space, time, shape, name=kind)
-        out[f"{kind}, systolic"] = stationary(op, space, time, shape, skew=True, name=f"{kind}, systolic")
+    for name in standard_names(bench):
+        space, time = bench.stationary[name.removesuffix(", systolic")]
+        out[name] = stationary(op, space, time, shape, skew=name.endswith(", systolic"), name=name)
     return out
 
 

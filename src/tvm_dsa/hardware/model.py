@@ -241,8 +241,9 @@ def _validate(hw: Hardware) -> None:
 
 def _validate_dataflow(mme: MME) -> None:
     """The MME's interconnect, dataflow and cost model name things the dataflow model knows."""
+    # Imported here: the dataflow package imports this module.
     from ..dataflow.expr import NotationError
-    from ..dataflow.library import BENCHMARKS
+    from ..dataflow.library import BENCHMARKS, standard_names
     from ..dataflow.notation import INTERCONNECTS, interconnect
 
     if mme.model not in MME_MODELS:
@@ -252,6 +253,6 @@ def _validate_dataflow(mme: MME) -> None:
     except NotationError:
         raise HardwareError(f"field 'mme.interconnect' must be one of {list(INTERCONNECTS)} (K a positive "
                             f"integer), got {mme.interconnect!r}") from None
-    kinds = [k + s for k in BENCHMARKS["gemm"].stationary for s in ("", ", systolic")]
+    kinds = list(standard_names(BENCHMARKS["gemm"]))
     if mme.dataflow not in kinds:
         raise HardwareError(f"field 'mme.dataflow' must be one of {kinds}, got {mme.dataflow!r}")
