@@ -3,6 +3,7 @@
     python benchmarks/tenet_mme.py                    # ResNet-18, batch 1, 224 x 224, on dsa/stcp920
     python benchmarks/tenet_mme.py --tiny             # the model's small configuration: a quick check
     python benchmarks/tenet_mme.py --target dsa/set-edge16-fp16 --model resnet50
+    python benchmarks/tenet_mme.py --dataflow "output-stationary, systolic"   # tiles not overlapped
 
 The model is compiled twice, for the preset and for the same chip with ``mme.model = "tenet"``
 (registered as ``<preset>-tenet``; the programs are the same, only the MME's cost differs), and run
@@ -25,10 +26,11 @@ from tvm_dsa.driver import Compiled, check_target, import_onnx, load_model
 from tvm_dsa.models import MODELS, example_inputs
 
 
-def tenet_variant(target: str) -> str:
-    """Register the chip of ``target`` with the TENET MME model; its target tag."""
+def tenet_variant(target: str, dataflow: str | None) -> str:
+    """Register the chip of ``target`` with the TENET MME model (and ``dataflow`` if given); its target tag."""
     hw = hardware.get(target.removeprefix("dsa/"))
-    variant = dataclasses.replace(hw, name=f"{hw.name}-tenet", mme=dataclasses.replace(hw.mme, model="tenet"))
+    mme = dataclasses.replace(hw.mme, model="tenet", dataflow=dataflow or hw.mme.dataflow)
+    variant = dataclasses.replace(hw, name=f"{hw.name}-tenet", mme=mme)
     hardware.register(variant, override=True)
     return f"dsa/{variant.name}"
 
@@ -38,20 +40,21 @@ def main() -> None:
     p.add_argument("--model", default="resnet18", choices=list(MODELS))
     p.add_argument("--tiny", action="store_true", help="the model's small configuration")
     p.add_argument("--target", default="dsa/stcp920")
+    p.add_argument("--dataflow", help="the MME's dataflow for TENET instead of the preset's, e.g. "
+                                      "'output-stationary, systolic'")
     args = p.parse_args()
 
     model = load_model(args.model, tiny=args.tiny)
     check_target(args.target, model, timing_only=True)
     mod, inputs = import_onnx(model), example_inputs(model)
     runs = {}
-    for name, target in (("flat", args.target), ("tenet", tenet_variant(args.target))):
+    for name, target in (("flat", args.target), ("tenet", tenet_variant(args.target, args.dataflow))):
         print(f"... compiling and simulating (timing) for {target}", file=sys.stderr, flush=True)
         compiled = Compiled.build(mod, target)
         start = time.perf_counter()
         runs[name] = compiled.run(inputs, mode="timing", check_hazards=False)
         runs[name].seconds = time.perf_counter() - start
-    hw = hardware.get(args.target.removeprefix("dsa/"))
-    mme = hw.mme
+    mme = hardware.get(args.target.removeprefix("dsa/") + "-tenet").mme
     print(f"{args.model}{' (tiny)' if args.tiny else ''}, batch 1, on {args.target}: MME {mme.rows}x{mme.cols} "
           f"{mme.interconnect}, dataflow {mme.dataflow!r}; MME busy cycles summed over the cores\n")
     rows = [("layer (DSA kernel)", "output", "MACs", "flat", "TENET", "TENET/flat", "MAC util (TENET)")]

@@ -26,7 +26,7 @@ def chip(name="stcp920", **mme):
 def test_presets_describe_their_mme():
     stcp = get("stcp920").mme
     assert (stcp.rows, stcp.cols, stcp.interconnect, stcp.dataflow, stcp.model) == \
-        (16, 32, "systolic-2d", "output-stationary, systolic", "flat")
+        (16, 32, "systolic-2d", "output-stationary, systolic, pipelined", "flat")
     for name in ("set-edge16", "set-cloud144", "set-edge16-fp16", "set-cloud144-fp16"):
         mme = get(name).mme
         assert (mme.interconnect, mme.dataflow, mme.model) == ("multicast-31", "weight-stationary", "flat")
@@ -44,19 +44,30 @@ def test_bad_mme_fields_are_named(field, value, msg):
         Hardware.from_dict(chip(**{field: value}))
 
 
+def parts(size, axis):
+    """The extents of the tiles of ``size`` on an ``axis``-long array axis."""
+    return [min(axis, size - start) for start in range(0, size, axis)]
+
+
 def test_tenet_tile_cost_on_the_systolic_mme():
     """Output-stationary and skewed on a 16 x 32 systolic array, compute-bound: each r x c output tile
     takes K stamps plus the wavefront's (r - 1) + (c - 1); the flat model charges the fill/drain once."""
-    flat, tenet = get("stcp920"), Hardware.from_dict(chip(model="tenet"))
-
-    def parts(size, axis):
-        return [min(axis, size - start) for start in range(0, size, axis)]
-
+    flat, tenet = get("stcp920"), Hardware.from_dict(chip(model="tenet", dataflow="output-stationary, systolic"))
     for m, n, k in [(64, 64, 64), (16, 8, 36), (40, 40, 8)]:
         tiles = math.ceil(m / 16) * math.ceil(n / 32)
         assert tile_cycles(tenet, m, n, k) == sum(k + r - 1 + c - 1 for r in parts(m, 16) for c in parts(n, 32))
         assert mme_cycles(3, m, n, k, tenet) == 3 * tile_cycles(tenet, m, n, k)
         assert mme_cycles(3, m, n, k, flat) == 3 * tiles * k + 16 + 32
+
+
+def test_pipelined_tiles_overlap_their_wavefronts():
+    """Tile t (row-major) starts K stamps after tile t - 1 and its r x c wavefront ends K + r + c - 2
+    stamps after it starts: the cycles are the latest end; one fill/drain, as the flat model charges."""
+    tenet = Hardware.from_dict(chip(model="tenet"))                  # the preset's pipelined dataflow
+    for m, n, k in [(64, 64, 64), (40, 40, 8), (16, 8, 36)]:
+        tiles = [(r, c) for r in parts(m, 16) for c in parts(n, 32)]
+        assert tile_cycles(tenet, m, n, k) == max(t * k + k + r + c - 2 for t, (r, c) in enumerate(tiles))
+    assert tile_cycles(tenet, 64, 64, 64) == 8 * 64 + 15 + 31 < mme_cycles(1, 64, 64, 64, get("stcp920"))
 
 
 def test_tenet_tile_cost_is_the_brute_force_latency_when_read_bound():
@@ -94,7 +105,7 @@ def test_the_simulator_charges_the_tenet_cost():
                a=lb(0, "float16", w * c, c, 0, w * c, c, 1),
                b=lb(1024, "float16", 0, 0, 1, kw * c * o, c * o, o))
     runs = {model: run_lb([conv], [(0, x), (1024, wt)], [(2048, (oh, ow, o), "float32")], hw=chip(model=model))
-            for model in ("flat", "tenet")}
+            for model in ("flat", "tenet")}                      # one tile: pipelined or not, the same
     np.testing.assert_array_equal(runs["flat"].outputs[0], runs["tenet"].outputs[0])
     m, n, k = oh * ow, o, kh * kw * c
     assert runs["flat"].report.busy["mme"] == k + 16 + 32

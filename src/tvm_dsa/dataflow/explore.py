@@ -7,8 +7,9 @@ Both spaces are enumerated as relations Θ and searched by branch and bound on t
   other loop a TemporalMap (seed 003: size = offset = 1);
 - **relation-centric** (``relation_space``): seed 003's affine space-time maps with coefficients
   0/1 — each PE axis a loop (tiled onto the array with ``%`` and ``//``) or the sum of two loops
-  (``ox + rx``) — the time loops that make Θ one-to-one, plain or skewed by the PE coordinates
-  (a systolic wavefront); it contains the data-centric space.
+  (``ox + rx``) — the time loops that make Θ one-to-one, plain, skewed by the PE coordinates (a
+  systolic wavefront) or skewed with the tiles' wavefronts overlapping (pipelined); it contains
+  the data-centric space.
 
 Pruning (counted in ``Exploration``):
 
@@ -44,7 +45,7 @@ import numpy as np
 from . import relations as rel
 from .datacentric import DataCentric, Directive, Estimate
 from .expr import linear_form
-from .library import Evaluated, evaluate, expression_range, stationary
+from .library import VARIANTS, Evaluated, evaluate, expression_range, stationary
 from .metrics import unique_volume
 from .notation import Dataflow, PEArray, TensorOp
 
@@ -93,7 +94,8 @@ def time_loop_sets(op: TensorOp, space: tuple[str, ...]) -> list[tuple[str, ...]
 def relation_space(op: TensorOp, shape: tuple[int, ...], skew: bool) -> list[Dataflow]:
     """The affine dataflows of ``op`` on a ``shape`` array (see the module doc): every ordered choice of
     space expressions that fit, every completing set of time loops, every innermost time loop, plain
-    and (with ``skew``) skewed; plus the data-centric ones, which this space contains."""
+    and (with ``skew``) the skewed variants of ``VARIANTS``; plus the data-centric ones, which this
+    space contains."""
     out = [dc.relation(shape) for dc in datacentric_space(op, shape)]
     for space in itertools.permutations(space_expressions(op), len(shape)):
         if any(e not in op.loops and expression_range(op, e) > n for e, n in zip(space, shape)):
@@ -101,9 +103,8 @@ def relation_space(op: TensorOp, shape: tuple[int, ...], skew: bool) -> list[Dat
         for times in time_loop_sets(op, space):
             for inner in times or (None,):
                 order = tuple(v for v in times if v != inner) + ((inner,) if inner else ())
-                out.append(stationary(op, space, order, shape))
-                if skew:
-                    out.append(stationary(op, space, order, shape, skew=True))
+                out += [stationary(op, space, order, shape, **flags) for flags in VARIANTS.values()
+                        if skew or not flags]
     return list({str(df): df for df in out}.values())
 
 

@@ -45,7 +45,7 @@ class MME:
     accum_dtype: str = "float32"
     pipeline_cycles: int = 0  # fill/drain latency added to every instruction; 0 = rows + cols
     interconnect: str = "systolic-2d"
-    dataflow: str = "output-stationary, systolic"
+    dataflow: str = "output-stationary, systolic, pipelined"
     model: str = "flat"
 
     @property
