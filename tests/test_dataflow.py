@@ -12,6 +12,7 @@ from tvm_dsa.cli import main
 from tvm_dsa.dataflow import (Dataflow, Interconnect, NotationError, PEArray, TensorOp, TensorVolumes, analyse,
                               mesh, multicast, systolic_1d, systolic_2d)
 from tvm_dsa.dataflow import relations as rel
+from tvm_dsa.dataflow.explore import best_relation
 from tvm_dsa.dataflow.library import BENCHMARKS, standard_dataflows
 from tvm_dsa.hardware import get
 
@@ -214,25 +215,41 @@ def test_bad_ops_and_arrays_are_named():
 def test_cli_given_dataflow_prints_the_models_metrics(capsys):
     assert main(["dataflow", GEMM, "i=2,j=2,k=4", "--array", "2x2", "--interconnect", "systolic-2d",
                  "--bandwidth", "2", "--dataflow", "PE[i,j] | T[i+j+k]", "--json"]) == 0
-    [row] = json.loads(capsys.readouterr().out)
+    out = json.loads(capsys.readouterr().out)
+    assert "explored" not in out                      # a given dataflow is evaluated, nothing explored
+    [row] = out["dataflows"]
     df, array = seed_example(window=False)
     expected = json.loads(json.dumps(analyse(df, array).to_dict()))
     assert {k: v for k, v in row.items() if k not in ("name", "seconds", "op")} == \
         {k: v for k, v in expected.items() if k != "op"}
 
 
-def test_cli_standard_dataflows_on_the_mme_best_first(capsys):
-    assert main(["dataflow", "gemm", "i=32,j=32,k=8"]) == 0
-    out = capsys.readouterr().out
+def test_cli_standard_dataflows_on_the_mme_and_the_best_found(capsys):
+    assert main(["dataflow", "gemm", "i=32,j=32,k=8", "--json"]) == 0
+    out = json.loads(capsys.readouterr().out)
     hw = get("stcp920")
     bench = BENCHMARKS["gemm"]
+    op = bench.op({"i": 32, "j": 32, "k": 8})
+    bandwidth = hw.lb_bytes_per_cycle / 2
     expected = {name: analyse(df, PEArray((hw.mme.rows, hw.mme.cols),
                                           systolic_2d() if "systolic" in name else multicast(31, 2, (0, 1)),
-                                          hw.lb_bytes_per_cycle / 2)).latency
-                for name, df in standard_dataflows(bench, bench.op({"i": 32, "j": 32, "k": 8}), (16, 32)).items()}
-    best = min(expected, key=expected.get)
-    assert f"best: {best}\n" in out and f"latency {expected[best]:,.1f}" in out
-    assert all(name in out for name in expected)
+                                          bandwidth)).latency
+                for name, df in standard_dataflows(bench, op, (16, 32)).items()}
+    assert [r["name"] for r in out["dataflows"]] == sorted(expected, key=expected.get)
+    assert [r["latency"] for r in out["dataflows"]] == sorted(expected.values())
+    explored = best_relation(op, PEArray((16, 32), systolic_2d(), bandwidth))
+    assert out["explored"]["best"] == json.loads(json.dumps(explored.best.metrics.to_dict()))
+    assert out["explored"]["candidates"] == explored.candidates > out["explored"]["evaluated"]
+
+
+def test_cli_explores_a_statement_and_prints_the_best_found(capsys):
+    assert main(["dataflow", "Y[i] += A[i,k] * x[k]", "i=8,k=6", "--array", "2x4", "--interconnect", "mesh"]) == 0
+    text = capsys.readouterr().out
+    op = TensorOp.parse("op", "Y[i] += A[i,k] * x[k]", {"i": 8, "k": 6})
+    explored = best_relation(op, PEArray((2, 4), mesh(), get("stcp920").lb_bytes_per_cycle / 2))
+    assert f"best found: {explored.best.metrics.dataflow}\n" in text
+    assert f"latency {explored.best.metrics.latency:,.1f}" in text
+    assert f"explored {explored.candidates:,} affine dataflows on the 2x4 mesh array" in text
 
 
 @pytest.mark.parametrize("argv,msg", [
@@ -240,6 +257,7 @@ def test_cli_standard_dataflows_on_the_mme_best_first(capsys):
     (["dataflow", "gemm", "i=4;j=4,k=2"], "sizes must look like i=64,j=64,k=64"),
     (["dataflow", "gemm", "--interconnect", "torus"], "unknown interconnect 'torus'"),
     (["dataflow", "fft"], "unknown operation 'fft'"),
+    (["dataflow", "Y[i] += A[i,k] * x[k]"], "a statement needs its loop sizes"),
     (["dataflow", "gemm", "--array", "4x4", "--interconnect", "mesh", "--dataflow", "PE[i, j] | T[k]"],
      r"places instances on PE\[\d+, \d+\], outside the \(4, 4\) array"),
 ])

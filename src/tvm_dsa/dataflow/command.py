@@ -1,19 +1,22 @@
 """``tvm-dsa dataflow``: the TENET metrics of a tensor operation's dataflows on a PE array.
 
-    tvm-dsa dataflow gemm i=64,j=64,k=64              # standard dataflows on stcp920's MME, the best one
+    tvm-dsa dataflow gemm i=64,j=64,k=64              # standard dataflows on stcp920's MME, the best one found
     tvm-dsa dataflow conv2d --array 8x8 --interconnect mesh
     tvm-dsa dataflow "Y[i,j] += A[i,k] * B[k,j]" i=2,j=2,k=4 --array 2x2 --dataflow "PE[i,j] | T[i+j+k]"
+    tvm-dsa dataflow "Y[i] += A[i,k] * x[k]" i=64,k=64  # explore the dataflows of any statement
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+from dataclasses import dataclass
 
 from .. import hardware
 from ..driver import InputError
 from ..hardware import HardwareError
 from .expr import NotationError
+from .explore import Exploration, best_relation
 from .library import BENCHMARKS, Evaluated, evaluate, evaluate_standard, mme_bandwidth
 from .metrics import summary
 from .notation import INTERCONNECTS, Dataflow, PEArray, TensorOp, interconnect
@@ -38,8 +41,17 @@ def parse_shape(text: str) -> tuple[int, ...]:
     return tuple(int(p) for p in parts)
 
 
-def run(args: argparse.Namespace) -> list[Evaluated]:
-    """The dataflows the arguments ask for, evaluated; the best (lowest latency) first."""
+@dataclass(frozen=True)
+class Outcome:
+    """What ``tvm-dsa dataflow`` found: the dataflows it evaluated (best first) and the exploration."""
+
+    dataflows: list[Evaluated]
+    explored: Exploration | None
+
+
+def run(args: argparse.Namespace) -> Outcome:
+    """The dataflows the arguments ask for, evaluated (the best first), and the best one the design-space
+    exploration finds on the array and interconnect (none when a --dataflow is given)."""
     if args.bandwidth is not None and not args.bandwidth > 0:
         raise InputError(f"--bandwidth must be positive, got {args.bandwidth:g}")
     hw = hardware.get(args.target)
@@ -50,32 +62,45 @@ def run(args: argparse.Namespace) -> list[Evaluated]:
     if bench is None and "[" not in args.op:
         raise InputError(f"unknown operation {args.op!r}: a benchmark ({', '.join(BENCHMARKS)}) or a "
                            "statement such as 'Y[i,j] += A[i,k] * B[k,j]'")
-    if bench is None and not (sizes and args.dataflow):
-        raise InputError("a statement needs its loop sizes and a --dataflow")
+    if bench is None and not sizes:
+        raise InputError("a statement needs its loop sizes, e.g. i=64,j=64,k=64")
     op = bench.op(sizes) if bench else TensorOp.parse("op", args.op, sizes)
     links = interconnect(args.interconnect, len(shape)) if args.interconnect else None
     if args.dataflow:
         if links is None:
             raise InputError(f"--dataflow needs an --interconnect ({', '.join(INTERCONNECTS)})")
-        found = [evaluate("given", Dataflow.parse(op, args.dataflow), PEArray(shape, links, bandwidth))]
-    elif len(shape) != 2:
-        raise InputError(f"the standard dataflows are for a 2-D array; got {args.array!r}")
-    else:
-        found = evaluate_standard(bench, op, shape, bandwidth, links)
-    return sorted(found, key=lambda e: e.metrics.latency)
+        return Outcome([evaluate("given", Dataflow.parse(op, args.dataflow), PEArray(shape, links, bandwidth))], None)
+    if len(shape) != 2:
+        raise InputError(f"the standard dataflows and the exploration are for a 2-D array; got {args.array!r}")
+    found = evaluate_standard(bench, op, shape, bandwidth, links) if bench else []
+    explored = best_relation(op, PEArray(shape, links or interconnect(hw.mme.interconnect, 2), bandwidth))
+    return Outcome(sorted(found, key=lambda e: e.metrics.latency), explored)
 
 
 def main(args: argparse.Namespace) -> int:
     try:
-        found = run(args)
+        outcome = run(args)
     except (NotationError, HardwareError) as err:
         raise InputError(str(err)) from None
+    found, explored = outcome.dataflows, outcome.explored
     if args.json:
-        print(json.dumps([{"name": e.name, "seconds": e.seconds, **e.metrics.to_dict()} for e in found], indent=2))
+        rows = [{"name": e.name, "seconds": e.seconds, **e.metrics.to_dict()} for e in found]
+        out = {"dataflows": rows}
+        if explored:
+            out["explored"] = {"candidates": explored.candidates, "stamps_counted": explored.stamps_counted,
+                               "evaluated": explored.evaluated, "seconds": explored.seconds,
+                               "best": explored.best.metrics.to_dict()}
+        print(json.dumps(out, indent=2))
         return 0
-    best = found[0]
-    print(summary([(e.name, e.metrics) for e in found]))
-    print(f"\nbest: {best.name}\n{best.metrics}")
+    if found:
+        print(summary([(e.name, e.metrics) for e in found]))
+    if explored is None:
+        print(f"\n{found[0].metrics}")
+        return 0
+    m = explored.best.metrics
+    print(f"\nexplored {explored.candidates:,} affine dataflows on the {'x'.join(map(str, m.array))} {m.interconnect} "
+          f"array in {explored.seconds:.1f} s ({explored.stamps_counted:,} time-stamp sets and {explored.evaluated:,} "
+          f"volumes counted, the rest pruned by bounds)\nbest found: {m.dataflow}\n{m}")
     return 0
 
 
@@ -88,7 +113,8 @@ def add_parser(sub) -> None:
     p.add_argument("--array", help="PE array shape instead of the MME's, e.g. 8x8")
     p.add_argument("--bandwidth", type=float, help="scratchpad elements per stamp instead of the LB's")
     p.add_argument("--interconnect", help=f"one of {', '.join(INTERCONNECTS)} (default: multicast buses for "
-                                          "plain dataflows, systolic-2d for skewed ones)")
+                                          "plain standard dataflows, systolic-2d for skewed ones, the MME's for the "
+                                          "exploration)")
     p.add_argument("--dataflow", help="evaluate this dataflow only, e.g. 'PE[i %% 8, j %% 8] | T[i // 8, j // 8, k]'")
     p.add_argument("--json", action="store_true", help="print the metrics as JSON")
     p.set_defaults(func=main)

@@ -108,3 +108,37 @@ class _Translator:
                 return f"floor(({self.visit(arg.left)})/{self.divisor(arg.right, '/')})"
             return self.visit(arg)
         raise self.fail(f"unsupported term {ast.unparse(node)!r}")
+
+
+def linear_form(text: str, loops: tuple[str, ...]) -> tuple[dict[str, int], int]:
+    """``text`` as integer coefficients of the loops and a constant, for an affine expression
+    (``ox + rx - 1`` -> ``({"ox": 1, "rx": 1}, -1)``); floor-division and modulo are refused."""
+    try:
+        tree = ast.parse(text.strip(), mode="eval")
+    except SyntaxError:
+        raise NotationError(f"cannot parse the expression {text!r}") from None
+    coefs: dict[str, int] = {}
+    const = 0
+
+    def walk(node: ast.AST, sign: int) -> None:
+        nonlocal const
+        value = _constant(node)
+        if value is not None:
+            const += sign * value
+        elif isinstance(node, ast.Name) and node.id in loops:
+            coefs[node.id] = coefs.get(node.id, 0) + sign
+        elif isinstance(node, ast.UnaryOp) and isinstance(node.op, (ast.USub, ast.UAdd)):
+            walk(node.operand, -sign if isinstance(node.op, ast.USub) else sign)
+        elif isinstance(node, ast.BinOp) and isinstance(node.op, (ast.Add, ast.Sub)):
+            walk(node.left, sign)
+            walk(node.right, sign if isinstance(node.op, ast.Add) else -sign)
+        elif isinstance(node, ast.BinOp) and isinstance(node.op, ast.Mult) and (
+                _constant(node.left) is not None or _constant(node.right) is not None):
+            factor, term = ((_constant(node.left), node.right) if _constant(node.left) is not None
+                            else (_constant(node.right), node.left))
+            walk(term, sign * factor)
+        else:
+            raise NotationError(f"{text!r} is not affine in ({', '.join(loops)}): {ast.unparse(node)!r}")
+
+    walk(tree.body, 1)
+    return {v: c for v, c in coefs.items() if c}, const

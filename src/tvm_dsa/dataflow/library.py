@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 from time import perf_counter
 
 from ..hardware.model import STORAGE_DTYPES, Hardware
-from .expr import NotationError
+from .expr import NotationError, linear_form
 from .metrics import DataflowMetrics, analyse
 from .notation import Dataflow, Interconnect, PEArray, TensorOp, multicast, systolic_2d
 
@@ -70,36 +70,58 @@ def benchmark(name: str) -> Benchmark:
     return BENCHMARKS[name]
 
 
+def expression_range(op: TensorOp, expr: str) -> int:
+    """How many consecutive values the affine expression ``expr`` of ``op``'s loops takes from its least
+    (``ox + rx`` with ox < 16, rx < 3: 18)."""
+    coefs, _ = linear_form(expr, op.loops)
+    return sum(abs(c) * (op.sizes[v] - 1) for v, c in coefs.items()) + 1
+
+
 def stationary(op: TensorOp, space: tuple[str, str], time: tuple[str, ...], shape: tuple[int, int],
-               skew: bool = False, name: str = "") -> Dataflow:
+               skew: bool = False, pipelined: bool = False, name: str = "") -> Dataflow:
     """``PE[s0 % R, s1 % C] | T[s0 // R, s1 // C, *time]``: the modulo and the tile dimension are left
-    out where a space expression is a loop that fits its array axis. With ``skew`` the time loops of a
-    tile become one linear dimension delayed by ``s0 % R + s1 % C`` stamps (a systolic wavefront)."""
-    pes, tiles = [], []
+    out where a space expression's values fit its array axis. With ``skew`` the time loops of a
+    tile become one linear dimension delayed by ``s0 % R + s1 % C`` stamps (a systolic wavefront);
+    ``pipelined`` folds the tile dimensions into it too, so a tile starts as soon as the previous one
+    has fed its first PE and consecutive wavefronts overlap."""
+    pes, tiles = [], []  # tiles: (index expression, number of tiles)
     for expr, n in zip(space, shape):
-        if op.sizes.get(expr, n + 1) <= n:
+        values = expression_range(op, expr)
+        if values <= n:
             pes.append(expr)
             continue
         term = expr if expr.isidentifier() else f"({expr})"
         pes.append(f"{term} % {n}")
-        tiles.append(f"{term} // {n}")
-    if skew:
-        stride, terms = 1, []
-        for loop in reversed(time):
-            terms.insert(0, loop if stride == 1 else f"{stride}*{loop}")
-            stride *= op.sizes[loop]
-        times = tiles + [" + ".join(terms + pes)]
-    else:
-        times = tiles + list(time) or ["0"]
+        tiles.append((f"{term} // {n}", -(-values // n)))
+    if not skew:
+        times = [t for t, _ in tiles] + list(time) or ["0"]
+        return Dataflow.parse(op, f"PE[{', '.join(pes)}] | T[{', '.join(times)}]", name)
+    linear = [(loop, op.sizes[loop]) for loop in time] + ([(f"({t})", n) for t, n in tiles] if pipelined else [])
+    if pipelined:  # tiles outermost in the linear order
+        linear = linear[len(time):] + linear[:len(time)]
+    stride, terms = 1, []
+    for term, count in reversed(linear):
+        terms.insert(0, term if stride == 1 else f"{stride}*{term}")
+        stride *= count
+    times = ([] if pipelined else [t for t, _ in tiles]) + [" + ".join(terms + pes)]
     return Dataflow.parse(op, f"PE[{', '.join(pes)}] | T[{', '.join(times)}]", name)
 
 
+VARIANTS = {"": {}, ", systolic": {"skew": True}, ", systolic, pipelined": {"skew": True, "pipelined": True}}
+
+
+def standard_names(bench: Benchmark) -> tuple[str, ...]:
+    """The names of ``bench``'s standard dataflows: each stationary kind, plain, skewed ("systolic"),
+    and skewed with overlapping tiles ("systolic, pipelined")."""
+    return tuple(kind + variant for kind in bench.stationary for variant in VARIANTS)
+
+
 def standard_dataflows(bench: Benchmark, op: TensorOp, shape: tuple[int, int]) -> dict[str, Dataflow]:
-    """Each stationary dataflow of ``bench`` on a ``shape`` array, plain and skewed ("systolic")."""
+    """Each standard dataflow of ``bench`` on a ``shape`` array (``standard_names``)."""
     out = {}
     for kind, (space, time) in bench.stationary.items():
-        out[kind] = stationary(op, space, time, shape, name=kind)
-        out[f"{kind}, systolic"] = stationary(op, space, time, shape, skew=True, name=f"{kind}, systolic")
+        for variant, flags in VARIANTS.items():
+            out[kind + variant] = stationary(op, space, time, shape, name=kind + variant, **flags)
     return out
 
 

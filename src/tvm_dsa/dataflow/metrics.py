@@ -126,16 +126,28 @@ class DataflowMetrics:
         return "\n".join(head + ["  " + line for line in _columns(rows, left=1)])
 
 
+def _reuse(st: rel.SpaceTime, a, neighbours) -> int:
+    """sum(A ∩ M⁻¹·A): the accesses whose element a neighbouring stamp (under ``neighbours``) holds."""
+    return rel.count(a.intersect(neighbours.reverse().apply_range(a)))
+
+
+def _total(st: rel.SpaceTime, tensor: str) -> int:
+    # Θ is a bijection onto the stamps (check_fits), so sum(A_D,F) = sum(A_S,F), which has no
+    # existential variables to count through.
+    return rel.count(rel.access(st.df.op, tensor))
+
+
 def tensor_volumes(st: rel.SpaceTime, tensor: str) -> TensorVolumes:
     """Total, temporal and spatial reuse of ``tensor`` (exact counts)."""
     a = st.assignment(tensor)
-    neighbours = st.temporal_map.union(st.spatial_map)
-    reuse = rel.count(a.intersect(neighbours.reverse().apply_range(a)))
-    temporal_reuse = rel.count(a.intersect(st.temporal_map.reverse().apply_range(a)))
-    # Θ is a bijection onto the stamps (check_fits), so sum(A_D,F) = sum(A_S,F), which has no
-    # existential variables to count through.
-    total = rel.count(rel.access(st.df.op, tensor))
-    return TensorVolumes(tensor, tensor == st.df.op.output.tensor, total, temporal_reuse, reuse - temporal_reuse)
+    reuse, temporal_reuse = _reuse(st, a, st.neighbours), _reuse(st, a, st.temporal_map)
+    return TensorVolumes(tensor, tensor == st.df.op.output.tensor, _total(st, tensor), temporal_reuse,
+                         reuse - temporal_reuse)
+
+
+def unique_volume(st: rel.SpaceTime, tensor: str) -> int:
+    """``tensor_volumes(st, tensor).unique`` with one count fewer (the search's inner loop)."""
+    return _total(st, tensor) - _reuse(st, st.assignment(tensor), st.neighbours)
 
 
 def analyse(df: Dataflow, array: PEArray) -> DataflowMetrics:

@@ -119,6 +119,11 @@ class SpaceTime:
             time = isl.Map.identity(self.time_stamps.get_space().map_from_set())
         return _stamp_map(links(self.array), time)
 
+    @cached_property
+    def neighbours(self) -> isl.Map:
+        """M_D,D' = M_temporal ∪ M_spatial: the stamps that can take a value from a stamp."""
+        return self.temporal_map.union(self.spatial_map)
+
     def assignment(self, tensor: str) -> isl.Map:
         """A_D,F = Θ⁻¹ · A_S,F: each stamp to the elements of ``tensor`` it touches."""
         return self.theta.reverse().apply_range(access(self.df.op, tensor))

@@ -28,15 +28,25 @@ class HardwareError(ValueError):
 STORAGE_DTYPES = {"float16": 2, "int8": 1, "float32": 4}
 
 
+MME_MODELS = ("flat", "tenet")
+
+
 @dataclass(frozen=True)
 class MME:
-    """Matrix engine: a ``rows`` x ``cols`` PE array doing one MAC per PE per cycle."""
+    """Matrix engine: a ``rows`` x ``cols`` PE array doing one MAC per PE per cycle, its PE-to-PE
+    ``interconnect`` and the ``dataflow`` it runs a matmul tile with (M on the rows, N on the columns,
+    K in time for "output-stationary"; see ``tvm_dsa.dataflow``). ``model`` chooses how an MME
+    instruction is costed: "flat" (rows x cols MACs per cycle plus the fill/drain) or "tenet" (the
+    dataflow's latency counted on the relations, docs/tenet.md)."""
 
     rows: int
     cols: int
     dtype: str = "float16"
     accum_dtype: str = "float32"
     pipeline_cycles: int = 0  # fill/drain latency added to every instruction; 0 = rows + cols
+    interconnect: str = "systolic-2d"
+    dataflow: str = "output-stationary, systolic, pipelined"
+    model: str = "flat"
 
     @property
     def macs_per_cycle(self) -> int:
@@ -199,6 +209,7 @@ def _validate(hw: Hardware) -> None:
         raise HardwareError(f"field 'mme.dtype' must be one of {sorted(STORAGE_DTYPES)}, got {hw.mme.dtype!r}")
     if hw.mme.accum_dtype not in ("float32", "int32"):
         raise HardwareError(f"field 'mme.accum_dtype' must be float32 or int32, got {hw.mme.accum_dtype!r}")
+    _validate_dataflow(hw.mme)
     if hw.storage_dtype not in STORAGE_DTYPES:
         raise HardwareError(
             f"field 'storage_dtype' must be one of {sorted(STORAGE_DTYPES)}, got {hw.storage_dtype!r}"
@@ -226,3 +237,22 @@ def _validate(hw: Hardware) -> None:
             f"field 'lb_bytes' = {hw.lb_bytes} is too small for the smallest MME tile of a "
             f"{hw.mme.rows}x{hw.mme.cols} array: needs at least {need} bytes"
         )
+
+
+def _validate_dataflow(mme: MME) -> None:
+    """The MME's interconnect, dataflow and cost model name things the dataflow model knows."""
+    # Imported here: the dataflow package imports this module.
+    from ..dataflow.expr import NotationError
+    from ..dataflow.library import BENCHMARKS, standard_names
+    from ..dataflow.notation import INTERCONNECTS, interconnect
+
+    if mme.model not in MME_MODELS:
+        raise HardwareError(f"field 'mme.model' must be one of {list(MME_MODELS)}, got {mme.model!r}")
+    try:
+        interconnect(mme.interconnect, 2)
+    except NotationError:
+        raise HardwareError(f"field 'mme.interconnect' must be one of {list(INTERCONNECTS)} (K a positive "
+                            f"integer), got {mme.interconnect!r}") from None
+    kinds = list(standard_names(BENCHMARKS["gemm"]))
+    if mme.dataflow not in kinds:
+        raise HardwareError(f"field 'mme.dataflow' must be one of {kinds}, got {mme.dataflow!r}")

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import math
 
+from ..dataflow.mme import tile_cycles
 from ..hardware.model import Hardware
 from ..isa.instructions import Dma, Fill, Instruction, Mme, Operand, Reduce, Vector
 
@@ -44,8 +45,12 @@ def mme_dims(ins: Mme) -> tuple[int, int, int, int]:
 
 
 def mme_cycles(batch: int, m: int, n: int, k: int, hw: Hardware) -> int:
-    """Cycles of ``batch`` ``m x n x k`` products on the MME, output-stationary: M on the PE rows,
-    N on the columns, K in time, plus the array's fill/drain."""
+    """Cycles of ``batch`` ``m x n x k`` products on the MME. The "flat" model: output-stationary,
+    M on the PE rows, N on the columns, K in time, plus the array's fill/drain once. The "tenet"
+    model: ``batch`` times the latency of one product under the MME's dataflow, counted on the
+    relations (``tvm_dsa.dataflow.mme``)."""
+    if hw.mme.model == "tenet":
+        return batch * tile_cycles(hw, m, n, k)
     pipeline = hw.mme.pipeline_cycles or hw.mme.rows + hw.mme.cols
     return batch * -(-m // hw.mme.rows) * -(-n // hw.mme.cols) * k + pipeline
 

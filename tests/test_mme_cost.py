@@ -1,0 +1,112 @@
+"""The MME described by its PE array, interconnect and dataflow; an MME instruction costed by TENET."""
+
+import math
+
+import numpy as np
+import pytest
+from test_dataflow import brute_force
+from test_sim_runtime import f16, lb, preset, run_lb
+
+from tvm_dsa.dataflow import PEArray
+from tvm_dsa.dataflow.library import BENCHMARKS, standard_dataflows
+from tvm_dsa.dataflow.mme import cache_info, tile_cycles
+from tvm_dsa.dataflow.notation import interconnect
+from tvm_dsa.hardware import HardwareError, get
+from tvm_dsa.hardware.model import Hardware
+from tvm_dsa.isa import Mme
+from tvm_dsa.runtime.cost import mme_cycles
+
+
+def chip(name="stcp920", **mme):
+    d = preset(name)
+    d["mme"] = {**d["mme"], **mme}
+    return d
+
+
+def test_presets_describe_their_mme():
+    stcp = get("stcp920").mme
+    assert (stcp.rows, stcp.cols, stcp.interconnect, stcp.dataflow, stcp.model) == \
+        (16, 32, "systolic-2d", "output-stationary, systolic, pipelined", "flat")
+    for name in ("set-edge16", "set-cloud144", "set-edge16-fp16", "set-cloud144-fp16"):
+        mme = get(name).mme
+        assert (mme.interconnect, mme.dataflow, mme.model) == ("multicast-31", "weight-stationary", "flat")
+
+
+@pytest.mark.parametrize("field,value,msg", [
+    ("model", "fast", "field 'mme.model' must be one of \\['flat', 'tenet'\\], got 'fast'"),
+    ("interconnect", "torus", "field 'mme.interconnect' must be one of .*got 'torus'"),
+    ("interconnect", "multicast-0", "field 'mme.interconnect' must be one of .*got 'multicast-0'"),
+    ("dataflow", "row-stationary", "field 'mme.dataflow' must be one of .*'output-stationary, systolic'.*"
+                                   "got 'row-stationary'"),
+])
+def test_bad_mme_fields_are_named(field, value, msg):
+    with pytest.raises(HardwareError, match=msg):
+        Hardware.from_dict(chip(**{field: value}))
+
+
+def parts(size, axis):
+    """The extents of the tiles of ``size`` on an ``axis``-long array axis."""
+    return [min(axis, size - start) for start in range(0, size, axis)]
+
+
+def test_tenet_tile_cost_on_the_systolic_mme():
+    """Output-stationary and skewed on a 16 x 32 systolic array, compute-bound: each r x c output tile
+    takes K stamps plus the wavefront's (r - 1) + (c - 1); the flat model charges the fill/drain once."""
+    flat, tenet = get("stcp920"), Hardware.from_dict(chip(model="tenet", dataflow="output-stationary, systolic"))
+    for m, n, k in [(64, 64, 64), (16, 8, 36), (40, 40, 8)]:
+        tiles = math.ceil(m / 16) * math.ceil(n / 32)
+        assert tile_cycles(tenet, m, n, k) == sum(k + r - 1 + c - 1 for r in parts(m, 16) for c in parts(n, 32))
+        assert mme_cycles(3, m, n, k, tenet) == 3 * tile_cycles(tenet, m, n, k)
+        assert mme_cycles(3, m, n, k, flat) == 3 * tiles * k + 16 + 32
+
+
+def test_pipelined_tiles_overlap_their_wavefronts():
+    """Tile t (row-major) starts K stamps after tile t - 1 and its r x c wavefront ends K + r + c - 2
+    stamps after it starts: the cycles are the latest end; one fill/drain, as the flat model charges."""
+    tenet = Hardware.from_dict(chip(model="tenet"))                  # the preset's pipelined dataflow
+    for m, n, k in [(64, 64, 64), (40, 40, 8), (16, 8, 36)]:
+        tiles = [(r, c) for r in parts(m, 16) for c in parts(n, 32)]
+        assert tile_cycles(tenet, m, n, k) == max(t * k + k + r + c - 2 for t, (r, c) in enumerate(tiles))
+    assert tile_cycles(tenet, 64, 64, 64) == 8 * 64 + 15 + 31 < mme_cycles(1, 64, 64, 64, get("stcp920"))
+
+
+def test_tenet_tile_cost_is_the_brute_force_latency_when_read_bound():
+    """A small weight-stationary array on buses with a narrow LB: the latency counted by enumeration."""
+    d = chip(rows=2, cols=3, interconnect="multicast-2", dataflow="weight-stationary", model="tenet")
+    d["lb_bytes_per_cycle"] = 4.0                     # 2 fp16 elements per cycle
+    hw = Hardware.from_dict(d)
+    for m, n, k in [(5, 4, 3), (2, 3, 2)]:
+        op = BENCHMARKS["gemm"].op({"i": m, "j": n, "k": k})
+        array = PEArray((2, 3), interconnect("multicast-2", 2), 2.0)
+        _, _, times, volumes = brute_force(standard_dataflows(BENCHMARKS["gemm"], op, (2, 3))["weight-stationary"],
+                                           array)
+        reads = sum(v.unique for t, v in volumes.items() if t != "Y") / 2.0
+        assert tile_cycles(hw, m, n, k) == math.ceil(max(times, reads, volumes["Y"].unique / 2.0))
+    assert tile_cycles(hw, 5, 4, 3) > math.ceil(5 / 2) * math.ceil(4 / 3) * 3    # read-bound, not compute
+
+
+def test_tile_costs_are_cached_per_shape():
+    hw = Hardware.from_dict(chip(model="tenet"))
+    tile_cycles(hw, 48, 24, 5)
+    before = cache_info()
+    assert tile_cycles(hw, 48, 24, 5) == tile_cycles(hw, 48, 24, 5)
+    after = cache_info()
+    assert (after.hits - before.hits, after.misses - before.misses) == (2, 0)
+
+
+def test_the_simulator_charges_the_tenet_cost():
+    """A conv tile (M = oh*ow, N = o, K = kh*kw*c) on the MME: same numbers, busy time from the dataflow."""
+    h = w = 6
+    c, o, kh, kw = 4, 8, 3, 3
+    oh, ow = h - kh + 1, w - kw + 1
+    x, wt = f16(h, w, c), f16(kh, kw, c, o, seed=1)
+    conv = Mme(0, (oh, ow, o, kh, kw, c), (False, False, False, True, True, True),
+               dst=lb(2048, "float32", ow * o, o, 1, 0, 0, 0),
+               a=lb(0, "float16", w * c, c, 0, w * c, c, 1),
+               b=lb(1024, "float16", 0, 0, 1, kw * c * o, c * o, o))
+    runs = {model: run_lb([conv], [(0, x), (1024, wt)], [(2048, (oh, ow, o), "float32")], hw=chip(model=model))
+            for model in ("flat", "tenet")}                      # one tile: pipelined or not, the same
+    np.testing.assert_array_equal(runs["flat"].outputs[0], runs["tenet"].outputs[0])
+    m, n, k = oh * ow, o, kh * kw * c
+    assert runs["flat"].report.busy["mme"] == k + 16 + 32
+    assert runs["tenet"].report.busy["mme"] == k + (m - 1) + (n - 1)      # one 16 x 8 tile, skewed
