@@ -1,6 +1,10 @@
-"""Apply RDP's results to a Relax module: what RDP knows of a tensor's shape and Relax does not
-becomes a ``match_cast`` right after the binding, so every later op is inferred — and can be
-legalized — with that shape.
+"""Apply RDP's results to a Relax module: a symbol the program defines (a ``match_cast`` on a
+computed shape, e.g. the length of ``Range(0, seq)``) that RDP proves equal to an expression of
+the inputs' symbols is replaced by that expression; then what RDP knows of a tensor's shape and
+Relax does not becomes a ``match_cast`` right after the binding, so every later op is inferred —
+and can be legalized — with that shape. (Substituting symbols is the robust half: TVM's
+``CanonicalizeBindings`` and ``ConvertToDataflow`` drop a ``match_cast`` that only asserts dims
+already defined, so a later pass may lose such a cast; a substituted symbol stays.)
 
 A dim RDP determined is written as its expression (in the inputs' symbols, or symbols the
 program already defines); a dim it cannot determine (⊥, ⊤, or a name RDP made up) gets a fresh
@@ -34,6 +38,16 @@ def known_dims(result: RDPResult) -> dict:
     return out
 
 
+def proven_symbols(result: RDPResult) -> dict:
+    """Symbols the program defines -> the expression in the inputs' symbols RDP proves they equal."""
+    out = {}
+    for v, d in result.symbols.items():
+        if (v not in result.inputs and v not in result.named and d.kind in (Kind.KNOWN, Kind.SYMBOLIC, Kind.EXPR)
+                and not d.expr.same_as(v) and set(tirx.analysis.undefined_vars(d.expr)) <= set(result.inputs)):
+            out[v] = d.expr
+    return out
+
+
 def refined_type(var, dims: tuple, analyzer):
     """The TensorType to cast ``var`` to, or None if its struct info already says as much: RDP's
     dim where Relax has none or a different one, Relax's where RDP has none or an equal one, a
@@ -58,7 +72,8 @@ def refined_type(var, dims: tuple, analyzer):
 @relax.expr_functor.mutator
 class _Refine(relax.PyExprMutator):
     """Re-emits every binding (so later types are inferred from the casts before them) and casts
-    a tensor where RDP knows more than its re-inferred struct info."""
+    a tensor where RDP knows more than its re-inferred struct info. Dataflow blocks stay: a cast
+    is a dataflow variable, re-emitted as the block's output where the original was one."""
 
     def __init__(self, dims: dict, mod=None):
         super().__init__(mod)
@@ -79,13 +94,17 @@ class _Refine(relax.PyExprMutator):
             ty = refined_type(new, self.dims[old], self.analyzer)
             if ty is not None:
                 new = self.builder_.match_cast(new, ty, name_hint=old.name)
+        if self.builder_.current_block_is_dataflow() and not isinstance(old, relax.DataflowVar):
+            new = self.builder_.emit_output(new, name_hint=old.name)
         self.set_var_remap(old, new)
 
 
 def refine(mod: tvm.IRModule, func: str = "main") -> tvm.IRModule:
-    """``mod`` with ``func``'s tensors cast to the shapes RDP finds (dataflow blocks become
-    ordinary blocks: a cast of a block's output must be visible after it)."""
-    mod = relax.transform.ToNonDataflow()(mod)
+    """``mod`` with ``func``'s proven symbols substituted and its tensors cast to the shapes RDP
+    finds."""
+    symbols = proven_symbols(analyze(mod[func]))
+    if symbols:
+        mod = relax.transform.BindSymbolicVars(symbols, func)(mod)
     f = mod[func]
     new = _Refine(known_dims(analyze(f)), mod).visit_expr(f)
     out = tvm.IRModule(dict(mod.functions.items()), attrs=mod.attrs)
