@@ -1,6 +1,7 @@
 """SoD2 (seed 001): what RDP resolves beyond Relax's own shape inference, and memory plans.
 
-    python benchmarks/sod2.py                    # both tables
+    python benchmarks/sod2.py                    # all tables
+    python benchmarks/sod2.py --tables dynamic   # some of them (rdp memory planning dynamic)
     python benchmarks/sod2.py --show skipnet     # and the per-tensor RDP report of one model
 
 RDP: each model of ``tvm_dsa.models.dynamic`` is imported with TVM's ONNX importer (symbolic dims
@@ -12,6 +13,11 @@ Memory plans (§4.4.1): the arena each greedy planner needs, over CP-SAT's optim
 intermediate tensors of the tiny zoo models (every legalized op a step, and after FuseOps every
 fused kernel a step) and on random lifetimes; next to it, the bytes Relax's own
 StaticPlanBlockMemory allocates for the same tensors (storage reuse, no packing into one arena).
+
+Dynamic models on the DSA: one ``dsa`` build of each dynamic model runs several shapes; the same
+model imported with that shape fixed and compiled statically is the reference. Simulated cycles
+on stcp920 and host wall time of a run (median of warm runs; the first run at a new shape also
+builds its programs, reported apart).
 
 Execution planning (§4.3): the peak of live intermediates in the program's order and in the
 order the exact search (or the greedy list schedule) finds, on the zoo and on random DAGs.
@@ -30,7 +36,8 @@ import tvm_ffi
 from tvm import relax
 from tvm.relax.frontend.onnx import from_onnx
 
-from tvm_dsa.driver import import_onnx, load_model
+from tvm_dsa.codegen.specialize import VERSIONS
+from tvm_dsa.driver import Compiled, import_onnx, load_model, max_relative_error
 from tvm_dsa.models import TINY
 from tvm_dsa.models.dynamic import DYNAMIC
 from tvm_dsa.relax_passes import rdp
@@ -201,15 +208,85 @@ def random_graph(rng, n: int) -> DataflowGraph:
     return DataflowGraph(sizes, tuple(inputs), frozenset({n - 1}))
 
 
+SHAPES = {
+    "bert": [(1, 8), (2, 16), (4, 32)],
+    "cnn": [(1, 3, 16, 16), (2, 3, 24, 20), (4, 3, 32, 32)],
+    "shape_chain": [(1, 8, 64), (2, 16, 64), (4, 32, 64)],
+    "skipnet": [(1, 3, 16, 16), (2, 3, 15, 11), (4, 3, 32, 32)],
+}
+
+
+def model_input(name: str, shape: tuple, rng) -> np.ndarray:
+    if name == "bert":
+        return rng.integers(0, 100, shape).astype(np.int64)
+    return rng.standard_normal(shape).astype(np.float32)
+
+
+def static_module(name: str, shape: tuple) -> tvm.IRModule:
+    """The dynamic model imported with its input's shape fixed."""
+    model = DYNAMIC[name]()
+    feed = model.graph.input[0].name
+    return from_onnx(model, shape_dict={feed: list(shape)}, dtype_dict={feed: "int64" if name == "bert" else "float32"},
+                     keep_params_in_input=False)
+
+
+def _timed(compiled: Compiled, x: np.ndarray, repeat: int):
+    """(first run, median seconds of ``repeat`` more runs, cycles, outputs)."""
+    first = compiled.run({"x": x})
+    warm = [compiled.run({"x": x}).seconds for _ in range(repeat)]
+    return first, statistics.median(warm), first.report.cycles if first.report else None
+
+
+def dynamic_table(repeat: int) -> None:
+    import onnxruntime as ort
+
+    rng = np.random.default_rng(0)
+    rows = []
+    for name in DYNAMIC:
+        dyn = Compiled.build(from_onnx(DYNAMIC[name](), keep_params_in_input=False))
+        sess = ort.InferenceSession(DYNAMIC[name]().SerializeToString())
+        for shape in SHAPES[name]:
+            x = model_input(name, shape, rng)
+            ref = sess.run(None, {sess.get_inputs()[0].name: x})
+            built = VERSIONS.seconds
+            first, warm, cycles = _timed(dyn, x, repeat)
+            build_s = VERSIONS.seconds - built
+            err = max_relative_error(first.outputs, ref)
+            try:
+                sta = Compiled.build(static_module(name, shape))
+                s_first, s_warm, s_cycles = _timed(sta, x, repeat)
+                static = [s_cycles, f"{cycles / s_cycles - 1:+.1%}", f"{s_warm * 1e3:.0f}",
+                          f"{warm / s_warm - 1:+.1%}", f"{sta.seconds:.1f}"]
+            except Exception as e:  # noqa: BLE001 - the static build's failure is a result
+                static = ["fails", "-", "-", "-", str(e).strip().splitlines()[-1][:40]]
+            rows.append([name, "x".join(map(str, shape)), f"{err:.1e}", cycles, static[0], static[1],
+                         f"{warm * 1e3:.0f}", static[2], static[3], f"{first.seconds:.2f}", f"{build_s:.2f}",
+                         f"{dyn.seconds:.1f}", static[4]])
+    print("\nDynamic models on the DSA (stcp920): one build per model, every shape; against the model imported\n"
+          "and compiled at that shape. err: max |DSA - onnxruntime| / max |onnxruntime|. Host ms: median of\n"
+          f"{repeat} warm runs; first run s: the first run at that shape, of which program builds s\n")
+    _table(["model", "shape", "err", "cycles dyn", "cycles static", "overhead", "host ms dyn", "host ms static",
+            "overhead", "first run s", "builds s", "compile s dyn", "compile s static"], rows)
+
+
+TABLES = ("rdp", "memory", "planning", "dynamic")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--show", choices=sorted(DYNAMIC), help="print the per-tensor report of this model")
     parser.add_argument("--seconds", type=float, default=10.0, help="CP-SAT time limit per instance")
+    parser.add_argument("--tables", nargs="+", choices=TABLES, default=list(TABLES), help="which tables to print")
+    parser.add_argument("--repeat", type=int, default=5, help="warm runs per shape in the dynamic table")
     args = parser.parse_args()
     warnings.filterwarnings("ignore", module="tvm.relax.frontend.onnx")
-    reports = rdp_table()
-    memory_tables(args.seconds)
-    planning_tables()
+    reports = rdp_table() if "rdp" in args.tables or args.show else {}
+    if "memory" in args.tables:
+        memory_tables(args.seconds)
+    if "planning" in args.tables:
+        planning_tables()
+    if "dynamic" in args.tables:
+        dynamic_table(args.repeat)
     if args.show:
         print(f"\n{args.show}\n")
         print(reports[args.show])

@@ -16,7 +16,7 @@ from tvm_dsa.codegen.emit import build_program
 from tvm_dsa.codegen.specialize import VERSIONS, ShapeMismatch, bind, free_symbols, specialize
 from tvm_dsa.driver import max_relative_error
 from tvm_dsa.models.dynamic import DYNAMIC
-from tvm_dsa.relax_passes.offload_symbolic import EXECUTE_SHAPED, has_symbolic_shapes
+from tvm_dsa.relax_passes.offload_symbolic import EXECUTE_SHAPED, is_dynamic
 from tvm_dsa.relax_passes.rdp_apply import ApplyRDP
 from tvm_dsa.tir_passes import lower_kernel
 
@@ -51,7 +51,7 @@ def _gate_outputs(model):
 def test_one_dsa_build_runs_every_shape_like_onnxruntime(name, rng):
     model = DYNAMIC[name]()
     mod = from_onnx(model, keep_params_in_input=False)
-    assert has_symbolic_shapes(mod)
+    assert is_dynamic(mod)
     vm = relax.VirtualMachine(tvm.compile(mod, target="dsa/stcp920", relax_pipeline="dsa"), tvm.cpu())
     offloaded = tvm_dsa.pipeline_result()
     assert offloaded.dsa, "no kernel on the DSA"
@@ -154,7 +154,7 @@ def test_symbolic_kernels_are_dispatched_by_shape():
 
 def test_symbolic_module_needs_layerwise():
     mod = from_onnx(DYNAMIC["cnn"](), keep_params_in_input=False)
-    with pytest.raises(ValueError, match="symbolic dims compiles with schedule='layerwise'"):
+    with pytest.raises(ValueError, match="a dynamic model compiles with schedule='layerwise'"):
         tvm.compile(mod, target="dsa/stcp920", relax_pipeline=tvm_dsa.pipeline("graphturbo"))
 
 

@@ -2,7 +2,7 @@
 DSA, then TVM's own CPU lowering for what remains on the host (keeping ``VMShapeLower`` and
 ``AttachGlobalSymbol``, which symbolic shapes and the VM need).
 
-A module with symbolic input dims (a dynamic model) first gets the shapes RDP proves
+A dynamic model (symbolic or unknown dims, control flow) first gets the shapes RDP proves
 (``ApplyRDP``) and is offloaded by ``offload_symbolic``: one kernel per fused op, programs built
 per concrete shape at run time (``docs/sod2.md``)."""
 
@@ -15,7 +15,7 @@ from tvm.relax.backend import cpu_generic
 from . import hardware
 from .relax_passes import SimplifyInference, offload
 from .relax_passes.offload import StitchOptions
-from .relax_passes.offload_symbolic import has_symbolic_shapes, offload_symbolic
+from .relax_passes.offload_symbolic import is_dynamic, offload_symbolic
 from .relax_passes.rdp_apply import ApplyRDP
 
 LAST_OFFLOAD: dict = {}  # "result": the OffloadResult of the last compilation
@@ -34,23 +34,23 @@ def pipeline(schedule: str = "layerwise", hw: hardware.Hardware | str | None = N
         target = tvm.target.Target.current(allow_none=True)
         chip = hardware.get(hw) if isinstance(hw, str) else hw or hardware.from_target(target)
         host = target or tvm.target.Target("llvm")
-        symbolic = has_symbolic_shapes(mod)
-        if symbolic and schedule != "layerwise":
-            raise ValueError(f"schedule {schedule!r} needs static shapes; a module with symbolic dims "
-                             "compiles with schedule='layerwise'")
+        dynamic = is_dynamic(mod)
+        if dynamic and schedule != "layerwise":
+            raise ValueError(f"schedule {schedule!r} needs static shapes and no control flow; a dynamic "
+                             "model compiles with schedule='layerwise'")
         with host:
             mod = tvm.transform.Sequential(
-                ([ApplyRDP()] if symbolic else [])
+                ([ApplyRDP()] if dynamic else [])
                 + [SimplifyInference()]
                 # dataflow blocks (an importer gives none to a function with an If) for FuseOps, and
                 # RDP again: FoldBatchnormToConv2D and ConvertToDataflow lose the shapes of If
                 # results, CanonicalizeBindings drops casts that only assert dims (docs/sod2.md)
-                + ([relax.transform.ConvertToDataflow(), ApplyRDP()] if symbolic else [])
+                + ([relax.transform.ConvertToDataflow(), ApplyRDP()] if dynamic else [])
                 + cpu_generic.library_dispatch_passes(host)
                 + [relax.transform.LegalizeOps(), relax.transform.AnnotateTIROpPattern(),
                    relax.transform.FoldConstant(), relax.transform.FuseOps(), relax.transform.FuseTIR()]
             )(mod)
-            mod, result = (offload_symbolic(mod, chip) if symbolic
+            mod, result = (offload_symbolic(mod, chip) if dynamic
                            else offload(mod, chip, schedule, options=options or StitchOptions()))
             LAST_OFFLOAD["result"] = result
             mod = tvm.transform.Sequential(

@@ -1,4 +1,4 @@
-"""OffloadSymbolic: the DSA offload of a module with symbolic dims (a dynamic model).
+"""OffloadSymbolic: the DSA offload of a dynamic model (symbolic dims, control flow).
 
 Each ``call_tir`` of ``main`` — in its bindings and inside ``If`` branches — whose PrimFunc the
 DSA can run becomes one DSA call, ``layerwise`` (one kernel per fused op):
@@ -34,14 +34,21 @@ EXECUTE_SHAPED = "tvm_dsa.execute_shaped"
 PROBE = 16  # the size every symbol takes when deciding whether the DSA can run a kernel
 
 
-def has_symbolic_shapes(mod: tvm.IRModule, func: str = "main") -> bool:
-    """Whether ``func``'s parameters have symbolic (or unknown) dims."""
-    for p in mod[func].params:
-        shape = getattr(p.ty, "shape", None)
-        if isinstance(p.ty, relax.TensorType) and not (
-                isinstance(shape, relax.ShapeExpr) and all(isinstance(d, tirx.IntImm) for d in shape.values)):
-            return True
-    return False
+def is_dynamic(mod: tvm.IRModule, func: str = "main") -> bool:
+    """Whether ``func`` is a dynamic model: a tensor with a symbolic or unknown dim (a parameter,
+    or one the importer could not infer) or control flow (``If``)."""
+    f = mod[func]
+    found = []
+    tvm_ffi.structural_walk(f.body, [(relax.If, found.append)])
+    return bool(found) or not all(_static(v.ty) for v in [*f.params, *relax.analysis.all_vars(f.body)])
+
+
+def _static(ty) -> bool:
+    if isinstance(ty, relax.TensorType):
+        return isinstance(ty.shape, relax.ShapeExpr) and all(isinstance(d, tirx.IntImm) for d in ty.shape.values)
+    if isinstance(ty, relax.TupleType):
+        return all(_static(t) for t in ty.fields)
+    return True
 
 
 def _call_tir_funcs(func: relax.Function) -> list:
