@@ -7,6 +7,7 @@ import numpy as np
 import onnxruntime as ort
 import pytest
 import tvm
+import tvm_ffi
 from tvm import relax, tirx
 from tvm.relax.frontend.onnx import from_onnx
 
@@ -134,8 +135,6 @@ def test_symbolic_kernels_are_dispatched_by_shape():
     the DSA takes is called; what it cannot run (gathers, integer ops) stays on the host."""
     import json
 
-    import tvm_ffi
-
     mod = from_onnx(DYNAMIC["bert"](), keep_params_in_input=False)
     with tvm.target.Target("dsa/stcp920"):
         lowered = tvm_dsa.pipeline()(mod)
@@ -161,8 +160,13 @@ def test_symbolic_module_needs_layerwise():
 def test_apply_rdp_substitutes_proven_symbols():
     """shape_chain: the importer names Range's length afresh (a match_cast defines it); RDP proves
     it is seq, so ApplyRDP substitutes seq — which survives CanonicalizeBindings, where a cast
-    that only asserts (seq,) would be dropped."""
+    that only asserts (seq,) would be dropped — and the computation of the length (Shape →
+    tensor → arithmetic → shape), now only checked, is proven and removed."""
     mod = ApplyRDP()(from_onnx(DYNAMIC["shape_chain"](), keep_params_in_input=False))
+    ops = set()
+    tvm_ffi.structural_walk(mod["main"].body, [(relax.Call, lambda c: ops.add(c.op.name)
+                                                if isinstance(c.op, tvm.ir.Op) else None)])
+    assert "relax.arange" in ops and not ops & {"relax.tensor_to_shape", "relax.floor_divide", "relax.maximum"}
     mod = relax.transform.CanonicalizeBindings()(mod)
     names = set()
     for v in relax.analysis.all_vars(mod["main"]):

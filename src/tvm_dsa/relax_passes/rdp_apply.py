@@ -48,21 +48,23 @@ def proven_symbols(result: RDPResult) -> dict:
     return out
 
 
-def refined_type(var, dims: tuple, analyzer):
+def refined_type(var, dims: tuple, analyzer, inputs: frozenset = frozenset()):
     """The TensorType to cast ``var`` to, or None if its struct info already says as much: RDP's
-    dim where Relax has none or a different one, Relax's where RDP has none or an equal one, a
-    fresh symbol where neither knows."""
+    dim where Relax has none or a different one not in terms of ``inputs`` (the parameters'
+    symbols; two names of one value — a symbol a checked cast equates with an input's — keep the
+    input's), Relax's otherwise, a fresh symbol where neither knows."""
     ty = var.ty
     have = list(ty.shape.values) if isinstance(ty.shape, relax.ShapeExpr) else [None] * len(dims)
     if len(have) != len(dims):
         return None
     new, better = [], False
     for k, (d, h) in enumerate(zip(dims, have)):
-        if d is not None and (h is None or not analyzer.can_prove_equal(d, h)):
+        if h is not None and (d is None or analyzer.can_prove_equal(d, h)
+                              or set(tirx.analysis.undefined_vars(h)) <= inputs):
+            new.append(h)
+        elif d is not None:
             new.append(d)
             better = True
-        elif h is not None:
-            new.append(h)
         else:
             new.append(tirx.Var(f"{var.name}_{k}", "int64"))
             better = True
@@ -75,9 +77,10 @@ class _Refine(relax.PyExprMutator):
     a tensor where RDP knows more than its re-inferred struct info. Dataflow blocks stay: a cast
     is a dataflow variable, re-emitted as the block's output where the original was one."""
 
-    def __init__(self, dims: dict, mod=None):
+    def __init__(self, result: RDPResult, mod=None):
         super().__init__(mod)
-        self.dims = dims
+        self.result = result
+        self.dims, self.inputs = known_dims(result), frozenset(result.inputs)
         self.analyzer = tvm.sym.Analyzer()
 
     def visit_var_binding_(self, binding):
@@ -85,13 +88,35 @@ class _Refine(relax.PyExprMutator):
         self._cast(binding.var, var)
 
     def visit_match_cast_(self, binding):
-        var = self.builder_.match_cast(self.visit_expr(binding.value), binding.ty, name_hint=binding.var.name)
+        value = self.visit_expr(binding.value)
+        name = binding.var.name
+        if not self._proven(binding, value):
+            var = self.builder_.match_cast(value, binding.ty, name_hint=name)
+        else:  # an assertion already proven: gone (and what computed a proven shape with it)
+            var = value if isinstance(value, relax.Var) else self.builder_.emit(value, name_hint=name)
         self._cast(binding.var, var)
+
+    def _proven(self, binding, value) -> bool:
+        """Whether a cast asserts only what is known: a tensor's dims its struct info already
+        has, or a shape value RDP proves (``Range``'s length cast to ``seq`` once substituted)."""
+        pattern = binding.ty
+        if isinstance(pattern, relax.TensorType):
+            have = value.ty
+            return (isinstance(have, relax.TensorType) and have.dtype == pattern.dtype
+                    and isinstance(have.shape, relax.ShapeExpr) and isinstance(pattern.shape, relax.ShapeExpr)
+                    and len(have.shape.values) == len(pattern.shape.values)
+                    and all(self.analyzer.can_prove_equal(a, b) for a, b in zip(have.shape.values, pattern.shape.values)))
+        fact = self.result.facts.get(binding.value) if isinstance(binding.value, relax.Var) else None
+        if not (isinstance(pattern, relax.ShapeType) and pattern.values is not None and fact is not None
+                and fact.value.known and len(fact.value) == len(pattern.values)):
+            return False
+        return all(d.kind in (Kind.KNOWN, Kind.SYMBOLIC, Kind.EXPR) and self.analyzer.can_prove_equal(d.expr, p)
+                   and set(tirx.analysis.undefined_vars(p)) <= self.inputs for d, p in zip(fact.value, pattern.values))
 
     def _cast(self, old, new) -> None:
         """Use ``new`` (or its cast to what RDP knows) wherever ``old`` was used."""
         if old in self.dims:
-            ty = refined_type(new, self.dims[old], self.analyzer)
+            ty = refined_type(new, self.dims[old], self.analyzer, self.inputs)
             if ty is not None:
                 new = self.builder_.match_cast(new, ty, name_hint=old.name)
         if self.builder_.current_block_is_dataflow() and not isinstance(old, relax.DataflowVar):
@@ -105,8 +130,7 @@ def refine(mod: tvm.IRModule, func: str = "main") -> tvm.IRModule:
     symbols = proven_symbols(analyze(mod[func]))
     if symbols:
         mod = relax.transform.BindSymbolicVars(symbols, func)(mod)
-    f = mod[func]
-    new = _Refine(known_dims(analyze(f)), mod).visit_expr(f)
+    new = _Refine(analyze(mod[func]), mod).visit_expr(mod[func])
     out = tvm.IRModule(dict(mod.functions.items()), attrs=mod.attrs)
     out[func] = relax.analysis.remove_all_unused(new)
     return out
