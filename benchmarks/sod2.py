@@ -1,7 +1,7 @@
 """SoD2 (seed 001): what RDP resolves beyond Relax's own shape inference, and memory plans.
 
     python benchmarks/sod2.py                    # all tables
-    python benchmarks/sod2.py --tables dynamic   # some of them (rdp memory planning dynamic)
+    python benchmarks/sod2.py --tables dynamic   # some of them (rdp memory planning dynamic fusion)
     python benchmarks/sod2.py --show skipnet     # and the per-tensor RDP report of one model
 
 RDP: each model of ``tvm_dsa.models.dynamic`` is imported with TVM's ONNX importer (symbolic dims
@@ -38,6 +38,8 @@ from tvm.relax.frontend.onnx import from_onnx
 
 from tvm_dsa.codegen.specialize import VERSIONS
 from tvm_dsa.driver import Compiled, import_onnx, load_model, max_relative_error
+from tvm_dsa.pipeline import fuse, pipeline, pipeline_result
+from tvm_dsa.relax_passes.rdp_fusion import count_kernels
 from tvm_dsa.models import TINY
 from tvm_dsa.models.dynamic import DYNAMIC
 from tvm_dsa.relax_passes import rdp
@@ -243,7 +245,7 @@ def dynamic_table(repeat: int) -> None:
     rng = np.random.default_rng(0)
     rows = []
     for name in DYNAMIC:
-        dyn = Compiled.build(from_onnx(DYNAMIC[name](), keep_params_in_input=False))
+        dyn = build_dynamic(name)
         sess = ort.InferenceSession(DYNAMIC[name]().SerializeToString())
         for shape in SHAPES[name]:
             x = model_input(name, shape, rng)
@@ -269,7 +271,45 @@ def dynamic_table(repeat: int) -> None:
             "overhead", "first run s", "builds s", "compile s dyn", "compile s static"], rows)
 
 
-TABLES = ("rdp", "memory", "planning", "dynamic")
+def input_sizes(name: str, shape: tuple) -> dict[str, int]:
+    """The input's symbolic dims by name, at ``shape``."""
+    dims = DYNAMIC[name]().graph.input[0].type.tensor_type.shape.dim
+    return {d.dim_param: n for d, n in zip(dims, shape) if d.dim_param}
+
+
+def build_dynamic(name: str, rdp_fusion: bool = True) -> Compiled:
+    mod = from_onnx(DYNAMIC[name](), keep_params_in_input=False)
+    start = time.perf_counter()
+    ex = tvm.compile(mod, target="dsa/stcp920", relax_pipeline=pipeline(rdp_fusion=rdp_fusion))
+    return Compiled(ex, "dsa/stcp920", time.perf_counter() - start, pipeline_result())
+
+
+def fusion_table() -> None:
+    """Layers and intermediate bytes (both ways of each If) and simulated cycles of one run, with
+    TVM's fusion on the model as imported and with RDP-aware fusion."""
+    rng = np.random.default_rng(0)
+    rows = []
+    for name in DYNAMIC:
+        mod = from_onnx(DYNAMIC[name](), keep_params_in_input=False)
+        for shape in SHAPES[name][1:2]:
+            sizes = input_sizes(name, shape)
+            x = model_input(name, shape, rng)
+            row = [name, "x".join(map(str, shape))]
+            for rdp_fusion in (False, True):
+                with tvm.target.Target("dsa/stcp920"):
+                    count = count_kernels(fuse(mod, rdp_fusion), sizes)
+                run = build_dynamic(name, rdp_fusion).run({"x": x})
+                row += [count.layers, count.intermediate_bytes, len(run.kernels), run.report.cycles]
+            rows.append(row + [f"{1 - row[7] / row[3]:.0%}", f"{1 - row[8] / row[4]:.0%}",
+                               f"{1 - row[9] / row[5]:.0%}"])
+    print("\nRDP-aware fusion (§4.2): kernels (call_tir, both ways of each If) and their output bytes, DSA kernel\n"
+          "calls and cycles of one run, with TVM's fusion on the model as imported and with RDP-aware fusion\n")
+    _table(["model", "shape", "layers TVM", "bytes TVM", "DSA calls TVM", "cycles TVM",
+            "layers RDP", "bytes RDP", "DSA calls RDP", "cycles RDP", "fewer layers", "fewer bytes",
+            "fewer cycles"], rows)
+
+
+TABLES = ("rdp", "memory", "planning", "dynamic", "fusion")
 
 
 def main() -> None:
@@ -287,6 +327,8 @@ def main() -> None:
         planning_tables()
     if "dynamic" in args.tables:
         dynamic_table(args.repeat)
+    if "fusion" in args.tables:
+        fusion_table()
     if args.show:
         print(f"\n{args.show}\n")
         print(reports[args.show])

@@ -17,14 +17,16 @@ from .relax_passes import SimplifyInference, offload
 from .relax_passes.offload import StitchOptions
 from .relax_passes.offload_symbolic import is_dynamic, offload_symbolic
 from .relax_passes.rdp_apply import ApplyRDP
+from .relax_passes.rdp_fusion import AnnotateSymbolicReshapes
 
 LAST_OFFLOAD: dict = {}  # "result": the OffloadResult of the last compilation
 
 
 def pipeline(schedule: str = "layerwise", hw: hardware.Hardware | str | None = None,
-             options: StitchOptions | None = None) -> tvm.transform.Pass:
+             options: StitchOptions | None = None, rdp_fusion: bool = True) -> tvm.transform.Pass:
     """The DSA compilation pipeline as a pass; ``hw`` defaults to the chip of the current target;
-    ``options`` are the stitched kernels' choices (``graphturbo``)."""
+    ``options`` are the stitched kernels' choices (``graphturbo``); ``rdp_fusion=False`` leaves
+    a dynamic model to TVM's fusion as imported (the baseline of seed 001 §4.2)."""
     from . import schedule as schedules
 
     schedules.get(schedule)  # fail early on an unknown name
@@ -39,17 +41,7 @@ def pipeline(schedule: str = "layerwise", hw: hardware.Hardware | str | None = N
             raise ValueError(f"schedule {schedule!r} needs static shapes and no control flow; a dynamic "
                              "model compiles with schedule='layerwise'")
         with host:
-            mod = tvm.transform.Sequential(
-                ([ApplyRDP()] if dynamic else [])
-                + [SimplifyInference()]
-                # dataflow blocks (an importer gives none to a function with an If) for FuseOps, and
-                # RDP again: FoldBatchnormToConv2D and ConvertToDataflow lose the shapes of If
-                # results, CanonicalizeBindings drops casts that only assert dims (docs/sod2.md)
-                + ([relax.transform.ConvertToDataflow(), ApplyRDP()] if dynamic else [])
-                + cpu_generic.library_dispatch_passes(host)
-                + [relax.transform.LegalizeOps(), relax.transform.AnnotateTIROpPattern(),
-                   relax.transform.FoldConstant(), relax.transform.FuseOps(), relax.transform.FuseTIR()]
-            )(mod)
+            mod = fuse(mod, rdp_fusion)
             mod, result = (offload_symbolic(mod, chip) if dynamic
                            else offload(mod, chip, schedule, options=options or StitchOptions()))
             LAST_OFFLOAD["result"] = result
@@ -61,6 +53,28 @@ def pipeline(schedule: str = "layerwise", hw: hardware.Hardware | str | None = N
         return mod
 
     return _pipeline
+
+
+def fuse(mod: tvm.IRModule, rdp_fusion: bool = True) -> tvm.IRModule:
+    """The module as the offload sees it (in the current target's scope): simplified, legalized
+    and fused; a dynamic model with RDP's shapes applied, and fused across its dynamic shapes
+    unless ``rdp_fusion`` is False."""
+    host = tvm.target.Target.current(allow_none=True) or tvm.target.Target("llvm")
+    dynamic = is_dynamic(mod)
+    across = dynamic and rdp_fusion
+    return tvm.transform.Sequential(
+        ([ApplyRDP()] if dynamic else [])
+        + [SimplifyInference()]
+        # dataflow blocks (an importer gives none to a function with an If) for FuseOps, and RDP
+        # again: FoldBatchnormToConv2D and ConvertToDataflow lose the shapes of If results,
+        # CanonicalizeBindings drops casts that only assert dims (docs/sod2.md)
+        + ([relax.transform.ConvertToDataflow()] if across else [])
+        + ([ApplyRDP()] if dynamic else [])
+        + cpu_generic.library_dispatch_passes(host)
+        + [relax.transform.LegalizeOps(), relax.transform.AnnotateTIROpPattern()]
+        + ([AnnotateSymbolicReshapes] if across else [])
+        + [relax.transform.FoldConstant(), relax.transform.FuseOps(), relax.transform.FuseTIR()]
+    )(mod)
 
 
 def register() -> None:
