@@ -33,14 +33,16 @@ def _legalized(build):
 
 def test_bert_head_split_and_merge_fuse_into_their_transposes():
     """bert (2 layers): q, k, v head splits and the merge are reshapes next to transposes; with
-    symbolic dims TVM marks them opaque and keeps them apart. RDP-aware fusion folds each into
-    its transpose: 8 kernels fewer, and 8 tensors of batch x seq x hidden floats no longer in memory."""
+    symbolic dims TVM marks them opaque and keeps them apart (views of their inputs, so neither
+    kernels nor bytes). RDP-aware fusion folds each into its transpose, as TVM does when the
+    shapes are static: the same kernels and bytes, and no reshape left."""
     sizes = {"batch": 2, "seq": 16}
-    tvm_count, rdp_count = (count_kernels(_fused("bert", f), sizes) for f in (False, True))
-    assert tvm_count.layers - rdp_count.layers == 8
-    assert tvm_count.intermediate_bytes - rdp_count.intermediate_bytes == 8 * 2 * 16 * 64 * 4
-    names = [gv.name_hint for gv, f in _fused("bert", True).functions.items() if isinstance(f, tirx.PrimFunc)]
-    assert "fused_reshape_transpose" in names and "reshape" not in names
+    tvm_mod, rdp_mod = _fused("bert", False), _fused("bert", True)
+    assert count_kernels(tvm_mod, sizes) == count_kernels(rdp_mod, sizes)
+    names = lambda m: {gv.name_hint for gv, f in m.functions.items() if isinstance(f, tirx.PrimFunc)}  # noqa: E731
+    assert {"reshape", "reshape1"} <= names(tvm_mod)
+    assert {"fused_reshape_transpose", "fused_transpose2_reshape1"} <= names(rdp_mod)
+    assert not any(n.startswith("reshape") for n in names(rdp_mod))
 
 
 def test_gated_blocks_fuse_inside_if_branches():
@@ -86,7 +88,8 @@ def test_counts_are_the_kernels_output_bytes(name):
     layers, total = 0, 0
     for block in mod["main"].body.blocks:
         for b in block.bindings:
-            if isinstance(b.value, relax.Call) and b.value.op.same_as(tvm.ir.Op.get("relax.call_tir")):
+            if (isinstance(b.value, relax.Call) and b.value.op.same_as(tvm.ir.Op.get("relax.call_tir"))
+                    and not relax.analysis.has_reshape_pattern(mod[b.value.args[0]])):  # views
                 layers += 1
                 dims = [eval(str(d), {"T": SimpleNamespace(int64=int)}, dict(sizes)) for d in b.var.ty.shape.values]
                 total += math.prod(dims) * tvm.runtime.DataType(str(b.var.ty.dtype)).bits // 8

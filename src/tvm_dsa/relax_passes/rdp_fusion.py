@@ -73,7 +73,8 @@ def AnnotateSymbolicReshapes(mod: tvm.IRModule, _ctx) -> tvm.IRModule:  # noqa: 
 @dataclass(frozen=True)
 class FusionCount:
     """Kernels of a fused module (every ``call_tir`` of ``main``, both ways of each If) and the
-    bytes of their outputs at one input shape (None where a dim is only known at run time)."""
+    bytes of their outputs at one input shape (None where a dim is only known at run time). A
+    pure reshape is neither: the VM makes it a view of its input (``RewriteDataflowReshape``)."""
 
     layers: int
     intermediate_bytes: int | None
@@ -93,7 +94,7 @@ def count_kernels(mod: tvm.IRModule, sizes: dict[str, int], func: str = "main") 
 
     def visit(call):
         nonlocal layers, total
-        if not call.op.same_as(op):
+        if not call.op.same_as(op) or relax.analysis.has_reshape_pattern(mod[call.args[0]]):
             return
         layers += 1
         types = call.ty.fields if isinstance(call.ty, relax.TupleType) else [call.ty]
