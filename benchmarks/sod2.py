@@ -1,7 +1,7 @@
 """SoD2 (seed 001): what RDP resolves beyond Relax's own shape inference, and memory plans.
 
     python benchmarks/sod2.py                    # all tables
-    python benchmarks/sod2.py --tables dynamic   # some of them (rdp memory planning dynamic fusion)
+    python benchmarks/sod2.py --tables dynamic   # some of them (rdp memory planning dynamic fusion evaluation)
     python benchmarks/sod2.py --show skipnet     # and the per-tensor RDP report of one model
 
 RDP: each model of ``tvm_dsa.models.dynamic`` is imported with TVM's ONNX importer (symbolic dims
@@ -218,10 +218,11 @@ SHAPES = {
 }
 
 
-def model_input(name: str, shape: tuple, rng) -> np.ndarray:
+def model_input(name: str, shape: tuple, rng, scale: float = 1.0) -> np.ndarray:
+    """Token ids for bert, else normal data times ``scale`` (skipnet's gates skip small inputs)."""
     if name == "bert":
         return rng.integers(0, 100, shape).astype(np.int64)
-    return rng.standard_normal(shape).astype(np.float32)
+    return (rng.standard_normal(shape) * scale).astype(np.float32)
 
 
 def static_module(name: str, shape: tuple) -> tvm.IRModule:
@@ -312,7 +313,104 @@ def fusion_table() -> None:
             "fewer cycles"], rows)
 
 
-TABLES = ("rdp", "memory", "planning", "dynamic", "fusion")
+def gate_decisions(name: str, x: np.ndarray) -> tuple[bool, ...]:
+    """The model's If decisions on ``x`` (onnxruntime, the If conditions added as outputs)."""
+    import onnxruntime as ort
+    from onnx import TensorProto, helper
+
+    model = DYNAMIC[name]()
+    conds = [n.input[0] for n in model.graph.node if n.op_type == "If"]
+    if not conds:
+        return ()
+    model.graph.output.extend(helper.make_tensor_value_info(c, TensorProto.BOOL, []) for c in conds)
+    sess = ort.InferenceSession(model.SerializeToString())
+    return tuple(bool(g) for g in sess.run(None, {sess.get_inputs()[0].name: x})[1:])
+
+
+def onnxruntime_memory(name: str, x: np.ndarray) -> tuple[float, float]:
+    """(peak RSS in MiB of a process that runs the model once with onnxruntime on CPU, the part
+    of it the run added over the loaded session)."""
+    import subprocess
+    import sys
+    import tempfile
+
+    with tempfile.TemporaryDirectory() as tmp:
+        model_path, x_path = f"{tmp}/model.onnx", f"{tmp}/x.npy"
+        with open(model_path, "wb") as f:
+            f.write(DYNAMIC[name]().SerializeToString())
+        np.save(x_path, x)
+        code = ("import resource, numpy as np, onnxruntime as ort\n"
+                f"s = ort.InferenceSession({model_path!r}, providers=['CPUExecutionProvider'])\n"
+                f"x = np.load({x_path!r})\n"
+                "before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss\n"
+                "s.run(None, {s.get_inputs()[0].name: x})\n"
+                "print(before, resource.getrusage(resource.RUSAGE_SELF).ru_maxrss)\n")
+        before, after = map(int, subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                                                check=True).stdout.split())
+    return after / 1024, (after - before) / 1024
+
+
+def relax_default_bytes(mod: tvm.IRModule) -> tuple[int, str]:
+    """(bytes of Relax's StaticPlanBlockMemory after TVM's own legalization and fusion, "") — or
+    with ApplyRDP first, marked "*", where Relax alone does not know every shape (LegalizeOps then
+    refuses or skips ops, and the module does not build)."""
+    from tvm_dsa.relax_passes.offload_symbolic import has_unknown_dims
+
+    lost = has_unknown_dims(mod)
+    passes = [ApplyRDP()] * lost + [SimplifyInference(), relax.transform.LegalizeOps(),
+                                    relax.transform.AnnotateTIROpPattern(), relax.transform.FuseOps(),
+                                    relax.transform.FuseTIR()]
+    with tvm.target.Target("llvm"):
+        return relax_plan_bytes(tvm.transform.Sequential(passes)(mod)), "*" * lost
+
+
+def evaluation_table(repeat: int) -> None:
+    """Seed 001's evaluation (Figs. 5-6) per dynamic model and input shape: peak intermediate
+    memory of the plans, latency of the builds, next to Relax's default and onnxruntime."""
+    from tvm_dsa.relax_passes.exec_plan import plan_order
+    from tvm_dsa.relax_passes.instance import instantiate, planning_graph
+    from tvm_dsa.relax_passes.memory_plan import in_order
+
+    rng = np.random.default_rng(0)
+    memory, latency = [], []
+    for name in DYNAMIC:
+        mod = from_onnx(DYNAMIC[name](), keep_params_in_input=False)
+        with tvm.target.Target("dsa/stcp920"):
+            fused = {f: fuse(mod, f) for f in (False, True)}
+        builds = {f: build_dynamic(name, f) for f in (False, True)}
+        for k, shape in enumerate(SHAPES[name]):
+            x = model_input(name, shape, rng, scale=(1.0, 0.1, 1.0)[k])  # the middle one skips
+            sizes, decisions = input_sizes(name, shape), gate_decisions(name, x)
+            graphs = {f: planning_graph(instantiate(fused[f], sizes, decisions)) for f in (False, True)}
+            program = {f: list(range(len(g.sizes))) for f, g in graphs.items()}
+            planned = plan_order(graphs[True]).order
+            online = lambda f, order: in_order(lifetimes(graphs[f], order)).peak  # noqa: E731
+            no_opt, fusion = online(False, program[False]), online(True, program[True])
+            sep = online(True, planned)
+            dmp = peak_first(lifetimes(graphs[True], planned)).peak
+            relax_bytes, relax_note = relax_default_bytes(static_module(name, shape))
+            ort_peak, ort_run = onnxruntime_memory(name, x)
+            label = ["x".join(map(str, shape)) + "".join(" " + "TF"[not d] for d in decisions)]
+            memory.append([name, *label, sum(graphs[False].sizes), no_opt, fusion, sep, dmp, f"{relax_bytes}{relax_note}",
+                           f"{1 - dmp / relax_bytes:.0%}", f"{ort_peak:.0f}", f"{ort_run:.1f}"])
+            runs = {f: _timed(b, x, repeat) for f, b in builds.items()}
+            latency.append([name, *label, runs[False][2], runs[True][2], f"{1 - runs[True][2] / runs[False][2]:.0%}",
+                            f"{runs[False][1] * 1e3:.0f}", f"{runs[True][1] * 1e3:.0f}"])
+    print("\nPeak intermediate memory (bytes) per dynamic model and input (If decisions T/F): no reuse; the online\n"
+          "best-fit allocator in program order with TVM's fusion (no opt.) and RDP-aware fusion (+ fusion); in the\n"
+          "planned order (+ SEP); the peak-first plan in the planned order (+ DMP); Relax's default pipeline on the\n"
+          "model imported at that shape (StaticPlanBlockMemory; * with ApplyRDP first: Relax alone cannot build it);\n"
+          "onnxruntime on CPU: peak process RSS (MiB) and what the run added over the loaded session\n")
+    _table(["model", "input", "no reuse", "no opt.", "+ fusion", "+ SEP", "+ DMP", "Relax", "DMP vs Relax",
+            "ort MiB", "ort run MiB"], memory)
+    print("\nLatency on the DSA (stcp920 cycles) and host wall time (ms, least of warm runs) of one dynamic build\n"
+          "with TVM's fusion and with RDP-aware fusion (SEP and DMP are plans, not yet applied to the executable;\n"
+          "multi-version code is not built)\n")
+    _table(["model", "input", "cycles no opt.", "cycles + fusion", "fewer cycles", "host ms no opt.", "host ms + fusion"],
+           latency)
+
+
+TABLES = ("rdp", "memory", "planning", "dynamic", "fusion", "evaluation")
 
 
 def main() -> None:
@@ -332,6 +430,8 @@ def main() -> None:
         dynamic_table(args.repeat)
     if "fusion" in args.tables:
         fusion_table()
+    if "evaluation" in args.tables:
+        evaluation_table(args.repeat)
     if args.show:
         print(f"\n{args.show}\n")
         print(reports[args.show])

@@ -37,10 +37,15 @@ PROBE = 16  # the size every symbol takes when deciding whether the DSA can run 
 def is_dynamic(mod: tvm.IRModule, func: str = "main") -> bool:
     """Whether ``func`` is a dynamic model: a tensor with a symbolic or unknown dim (a parameter,
     or one the importer could not infer) or control flow (``If``)."""
-    f = mod[func]
     found = []
-    tvm_ffi.structural_walk(f.body, [(relax.If, found.append)])
-    return bool(found) or not all(_static(v.ty) for v in [*f.params, *relax.analysis.all_vars(f.body)])
+    tvm_ffi.structural_walk(mod[func].body, [(relax.If, found.append)])
+    return bool(found) or has_unknown_dims(mod, func)
+
+
+def has_unknown_dims(mod: tvm.IRModule, func: str = "main") -> bool:
+    """Whether a tensor of ``func`` (a parameter or a binding) has a dim that is not an integer."""
+    f = mod[func]
+    return not all(_static(v.ty) for v in [*f.params, *relax.analysis.all_vars(f.body)])
 
 
 def _static(ty) -> bool:

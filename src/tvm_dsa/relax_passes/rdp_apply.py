@@ -102,9 +102,12 @@ class _Refine(relax.PyExprMutator):
         pattern = binding.ty
         if isinstance(pattern, relax.TensorType):
             have = value.ty
-            return (isinstance(have, relax.TensorType) and have.dtype == pattern.dtype
-                    and isinstance(have.shape, relax.ShapeExpr) and isinstance(pattern.shape, relax.ShapeExpr)
-                    and len(have.shape.values) == len(pattern.shape.values)
+            if not (isinstance(have, relax.TensorType) and have.dtype == pattern.dtype
+                    and isinstance(have.shape, relax.ShapeExpr)):
+                return False
+            if pattern.shape is None:  # a rank-only pattern (ConvertToDataflow's "_with_dyn" casts)
+                return pattern.ndim in (-1, len(have.shape.values))
+            return (isinstance(pattern.shape, relax.ShapeExpr) and len(have.shape.values) == len(pattern.shape.values)
                     and all(self.analyzer.can_prove_equal(a, b) for a, b in zip(have.shape.values, pattern.shape.values)))
         fact = self.result.facts.get(binding.value) if isinstance(binding.value, relax.Var) else None
         if not (isinstance(pattern, relax.ShapeType) and pattern.values is not None and fact is not None
