@@ -350,10 +350,12 @@ def onnxruntime_memory(name: str, x: np.ndarray) -> tuple[float, float]:
     return after / 1024, (after - before) / 1024
 
 
-def relax_default_bytes(mod: tvm.IRModule) -> tuple[int, str]:
-    """(bytes of Relax's StaticPlanBlockMemory after TVM's own legalization and fusion, "") — or
-    with ApplyRDP first, marked "*", where Relax alone does not know every shape (LegalizeOps then
-    refuses or skips ops, and the module does not build)."""
+def relax_default_bytes(mod: tvm.IRModule, decisions: tuple) -> tuple[int, str]:
+    """(bytes of Relax's StaticPlanBlockMemory after TVM's own legalization and fusion, "") on the
+    same instance the planners see (the If branches the input takes) — with ApplyRDP first, marked
+    "*", where Relax alone does not know every shape (LegalizeOps then refuses or skips ops, and
+    the module does not build)."""
+    from tvm_dsa.relax_passes.instance import instantiate
     from tvm_dsa.relax_passes.offload_symbolic import has_unknown_dims
 
     lost = has_unknown_dims(mod)
@@ -361,7 +363,8 @@ def relax_default_bytes(mod: tvm.IRModule) -> tuple[int, str]:
                                     relax.transform.AnnotateTIROpPattern(), relax.transform.FuseOps(),
                                     relax.transform.FuseTIR()]
     with tvm.target.Target("llvm"):
-        return relax_plan_bytes(tvm.transform.Sequential(passes)(mod)), "*" * lost
+        fused = tvm.transform.Sequential(passes)(mod)
+        return relax_plan_bytes(relax.transform.ConvertToDataflow()(instantiate(fused, {}, decisions))), "*" * lost
 
 
 def evaluation_table(repeat: int) -> None:
@@ -388,7 +391,7 @@ def evaluation_table(repeat: int) -> None:
             no_opt, fusion = online(False, program[False]), online(True, program[True])
             sep = online(True, planned)
             dmp = peak_first(lifetimes(graphs[True], planned)).peak
-            relax_bytes, relax_note = relax_default_bytes(static_module(name, shape))
+            relax_bytes, relax_note = relax_default_bytes(static_module(name, shape), decisions)
             ort_peak, ort_run = onnxruntime_memory(name, x)
             label = ["x".join(map(str, shape)) + "".join(" " + "TF"[not d] for d in decisions)]
             memory.append([name, *label, sum(graphs[False].sizes), no_opt, fusion, sep, dmp, f"{relax_bytes}{relax_note}",
@@ -399,7 +402,8 @@ def evaluation_table(repeat: int) -> None:
     print("\nPeak intermediate memory (bytes) per dynamic model and input (If decisions T/F): no reuse; the online\n"
           "best-fit allocator in program order with TVM's fusion (no opt.) and RDP-aware fusion (+ fusion); in the\n"
           "planned order (+ SEP); the peak-first plan in the planned order (+ DMP); Relax's default pipeline on the\n"
-          "model imported at that shape (StaticPlanBlockMemory; * with ApplyRDP first: Relax alone cannot build it);\n"
+          "model imported at that shape, same branches (StaticPlanBlockMemory; * with ApplyRDP first: Relax alone\n"
+          "cannot build it);"
           "onnxruntime on CPU: peak process RSS (MiB) and what the run added over the loaded session\n")
     _table(["model", "input", "no reuse", "no opt.", "+ fusion", "+ SEP", "+ DMP", "Relax", "DMP vs Relax",
             "ort MiB", "ort run MiB"], memory)

@@ -55,7 +55,8 @@ def instantiate(mod: tvm.IRModule, sizes: dict[str, int], decisions: Sequence[bo
         raise ValueError(f"{len(taker.decisions)} decisions left over: fewer If nodes than decisions")
     out = mod.clone()
     out["main"] = relax.analysis.remove_all_unused(main)
-    out = relax.transform.BindSymbolicVars(sizes, "main")(out)
+    if sizes:
+        out = relax.transform.BindSymbolicVars(sizes, "main")(out)
     return ApplyRDP()(out)
 
 
