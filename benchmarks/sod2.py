@@ -1,7 +1,7 @@
 """SoD2 (seed 001): what RDP resolves beyond Relax's own shape inference, and memory plans.
 
     python benchmarks/sod2.py                    # all tables
-    python benchmarks/sod2.py --tables dynamic   # some of them (rdp memory planning dynamic fusion evaluation)
+    python benchmarks/sod2.py --tables dynamic   # some (rdp memory planning dynamic fusion evaluation versions)
     python benchmarks/sod2.py --show skipnet     # and the per-tensor RDP report of one model
 
 RDP: each model of ``tvm_dsa.models.dynamic`` is imported with TVM's ONNX importer (symbolic dims
@@ -241,9 +241,18 @@ def _timed(compiled: Compiled, x: np.ndarray, repeat: int):
     return first, min(warm), first.report.cycles if first.report else None
 
 
+def fresh_versions(multi_version: bool = False) -> None:
+    """Build symbolic kernels with one lowering (False) or multi-version (True), from scratch."""
+    VERSIONS.multi_version = multi_version
+    VERSIONS.programs.clear()
+    VERSIONS.chosen.clear()
+
+
 def dynamic_table(repeat: int) -> None:
+    """Like for like: the dynamic build's programs with one lowering, as the static build's."""
     import onnxruntime as ort
 
+    fresh_versions()
     rng = np.random.default_rng(0)
     rows = []
     for name in DYNAMIC:
@@ -271,6 +280,34 @@ def dynamic_table(repeat: int) -> None:
           f"{repeat} warm runs; first run s: the first run at that shape, of which program builds s\n")
     _table(["model", "shape", "err", "cycles dyn", "cycles static", "overhead", "host ms dyn", "host ms static",
             "overhead", "first run s", "builds s", "compile s dyn", "compile s static"], rows)
+    print(f"\nDispatch on the host, per DSA call with a program already built: {dispatch_us():.1f} us for a kernel with\n"
+          f"symbolic dims (shapes -> cached program), {static_dispatch_us():.1f} us for a static one (program text -> parsed)")
+    fresh_versions(True)
+
+
+def dispatch_us(n: int = 2000) -> float:
+    """Median cost of looking up a built program by (kernel, shapes), as execute_shaped does."""
+    text, shapes, scalars = max(VERSIONS.programs, key=lambda k: len(k[0]))
+    times = []
+    for _ in range(n):
+        start = time.perf_counter()
+        VERSIONS.get((text + " ")[:-1], shapes, scalars)  # a new string each call, as from the VM
+        times.append(time.perf_counter() - start)
+    return statistics.median(times) * 1e6
+
+
+def static_dispatch_us(n: int = 2000) -> float:
+    """The same for a static kernel: its program text to the parsed program (``host._program``)."""
+    from tvm_dsa import host
+
+    text = max(VERSIONS.programs.values(), key=lambda p: len(p.serialize())).serialize()
+    host._program(text)
+    times = []
+    for _ in range(n):
+        start = time.perf_counter()
+        host._program((text + " ")[:-1])
+        times.append(time.perf_counter() - start)
+    return statistics.median(times) * 1e6
 
 
 def input_sizes(name: str, shape: tuple) -> dict[str, int]:
@@ -289,7 +326,8 @@ def build_dynamic(name: str, rdp_fusion: bool = True) -> Compiled:
 def fusion_table() -> None:
     """Layers and intermediate bytes (both ways of each If; pure reshapes are views, neither) and
     simulated cycles of one run, with TVM's fusion on the model as imported and with RDP-aware
-    fusion."""
+    fusion (one lowering per kernel: multi-version code off)."""
+    fresh_versions()
     rng = np.random.default_rng(0)
     rows = []
     for name in DYNAMIC:
@@ -311,6 +349,7 @@ def fusion_table() -> None:
     _table(["model", "shape", "layers TVM", "bytes TVM", "DSA calls TVM", "cycles TVM",
             "layers RDP", "bytes RDP", "DSA calls RDP", "cycles RDP", "fewer layers", "fewer bytes",
             "fewer cycles"], rows)
+    fresh_versions(True)
 
 
 def gate_decisions(name: str, x: np.ndarray) -> tuple[bool, ...]:
@@ -396,25 +435,85 @@ def evaluation_table(repeat: int) -> None:
             label = ["x".join(map(str, shape)) + "".join(" " + "TF"[not d] for d in decisions)]
             memory.append([name, *label, sum(graphs[False].sizes), no_opt, fusion, sep, dmp, f"{relax_bytes}{relax_note}",
                            f"{1 - dmp / relax_bytes:.0%}", f"{ort_peak:.0f}", f"{ort_run:.1f}"])
-            runs = {f: _timed(b, x, repeat) for f, b in builds.items()}
-            latency.append([name, *label, runs[False][2], runs[True][2], f"{1 - runs[True][2] / runs[False][2]:.0%}",
-                            f"{runs[False][1] * 1e3:.0f}", f"{runs[True][1] * 1e3:.0f}"])
+            runs = {}
+            for key, build, multi_version in [("no opt", builds[False], False), ("fusion", builds[True], False),
+                                              ("mvc", builds[True], True)]:
+                fresh_versions(multi_version)
+                runs[key] = _timed(build, x, repeat)
+            cyc = {k: r[2] for k, r in runs.items()}
+            latency.append([name, *label, cyc["no opt"], cyc["fusion"], cyc["mvc"],
+                            f"{1 - cyc['fusion'] / cyc['no opt']:.0%}", f"{1 - cyc['mvc'] / cyc['fusion']:.0%}",
+                            *(f"{runs[k][1] * 1e3:.0f}" for k in runs)])
     print("\nPeak intermediate memory (bytes) per dynamic model and input (If decisions T/F): no reuse; the online\n"
           "best-fit allocator in program order with TVM's fusion (no opt.) and RDP-aware fusion (+ fusion); in the\n"
           "planned order (+ SEP); the peak-first plan in the planned order (+ DMP); Relax's default pipeline on the\n"
           "model imported at that shape, same branches (StaticPlanBlockMemory; * with ApplyRDP first: Relax alone\n"
-          "cannot build it);"
-          "onnxruntime on CPU: peak process RSS (MiB) and what the run added over the loaded session\n")
+          "cannot build it); onnxruntime on CPU: peak process RSS (MiB) and what the run added over the loaded session\n")
     _table(["model", "input", "no reuse", "no opt.", "+ fusion", "+ SEP", "+ DMP", "Relax", "DMP vs Relax",
             "ort MiB", "ort run MiB"], memory)
-    print("\nLatency on the DSA (stcp920 cycles) and host wall time (ms, least of warm runs) of one dynamic build\n"
-          "with TVM's fusion and with RDP-aware fusion (SEP and DMP are plans, not yet applied to the executable;\n"
-          "multi-version code is not built)\n")
-    _table(["model", "input", "cycles no opt.", "cycles + fusion", "fewer cycles", "host ms no opt.", "host ms + fusion"],
-           latency)
+    print("\nLatency on the DSA (stcp920 cycles) and host wall time (ms, least of warm runs): the dynamic build with\n"
+          "TVM's fusion, with RDP-aware fusion, and with multi-version code (+ MVC: each shape class's faster\n"
+          "lowering; SEP and DMP are plans, not yet applied to the executable, so they change no cycles)\n")
+    _table(["model", "input", "cycles no opt.", "+ fusion", "+ MVC", "fewer: fusion", "fewer: MVC",
+            "host ms no opt.", "+ fusion", "+ MVC"], latency)
+    fresh_versions(True)
 
 
-TABLES = ("rdp", "memory", "planning", "dynamic", "fusion", "evaluation")
+def versions_table(plans: int) -> None:
+    """Multi-version code (§4.4.2) would pick a tiling per shape class; here each shape gets its
+    own program with ``lower_kernel``'s plan. Does another plan do better at thin, regular and fat
+    shapes? Simulated cycles (timing only) of the default plan and of the best of the first
+    ``plans`` candidate plans that fit (and their splits for more cores)."""
+    from tvm_dsa import hardware
+    from tvm_dsa.codegen.emit import build_program
+    from tvm_dsa.codegen.kernel_ir import plan_lb, read_kernel
+    from tvm_dsa.codegen.specialize import free_symbols, specialize
+    from tvm_dsa.runtime import simulate
+    from tvm_dsa.tir_passes import Unsupported, anchor_info, candidate_plans, lower_kernel, lower_with_plan, parallel_plans
+
+    hw = hardware.get("stcp920")
+
+    def cycles(lowered) -> int:
+        return simulate(build_program(lowered, hw, "k"), None, mode="timing", check_hazards=False).report.cycles
+
+    cases = [("bert", "fused_matmul_add", [("thin", {"batch": 1, "seq": 4}), ("regular", {"batch": 2, "seq": 16}),
+                                           ("fat", {"batch": 8, "seq": 64})]),
+             ("cnn", "fused_conv2d1_add1_relu1", [("thin", {"batch": 1, "height": 4, "width": 4}),
+                                                  ("regular", {"batch": 1, "height": 16, "width": 16}),
+                                                  ("fat", {"batch": 4, "height": 48, "width": 48})])]
+    rows = []
+    for name, prefix, shapes in cases:
+        with tvm.target.Target("dsa/stcp920"):
+            mod = fuse(from_onnx(DYNAMIC[name](), keep_params_in_input=False))
+        gv = min((g for g in mod.functions if g.name_hint.startswith(prefix)), key=lambda g: g.name_hint)
+        for cls, sizes in shapes:
+            func = specialize(mod[gv], {v: sizes[v.name] for v in free_symbols(mod[gv])})
+            default, plan = lower_kernel(func, hw)
+            info = anchor_info(func)
+            tried = []
+            for p in candidate_plans(info, hw.mme.rows, hw.mme.cols):
+                try:
+                    lowered = lower_with_plan(func, p)
+                    plan_lb(read_kernel(lowered), hw, None)
+                except Unsupported:
+                    continue
+                tried.append((cycles(lowered), p))
+                for q in list(parallel_plans(info, p, hw.mme.rows, hw.mme.cols))[:4]:
+                    try:
+                        tried.append((cycles(lower_with_plan(func, q)), q))
+                    except Unsupported:
+                        pass
+                if len(tried) >= plans:
+                    break
+            best = min(tried, key=lambda t: t[0])
+            rows.append([name, gv.name_hint, cls, "x".join(map(str, info.spatial)), plan.tiles, cycles(default),
+                         best[1].tiles, best[0], len(tried)])
+    print("\nMulti-version code (§4.4.2): the per-shape default plan against the best of the candidate plans\n")
+    _table(["model", "kernel", "class", "output", "default tiles", "default cycles", "best tiles", "best cycles",
+            "plans tried"], rows)
+
+
+TABLES = ("rdp", "memory", "planning", "dynamic", "fusion", "evaluation", "versions")
 
 
 def main() -> None:
@@ -423,6 +522,7 @@ def main() -> None:
     parser.add_argument("--seconds", type=float, default=10.0, help="CP-SAT time limit per instance")
     parser.add_argument("--tables", nargs="+", choices=TABLES, default=list(TABLES), help="which tables to print")
     parser.add_argument("--repeat", type=int, default=5, help="warm runs per shape in the dynamic table")
+    parser.add_argument("--plans", type=int, default=12, help="candidate plans per shape in the versions table")
     args = parser.parse_args()
     warnings.filterwarnings("ignore", module="tvm.relax.frontend.onnx")
     reports = rdp_table() if "rdp" in args.tables or args.show else {}
@@ -436,6 +536,8 @@ def main() -> None:
         fusion_table()
     if "evaluation" in args.tables:
         evaluation_table(args.repeat)
+    if "versions" in args.tables:
+        versions_table(args.plans)
     if args.show:
         print(f"\n{args.show}\n")
         print(reports[args.show])

@@ -23,7 +23,7 @@ from tvm import tirx
 
 from ..hardware import Hardware
 from ..isa import Program
-from ..tir_passes import Unsupported, lower_kernel
+from ..tir_passes import Unsupported, anchor_info, lower_kernel
 from .emit import build_program
 
 _FOLDABLE = (tirx.Add, tirx.Sub, tirx.Mul, tirx.FloorDiv, tirx.FloorMod, tirx.Min, tirx.Max)
@@ -119,18 +119,51 @@ class SymbolicKernel:
         d = json.loads(text)
         return SymbolicKernel(d["name"], tvm.ir.load_json(d["func"]), Hardware.from_dict(d["hardware"]))
 
-    def program(self, env: dict) -> Program:
+    def program(self, env: dict, parallel: bool = True) -> Program:
         """The DSA program of this kernel at the shapes ``env`` gives its symbols (lowered with the
-        largest LB tiling that fits, as a static kernel of that shape is)."""
-        return build_program(lower_kernel(specialize(self.func, env), self.hw)[0], self.hw, self.name)
+        largest LB tiling that fits, as a static kernel of that shape is; ``parallel``: split
+        further so every core gets a tile)."""
+        return build_program(lower_kernel(specialize(self.func, env), self.hw, parallel=parallel)[0],
+                             self.hw, self.name)
+
+
+def shape_class(func: tirx.PrimFunc) -> str | None:
+    """``thin``, ``regular`` or ``fat`` for a contraction (conv / matmul) by the aspect of its
+    output as a matrix — rows M (the spatial loops only the data operand uses, and batch loops)
+    over columns N (those only the weights use): M < N / 4 thin, M > 4 N fat; None for other
+    kernels (a static ``func``)."""
+    info = anchor_info(func)
+    if info.kind.kind != "mme":
+        return None
+    m = n = 1
+    for extent, role in zip(info.spatial, info.roles):
+        if role == "N":
+            n *= extent
+        else:
+            m *= extent
+    return "thin" if 4 * m < n else "fat" if m > 4 * n else "regular"
+
+
+def _timing_cycles(program: Program) -> int:
+    from ..runtime import simulate
+
+    return simulate(program, None, mode="timing", check_hazards=False).report.cycles
 
 
 @dataclass
 class Versions:
-    """The programs built so far per kernel and shape, and the time spent building them."""
+    """The programs built so far per kernel and shape, and the time spent building them.
+
+    Multi-version code (seed 001 §4.4.2), with ``multi_version``: a contraction's lowering has two
+    versions, every core a tile (``parallel``) or the largest tile that fits (``whole``: fewer,
+    larger tiles, less per-tile overhead). The first shape of each (kernel, shape class) builds
+    both and simulates them (timing only); the faster becomes that class's version, which later
+    shapes of the class are built with directly."""
 
     programs: dict = field(default_factory=dict)  # (kernel text, shapes, scalars) -> Program
+    chosen: dict = field(default_factory=dict)    # (kernel text, class) -> "parallel" or "whole"
     seconds: float = 0.0
+    multi_version: bool = True
 
     def get(self, text: str, shapes: tuple, scalars: tuple) -> Program:
         key = (text, shapes, scalars)
@@ -138,11 +171,22 @@ class Versions:
             kernel = SymbolicKernel.deserialize(text)
             start = time.perf_counter()
             try:
-                self.programs[key] = kernel.program(bind(kernel.func, list(shapes), list(scalars)))
+                self.programs[key] = self._build(text, kernel, bind(kernel.func, list(shapes), list(scalars)))
             except Unsupported as err:
                 raise Unsupported(f"kernel {kernel.name} at shapes {list(shapes)}: {err}") from None
             self.seconds += time.perf_counter() - start
         return self.programs[key]
+
+    def _build(self, text: str, kernel: SymbolicKernel, env: dict) -> Program:
+        cls = shape_class(specialize(kernel.func, env)) if self.multi_version else None
+        if cls is None:
+            return kernel.program(env)
+        if (text, cls) in self.chosen:
+            return kernel.program(env, parallel=self.chosen[text, cls] == "parallel")
+        versions = {v: kernel.program(env, parallel=v == "parallel") for v in ("parallel", "whole")}
+        best = min(versions, key=lambda v: _timing_cycles(versions[v]))
+        self.chosen[text, cls] = best
+        return versions[best]
 
     def count(self) -> dict:
         """Kernel name -> number of shape versions built."""
