@@ -467,13 +467,13 @@ def versions_table(plans: int) -> None:
     from tvm_dsa import hardware
     from tvm_dsa.codegen.emit import build_program
     from tvm_dsa.codegen.kernel_ir import plan_lb, read_kernel
-    from tvm_dsa.codegen.specialize import _timing_cycles, free_symbols, shape_class, specialize
+    from tvm_dsa.codegen.specialize import timing_cycles, free_symbols, shape_class, specialize
     from tvm_dsa.tir_passes import Unsupported, anchor_info, candidate_plans, lower_kernel, lower_with_plan, parallel_plans
 
     hw = hardware.get("stcp920")
 
     def cycles(lowered) -> int:
-        return _timing_cycles(build_program(lowered, hw, "k"))
+        return timing_cycles(build_program(lowered, hw, "k"))
 
     cases = [("bert", "fused_matmul_add", [{"batch": 1, "seq": 4}, {"batch": 2, "seq": 16}, {"batch": 4, "seq": 32},
                                            {"batch": 8, "seq": 64}]),

@@ -180,7 +180,7 @@ def test_multi_version_picks_the_faster_lowering_per_shape_class():
     """bert's q/k/v matmul (rows batch*seq, 64 columns): thin at 1x4 (4 rows), regular at 2x16,
     fat at 8x64 (512 rows). The first shape of a class builds both versions and keeps the one the
     simulator finds faster; a later shape of that class is built with it directly."""
-    from tvm_dsa.codegen.specialize import SymbolicKernel, Versions, _timing_cycles, shape_class
+    from tvm_dsa.codegen.specialize import SymbolicKernel, Versions, timing_cycles, shape_class
 
     hw = hardware.get("stcp920")
     fused = _front(from_onnx(DYNAMIC["bert"](), keep_params_in_input=False))
@@ -197,9 +197,9 @@ def test_multi_version_picks_the_faster_lowering_per_shape_class():
     versions = Versions()
     env = bind(func, list(shapes(8, 64)), [])
     fat = versions.get(text, shapes(8, 64), ())
-    cycles = {v: _timing_cycles(kernel.program(env, parallel=v == "parallel")) for v in ("parallel", "whole")}
+    cycles = {v: timing_cycles(kernel.program(env, parallel=v == "parallel")) for v in ("parallel", "whole")}
     assert versions.chosen == {(text, "fat"): min(cycles, key=cycles.get)}
-    assert _timing_cycles(fat) == min(cycles.values())
+    assert timing_cycles(fat) == min(cycles.values())
     later = versions.get(text, shapes(8, 48), ())  # 384 rows: fat again, no new comparison
     assert list(versions.chosen) == [(text, "fat")]
     parallel = versions.chosen[text, "fat"] == "parallel"

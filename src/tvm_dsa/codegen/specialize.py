@@ -23,6 +23,7 @@ from tvm import tirx
 
 from ..hardware import Hardware
 from ..isa import Program
+from ..runtime import simulate
 from ..tir_passes import Unsupported, anchor_info, lower_kernel
 from .emit import build_program
 
@@ -144,8 +145,8 @@ def shape_class(func: tirx.PrimFunc) -> str | None:
     return "thin" if 4 * m < n else "fat" if m > 4 * n else "regular"
 
 
-def _timing_cycles(program: Program) -> int:
-    from ..runtime import simulate
+def timing_cycles(program: Program) -> int:
+    """Cycles of ``program`` in a timing-only simulation (what selects a shape class's version)."""
 
     return simulate(program, None, mode="timing", check_hazards=False).report.cycles
 
@@ -184,17 +185,9 @@ class Versions:
         if (text, cls) in self.chosen:
             return kernel.program(env, parallel=self.chosen[text, cls] == "parallel")
         versions = {v: kernel.program(env, parallel=v == "parallel") for v in ("parallel", "whole")}
-        best = min(versions, key=lambda v: _timing_cycles(versions[v]))
+        best = min(versions, key=lambda v: timing_cycles(versions[v]))
         self.chosen[text, cls] = best
         return versions[best]
-
-    def count(self) -> dict:
-        """Kernel name -> number of shape versions built."""
-        out: dict = {}
-        for text, *_ in self.programs:
-            name = SymbolicKernel.deserialize(text).name
-            out[name] = out.get(name, 0) + 1
-        return out
 
 
 VERSIONS = Versions()  # the process's cache (what ``tvm_dsa.execute_shaped`` calls use)
