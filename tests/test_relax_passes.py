@@ -53,3 +53,21 @@ def test_fold_weights_leaves_other_ops_and_variables_alone():
     tvm_ffi.structural_walk(folded["main"].body, [(tvm.ir.expr.Constant, consts.append)])
     squared = [c.value.numpy() for c in consts if isinstance(c.value, tvm.runtime.Tensor)][-1]
     np.testing.assert_array_equal(squared, w.value.numpy() ** 2)
+
+
+def test_fold_weights_keeps_int64():
+    """relax.const of an int64 array is int32 unless told otherwise (TVM 0.27): a folded int64
+    constant must stay int64, or the add that uses it no longer type-checks."""
+    ids = relax.const(np.arange(8, dtype=np.int64).reshape(1, 8), "int64")
+    bb = relax.BlockBuilder()
+    x = relax.Var("x", relax.TensorType((1, 8), "int64"))
+    with bb.function("main", [x]):
+        with bb.dataflow():
+            out = bb.emit_output(relax.op.add(relax.op.add(ids, ids), x))
+        bb.emit_func_output(out)
+    folded = relax.transform.DeadCodeElimination()(FoldWeights(bb.get()))
+    consts = []
+    tvm_ffi.structural_walk(folded["main"].body, [(tvm.ir.expr.Constant, lambda c: consts.append(c)
+                                                    if isinstance(c.value, tvm.runtime.Tensor) else None)])
+    assert [str(c.ty.dtype) for c in consts] == ["int64"]
+    np.testing.assert_array_equal(consts[0].value.numpy(), 2 * np.arange(8).reshape(1, 8))

@@ -1,7 +1,8 @@
 """Host side of offloaded kernels: the ``tvm_dsa.execute`` function the VM calls, and the reports.
 
 Each call runs one kernel's program on the simulator (numerics and time) and writes the outputs
-into the VM's tensors. Calls of one model run are gathered into one report: a run starts at the
+into the VM's tensors (``execute``; ``execute_shaped`` first builds the program of a kernel with
+symbolic dims for the call's shapes, once per shape). Calls of one model run are gathered into one report: a run starts at the
 call whose ``info.index`` is 0. Programs are parsed once and cached by their text.
 """
 
@@ -15,6 +16,7 @@ from functools import lru_cache
 import numpy as np
 import tvm_ffi
 
+from .codegen.specialize import VERSIONS
 from .isa import Program
 from .runtime import Report, simulate
 
@@ -55,8 +57,20 @@ def _program(text: str) -> Program:
 
 
 def execute(program_text, info_text, *tensors) -> None:
-    program = _program(str(program_text))
-    info = json.loads(str(info_text))
+    _run(_program(str(program_text)), json.loads(str(info_text)), tensors)
+
+
+def execute_shaped(kernel_text, info_text, *args) -> None:
+    """A kernel with symbolic dims (``codegen.specialize``): its program for the shapes of this
+    call's tensors and the values of its scalar arguments, built on the first call with them."""
+    tensors = [a for a in args if not isinstance(a, int)]
+    shapes = tuple(tuple(t.shape) for t in tensors)
+    scalars = tuple(a for a in args if isinstance(a, int))
+    _run(VERSIONS.get(str(kernel_text), shapes, scalars), json.loads(str(info_text)), tensors)
+
+
+def _run(program: Program, info: dict, tensors) -> None:
+    """Simulate one kernel call on the VM's tensors (inputs first, then outputs)."""
     n_in = sum(1 for a in program.args if a.role == "input")
     inputs = [np.from_dlpack(t) for t in tensors[:n_in]]
     mode = _MODE["mode"]
@@ -96,3 +110,4 @@ def last_trace() -> list:
 
 def register() -> None:
     tvm_ffi.register_global_func("tvm_dsa.execute", execute, override=True)
+    tvm_ffi.register_global_func("tvm_dsa.execute_shaped", execute_shaped, override=True)

@@ -1,6 +1,10 @@
 """The ``dsa`` Relax pipeline: simplify, fuse with TVM's rules, offload scheduled kernels to the
 DSA, then TVM's own CPU lowering for what remains on the host (keeping ``VMShapeLower`` and
-``AttachGlobalSymbol``, which symbolic shapes and the VM need)."""
+``AttachGlobalSymbol``, which symbolic shapes and the VM need).
+
+A dynamic model (symbolic or unknown dims, control flow) first gets the shapes RDP proves
+(``ApplyRDP``) and is offloaded by ``offload_symbolic``: one kernel per fused op, programs built
+per concrete shape at run time (``docs/sod2.md``)."""
 
 from __future__ import annotations
 
@@ -13,16 +17,20 @@ from tvm.relax.backend import cpu_generic
 from . import hardware
 from .relax_passes import SimplifyInference, offload
 from .relax_passes.offload import StitchOptions
+from .relax_passes.offload_symbolic import is_dynamic, offload_symbolic
+from .relax_passes.rdp_apply import ApplyRDP
+from .relax_passes.rdp_fusion import AnnotateSymbolicReshapes
 
 LAST_OFFLOAD: dict = {}  # "result": the OffloadResult of the last compilation
 
 
 def pipeline(schedule: str = "layerwise", hw: hardware.Hardware | str | None = None,
-             options: StitchOptions | None = None, database=None) -> tvm.transform.Pass:
+             options: StitchOptions | None = None, database=None, rdp_fusion: bool = True) -> tvm.transform.Pass:
     """The DSA compilation pipeline as a pass; ``hw`` defaults to the chip of the current target;
     ``options`` are the stitched kernels' choices (``graphturbo``). ``database`` (a meta-schedule
     database or the work_dir of ``tvm_dsa.tune``; default: the one in scope, ``with database:``)
-    gives the kernels it has records for their tuned tiling."""
+    gives the kernels it has records for their tuned tiling. ``rdp_fusion=False`` leaves a dynamic
+    model to TVM's fusion as imported (the baseline of seed 001 §4.2)."""
     from . import schedule as schedules
 
     schedules.get(schedule)  # fail early on an unknown name
@@ -32,10 +40,15 @@ def pipeline(schedule: str = "layerwise", hw: hardware.Hardware | str | None = N
         target = tvm.target.Target.current(allow_none=True)
         chip = hardware.get(hw) if isinstance(hw, str) else hw or hardware.from_target(target)
         host = target or tvm.target.Target("llvm")
+        dynamic = is_dynamic(mod)
+        if dynamic and schedule != "layerwise":
+            raise ValueError(f"schedule {schedule!r} needs static shapes and no control flow; a dynamic "
+                             "model compiles with schedule='layerwise'")
         with host:
-            mod = fuse_passes(host)(mod)
-            mod, result = offload(mod, chip, schedule, options=options or StitchOptions(),
-                                  tuned=_tuned_kernels(database, chip))
+            mod = fuse(mod, rdp_fusion)
+            mod, result = (offload_symbolic(mod, chip) if dynamic
+                           else offload(mod, chip, schedule, options=options or StitchOptions(),
+                                        tuned=_tuned_kernels(database, chip)))
             LAST_OFFLOAD["result"] = result
             mod = tvm.transform.Sequential(
                 [relax.transform.DeadCodeElimination()]
@@ -64,15 +77,26 @@ def _tuned_kernels(database, chip: hardware.Hardware):
     return lambda func: tuned_kernel(database, func, chip)
 
 
-def fuse_passes(host: tvm.target.Target) -> tvm.transform.Pass:
-    """Simplify, legalize and fuse with TVM's rules: the fused PrimFuncs that become DSA kernels
-    (``tvm_dsa.tune`` extracts its tasks with the same passes)."""
+def fuse(mod: tvm.IRModule, rdp_fusion: bool = True) -> tvm.IRModule:
+    """The module as the offload sees it (in the current target's scope): simplified, legalized
+    and fused; a dynamic model with RDP's shapes applied, and fused across its dynamic shapes
+    unless ``rdp_fusion`` is False."""
+    host = tvm.target.Target.current(allow_none=True) or tvm.target.Target("llvm")
+    dynamic = is_dynamic(mod)
+    across = dynamic and rdp_fusion
     return tvm.transform.Sequential(
-        [SimplifyInference()]
+        ([ApplyRDP()] if dynamic else [])
+        + [SimplifyInference()]
+        # dataflow blocks (an importer gives none to a function with an If) for FuseOps, and RDP
+        # again: FoldBatchnormToConv2D and ConvertToDataflow lose the shapes of If results,
+        # CanonicalizeBindings drops casts that only assert dims (docs/sod2.md)
+        + ([relax.transform.ConvertToDataflow()] if across else [])
+        + ([ApplyRDP()] if dynamic else [])
         + cpu_generic.library_dispatch_passes(host)
-        + [relax.transform.LegalizeOps(), relax.transform.AnnotateTIROpPattern(),
-           relax.transform.FoldConstant(), relax.transform.FuseOps(), relax.transform.FuseTIR()]
-    )
+        + [relax.transform.LegalizeOps(), relax.transform.AnnotateTIROpPattern()]
+        + ([AnnotateSymbolicReshapes] if across else [])
+        + [relax.transform.FoldConstant(), relax.transform.FuseOps(), relax.transform.FuseTIR()]
+    )(mod)
 
 
 def register() -> None:

@@ -84,7 +84,7 @@ def _fold_block(block, values: dict) -> list:
                     out = np.ascontiguousarray(out, dtype=str(value.ty.dtype))
                     if _static(value.ty) == tuple(out.shape):
                         values[b.var] = out
-                        value = relax.const(out)
+                        value = relax.const(out, str(value.ty.dtype))
         bindings.append(relax.VarBinding(b.var, value) if not value.same_as(b.value) else b)
     return bindings
 

@@ -1,6 +1,10 @@
-"""Apply RDP's results to a Relax module: what RDP knows of a tensor's shape and Relax does not
-becomes a ``match_cast`` right after the binding, so every later op is inferred — and can be
-legalized — with that shape.
+"""Apply RDP's results to a Relax module: a symbol the program defines (a ``match_cast`` on a
+computed shape, e.g. the length of ``Range(0, seq)``) that RDP proves equal to an expression of
+the inputs' symbols is replaced by that expression; then what RDP knows of a tensor's shape and
+Relax does not becomes a ``match_cast`` right after the binding, so every later op is inferred —
+and can be legalized — with that shape. (Substituting symbols is the robust half: TVM's
+``CanonicalizeBindings`` and ``ConvertToDataflow`` drop a ``match_cast`` that only asserts dims
+already defined, so a later pass may lose such a cast; a substituted symbol stays.)
 
 A dim RDP determined is written as its expression (in the inputs' symbols, or symbols the
 program already defines); a dim it cannot determine (⊥, ⊤, or a name RDP made up) gets a fresh
@@ -34,21 +38,33 @@ def known_dims(result: RDPResult) -> dict:
     return out
 
 
-def refined_type(var, dims: tuple, analyzer):
+def proven_symbols(result: RDPResult) -> dict:
+    """Symbols the program defines -> the expression in the inputs' symbols RDP proves they equal."""
+    out = {}
+    for v, d in result.symbols.items():
+        if (v not in result.inputs and v not in result.named and d.kind in (Kind.KNOWN, Kind.SYMBOLIC, Kind.EXPR)
+                and not d.expr.same_as(v) and set(tirx.analysis.undefined_vars(d.expr)) <= set(result.inputs)):
+            out[v] = d.expr
+    return out
+
+
+def refined_type(var, dims: tuple, analyzer, inputs: frozenset = frozenset()):
     """The TensorType to cast ``var`` to, or None if its struct info already says as much: RDP's
-    dim where Relax has none or a different one, Relax's where RDP has none or an equal one, a
-    fresh symbol where neither knows."""
+    dim where Relax has none or a different one not in terms of ``inputs`` (the parameters'
+    symbols; two names of one value — a symbol a checked cast equates with an input's — keep the
+    input's), Relax's otherwise, a fresh symbol where neither knows."""
     ty = var.ty
     have = list(ty.shape.values) if isinstance(ty.shape, relax.ShapeExpr) else [None] * len(dims)
     if len(have) != len(dims):
         return None
     new, better = [], False
     for k, (d, h) in enumerate(zip(dims, have)):
-        if d is not None and (h is None or not analyzer.can_prove_equal(d, h)):
+        if h is not None and (d is None or analyzer.can_prove_equal(d, h)
+                              or set(tirx.analysis.undefined_vars(h)) <= inputs):
+            new.append(h)
+        elif d is not None:
             new.append(d)
             better = True
-        elif h is not None:
-            new.append(h)
         else:
             new.append(tirx.Var(f"{var.name}_{k}", "int64"))
             better = True
@@ -58,11 +74,13 @@ def refined_type(var, dims: tuple, analyzer):
 @relax.expr_functor.mutator
 class _Refine(relax.PyExprMutator):
     """Re-emits every binding (so later types are inferred from the casts before them) and casts
-    a tensor where RDP knows more than its re-inferred struct info."""
+    a tensor where RDP knows more than its re-inferred struct info. Dataflow blocks stay: a cast
+    is a dataflow variable, re-emitted as the block's output where the original was one."""
 
-    def __init__(self, dims: dict, mod=None):
+    def __init__(self, result: RDPResult, mod=None):
         super().__init__(mod)
-        self.dims = dims
+        self.result = result
+        self.dims, self.inputs = known_dims(result), frozenset(result.inputs)
         self.analyzer = tvm.sym.Analyzer()
 
     def visit_var_binding_(self, binding):
@@ -70,24 +88,52 @@ class _Refine(relax.PyExprMutator):
         self._cast(binding.var, var)
 
     def visit_match_cast_(self, binding):
-        var = self.builder_.match_cast(self.visit_expr(binding.value), binding.ty, name_hint=binding.var.name)
+        value = self.visit_expr(binding.value)
+        name = binding.var.name
+        if not self._proven(binding, value):
+            var = self.builder_.match_cast(value, binding.ty, name_hint=name)
+        else:  # an assertion already proven: gone (and what computed a proven shape with it)
+            var = value if isinstance(value, relax.Var) else self.builder_.emit(value, name_hint=name)
         self._cast(binding.var, var)
+
+    def _proven(self, binding, value) -> bool:
+        """Whether a cast asserts only what is known: a tensor's dims its struct info already
+        has, or a shape value RDP proves (``Range``'s length cast to ``seq`` once substituted)."""
+        pattern = binding.ty
+        if isinstance(pattern, relax.TensorType):
+            have = value.ty
+            if not (isinstance(have, relax.TensorType) and have.dtype == pattern.dtype
+                    and isinstance(have.shape, relax.ShapeExpr)):
+                return False
+            if pattern.shape is None:  # a rank-only pattern (ConvertToDataflow's "_with_dyn" casts)
+                return pattern.ndim in (-1, len(have.shape.values))
+            return (isinstance(pattern.shape, relax.ShapeExpr) and len(have.shape.values) == len(pattern.shape.values)
+                    and all(self.analyzer.can_prove_equal(a, b) for a, b in zip(have.shape.values, pattern.shape.values)))
+        fact = self.result.facts.get(binding.value) if isinstance(binding.value, relax.Var) else None
+        if not (isinstance(pattern, relax.ShapeType) and pattern.values is not None and fact is not None
+                and fact.value.known and len(fact.value) == len(pattern.values)):
+            return False
+        return all(d.kind in (Kind.KNOWN, Kind.SYMBOLIC, Kind.EXPR) and self.analyzer.can_prove_equal(d.expr, p)
+                   and set(tirx.analysis.undefined_vars(p)) <= self.inputs for d, p in zip(fact.value, pattern.values))
 
     def _cast(self, old, new) -> None:
         """Use ``new`` (or its cast to what RDP knows) wherever ``old`` was used."""
         if old in self.dims:
-            ty = refined_type(new, self.dims[old], self.analyzer)
+            ty = refined_type(new, self.dims[old], self.analyzer, self.inputs)
             if ty is not None:
                 new = self.builder_.match_cast(new, ty, name_hint=old.name)
+        if self.builder_.current_block_is_dataflow() and not isinstance(old, relax.DataflowVar):
+            new = self.builder_.emit_output(new, name_hint=old.name)
         self.set_var_remap(old, new)
 
 
 def refine(mod: tvm.IRModule, func: str = "main") -> tvm.IRModule:
-    """``mod`` with ``func``'s tensors cast to the shapes RDP finds (dataflow blocks become
-    ordinary blocks: a cast of a block's output must be visible after it)."""
-    mod = relax.transform.ToNonDataflow()(mod)
-    f = mod[func]
-    new = _Refine(known_dims(analyze(f)), mod).visit_expr(f)
+    """``mod`` with ``func``'s proven symbols substituted and its tensors cast to the shapes RDP
+    finds."""
+    symbols = proven_symbols(analyze(mod[func]))
+    if symbols:
+        mod = relax.transform.BindSymbolicVars(symbols, func)(mod)
+    new = _Refine(analyze(mod[func]), mod).visit_expr(mod[func])
     out = tvm.IRModule(dict(mod.functions.items()), attrs=mod.attrs)
     out[func] = relax.analysis.remove_all_unused(new)
     return out

@@ -94,7 +94,8 @@ class OpGraph:
             for binding in block.bindings:
                 value, var = binding.value, binding.var
                 if isinstance(value, relax.Call) and value.op.same_as(call_tir):
-                    inputs = tuple(tensor_of(a) for a in value.args[1].fields)
+                    # scalar arguments (a dynamic kernel's symbols) are not tensors
+                    inputs = tuple(tensor_of(a) for a in value.args[1].fields if isinstance(a.ty, relax.TensorType))
                     name = name_of(var)
                     tensors[name] = Tensor(name, _shape(var), _dtype(var), len(nodes), expr=var)
                     nodes.append(Node(len(nodes), name, value.args[0].name_hint, inputs, name))

@@ -44,10 +44,10 @@ def lower_with_plan(func, plan: TilePlan):
     return sch.mod["main"]
 
 
-def lower_kernel(func, hw, lb_bytes: int | None = None):
+def lower_kernel(func, hw, lb_bytes: int | None = None, parallel: bool = True):
     """Lower ``func`` with the largest tiling whose working set fits ``hw``'s LB (its first
-    ``lb_bytes`` if given) and that gives the cluster's cores a tile each where the kernel has that
-    many. Returns (lowered, plan).
+    ``lb_bytes`` if given) and — unless ``parallel`` is False — that gives the cluster's cores a
+    tile each where the kernel has that many. Returns (lowered, plan).
 
     Candidate plans shrink monotonically, so both conditions are found by bisection."""
     from ..codegen.kernel_ir import plan_lb, read_kernel
@@ -68,7 +68,7 @@ def lower_kernel(func, hw, lb_bytes: int | None = None):
                 reasons.append(str(err))
         return tried[i]
 
-    def parallel(plan):
+    def spread(plan):
         """Every core of each cluster the kernel uses (the first tile loop picks the cluster)
         gets a tile."""
         tiles = 1
@@ -85,12 +85,12 @@ def lower_kernel(func, hw, lb_bytes: int | None = None):
     if first == len(plans):
         raise Unsupported(f"no tiling of {info.name} fits the {lb_bytes or hw.lb_bytes}-byte LB "
                           f"with affine accesses (last: {reasons[-1] if reasons else '?'})")
-    if parallel(plans[first]):
+    if not parallel or spread(plans[first]):
         return lowered_if_fits(first), plans[first]
     more = list(parallel_plans(info, plans[first], hw.mme.rows, hw.mme.cols))
     if not more:
         return lowered_if_fits(first), plans[first]
-    best = min(_bisect(len(more), lambda i: parallel(more[i])), len(more) - 1)
+    best = min(_bisect(len(more), lambda i: spread(more[i])), len(more) - 1)
     try:
         return lower_with_plan(func, more[best]), more[best]
     except Unsupported:  # this split breaks an index's affinity: keep the plan that fits

@@ -103,12 +103,12 @@ def workload(func: tirx.PrimFunc) -> tvm.IRModule:
 def extract_tasks(mod: tvm.IRModule, target: str = "dsa/stcp920") -> list[Task]:
     """The kernels the ``dsa`` pipeline would offload from ``mod`` (a Relax module before the
     pipeline), one task per distinct PrimFunc, with the number of calls to it."""
-    from ..pipeline import fuse_passes
+    from ..pipeline import fuse
 
     hw = hardware.get(target)
     host = hardware.make_target(target)
     with host:
-        mod = fuse_passes(host)(mod)
+        mod = fuse(mod)
     calls = Counter(n.func for n in OpGraph.from_relax(mod).nodes)
     tasks: list[Task] = []
     for name, count in calls.items():
