@@ -11,14 +11,16 @@ from tvm.relax.backend import cpu_generic
 from . import hardware
 from .relax_passes import SimplifyInference, offload
 from .relax_passes.offload import StitchOptions
+from .schedule.set.scheduler import SetOptions
 
 LAST_OFFLOAD: dict = {}  # "result": the OffloadResult of the last compilation
 
 
 def pipeline(schedule: str = "layerwise", hw: hardware.Hardware | str | None = None,
-             options: StitchOptions | None = None) -> tvm.transform.Pass:
+             options: StitchOptions | SetOptions | None = None) -> tvm.transform.Pass:
     """The DSA compilation pipeline as a pass; ``hw`` defaults to the chip of the current target;
-    ``options`` are the stitched kernels' choices (``graphturbo``)."""
+    ``options`` are the scheduler's choices (``graphturbo``: the stitched kernels', ``set``: the
+    search's or a given tree)."""
     from . import schedule as schedules
 
     schedules.get(schedule)  # fail early on an unknown name
@@ -35,7 +37,7 @@ def pipeline(schedule: str = "layerwise", hw: hardware.Hardware | str | None = N
                 + [relax.transform.LegalizeOps(), relax.transform.AnnotateTIROpPattern(),
                    relax.transform.FoldConstant(), relax.transform.FuseOps(), relax.transform.FuseTIR()]
             )(mod)
-            mod, result = offload(mod, chip, schedule, options=options or StitchOptions())
+            mod, result = offload(mod, chip, schedule, options=options)
             LAST_OFFLOAD["result"] = result
             mod = tvm.transform.Sequential(
                 [relax.transform.DeadCodeElimination()]
