@@ -3,10 +3,10 @@
 ``tvm.compile(mod, target="dsa/set-edge16-fp16", relax_pipeline=tvm_dsa.pipeline(schedule="set"))``
 builds the layer graph of ``main`` (the batch is the leading dimension of its activation inputs),
 finds a resource allocation tree by simulated annealing (or takes the one given in ``SetOptions``)
-and hands kernel generation one kernel holding every layer the DSA runs; ``codegen.set_program``
+and hands kernel generation a kernel holding the layers the DSA runs; ``codegen.set_program``
 lowers the tree. Pure reshapes between those layers are views inside the program. Layers the DSA
-cannot run stay on the host, before or after the program: one between two of its layers is an
-error (the program would need the host in its middle).
+cannot run stay on the host; where one sits between layers, the layers after it form another
+program with a tree of its own (``program_groups``).
 """
 
 from __future__ import annotations
@@ -56,64 +56,56 @@ def batch_of(graph: OpGraph) -> int:
     return next(iter(dims.values()))
 
 
-def program_calls(mod, graph: OpGraph, supported) -> tuple[list, list]:
-    """(layers, views): the calls the DSA runs, and the pure reshapes among them that only they
-    read (kept as views inside the program). Raises when a host call sits between two layers."""
+def program_groups(mod, graph: OpGraph, supported) -> list[list]:
+    """The calls of each SET program: the layers the DSA runs, split where a host call sits between
+    them (group ``d`` holds the layers ``d`` host calls downstream of the inputs, so the programs and
+    the host calls form a DAG), with the pure reshapes only their group reads (views inside the
+    program). In program order."""
     from tvm import relax
 
     on_dsa = {n.index for n in graph.nodes if n.func in supported}
     views = {n.index for n in graph.nodes if n.index not in on_dsa
              and relax.analysis.has_reshape_pattern(mod[n.func])}
-    while True:  # a view stays inside when every reader is inside
+    while True:
+        depth: dict = {}
+        for n in graph.nodes:
+            depth[n.index] = max((depth[p] + (p not in on_dsa and p not in views) for p in graph.producers(n.index)),
+                                 default=0)
         inside = on_dsa | views
-        outside = {v for v in views if not graph.consumers(v) or not graph.consumers(v) <= inside
-                   or graph.nodes[v].output in graph.outputs}
-        if not outside:
+        leave = {v for v in views if not graph.consumers(v) or graph.nodes[v].output in graph.outputs
+                 or any(c not in inside or depth[c] != depth[v] for c in graph.consumers(v))}
+        if not leave:
             break
-        views -= outside
-    inside = on_dsa | views
-    before = set()  # calls downstream of a DSA layer
+        views -= leave
+    groups: dict = {}
     for n in graph.nodes:
-        if n.index in on_dsa or graph.producers(n.index) & (on_dsa | before):
-            before.add(n.index)
-    for n in graph.nodes:
-        if n.index not in inside and n.index in before and _feeds(graph, n.index, on_dsa):
-            raise SetScheduleError(f"schedule 'set' runs the DSA's layers as one program, but {n.name} "
-                                   f"({n.func}) runs on the host between them")
-    return [graph.nodes[i] for i in sorted(on_dsa)], [graph.nodes[i] for i in sorted(views)]
-
-
-def _feeds(graph: OpGraph, i: int, targets: set) -> bool:
-    stack, seen = list(graph.consumers(i)), set()
-    while stack:
-        j = stack.pop()
-        if j in targets:
-            return True
-        if j not in seen:
-            seen.add(j)
-            stack.extend(graph.consumers(j))
-    return False
+        if n.index in on_dsa or n.index in views:
+            groups.setdefault(depth[n.index], []).append(n)
+    return [g for _, g in sorted(groups.items()) if any(n.index in on_dsa for n in g)]
 
 
 @register("set")
 def set_schedule(mod, hw, supported, options: SetOptions | None = None) -> list[KernelSpec]:
-    """One kernel of every layer the DSA runs, scheduled by a resource allocation tree."""
+    """One kernel per group of ``program_groups``, each scheduled by a resource allocation tree."""
     options = options if isinstance(options, SetOptions) else SetOptions()
     graph = OpGraph.from_relax(mod)
-    layers, views = program_calls(mod, graph, supported)
-    if not layers:
-        return []
-    calls = {n.name for n in layers + views}
-    batch = batch_of(graph)
-    lg = LayerGraph.from_relax(mod, batch, frozenset(n.name for n in graph.nodes if n.name not in calls))
-    ev = Evaluator(lg, hw)
-    if options.tree is not None:
-        tree, search = Tree.parse(options.tree, lg), None
-        if tree.batch != batch:
-            raise SetScheduleError(f"the given tree has batch {tree.batch}, the module {batch}")
-        validate(tree, lg, hw.cores)
-    else:
-        search = anneal(lg, hw, batch, options.anneal, evaluator=ev)
-        tree = search.tree
-    names = tuple(n.name for n in graph.nodes if n.name in calls)
-    return [KernelSpec("set", names, plan=SetPlan(lg, ev.schedule(tree), search))]
+    groups = program_groups(mod, graph, supported)
+    if options.tree is not None and len(groups) > 1:
+        raise SetScheduleError(f"a given tree schedules one program, but host calls split the layers into "
+                               f"{len(groups)}")
+    batch = batch_of(graph) if groups else 1
+    specs = []
+    for k, nodes in enumerate(groups):
+        names = {n.name for n in nodes}
+        lg = LayerGraph.from_relax(mod, batch, frozenset(n.name for n in graph.nodes if n.name not in names))
+        ev = Evaluator(lg, hw)
+        if options.tree is not None:
+            tree, search = Tree.parse(options.tree, lg), None
+            if tree.batch != batch:
+                raise SetScheduleError(f"the given tree has batch {tree.batch}, the module {batch}")
+            validate(tree, lg, hw.cores)
+        else:
+            search = anneal(lg, hw, batch, options.anneal, evaluator=ev)
+            tree = search.tree
+        specs.append(KernelSpec(f"set{k}", tuple(n.name for n in nodes), plan=SetPlan(lg, ev.schedule(tree), search)))
+    return specs
