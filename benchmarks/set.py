@@ -122,7 +122,7 @@ def simulate_tree(model: str, preset: str, tree: Tree, graph: LayerGraph) -> tup
     mod = import_onnx(get_model(model, batch=tree.batch))
     tvm.compile(mod, target=f"dsa/{preset}",
                 relax_pipeline=tvm_dsa.pipeline(schedule="set", options=SetOptions(tree=tree.text(graph))))
-    _, program = tvm_dsa.pipeline_result().trees["set"]
+    _, program = tvm_dsa.pipeline_result().trees["set0"]
     report = simulate(program.program, mode="timing", check_hazards=False).report
     launch = hardware.get(preset).kernel_launch_cycles
     return report.cycles - launch, report.ddr_read + report.ddr_write, program.timeline()

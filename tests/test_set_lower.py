@@ -41,7 +41,7 @@ def resnet():
 
 def compile_set(mod, options):
     ex = tvm.compile(mod, target="dsa/set-edge16-fp16", relax_pipeline=tvm_dsa.pipeline(schedule="set", options=options))
-    plan, lowered = tvm_dsa.pipeline_result().trees["set"]
+    plan, lowered = tvm_dsa.pipeline_result().trees["set0"]
     return relax.VirtualMachine(ex, tvm.cpu()), plan, lowered
 
 
@@ -71,6 +71,22 @@ def test_searched_tree_compiles_and_matches_llvm(resnet):
     vm, plan, _ = compile_set(mod, SetOptions(Anneal(beta=2, seed=3)))
     assert plan.search is not None and plan.search.iterations == 2 * len(graph)
     assert rel_error(vm["main"](tvm.runtime.tensor(x)).numpy(), ref) < 2e-2
+
+
+@pytest.mark.parametrize("name", ["googlenet", "pnasnet", "vit_b16"])
+def test_zoo_models_on_set_match_llvm(name):
+    """The branchy CNNs, and a transformer whose gather on the host splits the layers into two
+    programs, each with its own tree."""
+    model = get_model(name, batch=2, **TINY[name])
+    mod = import_onnx(model)
+    args = [tvm.runtime.tensor(v) for v in example_inputs(model).values()]
+    ref = relax.VirtualMachine(tvm.compile(mod, target="llvm"), tvm.cpu())["main"](*args).numpy()
+    ex = tvm.compile(mod, target="dsa/set-edge16-fp16",
+                     relax_pipeline=tvm_dsa.pipeline(schedule="set", options=SetOptions(Anneal(beta=1))))
+    trees = tvm_dsa.pipeline_result().trees
+    assert len(trees) == (2 if name == "vit_b16" else 1)
+    assert all(plan.schedule.tree.batch == 2 for plan, _ in trees.values())
+    assert rel_error(relax.VirtualMachine(ex, tvm.cpu())["main"](*args).numpy(), ref) < 2e-2
 
 
 def test_invocations_run_on_their_groups_in_tree_order(resnet):
