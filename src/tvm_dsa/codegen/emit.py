@@ -527,6 +527,19 @@ def _whole_operand(r: Region) -> isa.Operand:
     return isa.Operand(r.mem, r.index, r.base, r.dtype, tuple(_row_major(r.extents)))
 
 
+def place_arguments(inputs, outputs, tensors: dict, hw: Hardware) -> tuple[dict, list, int]:
+    """(DDR region per tensor, ``TensorArg`` list, first free offset): a kernel's inputs then its
+    outputs packed in DDR from offset 0 (``tensors``: name -> (shape, host dtype))."""
+    regions, args, offset = {}, [], 0
+    for role, names in (("input", inputs), ("output", outputs)):
+        for t in names:
+            shape, dtype = tensors[t]
+            regions[t] = Region.whole("ddr", 0, offset, shape, hw.storage_dtype)
+            args.append(isa.TensorArg(t, role, tuple(shape), hw.storage_dtype, dtype, offset))
+            offset = align(offset + args[-1].nbytes)
+    return regions, args, offset
+
+
 def build_program(func, hw: Hardware, name: str, num_outputs: int = 1) -> isa.Program:
     """One-kernel program for a lowered PrimFunc whose last ``num_outputs`` params are outputs:
     every tensor in DDR, the first tile loop's index picks the cluster (the batch split), tiles go

@@ -26,7 +26,7 @@ from .. import isa
 from ..hardware import Hardware
 from ..schedule.set.alloc import stripe_order
 from ..schedule.set.evaluate import Slot, invocation_order
-from .emit import KernelEmitter, Region
+from .emit import KernelEmitter, Region, place_arguments
 from .kernel_ir import ALIGN, CodegenError, align
 from .stitch import footprints
 
@@ -146,13 +146,7 @@ def build_tree_program(k: TreeKernel, hw) -> TreeProgram:
     """The program of a SET schedule (one kernel) and the instruction span of every invocation."""
     sched = k.schedule
     batch = sched.tree.batch
-    regions, args, offset = {}, [], 0
-    for role, names in (("input", k.inputs), ("output", k.outputs)):
-        for t in names:
-            shape, dtype = k.tensors[t]
-            regions[t] = Region.whole("ddr", 0, offset, shape, hw.storage_dtype)
-            args.append(isa.TensorArg(t, role, tuple(shape), hw.storage_dtype, dtype, offset))
-            offset = align(offset + args[-1].nbytes)
+    regions, args, offset = place_arguments(k.inputs, k.outputs, k.tensors, hw)
     for L in k.layers:  # intermediates: DDR scratch after the arguments
         t = L.args[L.ir.params[-1][0]]
         if t not in regions:

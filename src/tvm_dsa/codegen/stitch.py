@@ -327,7 +327,7 @@ def build_stitched(sg: SubGraphKernel, hw, order: str = "best", spill: str = "lo
     step that first reads it, so the cluster DMA moves it while earlier layers compute (its GB
     space is held from then on); with 0 every layer waits for its own weights."""
     from .. import isa
-    from .emit import KernelEmitter, Region
+    from .emit import KernelEmitter, Region, place_arguments
     from .kernel_ir import ALIGN
 
     prints = {L.name: footprints(L) for L in sg.layers}
@@ -342,13 +342,7 @@ def build_stitched(sg: SubGraphKernel, hw, order: str = "best", spill: str = "lo
         return esize * math.prod(h - l for l, h in zip(*box))
 
     # DDR: arguments, then scratch for what the GB does not keep
-    args, regions, offset = [], {}, 0
-    for role, names in (("input", sg.inputs), ("output", sg.outputs)):
-        for t in names:
-            shape, dtype = sg.tensors[t]
-            regions[t] = Region.whole("ddr", 0, offset, shape, hw.storage_dtype)
-            args.append(isa.TensorArg(t, role, tuple(shape), hw.storage_dtype, dtype, offset))
-            offset = align(offset + args[-1].nbytes)
+    regions, args, offset = place_arguments(sg.inputs, sg.outputs, sg.tensors, hw)
 
     index = {L.name: k for k, L in enumerate(sg.layers)}
     readers: dict = {}

@@ -72,6 +72,14 @@ def _scaled_residual(b: GraphBuilder, x: str, branches: list[str], cat: int, c: 
     return b.relu(b.add(x, b.scale(y, scale)))
 
 
+def _factorized_block(b: GraphBuilder, x: str, c: int, ch: int, n: int, scale: float) -> str:
+    """Inception-ResNet-B / -C: a 1x1 branch and a 1x1 -> 1xn -> nx1 branch of ``ch`` channels."""
+    y1 = b.conv_bn(x, c, ch, 1, name="b1")
+    y2 = b.conv_bn(b.conv_bn(b.conv_bn(x, c, ch, 1, name="b2.0"), ch, ch, (1, n), name="b2.1"),
+                   ch, ch, (n, 1), name="b2.2")
+    return _scaled_residual(b, x, [y1, y2], 2 * ch, c, scale)
+
+
 def inception_resnet_v1(batch: int = 1, image: int = 299, num_classes: int = 1000, width: float = 1.0,
                         blocks: Sequence[int] = (5, 10, 5), seed: int = 0) -> onnx.ModelProto:
     """Inception-ResNet-v1 (Szegedy et al. 2016, Fig. 14 with Fig. 10-13 and Table 1's k, l, m, n
@@ -107,10 +115,7 @@ def inception_resnet_v1(batch: int = 1, image: int = 299, num_classes: int = 100
         x, c = b.concat([y1, y2, y3], axis=1), c + w(384) + w(256)
     for i in range(blocks[1]):
         with b.scope(f"block_b{i}"):  # Fig. 11
-            y1 = b.conv_bn(x, c, w(128), 1, name="b1")
-            y2 = b.conv_bn(b.conv_bn(b.conv_bn(x, c, w(128), 1, name="b2.0"), w(128), w(128), (1, 7), name="b2.1"),
-                           w(128), w(128), (7, 1), name="b2.2")
-            x = _scaled_residual(b, x, [y1, y2], 2 * w(128), c, 0.10)
+            x = _factorized_block(b, x, c, w(128), 7, 0.10)
     with b.scope("reduction_b"):  # Fig. 12
         y1 = b.maxpool(x, 3, 2)
         y2 = b.conv_bn(b.conv_bn(x, c, w(256), 1, name="b2.0"), w(256), w(384), 3, 2, 0, name="b2.1")
@@ -120,10 +125,7 @@ def inception_resnet_v1(batch: int = 1, image: int = 299, num_classes: int = 100
         x, c = b.concat([y1, y2, y3, y4], axis=1), c + w(384) + 2 * w(256)
     for i in range(blocks[2]):
         with b.scope(f"block_c{i}"):  # Fig. 13
-            y1 = b.conv_bn(x, c, w(192), 1, name="b1")
-            y2 = b.conv_bn(b.conv_bn(b.conv_bn(x, c, w(192), 1, name="b2.0"), w(192), w(192), (1, 3), name="b2.1"),
-                           w(192), w(192), (3, 1), name="b2.2")
-            x = _scaled_residual(b, x, [y1, y2], 2 * w(192), c, 0.20)
+            x = _factorized_block(b, x, c, w(192), 3, 0.20)
     x = b.gap_flatten(x)
     b.output(b.gemm(x, c, num_classes, name="fc"), "logits")
     return b.build(cfg)

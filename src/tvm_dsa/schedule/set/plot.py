@@ -1,5 +1,6 @@
-"""The space-time (S-T) graph of a SET schedule (seed 002 Fig. 7): tiles on the y axis, time on
-the x axis, one rectangle per layer invocation — the layer on the tiles it uses, for its samples.
+"""The space-time (S-T) graph of a SET schedule (seed 002 Fig. 3(b), Fig. 7): tiles on the y axis,
+time on the x axis, one rectangle per layer invocation — the layer on the tiles it uses, for its
+samples, labelled like the seed's "l1[0,1]" (layer l1 on samples 0 to 1).
 
 ``st_graph`` draws the rectangles of a timeline, the evaluator's (``Evaluator.evaluate(tree,
 timeline=True).timeline``) or the simulator's (``TreeProgram.timeline()``), and writes PNG or SVG
@@ -34,7 +35,7 @@ def st_graph(slots: tuple[Slot, ...], graph: LayerGraph, tiles: int, path: str |
         ax.add_patch(Rectangle((x, lo), w, hi - lo, facecolor=colours[s.layer], edgecolor="black", linewidth=0.4))
         if w > 0.04 * end:
             first = s.invocation * s.batch
-            ax.text(x + w / 2, (lo + hi) / 2, f"{graph.layers[s.layer].name}\n{first}-{first + s.batch - 1}",
+            ax.text(x + w / 2, (lo + hi) / 2, f"{graph.layers[s.layer].name}\n[{first},{first + s.batch - 1}]",
                     ha="center", va="center", fontsize=6, clip_on=True)
     ax.set_xlim(0, end)
     ax.set_ylim(0, tiles)
