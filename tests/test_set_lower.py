@@ -105,6 +105,21 @@ def test_invocations_run_on_their_groups_in_tree_order(resnet):
         lo, hi = sched.leaves[s.layer].used
         assert s.cores == tuple(cores[lo:hi])
         assert {kernel.instructions[i].core for i in range(s.first, s.last)} <= set(s.cores)
+    # a weight box several cores of an invocation need is read from DDR once, then sent core to core
+    weights = [(a.offset, a.offset + a.nbytes) for a in lowered.program.args if a.name.startswith("const")]
+    forwarded = 0
+    for s in lowered.spans:
+        loads = {}
+        for i in range(s.first, s.last):
+            ins = kernel.instructions[i]
+            if type(ins).__name__ != "Dma":
+                continue
+            if ins.src.mem == ins.dst.mem == "lb":
+                forwarded += ins.src.index != ins.dst.index
+            elif ins.src.mem == "ddr" and any(lo <= ins.src.offset < hi for lo, hi in weights):
+                loads.setdefault((ins.src.offset, ins.shape, ins.src.strides), set()).add(ins.core)
+        assert all(len(cores) == 1 for cores in loads.values())
+    assert forwarded > 0
     timing = simulate_program(lowered.program, FP16, check_hazards=False).kernels[0]
     compute = {}  # (layer, invocation) -> (first start, last end) of its MME and vector instructions
     for s in lowered.spans:
