@@ -3,11 +3,17 @@
     python benchmarks/set.py                                   # ResNet-50, both presets, batch 1/8/64
     python benchmarks/set.py --models resnet50 bert_base --beta 20
     python benchmarks/set.py --presets set-edge16 --batches 1 --objective delay --save trees/
+    python benchmarks/set.py --batches 1 8 --lower --plot plots/      # evaluator vs simulator, S-T graphs
 
 All three schemes come from one simulated-annealing engine (``schedule.set.search``): SET over all
 trees, LS over trees whose depth-one cuts are T-cuts, LP over depth-one S-cuts. The objective is
 the preset's (edge E²D, cloud ED²) unless ``--objective`` says otherwise. Prints one row per
 (model, preset, batch, scheme), then SET's ratios to LS and LP and their averages.
+
+``--lower`` compiles the model at the batch with each best tree (``tvm_dsa.pipeline(schedule="set")``),
+runs the program on the simulator (timing) and prints the evaluator's latency and DRAM bytes next to
+the simulator's. ``--plot DIR`` writes each SET tree's S-T graph (evaluator, and simulator with
+``--lower``) as SVG.
 """
 
 from __future__ import annotations
@@ -20,7 +26,8 @@ from pathlib import Path
 import tvm_dsa  # noqa: F401  (registers the presets)
 from tvm_dsa import hardware
 from tvm_dsa.models import MODELS, get_model
-from tvm_dsa.schedule.set import Evaluator, LayerGraph
+from tvm_dsa.schedule.set import Evaluator, LayerGraph, Tree
+from tvm_dsa.schedule.set.plot import st_graph
 from tvm_dsa.schedule.set.ops import LP, LS, SET
 from tvm_dsa.schedule.set.search import Anneal, anneal
 
@@ -36,11 +43,13 @@ def main() -> None:
     ap.add_argument("--beta", type=float, default=100.0)
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--save", type=Path, help="directory for each best tree as .txt and .json")
+    ap.add_argument("--lower", action="store_true", help="also lower each best tree and simulate it")
+    ap.add_argument("--plot", type=Path, help="directory for the SET trees' S-T graphs (SVG)")
     args = ap.parse_args()
 
     print(f"{'model':<10} {'preset':<13} {'batch':>5} {'scheme':<4} {'latency(cyc)':>13} {'energy(mJ)':>11} "
           f"{'EDP(J*s)':>10} {'DRAM(MB)':>9} {'iters':>6} {'search(s)':>9}  tree")
-    ratios = []
+    ratios, lowered = [], []
     for model in args.models:
         t = time.perf_counter()
         graph = LayerGraph.from_onnx(get_model(model))
@@ -59,15 +68,35 @@ def main() -> None:
                     text = r.tree.text(graph)
                     if args.save:
                         args.save.mkdir(parents=True, exist_ok=True)
-                        stem = args.save / f"{model}-{preset}-b{batch}-{space.name}"
-                        stem.with_suffix(".txt").write_text(text + "\n")
-                        stem.with_suffix(".json").write_text(json.dumps(r.tree.to_json(graph), indent=1))
+                        path = args.save / f"{model}-{preset}-b{batch}-{space.name}"
+                        path.with_suffix(".txt").write_text(text + "\n")
+                        path.with_suffix(".json").write_text(json.dumps(r.tree.to_json(graph), indent=1))
                     print(f"{model:<10} {preset:<13} {batch:>5} {space.name.upper():<4} {e.latency:>13.0f} "
                           f"{e.joules * 1e3:>11.3f} {e.edp:>10.3e} {e.dram_bytes / 1e6:>9.2f} {r.iterations:>6} "
                           f"{r.seconds:>9.1f}  {text[:70]}{'...' if len(text) > 70 else ''}", flush=True)
+                    stem = f"{model}-{preset}-b{batch}-{space.name}"
+                    sim = simulate_tree(model, preset, r.tree, graph) if args.lower else None
+                    if sim:
+                        lowered.append((model, preset, batch, space.name, e, *sim[:2]))
+                    if args.plot and space is SET:
+                        args.plot.mkdir(parents=True, exist_ok=True)
+                        slots = ev.evaluate(r.tree, timeline=True).timeline
+                        st_graph(slots, graph, hw.cores, args.plot / f"{stem}-evaluator.svg", f"{stem} (evaluator)")
+                        if sim:
+                            st_graph(sim[2], graph, hw.cores, args.plot / f"{stem}-simulator.svg", f"{stem} (simulator)")
                 s, ls, lp = found["set"], found["ls"], found["lp"]
                 ratios.append((model, preset, batch, objective, s.latency / ls.latency, s.latency / lp.latency,
                                s.joules / ls.joules, s.joules / lp.joules))
+    if lowered:
+        print(f"\nthe same trees lowered to DSA programs and simulated (timing):\n{'model':<10} {'preset':<13} "
+              f"{'batch':>5} {'scheme':<6} {'evaluator(cyc)':>14} {'simulator(cyc)':>14} {'sim/eval':>8} "
+              f"{'eval DRAM(MB)':>13} {'sim DRAM(MB)':>12}")
+        for model, preset, batch, scheme, e, cycles, dram in lowered:
+            print(f"{model:<10} {preset:<13} {batch:>5} {scheme.upper():<6} {e.latency:>14.0f} {cycles:>14} "
+                  f"{cycles / e.latency:>8.2f} {e.dram_bytes / 1e6:>13.2f} {dram / 1e6:>12.2f}")
+        ratio = [c / e.latency for *_, e, c, _ in lowered]
+        print(f"simulator / evaluator latency: mean {sum(ratio) / len(ratio):.2f}, min {min(ratio):.2f}, "
+              f"max {max(ratio):.2f} over {len(ratio)} trees")
     print(f"\n{'model':<10} {'preset':<13} {'batch':>5} {'objective':<9} {'lat SET/LS':>10} {'lat SET/LP':>10} "
           f"{'E SET/LS':>9} {'E SET/LP':>9}")
     for model, preset, batch, objective, *r in ratios:
@@ -78,6 +107,25 @@ def main() -> None:
     print(f"\naverage over {n} cases: SET is {speedup_lp:.2f}x faster than LP and uses {100 * saving_lp:.1f} % "
           f"less energy; {sum(1 / r[4] for r in ratios) / n:.2f}x faster than LS, "
           f"{100 * (1 - sum(r[6] for r in ratios) / n):.1f} % less energy")
+
+
+def simulate_tree(model: str, preset: str, tree: Tree, graph: LayerGraph) -> tuple[int, int, tuple]:
+    """(simulated cycles of the kernel, without its launch; DRAM payload bytes; S-T rectangles) of
+    ``tree`` lowered to a DSA program for ``model`` at the tree's batch (timing only: the presets
+    store int8)."""
+    import tvm
+
+    from tvm_dsa.driver import import_onnx
+    from tvm_dsa.runtime.simulator import simulate
+    from tvm_dsa.schedule.set.scheduler import SetOptions
+
+    mod = import_onnx(get_model(model, batch=tree.batch))
+    tvm.compile(mod, target=f"dsa/{preset}",
+                relax_pipeline=tvm_dsa.pipeline(schedule="set", options=SetOptions(tree=tree.text(graph))))
+    _, program = tvm_dsa.pipeline_result().trees["set0"]
+    report = simulate(program.program, mode="timing", check_hazards=False).report
+    launch = hardware.get(preset).kernel_launch_cycles
+    return report.cycles - launch, report.ddr_read + report.ddr_write, program.timeline()
 
 
 if __name__ == "__main__":

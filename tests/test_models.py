@@ -37,7 +37,7 @@ def tiny_models() -> dict[str, onnx.ModelProto]:
 def test_registry_and_tiny_cover_the_same_models():
     assert set(TINY) == set(MODELS) == {
         "resnet18", "resnet50", "mobilenet_v2", "densenet121", "bert_base", "vit_b16",
-        "dlrm", "conformer"}
+        "dlrm", "conformer", "googlenet", "inception_resnet_v1", "pnasnet"}
 
 
 def test_unknown_model_lists_known_ones():

@@ -20,17 +20,20 @@ from .relax_passes.offload import StitchOptions
 from .relax_passes.offload_symbolic import is_dynamic, offload_symbolic
 from .relax_passes.rdp_apply import ApplyRDP
 from .relax_passes.rdp_fusion import AnnotateSymbolicReshapes
+from .schedule.set.scheduler import SetOptions
 
 LAST_OFFLOAD: dict = {}  # "result": the OffloadResult of the last compilation
 
 
 def pipeline(schedule: str = "layerwise", hw: hardware.Hardware | str | None = None,
-             options: StitchOptions | None = None, database=None, rdp_fusion: bool = True) -> tvm.transform.Pass:
+             options: StitchOptions | SetOptions | None = None, database=None,
+             rdp_fusion: bool = True) -> tvm.transform.Pass:
     """The DSA compilation pipeline as a pass; ``hw`` defaults to the chip of the current target;
-    ``options`` are the stitched kernels' choices (``graphturbo``). ``database`` (a meta-schedule
-    database or the work_dir of ``tvm_dsa.tune``; default: the one in scope, ``with database:``)
-    gives the kernels it has records for their tuned tiling. ``rdp_fusion=False`` leaves a dynamic
-    model to TVM's fusion as imported (the baseline of seed 001 §4.2)."""
+    ``options`` are the scheduler's choices (``graphturbo``: the stitched kernels', ``set``: the
+    search's or a given tree). ``database`` (a meta-schedule database or the work_dir of
+    ``tvm_dsa.tune``; default: the one in scope, ``with database:``) gives the kernels it has
+    records for their tuned tiling. ``rdp_fusion=False`` leaves a dynamic model to TVM's fusion as
+    imported (the baseline of seed 001 §4.2)."""
     from . import schedule as schedules
 
     schedules.get(schedule)  # fail early on an unknown name
@@ -47,7 +50,7 @@ def pipeline(schedule: str = "layerwise", hw: hardware.Hardware | str | None = N
         with host:
             mod = fuse(mod, rdp_fusion)
             mod, result = (offload_symbolic(mod, chip) if dynamic
-                           else offload(mod, chip, schedule, options=options or StitchOptions(),
+                           else offload(mod, chip, schedule, options=options,
                                         tuned=_tuned_kernels(database, chip)))
             LAST_OFFLOAD["result"] = result
             mod = tvm.transform.Sequential(

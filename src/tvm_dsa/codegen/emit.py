@@ -196,6 +196,7 @@ class KernelEmitter:
         self.count: dict = {}  # (core, buffer) -> lifetimes started
         self.alias: dict = {}  # (core, buffer) -> Region the tile buffer reads in place
         self.content: dict = {}  # (core, buffer) -> (tensor, region, box origin) it was loaded with
+        self.holders: dict = {}  # (layer, buffer, content) -> {core holding it: copies it has sent}
         self.marks: list = []  # isa.LayerMark per run of instructions of one layer
         self.scratch_top = 0
 
@@ -426,7 +427,11 @@ class KernelEmitter:
             self._start_lifetime(stage, core)
         dst = self._operand(stage, stage.dst, core)
         if stage.op == "dma":
-            self._copy(stage, stage.value, dst, core, [0] * len(stage.shape), list(stage.shape))
+            src = self._holder(stage, core, dst) if stage.name in self.aliasable else None
+            if src is not None:
+                self._push(isa.Dma(core, stage.shape, dst, src), core)
+            else:
+                self._copy(stage, stage.value, dst, core, [0] * len(stage.shape), list(stage.shape))
         elif stage.op == "mme":
             a, b = (self._operand(stage, r.access, core) for r in stage.value)
             mask = tuple(s == 0 for s in dst.strides)
@@ -437,6 +442,25 @@ class KernelEmitter:
             self._push(isa.Reduce(core, "vme", stage.reduce_op, stage.shape, mask, dst, src, True), core)
         else:
             self._expr(stage, stage.value, core, dst)
+
+    def _holder(self, stage: Stage, core: int, dst: isa.Operand) -> isa.Operand | None:
+        """On a mesh, where another core's buffer holds the box this copy loads (the same layer's
+        tile of the same tensor), the operand to copy it from over the NoC instead of reading DDR
+        again: seed 002's tiles share weights and ifmaps by multicast, DRAM read once. The holder
+        that has sent the fewest copies sends (a tree, not a star from the first loader)."""
+        if self.hw.interconnect != "mesh":
+            return None
+        buf = stage.dst.buffer
+        content = self.content[(core, buf)]
+        sent = self.holders.setdefault((self.cur.name, buf, content), {})
+        live = [c for c in sent if c != core and self.content.get((c, buf)) == content
+                and self.on_core.get(c) == self.on_core[core]]
+        sent[core] = 0
+        if not live:
+            return None
+        holder = min(live, key=lambda c: (sent[c], c))
+        sent[holder] += 1
+        return replace(dst, index=holder, offset=dst.offset + self.slot[(holder, buf)] - self.slot[(core, buf)])
 
     def _expr(self, stage: Stage, v, core: int, dst):
         """Vector instructions computing ``v`` over the box; returns its operand (or scalar).
@@ -582,6 +606,19 @@ def _sub_operand(o: isa.Operand, start) -> isa.Operand:
 
 def _whole_operand(r: Region) -> isa.Operand:
     return isa.Operand(r.mem, r.index, r.base, r.dtype, tuple(_row_major(r.extents)))
+
+
+def place_arguments(inputs, outputs, tensors: dict, hw: Hardware) -> tuple[dict, list, int]:
+    """(DDR region per tensor, ``TensorArg`` list, first free offset): a kernel's inputs then its
+    outputs packed in DDR from offset 0 (``tensors``: name -> (shape, host dtype))."""
+    regions, args, offset = {}, [], 0
+    for role, names in (("input", inputs), ("output", outputs)):
+        for t in names:
+            shape, dtype = tensors[t]
+            regions[t] = Region.whole("ddr", 0, offset, shape, hw.storage_dtype)
+            args.append(isa.TensorArg(t, role, tuple(shape), hw.storage_dtype, dtype, offset))
+            offset = align(offset + args[-1].nbytes)
+    return regions, args, offset
 
 
 def build_program(func, hw: Hardware, name: str, num_outputs: int = 1) -> isa.Program:

@@ -390,7 +390,7 @@ def build_stitched(sg: SubGraphKernel, hw, order: str = "best", spill: str = "lo
     A cluster whose instances are the first cluster's moved along the batch, placed alike, gets a
     copy of its instructions (``replicate``; False emits every cluster, for tests)."""
     from .. import isa
-    from .emit import KernelEmitter, Region
+    from .emit import KernelEmitter, Region, place_arguments
     from .kernel_ir import ALIGN
 
     inst, prints = sg_instances(sg)
@@ -404,13 +404,7 @@ def build_stitched(sg: SubGraphKernel, hw, order: str = "best", spill: str = "lo
         return esize * math.prod(h - l for l, h in zip(*box))
 
     # DDR: arguments, then scratch for what the GB does not keep
-    args, regions, offset = [], {}, 0
-    for role, names in (("input", sg.inputs), ("output", sg.outputs)):
-        for t in names:
-            shape, dtype = sg.tensors[t]
-            regions[t] = Region.whole("ddr", 0, offset, shape, hw.storage_dtype)
-            args.append(isa.TensorArg(t, role, tuple(shape), hw.storage_dtype, dtype, offset))
-            offset = align(offset + args[-1].nbytes)
+    regions, args, offset = place_arguments(sg.inputs, sg.outputs, sg.tensors, hw)
 
     index = {L.name: k for k, L in enumerate(sg.layers)}
     readers: dict = {}

@@ -21,6 +21,7 @@ from .builder import META_CONFIG, META_INPUT_RANGES, GraphBuilder, infer_shapes
 from .cnn import densenet121, mobilenet_v2, resnet18, resnet50
 from .conformer import conformer
 from .dlrm import dlrm
+from .inception import googlenet, inception_resnet_v1, pnasnet
 from .transformer import bert_base, vit_b16
 
 MODELS: dict[str, Callable[..., onnx.ModelProto]] = {
@@ -32,6 +33,9 @@ MODELS: dict[str, Callable[..., onnx.ModelProto]] = {
     "vit_b16": vit_b16,
     "dlrm": dlrm,
     "conformer": conformer,
+    "googlenet": googlenet,
+    "inception_resnet_v1": inception_resnet_v1,
+    "pnasnet": pnasnet,
 }
 
 #: Small configurations of every model: each imports + compiles in ~1-3 s in TVM llvm
@@ -47,6 +51,9 @@ TINY: dict[str, dict] = {
     "vit_b16": dict(image=32, patch=8, layers=2, hidden=64, heads=4, mlp=256, num_classes=10),
     "dlrm": dict(batch=8, bottom_mlp=(32, 16), top_mlp=(32, 1), tables=(50, 60, 70, 80)),
     "conformer": dict(seq=32, dim=32, heads=4),
+    "googlenet": dict(image=32, width=0.125, modules=(1, 1, 1), num_classes=10),
+    "inception_resnet_v1": dict(image=75, width=0.125, blocks=(1, 1, 1), num_classes=10),
+    "pnasnet": dict(image=32, filters=16, cells=1, stages=1, num_classes=10),
 }
 
 

@@ -3,7 +3,8 @@
 Every PrimFunc ``main`` calls is lowered by the TIR passes; the scheduler groups the calls into
 kernels; each kernel becomes a DSA program (one layer: ``build_program``; a stitched sub-graph:
 ``build_stitched``) and its calls become one
-``call_dps_packed("tvm_dsa.execute", (program, info, *inputs))`` returning its outputs. The program
+``call_dps_packed("tvm_dsa.execute", (program, info, *inputs))`` returning its outputs (a SET
+schedule: ``build_tree_program``, all its layers in one program). The program
 text lives in the VM bytecode, so ``export_library`` / ``load_module`` keep it. A PrimFunc the DSA
 cannot run keeps its ``call_tir`` and runs on the host; the reason is recorded.
 """
@@ -19,9 +20,11 @@ from tvm import relax, tirx
 from .. import schedule as schedules
 from ..codegen.emit import Layer, build_program
 from ..codegen.kernel_ir import ALIGN
+from ..codegen.set_program import TreeKernel, build_tree_program
 from ..codegen.stitch import SubGraphKernel, build_stitched, instance_cores
 from ..hardware import Hardware
 from ..schedule.graph import OpGraph
+from ..schedule.set.intra import working_set_bytes
 from ..tir_passes import Unsupported, lower_kernel
 from .stats import kernel_macs
 
@@ -38,6 +41,7 @@ class OffloadResult:
     host_macs: int = 0
     stitched: dict = field(default_factory=dict)  # kernel name -> StitchInfo
     tuned: list = field(default_factory=list)  # PrimFunc names lowered with a tuning record
+    trees: dict = field(default_factory=dict)  # kernel name -> (SetPlan, TreeProgram) of a SET kernel
 
 
 @dataclass(frozen=True)
@@ -63,17 +67,19 @@ class StitchOptions:
 
 
 def offload(mod: tvm.IRModule, hw: Hardware, schedule: str = "layerwise", run_id: str = "model",
-            options: StitchOptions = StitchOptions(), tuned=None):
-    """Return (new module, OffloadResult). ``tuned(func)`` gives a PrimFunc lowered with its tuning
-    record (``tvm_dsa.tuning``), or None to tile it by default."""
+            options=None, tuned=None):
+    """Return (new module, OffloadResult). ``options``: the scheduler's (``StitchOptions`` for
+    graphturbo's stitched kernels, ``SetOptions`` for set); ``tuned(func)`` gives a PrimFunc
+    lowered with its tuning record (``tvm_dsa.tuning``), or None to tile it by default."""
     result = OffloadResult()
+    stitch = options if isinstance(options, StitchOptions) else StitchOptions()
     graph = OpGraph.from_relax(mod)
     lowered: dict = {}  # PrimFunc name -> (lowered, LB budget it was tiled to; None: the whole LB)
     for name in dict.fromkeys(n.func for n in graph.nodes):
         func = mod[name]
         if not isinstance(func, tirx.PrimFunc):
             continue
-        if schedule == "layerwise" and relax.analysis.has_reshape_pattern(func):
+        if schedule in ("layerwise", "set") and relax.analysis.has_reshape_pattern(func):
             result.host[name] = "a pure reshape: a view on the host, no data moves"
             continue
         try:
@@ -82,21 +88,28 @@ def offload(mod: tvm.IRModule, hw: Hardware, schedule: str = "layerwise", run_id
                 lowered[name] = (record, None)
                 result.tuned.append(name)
             else:
-                lowered[name] = (lower_kernel(func, hw)[0], None)
+                lowered[name] = _lower(func, hw, working_set_bytes(hw) if schedule == "set" else None)
         except Unsupported as err:
             result.host[name] = str(err)
     in_part: dict = {}  # PrimFunc name -> lowered within the LB share StitchOptions leaves to tiles
 
     def tiled_in_part(name):
         if name not in in_part:
-            in_part[name] = _lower(mod[name], hw, options.lb_budget(hw))
+            in_part[name] = _lower(mod[name], hw, stitch.lb_budget(hw))
         return in_part[name]
-    specs = schedules.get(schedule)(mod, hw, set(lowered))
+    specs = schedules.get(schedule)(mod, hw, set(lowered), options)
     node_of = {n.name: n for n in graph.nodes}
     kernels = []  # (spec, program text, input exprs, output vars)
     programs: dict = {}  # PrimFunc name -> program text of its one-layer kernel
     for spec in specs:
         nodes = [node_of[c] for c in spec.calls]
+        if spec.plan is not None:  # a SET schedule
+            tk = _tree_kernel(spec, nodes, graph, lowered, hw)
+            lowered_tree = build_tree_program(tk, hw)
+            result.dsa.append(spec.name)
+            result.trees[spec.name] = (spec.plan, lowered_tree)
+            kernels.append((spec, lowered_tree.program.serialize(), [graph.tensors[t] for t in tk.inputs], list(tk.outputs)))
+            continue
         if not spec.stitched:
             (node,) = nodes
             if node.func not in programs:
@@ -113,10 +126,10 @@ def offload(mod: tvm.IRModule, hw: Hardware, schedule: str = "layerwise", run_id
             sg = _subgraph(spec, nodes, graph, lowered, hw)
             # the LB level (Fig. 15's "L1") pays only where Algorithm 4 gives every instance one
             # core (it keeps the intermediates in that core's LB); elsewhere the tiles keep the LB
-            lb = options.lb_keep > 0 and all(len(c) == 1 for c in instance_cores(sg, hw))
+            lb = stitch.lb_keep > 0 and all(len(c) == 1 for c in instance_cores(sg, hw))
             if lb:
                 sg = _subgraph(spec, nodes, graph, {n.func: tiled_in_part(n.func) for n in nodes}, hw)
-            program, info = build_stitched(sg, hw, options.order, options.spill, options.gb, options.prefetch, lb=lb)
+            program, info = build_stitched(sg, hw, stitch.order, stitch.spill, stitch.gb, stitch.prefetch, lb=lb)
         except Unsupported as err:
             for n in nodes:
                 result.host[n.func] = f"in {spec.name}: {err}"
@@ -146,11 +159,11 @@ def _lower(func, hw, lb_bytes):
     return lower_kernel(func, hw)[0], None
 
 
-def _subgraph(spec, nodes, graph, lowered, hw) -> SubGraphKernel:
-    """The sub-graph of ``spec`` for kernel generation, its layers from ``lowered`` (PrimFunc name
-    -> (lowered PrimFunc, LB budget))."""
+def _boundary(nodes, graph) -> tuple[list[str], list[str]]:
+    """(inputs, outputs) of a group of calls: tensors they read from outside, tensors they produce
+    that something outside reads or ``main`` returns."""
     members = {n.output for n in nodes}
-    inputs, outputs, tensors = [], [], {}
+    inputs, outputs = [], []
     for n in nodes:
         for t in n.inputs:
             if t not in members and t not in inputs:
@@ -158,13 +171,32 @@ def _subgraph(spec, nodes, graph, lowered, hw) -> SubGraphKernel:
         consumers = [m for m in graph.nodes if n.output in m.inputs and m.output not in members]
         if consumers or n.output in graph.outputs:
             outputs.append(n.output)
-        for t in (*n.inputs, n.output):
-            tensors[t] = (graph.tensors[t].shape, graph.tensors[t].dtype)
+    return inputs, outputs
+
+
+def _subgraph(spec, nodes, graph, lowered, hw) -> SubGraphKernel:
+    """The sub-graph of ``spec`` for kernel generation, its layers from ``lowered`` (PrimFunc name
+    -> (lowered PrimFunc, LB budget))."""
+    inputs, outputs = _boundary(nodes, graph)
+    tensors = {t: (graph.tensors[t].shape, graph.tensors[t].dtype) for n in nodes for t in (*n.inputs, n.output)}
     layers = tuple(Layer.of(lowered[n.func][0], hw, n.name, (*n.inputs, n.output), lowered[n.func][1])
                    for n in nodes)
     weights = frozenset(t for t in inputs if graph.tensors[t].constant)
     split_loop, groups = spec.split if spec.split else (0, 1 << 30)
     return SubGraphKernel(spec.name, layers, tuple(inputs), tuple(outputs), tensors, weights, split_loop, groups)
+
+
+def _tree_kernel(spec, nodes, graph, lowered, hw) -> TreeKernel:
+    """A SET kernel: one ``emit.Layer`` per layer of the plan's layer graph, the other calls
+    (pure reshapes, not lowered) as views."""
+    inputs, outputs = _boundary(nodes, graph)
+    tensors = {t: (graph.tensors[t].shape, graph.tensors[t].dtype) for n in nodes for t in (*n.inputs, n.output)}
+    layers = []
+    for lay in spec.plan.graph.layers:
+        n = graph.nodes[lay.node]
+        layers.append(Layer.of(lowered[n.func][0], hw, n.name, (*n.inputs, n.output), lowered[n.func][1]))
+    views = {n.output: n.inputs[0] for n in nodes if n.func not in lowered}
+    return TreeKernel(spec.name, tuple(layers), views, tuple(inputs), tuple(outputs), tensors, spec.plan.schedule)
 
 
 def _rewrite(mod, kernels, graph, run_id):

@@ -1,7 +1,8 @@
 """Inter-layer schedulers: decide which kernels run on the DSA, where, and with which scopes.
 
-A scheduler ``(mod, hw, supported) -> [KernelSpec]`` returns data, not TIR; kernel generation
-consumes it. ``supported`` names the PrimFuncs the DSA can run (the rest stay on the host). ``layerwise``
+A scheduler ``(mod, hw, supported, options) -> [KernelSpec]`` returns data, not TIR; kernel
+generation consumes it. ``supported`` names the PrimFuncs the DSA can run (the rest stay on the
+host); ``options`` are the pipeline's (``set``: ``SetOptions``; the others ignore them). ``layerwise``
 is the baseline GraphTurbo calls "TVM": one kernel per fused group from TVM's own fusion rules
 (``FuseOps``), inputs and outputs in DDR. ``graph`` holds what the coarser schedulers work on: the
 layer graph of a fused module and its partition into sub-graphs with GraphTurbo's merge patterns.
@@ -19,12 +20,14 @@ class KernelSpec:
 
     ``stitched`` kernels run their layers instance by instance with the tensors between layers on
     chip and weights promoted to the GB (GraphTurbo); others run one layer with every tensor in DDR.
-    ``split`` is Algorithm 1's best split (output dimension, factor) for the instances."""
+    ``split`` is Algorithm 1's best split (output dimension, factor) for the instances; ``plan`` a
+    scheduler's own decisions that kernel generation lowers (``set``: a ``SetPlan``)."""
 
     name: str
     calls: tuple[str, ...]
     stitched: bool = False
     split: tuple[int, int] | None = None
+    plan: object = None
 
 
 SCHEDULERS = {}
@@ -45,3 +48,4 @@ def get(name: str):
 
 
 from . import graphturbo, layerwise  # noqa: E402,F401  (register "graphturbo", "layerwise")
+from .set import scheduler  # noqa: E402,F401  (registers "set")

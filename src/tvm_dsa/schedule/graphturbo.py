@@ -274,7 +274,7 @@ def order_instances(instances: list[Instance], edges) -> tuple[list[int], str]:
 
 
 @register("graphturbo")
-def graphturbo(mod, hw, supported) -> list[KernelSpec]:
+def graphturbo(mod, hw, supported, options=None) -> list[KernelSpec]:
     """One stitched kernel per sub-graph of Algorithm 2's grouping of ``main``'s layers, with the
     sub-graph's best split (Eq. 1); layers the DSA cannot run stay single and on the host.
 

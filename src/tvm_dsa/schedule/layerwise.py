@@ -7,6 +7,6 @@ from .graph import OpGraph
 
 
 @register("layerwise")
-def layerwise(mod, hw, supported) -> list[KernelSpec]:  # noqa: ARG001 - same signature for every scheduler
+def layerwise(mod, hw, supported, options=None) -> list[KernelSpec]:  # noqa: ARG001 - same signature for every scheduler
     """One kernel per supported ``call_tir`` of ``main``, in program order, all tensors in DDR."""
     return [KernelSpec(n.func, (n.name,)) for n in OpGraph.from_relax(mod).nodes if n.func in supported]

@@ -35,6 +35,7 @@ class Evaluation:
     dram_bytes: float
     noc_bit_hops: float
     clock_hz: float
+    timeline: tuple[Slot, ...] = ()  # with ``Evaluator.evaluate(..., timeline=True)``
 
     @property
     def seconds(self) -> float:
@@ -101,9 +102,11 @@ class Mesh:
 
 
 def invocation_order(tree: Tree) -> list[tuple[int, int]]:
-    """(layer, invocation) in an order that runs each tile's invocations in the tree's order and
-    every producer before its consumers: a T-cut runs all children on sub-batch k before k+1;
-    an S-cut's children run on disjoint tiles, so each can be listed whole, left to right."""
+    """(layer, invocation) in the tree's order: every cut runs sub-batch k of all its children
+    before sub-batch k+1 (a T-cut one child after the other on shared tiles, an S-cut's children
+    on their own tiles, pipelined). Each tile's invocations appear in the order it runs them and
+    every producer invocation before the consumer invocations that read it; the lowered program
+    (``codegen.set_program``) is emitted in this order too."""
     out: list[tuple[int, int]] = []
 
     def expand(node: Node, start: int, b: int) -> None:
@@ -111,17 +114,26 @@ def invocation_order(tree: Tree) -> list[tuple[int, int]]:
             out.append((node.layer, start // b))
             return
         bc = b // node.sb
-        if node.kind == "T":
-            for k in range(node.sb):
-                for c in node.children:
-                    expand(c, start + k * bc, bc)
-        else:
+        for k in range(node.sb):
             for c in node.children:
-                for k in range(node.sb):
-                    expand(c, start + k * bc, bc)
+                expand(c, start + k * bc, bc)
 
     expand(tree.root, 0, tree.batch)
     return out
+
+
+@dataclass(frozen=True)
+class Slot:
+    """One rectangle of the S-T graph: invocation ``invocation`` of ``layer`` (samples
+    ``[invocation * batch, (invocation + 1) * batch)``) on stripe ids ``tiles`` from ``start`` to
+    ``end`` (cycles)."""
+
+    layer: int
+    invocation: int
+    batch: int
+    tiles: tuple[int, int]
+    start: float
+    end: float
 
 
 class Evaluator:
@@ -138,8 +150,8 @@ class Evaluator:
     def schedule(self, tree: Tree) -> Schedule:
         return analyse(tree, self.graph, self.hw, self.intra)
 
-    def evaluate(self, tree: Tree) -> Evaluation:
-        return self.evaluate_schedule(self.schedule(tree))
+    def evaluate(self, tree: Tree, timeline: bool = False) -> Evaluation:
+        return self.evaluate_schedule(self.schedule(tree), timeline)
 
     def _constants(self, plan: LeafPlan) -> tuple:
         """What every invocation of a layer shares: its group, the tiles it uses, compute cycles,
@@ -151,7 +163,8 @@ class Evaluator:
         return (lo, hi, plan.used, plan.cost.cycles, fixed, self.mesh.edge_hops(lo, hi),
                 hw.ddr_bytes_per_cycle * (hi - lo) / hw.cores)
 
-    def evaluate_schedule(self, sched: Schedule) -> Evaluation:
+    def evaluate_schedule(self, sched: Schedule, timeline: bool = False) -> Evaluation:
+        """Latency and energy; with ``timeline`` also every invocation's rectangle (``Slot``)."""
         hw, graph, tree = self.hw, self.graph, sched.tree
         eb = hw.storage_bytes
         plans = sched.leaves
@@ -169,6 +182,7 @@ class Evaluator:
         dram_total = noc_bit_hops = 0.0
         link = hw.noc_link_bytes_per_cycle
         per_layer = [self._constants(plan) for plan in plans]
+        slots = []
         for v, q in invocation_order(tree):
             plan, layer = plans[v], graph.layers[v]
             lo, hi, used, cycles, fixed, edge_hops, bw = per_layer[v]
@@ -194,6 +208,8 @@ class Evaluator:
             end = start + duration
             ends[v][q] = end
             free[lo:hi] = [end] * (hi - lo)
+            if timeline:
+                slots.append(Slot(v, q, plan.batch, used, start, end))
         sram = sum(p.cost.sram * p.invocations for p in plans) * eb
         e = hw.energy
         energy = {
@@ -203,4 +219,4 @@ class Evaluator:
             "noc": noc_bit_hops * e.noc_hop_pj_per_bit,
             "dram": dram_total * 8 * e.ddr_pj_per_bit,
         }
-        return Evaluation(max(free), energy, dram_total, noc_bit_hops, hw.clock_hz)
+        return Evaluation(max(free), energy, dram_total, noc_bit_hops, hw.clock_hz, tuple(slots))

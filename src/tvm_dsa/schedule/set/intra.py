@@ -21,6 +21,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from ...codegen.kernel_ir import ALIGN
 from ...hardware.model import Hardware
 from ...runtime.cost import mme_cycles, vector_cycles
 from .layers import Layer, LayerGraph
@@ -55,6 +56,12 @@ class LayerCost:
         return self.partition[1]
 
 
+def working_set_bytes(hw: Hardware) -> int:
+    """Bytes of a tile's buffer the running layer's tiles may use (half; the other half keeps
+    data between layers). Kernel generation tiles SET's layers to fit it too."""
+    return hw.lb_bytes // 2 // ALIGN * ALIGN
+
+
 def _ceil(a: int, b: int) -> int:
     return -(-a // b)
 
@@ -64,7 +71,7 @@ class IntraLayer:
 
     def __init__(self, graph: LayerGraph, hw: Hardware):
         self.graph, self.hw = graph, hw
-        self.work_elements = hw.lb_bytes // 2 // hw.storage_bytes
+        self.work_elements = working_set_bytes(hw) // hw.storage_bytes
         self._cache: dict = {}
 
     def cost(self, layer: int, tiles: int, samples: int) -> LayerCost:

@@ -111,8 +111,10 @@ class LayerGraph:
         return cls(tuple(layers), tuple(sorted(set(edges))))
 
     @classmethod
-    def from_relax(cls, mod) -> "LayerGraph":
-        """The layer graph of a fused module at batch 1 (after ``FuseOps`` + ``FuseTIR``)."""
+    def from_relax(cls, mod, batch: int = 1, host: frozenset = frozenset()) -> "LayerGraph":
+        """The layer graph of a fused module (after ``FuseOps`` + ``FuseTIR``) whose activations
+        carry ``batch`` samples in their leading dimension; quantities are divided by it. Calls
+        binding a name in ``host`` are not layers: their outputs come from DRAM like graph inputs."""
         from tvm import relax
 
         from ...relax_passes.stats import kernel_macs
@@ -127,25 +129,35 @@ class LayerGraph:
         def sources(t: str) -> list[str]:
             return source.get(t, [t])
 
+        def per_sample(t: str) -> int:
+            shape = graph.tensors[t].shape
+            if not shape or shape[0] % batch:
+                raise LayerGraphError(f"tensor {t} of shape {list(shape)} does not carry the batch "
+                                      f"{batch} in its leading dimension")
+            return math.prod(shape) // batch
+
         for node in graph.nodes:
             func = mod[node.func]
             acts = [s for t in node.inputs if not graph.tensors[t].constant for s in sources(t)]
-            if relax.analysis.has_reshape_pattern(func):
+            if node.name not in host and relax.analysis.has_reshape_pattern(func):
                 source[node.output] = acts
+                continue
+            if node.name in host:
                 continue
             consts = [t for t in node.inputs if graph.tensors[t].constant]
             index = len(layers)
             from_layers = [t for t in acts if t in producer]
             edges.update((producer[t], index) for t in from_layers)
-            elements = lambda t: math.prod(graph.tensors[t].shape)  # noqa: E731
             layers.append(Layer(
-                name=node.name, macs=kernel_macs(func), vector_ops=_vector_ops(func),
-                ifmap=sum(elements(t) for t in acts), weights=sum(elements(t) for t in consts),
-                ofmap=elements(node.output), contraction=_contraction(func),
-                dram_in=sum(elements(t) for t in acts if t not in producer), node=node.index,
+                name=node.name, macs=kernel_macs(func) // batch, vector_ops=_vector_ops(func) // batch,
+                ifmap=sum(per_sample(t) for t in acts), weights=sum(math.prod(graph.tensors[t].shape) for t in consts),
+                ofmap=per_sample(node.output), contraction=_contraction(func, batch),
+                dram_in=sum(per_sample(t) for t in acts if t not in producer), node=node.index,
             ))
             producer[node.output] = index
         outputs = {p for t in graph.outputs for s in sources(t) if (p := producer.get(s)) is not None}
+        outputs |= {producer[s] for node in graph.nodes if node.name in host
+                    for t in node.inputs for s in sources(t) if s in producer}
         layers = [lay if i not in outputs else dataclasses.replace(lay, output=True) for i, lay in enumerate(layers)]
         return cls.build(layers, sorted(edges))
 
@@ -157,30 +169,37 @@ class LayerGraph:
 
 
 def fused_module(model):
-    """The ``dsa`` pipeline's Relax module of ``model`` just before scheduling (after fusion)."""
-    import tvm
-    from tvm import relax
-    from tvm.relax.backend import cpu_generic
-
+    """The ``dsa`` pipeline's Relax module of a batch-1 ONNX ``model`` just before scheduling."""
     from ...driver import import_onnx
-    from ...relax_passes import SimplifyInference
 
     for vi in model.graph.input:
         dims = vi.type.tensor_type.shape.dim
         if dims and dims[0].dim_value not in (0, 1):
             raise LayerGraphError(f"input {vi.name!r} has batch {dims[0].dim_value}: build the model at "
                                   "batch 1 (SET's trees carry the batch)")
+    return fuse(import_onnx(model))
+
+
+def fuse(mod):
+    """``mod`` simplified and fused the way the ``dsa`` pipeline does before scheduling."""
+    import tvm
+    from tvm import relax
+    from tvm.relax.backend import cpu_generic
+
+    from ...relax_passes import SimplifyInference
+
     host = tvm.target.Target("llvm")
     with host:
         return tvm.transform.Sequential(
             [SimplifyInference()] + cpu_generic.library_dispatch_passes(host)
             + [relax.transform.LegalizeOps(), relax.transform.AnnotateTIROpPattern(),
                relax.transform.FoldConstant(), relax.transform.FuseOps(), relax.transform.FuseTIR()]
-        )(import_onnx(model))
+        )(mod)
 
 
-def _contraction(func) -> Contraction | None:
-    """(b, m, n, k) of the kernel's contraction from its anchor's loop roles; None without one."""
+def _contraction(func, batch: int = 1) -> Contraction | None:
+    """(b, m, n, k) of one sample of the kernel's contraction from its anchor's loop roles (the
+    first spatial loop runs over the ``batch`` samples); None without one."""
     from ...tir_passes.analysis import Unsupported
     from ...tir_passes.tile import anchor_info
 
@@ -191,7 +210,11 @@ def _contraction(func) -> Contraction | None:
     if info.kind.kind != "mme":
         return None
     dims = {"B": 1, "M": 1, "N": 1}
-    for extent, role in zip(info.spatial, info.roles):
+    spatial = list(info.spatial)
+    if spatial[0] % batch:
+        raise LayerGraphError(f"the contraction's first loop ({spatial[0]}) does not run over the batch {batch}")
+    spatial[0] //= batch
+    for extent, role in zip(spatial, info.roles):
         dims[role] *= extent
     return Contraction(dims["B"], dims["M"], dims["N"], math.prod(info.reduction))
 
