@@ -8,6 +8,7 @@ import onnxruntime as ort
 import pytest
 import tvm
 import tvm_ffi
+from test_dynamic_models import with_gate_outputs
 from tvm import relax, tirx
 from tvm.relax.frontend.onnx import from_onnx
 
@@ -37,17 +38,6 @@ def _input(name, shape, rng, k):
     return (rng.standard_normal(shape) * (0.5, 4.0)[k % 2]).astype(np.float32)  # skipnet: small runs skip
 
 
-def _gate_outputs(model):
-    """The model with its If conditions as extra outputs, for onnxruntime to report them."""
-    from onnx import TensorProto, helper
-
-    conds = [n.input[0] for n in model.graph.node if n.op_type == "If"]
-    copy = type(model)()
-    copy.CopyFrom(model)
-    copy.graph.output.extend(helper.make_tensor_value_info(c, TensorProto.BOOL, []) for c in conds)
-    return copy
-
-
 @pytest.mark.parametrize("name", list(SHAPES))
 def test_one_dsa_build_runs_every_shape_like_onnxruntime(name, rng):
     model = DYNAMIC[name]()
@@ -56,7 +46,7 @@ def test_one_dsa_build_runs_every_shape_like_onnxruntime(name, rng):
     vm = relax.VirtualMachine(tvm.compile(mod, target="dsa/stcp920", relax_pipeline="dsa"), tvm.cpu())
     offloaded = tvm_dsa.pipeline_result()
     assert offloaded.dsa, "no kernel on the DSA"
-    sess = ort.InferenceSession(_gate_outputs(model).SerializeToString())
+    sess = ort.InferenceSession(with_gate_outputs(model).SerializeToString())
     feed = sess.get_inputs()[0].name
     taken = set()
     for k, shape in enumerate(SHAPES[name]):

@@ -26,7 +26,7 @@ def _input(name, shape, rng, scale):
     return (rng.standard_normal(shape) * scale).astype(np.float32)
 
 
-def _gates(model):
+def with_gate_outputs(model):
     """The model with its If conditions as extra outputs, for onnxruntime to report them."""
     conds = [n.input[0] for n in model.graph.node if n.op_type == "If"]
     copy = type(model)()
@@ -39,7 +39,7 @@ def _check_against_onnxruntime(name, mod, shapes, rng) -> set:
     """Run the one build at every shape; returns the If decisions onnxruntime took."""
     model = DYNAMIC[name]()
     vm = relax.VirtualMachine(tvm.compile(mod, target="llvm"), tvm.cpu())
-    sess = ort.InferenceSession(_gates(model).SerializeToString())
+    sess = ort.InferenceSession(with_gate_outputs(model).SerializeToString())
     feed = sess.get_inputs()[0].name
     taken = set()
     for k, shape in enumerate(shapes):
