@@ -28,7 +28,7 @@ KB = 1024
 
 
 # -- allocation and spilling ---------------------------------------------------------------------
-def test_dead_tensors_are_reused_first_fit():
+def test_dead_tensors_space_is_reused():
     lives = [Lifetime("a", 4 * KB, 0, 1), Lifetime("b", 4 * KB, 1, 2), Lifetime("c", 4 * KB, 2, 3)]
     offsets, spilled = allocate(lives, 8 * KB)
     # a dies after step 1, so c (written at step 2) takes its place; b sits beside them
