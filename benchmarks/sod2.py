@@ -1,7 +1,7 @@
 """SoD2 (seed 001): what RDP resolves beyond Relax's own shape inference, and memory plans.
 
     python benchmarks/sod2.py                    # all tables
-    python benchmarks/sod2.py --tables dynamic   # some (rdp memory planning dynamic fusion evaluation versions)
+    python benchmarks/sod2.py --tables dynamic   # some (rdp memory planning dynamic fusion evaluation versions executable)
     python benchmarks/sod2.py --show skipnet     # and the per-tensor RDP report of one model
 
 RDP: each model of ``tvm_dsa.models.dynamic`` is imported with TVM's ONNX importer (symbolic dims
@@ -459,6 +459,44 @@ def evaluation_table(repeat: int) -> None:
     fresh_versions(True)
 
 
+def executable_memory_table() -> None:
+    """Peak bytes of storage the VM allocates during one run (``vm_memory.measure``), per dynamic
+    model and input: Relax's default pipeline (``tvm.compile(mod, target="llvm")``; ApplyRDP first
+    where Relax alone cannot build the model, marked *), the dsa build with Relax's
+    StaticPlanBlockMemory, and the dsa build with the peak-first arena (``PlanArena``)."""
+    import onnxruntime as ort
+
+    from tvm_dsa.vm_memory import measure
+
+    rng = np.random.default_rng(0)
+    rows = []
+    for name in DYNAMIC:
+        mod = from_onnx(DYNAMIC[name](), keep_params_in_input=False)
+        try:
+            default, lost = tvm.compile(mod, target="llvm"), False
+        except tvm.error.InternalError:  # LegalizeOps / CodeGenVM refuse an op of unknown shape
+            default, lost = tvm.compile(ApplyRDP()(mod), target="llvm"), True
+        vms = {"relax": relax.VirtualMachine(default, tvm.cpu())}
+        for plan in (False, True):
+            ex = tvm.compile(mod, target="dsa/stcp920", relax_pipeline=pipeline(memory_plan=plan))
+            vms[plan] = relax.VirtualMachine(ex, tvm.cpu())
+        sess = ort.InferenceSession(DYNAMIC[name]().SerializeToString())
+        for k, shape in enumerate(SHAPES[name]):
+            x = model_input(name, shape, rng, scale=(1.0, 0.1, 1.0)[k])  # the middle one skips
+            ref = sess.run(None, {sess.get_inputs()[0].name: x})
+            out = vms[True]["main"](tvm.runtime.tensor(x))
+            err = max_relative_error([out.numpy()], ref[:1])
+            peak = {key: measure(vm, "main", tvm.runtime.tensor(x)).peak for key, vm in vms.items()}
+            label = "x".join(map(str, shape)) + "".join(" " + "TF"[not d] for d in gate_decisions(name, x))
+            rows.append([name, label, f"{peak['relax']:,}{'*' * lost}", f"{peak[False]:,}", f"{peak[True]:,}",
+                         f"{peak[True] / peak['relax'] - 1:+.0%}", f"{peak[True] / peak[False] - 1:+.0%}", f"{err:.1e}"])
+    print("\nPeak storage bytes the VM allocates in one run (measured on the executable: every alloc_storage, alive\n"
+          "while referenced): Relax's default pipeline for llvm (* with ApplyRDP first), the dsa build with Relax's\n"
+          "StaticPlanBlockMemory, and with the peak-first arena (PlanArena); err: arena build vs onnxruntime\n")
+    _table(["model", "input", "Relax default", "dsa + Relax plan", "dsa + arena", "vs Relax default",
+            "vs dsa + Relax plan", "err"], rows)
+
+
 def versions_table(plans: int) -> None:
     """Multi-version code (§4.4.2): per contraction and shape, its shape class, the cycles
     (timing simulation) of the two lowerings the versions choose between (every core a tile;
@@ -513,7 +551,7 @@ def versions_table(plans: int) -> None:
            rows)
 
 
-TABLES = ("rdp", "memory", "planning", "dynamic", "fusion", "evaluation", "versions")
+TABLES = ("rdp", "memory", "planning", "dynamic", "fusion", "evaluation", "versions", "executable")
 
 
 def main() -> None:
@@ -538,6 +576,8 @@ def main() -> None:
         evaluation_table(args.repeat)
     if "versions" in args.tables:
         versions_table(args.plans)
+    if "executable" in args.tables:
+        executable_memory_table()
     if args.show:
         print(f"\n{args.show}\n")
         print(reports[args.show])

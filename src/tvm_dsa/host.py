@@ -18,6 +18,7 @@ import tvm_ffi
 
 from .codegen.specialize import VERSIONS
 from .isa import Program
+from .relax_passes.arena import arena_plan
 from .runtime import Report, simulate
 
 
@@ -111,3 +112,4 @@ def last_trace() -> list:
 def register() -> None:
     tvm_ffi.register_global_func("tvm_dsa.execute", execute, override=True)
     tvm_ffi.register_global_func("tvm_dsa.execute_shaped", execute_shaped, override=True)
+    tvm_ffi.register_global_func("tvm_dsa.arena_plan", arena_plan, override=True)

@@ -17,6 +17,7 @@ from tvm.relax.backend import cpu_generic
 from . import hardware
 from .relax_passes import SimplifyInference, offload
 from .relax_passes.offload import StitchOptions
+from .relax_passes.arena import PlanArena
 from .relax_passes.offload_symbolic import is_dynamic, offload_symbolic
 from .relax_passes.rdp_apply import ApplyRDP
 from .relax_passes.rdp_fusion import AnnotateSymbolicReshapes
@@ -27,13 +28,14 @@ LAST_OFFLOAD: dict = {}  # "result": the OffloadResult of the last compilation
 
 def pipeline(schedule: str = "layerwise", hw: hardware.Hardware | str | None = None,
              options: StitchOptions | SetOptions | None = None, database=None,
-             rdp_fusion: bool = True) -> tvm.transform.Pass:
+             rdp_fusion: bool = True, memory_plan: bool = True) -> tvm.transform.Pass:
     """The DSA compilation pipeline as a pass; ``hw`` defaults to the chip of the current target;
     ``options`` are the scheduler's choices (``graphturbo``: the stitched kernels', ``set``: the
     search's or a given tree). ``database`` (a meta-schedule database or the work_dir of
     ``tvm_dsa.tune``; default: the one in scope, ``with database:``) gives the kernels it has
     records for their tuned tiling. ``rdp_fusion=False`` leaves a dynamic model to TVM's fusion as
-    imported (the baseline of seed 001 §4.2)."""
+    imported (the baseline of seed 001 §4.2). ``memory_plan=False`` leaves every allocation to
+    Relax's ``StaticPlanBlockMemory`` instead of the peak-first arena (``relax_passes.arena``)."""
     from . import schedule as schedules
 
     schedules.get(schedule)  # fail early on an unknown name
@@ -56,6 +58,7 @@ def pipeline(schedule: str = "layerwise", hw: hardware.Hardware | str | None = N
             mod = tvm.transform.Sequential(
                 [relax.transform.DeadCodeElimination()]
                 + cpu_generic.pipeline.dataflow_lower_passes(host)
+                + ([PlanArena] if memory_plan else [])
                 + cpu_generic.finalize_passes(host)
             )(mod)
         return mod
