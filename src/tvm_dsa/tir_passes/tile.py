@@ -14,6 +14,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
+import tvm
 from tvm import s_tir
 
 from .analysis import (
@@ -77,9 +78,19 @@ def _loop_roles(sch, block_rv):
     return loops, [int(it.iter_type) == REDUCE_ITER for it in iters]
 
 
+def simplify_indices(func):
+    """``func`` with its index expressions simplified under the block iterators' ranges: a
+    legalized reshape reads ``T[((v2 // 64 + v1) // 16 + v0) % 2, (v2 // 64 + v1) % 16, ...]``,
+    which is ``T[v0, v1, ...]`` when ``v2 < 64, v1 < 16, v0 < 2``; the alignment rule below would
+    otherwise see divisors that are not there (and tile a fused transpose -> reshape by 2).
+    Returns a copy: a schedule of a module that shares ``func``'s body would rewrite it in place."""
+    copy = tvm.ir.load_json(tvm.ir.save_json(func))
+    return s_tir.transform.StmtSimplify()(tvm.IRModule({"main": copy}))["main"]
+
+
 def anchor_info(func) -> AnchorInfo:
     """Describe the anchor of ``func`` (raises ``Unsupported`` for kernels the DSA cannot run)."""
-    sch = s_tir.Schedule(func)
+    sch = s_tir.Schedule(simplify_indices(func))
     idx, kinds = find_anchor(sch)
     anchor = leaf_blocks(sch)[idx]
     loops, is_red = _loop_roles(sch, anchor)
@@ -144,8 +155,9 @@ def _mme_roles(block, is_red) -> list[str]:
 
 
 def tile_schedule(func, plan: TilePlan) -> s_tir.Schedule:
-    """Apply ``plan`` to ``func``; returns the schedule (raises ``Unsupported`` if TVM refuses)."""
-    sch = s_tir.Schedule(func)
+    """Apply ``plan`` to ``func`` (its indices simplified); returns the schedule (raises
+    ``Unsupported`` if TVM refuses)."""
+    sch = s_tir.Schedule(simplify_indices(func))
     spatial = len(_anchor_loops(sch)[2])
     if len(plan.tiles) != spatial:
         raise ValueError(f"plan has {len(plan.tiles)} tiles for {spatial} spatial loops")
