@@ -53,11 +53,12 @@ def load_model(spec: str, tiny: bool = False, batch: int | None = None) -> onnx.
 
 
 def import_onnx(model: onnx.ModelProto) -> tvm.IRModule:
-    """The Relax module of an ONNX model, weights embedded as constants."""
-    from tvm.relax.frontend import onnx as rx_onnx
+    """The Relax module of an ONNX model, weights embedded as constants (TVM's importer with the
+    converters of ``tvm_dsa.frontend``)."""
+    from .frontend import from_onnx
 
     try:
-        return rx_onnx.from_onnx(model, keep_params_in_input=False)
+        return from_onnx(model, keep_params_in_input=False)
     except Exception as err:  # the frontend reports unsupported operators and attributes this way
         raise InputError(f"cannot import the ONNX model into TVM: {_one_line(err)}") from None
 

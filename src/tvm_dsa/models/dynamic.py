@@ -163,8 +163,67 @@ def skipnet(width: int = 8, num_classes: int = 10, seed: int = 0) -> onnx.ModelP
     return b.build(dict(width=width, num_classes=num_classes))
 
 
+def nonzero(features: int = 16, out: int = 32, seed: int = 0) -> onnx.ModelProto:
+    """Select rows, then a linear layer: ``x`` [rows, features] keeps the rows whose sum is
+    positive (``NonZero`` → ``Gather``: how many is known only at run time), ``Relu(x W + b)``."""
+    b = GraphBuilder("nonzero", seed)
+    x = b.input("x", ["rows", features])
+    total = b.op("ReduceSum", [x, b.const(np.array([1], np.int64), "axes")], keepdims=0)
+    keep = b.op("NonZero", [b.op("Greater", [total, b.const(np.float32(0), "zero")])])  # [1, count]
+    rows = b.op("Gather", [x, b.op("Squeeze", [keep, b.const(np.array([0], np.int64), "axes")])], axis=0)
+    b.output(b.relu(b.linear(rows, features, out, name="fc")), "y")
+    return b.build(dict(features=features, out=out))
+
+
+def topk(seed: int = 0) -> onnx.ModelProto:
+    """``TopK`` with ``k`` computed from the shape, ``k = n // 2`` of ``x`` [batch, n] (TVM's
+    importer refuses it): ``Sigmoid(2 values)`` and the indices (as floats)."""
+    b = GraphBuilder("topk", seed)
+    x = b.input("x", ["batch", "n"])
+    n = b.op("Gather", [b.op("Shape", [x]), b.const(np.int64(1), "one")], axis=0)
+    k = b.op("Unsqueeze", [b.op("Div", [n, b.const(np.int64(2), "two")]), b.const(np.array([0], np.int64), "axes")])
+    values, indices = b.op("TopK", [x, k], outputs=2, axis=-1)
+    b.output(b.op("Sigmoid", [b.op("Mul", [values, b.const(np.float32(2), "two_f")])]), "y")
+    b.output(b.op("Cast", [indices], to=TensorProto.FLOAT), "indices")
+    return b.build()
+
+
+def topk_data(seed: int = 0) -> onnx.ModelProto:
+    """``TopK`` with a data-dependent ``k``: the most positive entries of any row of ``x``
+    [batch, n] (``ReduceMax(ReduceSum(Cast(x > 0)))``); an execution-determined output shape."""
+    b = GraphBuilder("topk_data", seed)
+    x = b.input("x", ["batch", "n"])
+    positive = b.op("Cast", [b.op("Greater", [x, b.const(np.float32(0), "zero")])], to=TensorProto.INT64)
+    counts = b.op("ReduceSum", [positive, b.const(np.array([1], np.int64), "axes")], keepdims=0)
+    k = b.op("ReduceMax", [counts], keepdims=1)  # [1]
+    values, _ = b.op("TopK", [x, k], outputs=2, axis=-1)
+    b.output(b.op("Sigmoid", [values]), "y")
+    return b.build()
+
+
+def range_shape(features: int = 16, out: int = 8, seed: int = 0) -> onnx.ModelProto:
+    """``Range`` from ``Shape``: position weights ``Range(0, 2 seq, 2) / (2 seq)`` over ``x``
+    [batch, seq, features], the limit computed from the shape (TVM's importer loses the length;
+    RDP proves it is ``seq``), then a linear layer."""
+    b = GraphBuilder("range_shape", seed)
+    x = b.input("x", ["batch", "seq", features])
+    seq = b.op("Gather", [b.op("Shape", [x]), b.const(np.int64(1), "one")], axis=0)
+    limit = b.op("Mul", [seq, b.const(np.int64(2), "two")])
+    r = b.op("Range", [b.const(np.int64(0), "zero"), limit, b.const(np.int64(2), "step")])
+    w = b.op("Div", [b.op("Cast", [r], to=TensorProto.FLOAT), b.op("Cast", [limit], to=TensorProto.FLOAT)])
+    y = b.op("Mul", [x, b.op("Unsqueeze", [w, b.const(np.array([1], np.int64), "axes")])])
+    b.output(b.op("Tanh", [b.linear(y, features, out, name="fc")]), "y")
+    return b.build(dict(features=features, out=out))
+
+
 DYNAMIC: dict[str, Callable[..., onnx.ModelProto]] = {
     "bert": bert, "cnn": cnn, "shape_chain": shape_chain, "skipnet": skipnet,
 }
+# data-dependent shapes (seed 001's EDO and ISVDOS ops with computed inputs); these need
+# ``tvm_dsa.frontend.from_onnx`` where TVM's importer refuses them (TopK)
+DATA_DEPENDENT: dict[str, Callable[..., onnx.ModelProto]] = {
+    "nonzero": nonzero, "topk": topk, "topk_data": topk_data, "range_shape": range_shape,
+}
 
-__all__ = ["DYNAMIC", "bert", "cnn", "shape_chain", "skipnet"]
+__all__ = ["DATA_DEPENDENT", "DYNAMIC", "bert", "cnn", "nonzero", "range_shape", "shape_chain", "skipnet",
+           "topk", "topk_data"]

@@ -52,7 +52,11 @@ class AnchorInfo:
 
 
 def leaf_blocks(sch: s_tir.Schedule) -> list:
-    return list(sch_children(sch, sch.get_sblock("root")))
+    try:
+        root = sch.get_sblock("root")
+    except s_tir.ScheduleError:
+        raise Unsupported("no root block: a kernel written as low-level TIR (e.g. TOPI's sort)") from None
+    return list(sch_children(sch, root))
 
 
 def find_anchor(sch: s_tir.Schedule) -> tuple[int, list]:
