@@ -12,13 +12,16 @@ from tvm.script import tirx as T
 import tvm_dsa  # noqa: F401  (registers tvm_dsa.arena_plan)
 from tvm_dsa.relax_passes.arena import ALIGN, PlanArena, arena_offsets
 from tvm_dsa.relax_passes.memory_plan import Lifetime, lower_bound
+from tvm_dsa.relax_passes.reorder import ApplyExecutionPlan, block_graph
 from tvm_dsa.vm_memory import measure
 
 
-def build(mod: tvm.IRModule, plan: bool) -> relax.VirtualMachine:
-    """TVM's CPU pipeline without fusion (one kernel per op), with PlanArena before StaticPlanBlockMemory when ``plan``."""
+def build(mod: tvm.IRModule, plan: bool, reorder: bool = False) -> relax.VirtualMachine:
+    """TVM's CPU pipeline without fusion (one kernel per op), with PlanArena before
+    StaticPlanBlockMemory when ``plan``, and the bindings in the execution plan's order when ``reorder``."""
     host = tvm.target.Target("llvm")
-    passes = ([relax.transform.LegalizeOps()] + cpu_generic.pipeline.dataflow_lower_passes(host)
+    passes = ([ApplyExecutionPlan] * reorder + [relax.transform.LegalizeOps()]
+              + cpu_generic.pipeline.dataflow_lower_passes(host)
               + [PlanArena] * plan + cpu_generic.finalize_passes(host))
     with host:
         lowered = tvm.transform.Sequential(passes)(mod)
@@ -132,3 +135,50 @@ def test_arena_offsets_keep_live_tensors_apart():
         for j, (sj, (c, d)) in enumerate(zip(sizes, spans)):
             if i < j and a <= d and c <= b:
                 assert offsets[i] + aligned(si) <= offsets[j] or offsets[j] + aligned(sj) <= offsets[i]
+
+
+@tvm.script.ir_module
+class TwoReductions:
+    @R.function
+    def main(x: R.Tensor(("n", 64), "float32")):
+        with R.dataflow():
+            a = R.exp(x)
+            b = R.sin(x)
+            ra = R.sum(a, axis=[1])
+            rb = R.sum(b, axis=[1])
+            out = R.add(ra, rb)
+            R.output(out)
+        return out
+
+
+def test_execution_plan_runs_each_reduction_after_its_producer():
+    """Program order a, b, ra, rb keeps both n x 64 temporaries live; the plan a, ra, b, rb one."""
+    order = [b.var.name for b in ApplyExecutionPlan(TwoReductions)["main"].body.blocks[0].bindings]
+    assert order == ["a", "ra", "b", "rb", "out"]
+    n = 16
+    x = np.random.default_rng(0).standard_normal((n, 64)).astype(np.float32)
+    ref = np.exp(x).sum(1) + np.sin(x).sum(1)
+    peaks = {}
+    for reorder in (False, True):
+        vm = build(TwoReductions, True, reorder)
+        np.testing.assert_allclose(vm["main"](tvm.runtime.tensor(x)).numpy(), ref, rtol=1e-5)
+        peaks[reorder] = measure(vm, "main", tvm.runtime.tensor(x)).peak
+    big, small = 64 * n * 4, aligned(4 * n)
+    assert peaks == {False: 2 * big + small, True: big + 2 * small}
+
+
+def test_a_binding_follows_the_cast_that_defines_its_symbol():
+    @tvm.script.ir_module
+    class Casts:
+        @R.function
+        def main(x: R.Tensor(("n",), "float32"), s: R.Shape(ndim=1)):
+            m = T.int64()
+            with R.dataflow():
+                a = R.exp(x)
+                t = R.match_cast(s, R.Shape([m]))
+                c = R.zeros(R.shape([m]), "float32")
+                R.output(a, c, t)
+            return (a, c)
+
+    g = block_graph(Casts["main"].body.blocks[0])
+    assert g.inputs[2] == (1,)  # zeros([m]) after the match_cast that defines m

@@ -21,6 +21,7 @@ from .relax_passes.arena import PlanArena
 from .relax_passes.offload_symbolic import is_dynamic, offload_symbolic
 from .relax_passes.rdp_apply import ApplyRDP
 from .relax_passes.rdp_fusion import AnnotateSymbolicReshapes
+from .relax_passes.reorder import ApplyExecutionPlan
 from .schedule.set.scheduler import SetOptions
 
 LAST_OFFLOAD: dict = {}  # "result": the OffloadResult of the last compilation
@@ -34,8 +35,9 @@ def pipeline(schedule: str = "layerwise", hw: hardware.Hardware | str | None = N
     search's or a given tree). ``database`` (a meta-schedule database or the work_dir of
     ``tvm_dsa.tune``; default: the one in scope, ``with database:``) gives the kernels it has
     records for their tuned tiling. ``rdp_fusion=False`` leaves a dynamic model to TVM's fusion as
-    imported (the baseline of seed 001 §4.2). ``memory_plan=False`` leaves every allocation to
-    Relax's ``StaticPlanBlockMemory`` instead of the peak-first arena (``relax_passes.arena``)."""
+    imported (the baseline of seed 001 §4.2). ``memory_plan=False`` leaves the order of the
+    kernels as fused and every allocation to Relax's ``StaticPlanBlockMemory``, instead of the
+    execution plan's order (``relax_passes.reorder``) and the peak-first arena (``relax_passes.arena``)."""
     from . import schedule as schedules
 
     schedules.get(schedule)  # fail early on an unknown name
@@ -51,6 +53,8 @@ def pipeline(schedule: str = "layerwise", hw: hardware.Hardware | str | None = N
                              "model compiles with schedule='layerwise'")
         with host:
             mod = fuse(mod, rdp_fusion)
+            if memory_plan:
+                mod = ApplyExecutionPlan(mod)
             mod, result = (offload_symbolic(mod, chip) if dynamic
                            else offload(mod, chip, schedule, options=options,
                                         tuned=_tuned_kernels(database, chip)))

@@ -248,6 +248,7 @@ def _bound_in(binding) -> set:
 def PlanArena(mod: tvm.IRModule, _ctx) -> tvm.IRModule:  # noqa: N802 (a pass, named like TVM's)
     planner = _Planner(mod)
     updates = {gv: planner.function(f) for gv, f in mod.functions.items() if isinstance(f, relax.Function)}
+    mod = mod.clone()  # the caller's module stays as it is
     for gv, f in updates.items():
         mod[gv] = f
     return mod
