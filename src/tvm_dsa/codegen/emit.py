@@ -4,7 +4,7 @@ A ``KernelEmitter`` emits one kernel made of layers (lowered PrimFuncs read into
 The caller deals each layer's tiles to cores and says where each tensor lives (a ``Region``: DDR,
 a cluster's GB or a core's LB, possibly a box of the tensor); ``build_program`` is the one-layer
 case (every tensor in DDR, the first tile loop's index picks the cluster, tiles round-robin over
-its cores), ``stitch.build_stitched`` the multi-layer one. Chunk loops are iterated in place. Every
+its cores), ``stitch.emit_stitched`` the multi-layer one. Chunk loops are iterated in place. Every
 stage becomes instructions whose box is the stage's loop extents; inner loop coefficients give an
 operand's strides, outer ones its base.
 
