@@ -12,6 +12,7 @@ from tvm import relax
 import tvm_dsa
 from tvm_dsa import hardware
 from tvm_dsa.codegen.emit import PROMOTE, Layer
+from tvm_dsa.isa import Program
 from tvm_dsa.codegen.stitch import (
     RECOMPUTE_LIMIT,
     Lifetime,
@@ -289,7 +290,9 @@ def test_clusters_copy_the_first_clusters_instructions(monkeypatch):
     monkeypatch.setattr(emit.KernelEmitter, "layer", lambda self, L, work, *a: calls.append(work) or layer(self, L, work, *a))
     emitted, _ = stitch.emit_stitched(mod, HW, replicate=False)
     emitted_calls, calls[:] = list(calls), []
-    copied, _ = stitch.emit_stitched(mod, HW)
+    compact, _ = stitch.emit_stitched(mod, HW)
+    assert len(compact.kernels[0].replicas) == 3 and compact.num_instructions * 4 == emitted.num_instructions
+    copied = Program.deserialize(compact.serialize())  # loading writes the replicas out
     cpc = HW.cores_per_cluster
     assert {core // cpc for work in emitted_calls for _, core in work} == {0, 1, 2, 3}
     assert {core // cpc for work in calls for _, core in work} == {0}  # only cluster 0 emitted

@@ -311,8 +311,13 @@ def instances_attr(inst: Instances) -> dict:
 
 def read_instances(mod: tvm.IRModule, sg: SubGraphKernel, prints: dict) -> Instances:
     attr = mod.attrs["dsa.instances"]
-    rows = [{str(name): np.asarray(list(r), dtype=np.int64) for name, r in chosen.items()} for chosen in attr["rows"]]
-    return Instances.of(sg.layers, prints, sg.outputs, rows, float(attr["recompute"]))
+    return Instances.of(sg.layers, prints, sg.outputs, _rows(attr["rows"]), float(attr["recompute"]))
+
+
+@functools.lru_cache(maxsize=64)
+def _rows(attr) -> list:
+    """``dsa.instances``' rows as arrays, converted once for the passes that read them in turn."""
+    return [{str(name): np.asarray(list(r), dtype=np.int64) for name, r in chosen.items()} for chosen in attr]
 
 
 def read_cores(mod: tvm.IRModule) -> list[tuple[int, ...]]:
