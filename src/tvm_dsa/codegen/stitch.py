@@ -309,15 +309,19 @@ def instances_attr(inst: Instances) -> dict:
             "recompute": float(inst.recompute)}
 
 
+_READ: dict = {}  # (dsa.instances, layer PrimFuncs) -> Instances, for the passes that read them in turn
+
+
 def read_instances(mod: tvm.IRModule, sg: SubGraphKernel, prints: dict) -> Instances:
     attr = mod.attrs["dsa.instances"]
-    return Instances.of(sg.layers, prints, sg.outputs, _rows(attr["rows"]), float(attr["recompute"]))
-
-
-@functools.lru_cache(maxsize=64)
-def _rows(attr) -> list:
-    """``dsa.instances``' rows as arrays, converted once for the passes that read them in turn."""
-    return [{str(name): np.asarray(list(r), dtype=np.int64) for name, r in chosen.items()} for chosen in attr]
+    key = (attr, tuple(mod.functions.values()))  # both immutable
+    if key not in _READ:
+        if len(_READ) >= 64:
+            _READ.pop(next(iter(_READ)))
+        rows = [{str(name): np.asarray(list(r), dtype=np.int64) for name, r in chosen.items()}
+                for chosen in attr["rows"]]
+        _READ[key] = Instances.of(sg.layers, prints, sg.outputs, rows, float(attr["recompute"]))
+    return _READ[key]
 
 
 def read_cores(mod: tvm.IRModule) -> list[tuple[int, ...]]:
