@@ -10,7 +10,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from tvm_dsa.isa import Dma, Fill, Kernel, Mme, Operand, Program, ProgramError, Reduce, TensorArg, Vector, validate
+from tvm_dsa.isa import Dma, Fill, Kernel, Mme, Operand, Program, ProgramError, Reduce, Replica, TensorArg, Vector, validate
 from tvm_dsa.runtime import simulate
 
 PRESETS = Path(__file__).resolve().parents[1] / "src" / "tvm_dsa" / "hardware" / "presets"
@@ -215,3 +215,37 @@ def test_malformed_fields_get_a_message_not_a_crash():
         "(vector): src1 strides (1.5,) are not a tuple of ints")
     assert error(Dma(0, (64,), lb(0), None)).endswith("(dma): src0 is None, not an Operand")
     assert error(replace(RED, reduce=[False, True])).endswith("(reduce): reduce mask [False, True] is not a tuple")
+
+
+# -- replicas: a range of the stream again, moved ----------------------------------------------------
+
+def _replicated(replica) -> Program:
+    """Core 0 loads 64 fp16 from DDR 0 into its LB, adds, stores to DDR 4096; the replica runs it on
+    core 8 (cluster 1) over DDR 128 -> 4224."""
+    load = Dma(0, (64,), lb(0), ddr(0))
+    add = Vector(0, "vme", "add", (64,), lb(128), (lb(0), 1.0), (0,))
+    store = Dma(0, (64,), ddr(4096), lb(128), (1,))
+    kernel = Kernel("k", (0,), (load, add, store), replicas=(replica,))
+    return Program(HW, 1 << 16, (), (kernel,), name="t")
+
+
+def test_a_replica_is_the_range_moved():
+    compact = _replicated(Replica(0, 3, 8, 1, ((0, 128, 128), (4096, 4224, 128))))
+    (k,) = Program.deserialize(compact.serialize()).kernels
+    assert k.cores == (0, 8) and len(k.instructions) == 6 and k.replicas == ()
+    load, add, store = k.instructions[3:]
+    assert (load.core, load.dst, load.src) == (8, lb(0, core=8), ddr(128))
+    assert (add.deps, add.srcs) == ((3,), (lb(0, core=8), 1.0))
+    assert (store.deps, store.dst) == ((4,), ddr(4224))
+    assert compact.expanded().kernels == Program.deserialize(compact.serialize()).kernels
+    validate(compact)  # the copies are checked too
+
+
+@pytest.mark.parametrize("replica, message", [
+    (Replica(0, 3, 8, 1, ((0, 128, 128),)), "DDR offset 4096, which none of its ranges covers"),
+    (Replica(1, 3, 8, 1, ((0, 8192, 128),)), r"replica \[1, 3\) copies an instruction that depends on one outside it"),
+    (Replica(0, 4, 8, 1, ()), r"replica \[0, 4\) outside the kernel's 3 instructions"),
+])
+def test_a_malformed_replica_is_refused(replica, message):
+    with pytest.raises(ProgramError, match=message):
+        Program.deserialize(_replicated(replica).serialize())

@@ -12,6 +12,7 @@ from tvm import relax
 import tvm_dsa
 from tvm_dsa import hardware
 from tvm_dsa.codegen.emit import PROMOTE, Layer
+from tvm_dsa.isa import Program
 from tvm_dsa.codegen.stitch import (
     RECOMPUTE_LIMIT,
     Lifetime,
@@ -211,7 +212,7 @@ def test_two_outputs_leave_one_kernel_as_a_tuple(rng):
 
 
 def test_binding_balances_instances_over_cores():
-    from tvm_dsa.codegen.stitch import _binding
+    from tvm_dsa.codegen.stitch import binding as _binding
 
     cpc = HW.cores_per_cluster
     # 4 instances: one per cluster, each on all 8 cores of it
@@ -281,15 +282,17 @@ def test_clusters_copy_the_first_clusters_instructions(monkeypatch):
 
     offload = importlib.import_module("tvm_dsa.relax_passes.offload")
     seen = []
-    monkeypatch.setattr(offload, "build_stitched", lambda sg, *a, **k: seen.append(sg) or stitch.build_stitched(sg, *a, **k))
+    monkeypatch.setattr(offload, "emit_stitched", lambda mod, *a, **k: seen.append(mod) or stitch.emit_stitched(mod, *a, **k))
     _run(residual_block(), "graphturbo")
-    (sg,) = seen
+    (mod,) = seen
     calls = []
     layer = emit.KernelEmitter.layer
     monkeypatch.setattr(emit.KernelEmitter, "layer", lambda self, L, work, *a: calls.append(work) or layer(self, L, work, *a))
-    emitted, _ = stitch.build_stitched(sg, HW, replicate=False)
+    emitted, _ = stitch.emit_stitched(mod, HW, replicate=False)
     emitted_calls, calls[:] = list(calls), []
-    copied, _ = stitch.build_stitched(sg, HW)
+    compact, _ = stitch.emit_stitched(mod, HW)
+    assert len(compact.kernels[0].replicas) == 3 and compact.num_instructions * 4 == emitted.num_instructions
+    copied = Program.deserialize(compact.serialize())  # loading writes the replicas out
     cpc = HW.cores_per_cluster
     assert {core // cpc for work in emitted_calls for _, core in work} == {0, 1, 2, 3}
     assert {core // cpc for work in calls for _, core in work} == {0}  # only cluster 0 emitted

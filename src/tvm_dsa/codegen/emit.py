@@ -4,7 +4,7 @@ A ``KernelEmitter`` emits one kernel made of layers (lowered PrimFuncs read into
 The caller deals each layer's tiles to cores and says where each tensor lives (a ``Region``: DDR,
 a cluster's GB or a core's LB, possibly a box of the tensor); ``build_program`` is the one-layer
 case (every tensor in DDR, the first tile loop's index picks the cluster, tiles round-robin over
-its cores), ``stitch.build_stitched`` the multi-layer one. Chunk loops are iterated in place. Every
+its cores), ``stitch.emit_stitched`` the multi-layer one. Chunk loops are iterated in place. Every
 stage becomes instructions whose box is the stage's loop extents; inner loop coefficients give an
 operand's strides, outer ones its base.
 
@@ -198,10 +198,13 @@ class KernelEmitter:
         self.content: dict = {}  # (core, buffer) -> (tensor, region, box origin) it was loaded with
         self.holders: dict = {}  # (layer, buffer, content) -> {core holding it: copies it has sent}
         self.marks: list = []  # isa.LayerMark per run of instructions of one layer
+        self.replicas: list = []  # isa.Replica: parts run again by other clusters, after the instructions
+        self._parts: dict = {}  # (start, stop) -> (deps inside, DDR objects touched, cores) of a replicated part
         self.scratch_top = 0
 
     def kernel(self) -> isa.Kernel:
-        return isa.Kernel(self.name, tuple(sorted(self.cores_used)), tuple(self.instructions), tuple(self.marks))
+        return isa.Kernel(self.name, tuple(sorted(self.cores_used)), tuple(self.instructions), tuple(self.marks),
+                          tuple(self.replicas))
 
     def _mark(self, name: str, shape) -> None:
         """The instructions from here on compute layer ``name`` (for reports and traces)."""
@@ -243,51 +246,29 @@ class KernelEmitter:
         self._push(isa.Dma(core, src.extents, _whole_operand(dst), _whole_operand(src)), core)
 
     def replicate(self, start: int, stop: int, cores: int, cluster: int, ddr_shift: dict) -> bool:
-        """Append a copy of instructions [start, stop) — one cluster's part of a kernel — for the
-        cluster ``cluster`` whose part is the same translated: cores moved by ``cores``, its own
-        GB, each DDR object (keyed as when claimed) moved by ``ddr_shift[key]`` bytes, deps kept
-        inside the copy. False (nothing appended) when the part depends on instructions outside it
-        or touches DDR objects ``ddr_shift`` does not name. Emitting a cluster this way costs a
-        fraction of emitting it, and what it appends is what emitting would give, without the
+        """Record that instructions [start, stop) — one cluster's part of a kernel — run again for
+        the cluster ``cluster`` whose part is the same translated: cores moved by ``cores``, its
+        own GB, each DDR object (keyed as when claimed) moved by ``ddr_shift[key]`` bytes
+        (``isa.Replica``; the copy follows the kernel's instructions). False (nothing recorded)
+        when the part depends on instructions outside it or touches DDR objects ``ddr_shift``
+        does not name. What the copy runs is what emitting the cluster would give, without the
         false dependencies emission adds between clusters' disjoint pieces of one DDR tensor."""
-        part = self.instructions[start:stop]
         ddr = self.spaces.get(("ddr", 0))
-        memo: dict = {}  # id(operand) -> moved operand (tile buffers' operands recur)
-
-        def move(o):
-            if not isinstance(o, isa.Operand):
-                return o
-            new = memo.get(id(o))
-            if new is None:
-                if o.mem == "lb":
-                    new = _with(o, index=o.index + cores)
-                elif o.mem == "gb":
-                    new = _with(o, index=cluster)
-                else:
-                    key = ddr.owner(o.offset) if ddr else None
-                    if key not in ddr_shift:
-                        raise KeyError(key)
-                    new = _with(o, offset=o.offset + ddr_shift[key])
-                memo[id(o)] = new
-            return new
-
-        shift = len(self.instructions) - start
-        try:
-            copies = []
-            for ins in part:
-                if any(not start <= d < stop for d in ins.deps):
-                    return False
-                changes = {k: move(v) for k, v in ins.__dict__.items() if isinstance(v, isa.Operand)}
-                if isinstance(ins, isa.Vector):
-                    changes["srcs"] = tuple(move(x) for x in ins.srcs)
-                copies.append(_with(ins, core=ins.core + cores, deps=tuple(d + shift for d in ins.deps), **changes))
-        except KeyError:
+        part = self._parts.get((start, stop))
+        if part is None:  # what the part depends on and touches, worked out once per part
+            keys, inside = set(), True
+            for ins in self.instructions[start:stop]:
+                inside = inside and all(start <= d < stop for d in ins.deps)
+                srcs, dst = isa.operands(ins)
+                keys.update(ddr.owner(o.offset) for o in (dst, *srcs) if isinstance(o, isa.Operand) and o.mem == "ddr")
+            cores_of = {ins.core for ins in self.instructions[start:stop]}
+            part = self._parts[(start, stop)] = (inside, keys, cores_of)
+        inside, keys, cores_of = part
+        if not inside or not keys <= set(ddr_shift):
             return False
-        runs = [m for m in self.marks if m.first <= start][-1:] + [m for m in self.marks if start < m.first < stop]
-        for m, nxt in zip(runs, runs[1:] + [None]):
-            self._mark(m.name, m.shape)
-            self.instructions += copies[max(m.first, start) - start:(nxt.first if nxt else stop) - start]
-        self.cores_used.update(ins.core for ins in copies)
+        ranges = tuple((lo, hi, ddr_shift[key]) for lo, hi, key in ddr.ranges if key in keys)
+        self.replicas.append(isa.Replica(start, stop, cores, cluster, ranges))
+        self.cores_used.update(c + cores for c in cores_of)
         return True
 
     def layer(self, layer: Layer, work, regions: dict, lb_base: int = 0) -> None:

@@ -1,7 +1,7 @@
 """Stitched kernels (seed 000 §4.2-4.3): one kernel runs a sub-graph's layers instance by instance,
 the tensors between its layers kept on chip instead of going through DDR.
 
-Three steps, each a function of its own:
+The algorithms the passes of ``tir_passes.stitch`` apply, each a function of its own:
 
 - ``footprints``: per tile of a lowered layer, the box of every tensor it reads and writes
   (from the kernel IR's integer access patterns, over the tile's chunk loops).
@@ -9,18 +9,23 @@ Three steps, each a function of its own:
   tiles of every other layer found backwards from what its consumers read (a 3x3 window reads a
   halo: those tiles are computed by both neighbouring instances — the recomputation). Instances
   are made coarser while recomputation costs more than ``RECOMPUTE_LIMIT`` of the work.
-- ``allocate``: liveness over the kernel's steps, an offline placement plan at a level, and when
-  the live tensors do not fit, spilling by a policy: the tensor with the longest lifetime first (the
-  seed's rule) or the largest first (prior work's), to the next level down.
+- ``allocate``: an offline placement plan at a level, and when the live tensors do not fit,
+  spilling by a policy: the tensor with the longest lifetime first (the seed's rule) or the
+  largest first (prior work's), to the next level down.
+
+and the sub-graph module they annotate (``subgraph_module``, read back by ``read_*``), and
+``emit_stitched``, which turns an annotated module into a DSA program.
 """
 
 from __future__ import annotations
 
+import functools
 import itertools
 import math
 from dataclasses import dataclass
 
 import numpy as np
+import tvm
 
 from .emit import Layer
 from ..relax_passes import memory_plan
@@ -111,12 +116,29 @@ def footprints(layer: Layer) -> Footprint:
 
 @dataclass(frozen=True)
 class Instances:
-    """``tiles[i][layer]``: the tiles instance ``i`` computes; ``boxes[i][tensor]``: the box of
-    each intermediate it produces (what it writes, so consumers' reads fall inside)."""
+    """``rows[i][layer]``: the tiles instance ``i`` computes, as rows of the layer's footprint
+    (``tiles[i][layer]`` the same as tile-loop values); ``boxes[i][tensor]``: the box of each
+    intermediate it produces (what it writes, so consumers' reads fall inside)."""
 
+    rows: list
     tiles: list
     boxes: list
     recompute: float  # work of all instances / work of the sub-graph
+
+    @classmethod
+    def of(cls, layers, prints: dict, outputs, rows: list, recompute: float) -> "Instances":
+        """The instances computing ``rows``: their tiles and the boxes they write."""
+        boxes = []
+        for chosen in rows:
+            mine = {}
+            for L in reversed(layers):  # the order lifetimes are listed in (it breaks placement ties)
+                out = L.args[L.ir.params[-1][0]]
+                box = _hull(prints[L.name].write, chosen[L.name])
+                if out not in outputs and box is not None:
+                    mine[out] = box
+            boxes.append(mine)
+        tiles = [{name: [prints[name].tiles[r] for r in r_.tolist()] for name, r_ in chosen.items()} for chosen in rows]
+        return cls(rows, tiles, boxes, recompute)
 
     @property
     def count(self) -> int:
@@ -157,7 +179,7 @@ def _propagate(layers, prints, outputs, primary, seeds) -> Instances | None:
     what it computes or a second output would be split."""
     out_of = {L.args[L.ir.params[-1][0]]: L for L in layers}
     total = sum(len(prints[L.name].tiles) * prints[L.name].work for L in layers)
-    all_tiles, all_boxes, work = [], [], 0
+    all_rows, work = [], 0
     for seed in seeds:
         chosen = {primary.name: seed}
         need: dict = {}  # tensor -> box read by this instance's chosen tiles
@@ -181,9 +203,8 @@ def _propagate(layers, prints, outputs, primary, seeds) -> Instances | None:
             work += len(rows) * fp.work
         if any(not _inside(need[t], boxes[t]) for t in need if boxes.get(t) and need[t]):
             return None
-        all_tiles.append({name: [prints[name].tiles[r] for r in rows.tolist()] for name, rows in chosen.items()})
-        all_boxes.append({t: b for t, b in boxes.items() if b is not None})
-    return Instances(all_tiles, all_boxes, work / max(total, 1))
+        all_rows.append(chosen)
+    return Instances.of(layers, prints, outputs, all_rows, work / max(total, 1))
 
 
 # --------------------------------------------------------------------------------------------
@@ -230,13 +251,13 @@ def allocate(lives: list[Lifetime], capacity: int, policy: str = "longest") -> t
 
 
 # --------------------------------------------------------------------------------------------
-# the stitched program
+# the sub-graph module: what the scheduler hands kernel generation, and the passes' decisions
 ORDERS = ("dfs", "bfs")
 
 
 @dataclass(frozen=True)
 class SubGraphKernel:
-    """What the scheduler hands kernel generation for one sub-graph."""
+    """A sub-graph module's layers and boundary, read back (``read_subgraph``)."""
 
     name: str
     layers: tuple  # Layer, topological order; Layer.name is unique (the call site)
@@ -246,6 +267,98 @@ class SubGraphKernel:
     weights: frozenset  # inputs to promote DDR -> GB (learned parameters)
     split_loop: int = 0  # tile loop the instances split (Algorithm 1's best split)
     groups: int = 1 << 30  # at most this many ranges of that loop
+
+
+def subgraph_module(name: str, layers, inputs, outputs, tensors: dict, weights, split_loop: int = 0,
+                    groups: int = 1 << 30) -> tvm.IRModule:
+    """The module kernel generation's passes (``tir_passes.stitch``) transform: one lowered PrimFunc
+    per layer (``layers``: (call-site name, PrimFunc, tensor of each parameter, LB budget it was
+    tiled to or None), topological order), the tensors behind its parameters in ``dsa.args``, and
+    the sub-graph's boundary in the module attribute ``dsa.subgraph``."""
+    funcs = {}
+    for position, (call, func, args, budget) in enumerate(layers):
+        funcs[call] = func.with_attrs({"dsa.args": list(args), "dsa.lb_budget": budget or 0,
+                                       "dsa.position": position, "global_symbol": call})
+    return tvm.IRModule(funcs).with_attr("dsa.subgraph", {
+        "name": name, "inputs": list(inputs), "outputs": list(outputs), "weights": sorted(weights),
+        "tensors": {t: [list(shape), dtype] for t, (shape, dtype) in tensors.items()},
+        "split_loop": split_loop, "groups": groups})
+
+
+@functools.lru_cache(maxsize=4096)
+def _layer(func, hw, name: str):
+    """(Layer, Footprint) of one annotated PrimFunc: read once, whichever pass asks first."""
+    layer = Layer.of(func, hw, name, tuple(func.attrs["dsa.args"]), int(func.attrs["dsa.lb_budget"]) or None)
+    return layer, footprints(layer)
+
+
+def read_subgraph(mod: tvm.IRModule, hw) -> tuple[SubGraphKernel, dict]:
+    """(the sub-graph, footprint per layer) of a sub-graph module."""
+    attrs = mod.attrs["dsa.subgraph"]
+    funcs = sorted(((int(f.attrs["dsa.position"]), gv.name_hint, f) for gv, f in mod.functions.items()))
+    read = [_layer(f, hw, name) for _, name, f in funcs]
+    sg = SubGraphKernel(str(attrs["name"]), tuple(L for L, _ in read), tuple(attrs["inputs"]), tuple(attrs["outputs"]),
+                        {str(t): (tuple(v[0]), str(v[1])) for t, v in attrs["tensors"].items()},
+                        frozenset(attrs["weights"]), int(attrs["split_loop"]), int(attrs["groups"]))
+    return sg, {L.name: fp for L, fp in read}
+
+
+def instances_attr(inst: Instances) -> dict:
+    """``dsa.instances``: each instance's rows of every layer's tiles, and the recomputation."""
+    return {"rows": [{name: rows.tolist() for name, rows in chosen.items()} for chosen in inst.rows],
+            "recompute": float(inst.recompute)}
+
+
+_READ: dict = {}  # (dsa.instances, layer PrimFuncs) -> Instances, for the passes that read them in turn
+
+
+def read_instances(mod: tvm.IRModule, sg: SubGraphKernel, prints: dict) -> Instances:
+    attr = mod.attrs["dsa.instances"]
+    key = (attr, tuple(mod.functions.values()))  # both immutable
+    if key not in _READ:
+        if len(_READ) >= 64:
+            _READ.pop(next(iter(_READ)))
+        rows = [{str(name): np.asarray(list(r), dtype=np.int64) for name, r in chosen.items()}
+                for chosen in attr["rows"]]
+        _READ[key] = Instances.of(sg.layers, prints, sg.outputs, rows, float(attr["recompute"]))
+    return _READ[key]
+
+
+def read_cores(mod: tvm.IRModule) -> list[tuple[int, ...]]:
+    return [tuple(int(k) for k in cs) for cs in mod.attrs["dsa.cores"]]
+
+
+@dataclass(frozen=True)
+class Buffer:
+    """A buffer of a stitched kernel: an instance's intermediate (``kind`` "t", ``owner`` the
+    instance) or a cluster's promoted weight ("w", owner the cluster), live from step ``first`` to
+    ``last``, placed at ``level`` lb (``unit`` a core), gb (unit a cluster) or ddr (``offset`` into
+    the kernel's scratch; -1 for a weight read where it is)."""
+
+    cluster: int
+    kind: str
+    tensor: str
+    owner: int
+    first: int
+    last: int
+    nbytes: int
+    level: str
+    unit: int
+    offset: int
+
+    @property
+    def key(self) -> tuple:
+        return self.kind, self.tensor, self.owner
+
+
+def read_allocation(mod: tvm.IRModule) -> list[Buffer]:
+    return [Buffer(int(b[0]), str(b[1]), str(b[2]), *(int(v) for v in b[3:7]), str(b[7]), int(b[8]), int(b[9]))
+            for b in mod.attrs["dsa.allocation"]]
+
+
+def allocation_attr(buffers: list[Buffer]) -> list:
+    return [[b.cluster, b.kind, b.tensor, b.owner, b.first, b.last, b.nbytes, b.level, b.unit, b.offset]
+            for b in buffers]
 
 
 @dataclass(frozen=True)
@@ -262,22 +375,7 @@ class StitchInfo:
     lb_bytes: int = 0  # bytes of each core's LB set aside for them (the rest holds the layers' tiles)
 
 
-@dataclass(frozen=True)
-class _ClusterPlan:
-    """One cluster's part of a stitched kernel for an instance order: its instances, their round
-    on their cores, the step of (round, layer), the lifetimes and where they were placed."""
-
-    members: list  # instance indices
-    rnd: dict  # instance -> round on its cores
-    step: object  # (round, layer index) -> step
-    lives: list  # Lifetime of every intermediate and promoted weight
-    offsets: dict  # key -> GB offset
-    spilled: list  # keys in DDR
-    gb_peak: int
-    kept: dict  # key -> (core, LB offset)
-
-
-def _binding(n: int, hw) -> list[tuple[int, ...]]:
+def binding(n: int, hw) -> list[tuple[int, ...]]:
     """Cores of each instance (Algorithm 4's factors): instances dealt over the clusters (the batch
     split), one core each when a cluster has at least as many instances as cores, otherwise the
     largest of 8, 4, 2, 1 cores each that keeps them balanced."""
@@ -292,18 +390,41 @@ def _binding(n: int, hw) -> list[tuple[int, ...]]:
     return cores
 
 
-def sg_instances(sg: SubGraphKernel) -> tuple[Instances, dict]:
-    """The instances of a sub-graph, split as its scheduler decided (``plan_instances``), and the
-    footprints of its layers."""
-    prints = {L.name: footprints(L) for L in sg.layers}
-    return plan_instances(list(sg.layers), prints, list(sg.outputs), sg.split_loop, sg.groups), prints
+@dataclass(frozen=True)
+class ClusterRounds:
+    """A cluster's instances and the round each runs in on its cores."""
+
+    members: list
+    rnd: dict  # instance -> round
+
+    @property
+    def rounds(self) -> int:
+        return max(self.rnd.values()) + 1
+
+    def step(self, order: str, layers: int):
+        """(round, layer index) -> step of the cluster's program in instance order ``order``:
+        dfs runs instance by instance, bfs layer by layer."""
+        rounds = self.rounds
+        if order == "dfs":
+            return lambda r, k: r * layers + k
+        return lambda r, k: k * rounds + r
 
 
-def instance_cores(sg: SubGraphKernel, hw) -> list[tuple[int, ...]]:
-    """The cores each instance of ``sg`` is bound to (Algorithm 4's factors)."""
-    return _binding(sg_instances(sg)[0].count, hw)
+def cluster_rounds(cores: list, cpc: int) -> dict[int, ClusterRounds]:
+    per_cluster: dict = {}
+    for i, cs in enumerate(cores):
+        per_cluster.setdefault(cs[0] // cpc, []).append(i)
+    out = {}
+    for c, members in per_cluster.items():
+        per_core: dict = {}
+        for i in members:
+            per_core.setdefault(cores[i], []).append(i)
+        out[c] = ClusterRounds(members, {i: k for group in per_core.values() for k, i in enumerate(group)})
+    return out
 
 
+# --------------------------------------------------------------------------------------------
+# the stitched program
 def _translation(sg: SubGraphKernel, prints: dict, inst: Instances, pairs) -> dict | None:
     """Per tensor, how many elements along its first (batch) dimension the second instance of
     each pair in ``pairs`` is moved from the first: when every layer's tiles of the second read and
@@ -320,13 +441,11 @@ def _translation(sg: SubGraphKernel, prints: dict, inst: Instances, pairs) -> di
     for i, j in pairs:
         for L in sg.layers:
             fp = prints[L.name]
-            a, b = inst.tiles[i][L.name], inst.tiles[j][L.name]
-            if len(a) != len(b):
+            ra, rb = inst.rows[i][L.name], inst.rows[j][L.name]
+            if len(ra) != len(rb):
                 return None
-            if not a:
+            if not len(ra):
                 continue
-            row = {t: r for r, t in enumerate(fp.tiles)}
-            ra, rb = [row[t] for t in a], [row[t] for t in b]
             out = L.args[L.ir.params[-1][0]]
             if not agree(out, (fp.write[0][ra], fp.write[1][ra]), (fp.write[0][rb], fp.write[1][rb])):
                 return None
@@ -336,29 +455,39 @@ def _translation(sg: SubGraphKernel, prints: dict, inst: Instances, pairs) -> di
     return delta
 
 
-def _cluster_shift(sg, prints, inst, cores, cpc, reference, other, regions, esize) -> dict | None:
+@dataclass(frozen=True)
+class _Part:
+    """One cluster's part of a stitched kernel, as emitted: its rounds, buffers and their regions."""
+
+    cluster: int
+    rounds: ClusterRounds
+    buffers: list
+    place: dict  # buffer key -> Region
+
+
+def _cluster_shift(sg, prints, inst, cores, cpc, ref: _Part, other: _Part, regions, esize) -> dict | None:
     """Bytes each DDR object moves between the reference cluster's part of a stitched kernel and
     ``other``'s, when ``other``'s part is the reference's translated (same rounds on cores moved by
     whole clusters, instances moved along the batch, tensors placed alike); None otherwise."""
-    (c0, cp0, place0, _), (c, cp, place) = reference, other
-    if len(cp0.members) != len(cp.members):
+    if len(ref.rounds.members) != len(other.rounds.members):
         return None
-    pairs = list(zip(cp0.members, cp.members))
-    moved = (c - c0) * cpc
-    if any(cp0.rnd[i] != cp.rnd[j] or cores[j] != tuple(k + moved for k in cores[i]) for i, j in pairs):
+    pairs = list(zip(ref.rounds.members, other.rounds.members))
+    moved = (other.cluster - ref.cluster) * cpc
+    if any(ref.rounds.rnd[i] != other.rounds.rnd[j] or cores[j] != tuple(k + moved for k in cores[i])
+           for i, j in pairs):
         return None
     delta = _translation(sg, prints, inst, pairs)
     if delta is None:
         return None
-    twin = {i: j for i, j in pairs}
-    lives = {x.key: x for x in cp.lives}
+    twin = dict(pairs)
+    theirs = {b.key: b for b in other.buffers}
     shift = {("ddr", t): delta.get(t, 0) * math.prod(r.extents[1:]) * esize for t, r in regions.items()}
-    for x in cp0.lives:
-        key = (x.key[0], x.key[1], twin[x.key[2]] if x.key[0] == "t" else c)
-        y = lives.get(key)
+    for x in ref.buffers:
+        key = (x.kind, x.tensor, twin[x.owner] if x.kind == "t" else other.cluster)
+        y = theirs.get(key)
         if y is None or (y.first, y.last, y.nbytes) != (x.first, x.last, x.nbytes):
             return None
-        a, b = place0.get(x.key), place.get(key)
+        a, b = ref.place.get(x.key), other.place.get(key)
         if (a is None) != (b is None):
             return None
         if a is None:
@@ -370,22 +499,11 @@ def _cluster_shift(sg, prints, inst, cores, cpc, reference, other, regions, esiz
     return shift
 
 
-def build_stitched(sg: SubGraphKernel, hw, order: str = "best", spill: str = "longest",
-                   gb: bool = True, prefetch: int = 2, lb: bool = False, replicate: bool = True):
-    """(Program, StitchInfo) of one sub-graph: its instances, each layer's tiles of an instance on
-    the instance's cores, intermediates in the GB (``gb=False``: in DDR, the layerwise placement),
-    weights promoted to the GB once per cluster; ``order`` dfs (instance by instance), bfs (layer by
-    layer) or best (the smaller GB peak, Algorithm 3's choice).
-
-    With ``lb`` an instance bound to one core keeps its intermediates in that core's LB, below the
-    layers' tile buffers (which then sit at the top of the LB); what does not fit spills to the GB,
-    and from there to DDR (Fig. 12). An instance on several cores keeps them in the GB: its
-    producers' and consumers' tiles run on different cores (Algorithm 4's scope rule).
-
-    Cross-layer scheduling (§4.4): a weight's promotion is issued ``prefetch`` steps before the
-    step that first reads it, so the cluster DMA moves it while earlier layers compute (its GB
-    space is held from then on), or fewer steps where holding the weights that long would spill
-    more to DDR; with 0 every layer waits for its own weights.
+def emit_stitched(mod: tvm.IRModule, hw, replicate: bool = True):
+    """(Program, StitchInfo) of a sub-graph module annotated by the passes of
+    ``tir_passes.stitch``: each cluster's steps in the chosen order, at each step the buffers that
+    start there claimed (a weight's promotion DDR -> GB issued), then every layer's tiles of the
+    step's instances on the instances' cores, each tensor read and written where it was placed.
 
     A cluster whose instances are the first cluster's moved along the batch, placed alike, gets a
     copy of its instructions (``replicate``; False emits every cluster, for tests)."""
@@ -393,152 +511,68 @@ def build_stitched(sg: SubGraphKernel, hw, order: str = "best", spill: str = "lo
     from .emit import KernelEmitter, Region, place_arguments
     from .kernel_ir import ALIGN
 
-    inst, prints = sg_instances(sg)
-    cores = _binding(inst.count, hw)
-    lb_base = hw.lb_bytes - max(L.plan.total_bytes for L in sg.layers) if lb else 0
-    lb_base -= lb_base % ALIGN
-    cpc = hw.cores_per_cluster
+    sg, prints = read_subgraph(mod, hw)
+    inst = read_instances(mod, sg, prints)
+    cores = read_cores(mod)
+    order = str(mod.attrs["dsa.order"])
+    lb_bytes = int(mod.attrs["dsa.scopes"]["lb_bytes"])
+    buffers = read_allocation(mod)
+    cpc, nl = hw.cores_per_cluster, len(sg.layers)
     esize = isa.DTYPES[hw.storage_dtype]
+    regions, args, scratch = place_arguments(sg.inputs, sg.outputs, sg.tensors, hw)
+    produced = {L.args[L.ir.params[-1][0]] for L in sg.layers}
 
-    def nbytes(box):
-        return esize * math.prod(h - l for l, h in zip(*box))
-
-    # DDR: arguments, then scratch for what the GB does not keep
-    regions, args, offset = place_arguments(sg.inputs, sg.outputs, sg.tensors, hw)
-
-    index = {L.name: k for k, L in enumerate(sg.layers)}
-    readers: dict = {}
-    for L in sg.layers:
-        for p, t in L.args.items():
-            if p != L.ir.params[-1][0]:
-                readers.setdefault(t, []).append(index[L.name])
-    produced = {L.args[L.ir.params[-1][0]]: index[L.name] for L in sg.layers}
-
-    def plan(order_name):
-        """Steps (round, layer) per cluster in program order, lifetimes, allocation per cluster."""
-        nl = len(sg.layers)
-        per_cluster: dict = {}
-        for i, cs in enumerate(cores):
-            per_cluster.setdefault(cs[0] // cpc, []).append(i)
-        result = {}
-        for c, members in per_cluster.items():
-            per_core: dict = {}
-            for i in members:
-                per_core.setdefault(cores[i], []).append(i)
-            rnd = {i: k for group in per_core.values() for k, i in enumerate(group)}
-            rounds = max(rnd.values()) + 1
-
-            def step(r, k):
-                return r * nl + k if order_name == "dfs" else k * rounds + r
-
-            lives, lb_lives = [], {}
-            for i in members:
-                for t, box in inst.boxes[i].items():
-                    x = Lifetime(("t", t, i), nbytes(box), step(rnd[i], produced[t]),
-                                 max(step(rnd[i], k) for k in readers[t]))
-                    (lb_lives.setdefault(cores[i][0], []) if lb and len(cores[i]) == 1 else lives).append(x)
-            kept = {}  # key -> (core, LB offset)
-            for core, xs in lb_lives.items():
-                offsets, spilled = allocate(xs, lb_base, spill)
-                kept.update({k: (core, o) for k, o in offsets.items()})
-                lives += [x for x in xs if x.key in spilled]  # on to the GB
-            used = {t for i in members for k in range(nl) if inst.tiles[i][sg.layers[k].name]
-                    for t in sg.layers[k].args.values()}
-            uses = {w: [step(rnd[i], k) for i in members for k in readers[w] if inst.tiles[i][sg.layers[k].name]]
-                    for w in sg.weights & used}
-            capacity = hw.gb_bytes if gb else 0
-
-            def placed(ahead):
-                """Allocation with every promotion issued ``ahead`` steps before first use."""
-                weights = [Lifetime(("w", w, c), nbytes(((0,) * len(sg.tensors[w][0]), sg.tensors[w][0])),
-                                    max(0, min(u) - ahead), max(u)) for w, u in uses.items()]
-                return lives + weights, *allocate(lives + weights, capacity, spill)
-
-            # promotions as early as ``prefetch`` allows without pushing more to DDR than none
-            # early: a spilled weight is read from DDR by every tile, costing far more than the wait
-            fallback = placed(0)
-            lives, offsets, spilled = next((t for t in map(placed, range(prefetch, 0, -1))
-                                            if len(t[2]) <= len(fallback[2])), fallback)
-            peak = max((offsets[x.key] + align(x.nbytes) for x in lives if x.key in offsets), default=0)
-            lives += [x for xs in lb_lives.values() for x in xs if x.key in kept]
-            result[c] = _ClusterPlan(members, rnd, step, lives, offsets, spilled, peak, kept)
-        return result
-
-    if order == "best":
-        plans = {o: plan(o) for o in ORDERS}
-        # Algorithm 3 keeps the order that uses the LB better: fewer spills to DDR, more
-        # intermediates kept in the LBs, then the smaller GB peak
-        order = min(ORDERS, key=lambda o: (sum(len(p.spilled) for p in plans[o].values()),
-                                           -sum(len(p.kept) for p in plans[o].values()),
-                                           max(p.gb_peak for p in plans[o].values())))
-        chosen = plans[order]
-    elif order in ORDERS:
-        chosen = plan(order)
-    else:
-        raise ValueError(f"unknown instance order {order!r}; known: {ORDERS + ('best',)}")
+    def region(b: Buffer):
+        shape = sg.tensors[b.tensor][0]
+        box = inst.boxes[b.owner][b.tensor] if b.kind == "t" else ((0,) * len(shape), tuple(shape))
+        extents = tuple(h - l for l, h in zip(*box))
+        base = scratch + b.offset if b.level == "ddr" else b.offset
+        return Region(b.level, b.unit, base, box[0], extents, hw.storage_dtype)
 
     emitter = KernelEmitter(hw, sg.name)
     for t, r in regions.items():
         emitter.claim(r, ("ddr", t))
-    scratch_top = offset
-    spilled_all = []
-    lb_kept = 0
-    reference = None  # (cluster, its plan, placement, [first, end) of its instructions): the others copy it
-    for c, cp in sorted(chosen.items()):
-        members, rnd, step, lives, offsets, spilled, kept = (cp.members, cp.rnd, cp.step, cp.lives, cp.offsets,
-                                                             cp.spilled, cp.kept)
-        spilled_all += spilled
-        # where each instance's intermediates and the cluster's weights live
-        place: dict = {}
-        ddr_lives = [x for x in lives if x.key in spilled and x.key[0] == "t"]
-        ddr_offsets, _ = allocate(ddr_lives, 1 << 62, spill)
-        for x in lives:
-            kind, t = x.key[0], x.key[1]
-            shape = sg.tensors[t][0]
-            box = inst.boxes[x.key[2]][t] if kind == "t" else ((0,) * len(shape), tuple(shape))
-            extents = tuple(h - l for l, h in zip(*box))
-            if x.key in kept:
-                place[x.key] = Region("lb", kept[x.key][0], kept[x.key][1], box[0], extents, hw.storage_dtype)
-            elif x.key in offsets:
-                place[x.key] = Region("gb", c, offsets[x.key], box[0], extents, hw.storage_dtype)
-            elif kind == "t":
-                place[x.key] = Region("ddr", 0, scratch_top + ddr_offsets[x.key], box[0], extents, hw.storage_dtype)
-        lb_kept += len(kept)
-        if ddr_lives:
-            scratch_top += max(ddr_offsets[x.key] + align(x.nbytes) for x in ddr_lives)
+    reference, span = None, [0, 0]  # the first cluster's part, and [first, end) of its instructions
+    for c, cr in sorted(cluster_rounds(cores, cpc).items()):
+        mine = [b for b in buffers if b.cluster == c]
+        part = _Part(c, cr, mine, {b.key: region(b) for b in mine if b.offset >= 0})
         if reference is None:
-            reference = (c, cp, place, [len(emitter.instructions), None])
+            reference, span[0] = part, len(emitter.instructions)
         elif replicate:
-            shift = _cluster_shift(sg, prints, inst, cores, cpc, reference, (c, cp, place), regions, esize)
-            c0, _, _, (start, stop) = reference
-            if shift is not None and emitter.replicate(start, stop, (c - c0) * cpc, c, shift):
+            shift = _cluster_shift(sg, prints, inst, cores, cpc, reference, part, regions, esize)
+            if shift is not None and emitter.replicate(*span, (c - reference.cluster) * cpc, c, shift):
                 continue
+        step = cr.step(order, nl)
         starts: dict = {}
-        for x in lives:
-            if x.key in place:
-                starts.setdefault(x.first, []).append(x)
-        steps = sorted({step(rnd[i], k) for i in members for k in range(len(sg.layers))} | set(starts))
+        for b in mine:
+            if b.key in part.place:
+                starts.setdefault(b.first, []).append(b)
+        steps = sorted({step(cr.rnd[i], k) for i in cr.members for k in range(nl)} | set(starts))
         for s in steps:
-            for x in starts.get(s, []):
-                emitter.claim(place[x.key], x.key)
-                if x.key[0] == "w":
-                    emitter.move(regions[x.key[1]], place[x.key], c * cpc)
-            for i in members:
+            for b in starts.get(s, []):
+                emitter.claim(part.place[b.key], b.key)
+                if b.kind == "w":
+                    emitter.move(regions[b.tensor], part.place[b.key], c * cpc)
+            for i in cr.members:
                 for k, L in enumerate(sg.layers):
-                    if step(rnd[i], k) != s or not inst.tiles[i][L.name]:
+                    rows = inst.rows[i][L.name]
+                    if step(cr.rnd[i], k) != s or not len(rows):
                         continue
                     local = dict(regions)
                     for t in L.args.values():
                         key = ("t", t, i) if t in produced and t not in sg.outputs else ("w", t, c)
-                        if key in place:
-                            local[t] = place[key]
+                        if key in part.place:
+                            local[t] = part.place[key]
                     tiles = inst.tiles[i][L.name]
                     work = [(t, cores[i][n % len(cores[i])]) for n, t in enumerate(tiles)]
-                    emitter.layer(L, work, local, lb_base)
-        if reference[0] == c:
-            reference[3][1] = len(emitter.instructions)
-    gb_peak = max(p.gb_peak for p in chosen.values())
-    program = isa.Program(hw.to_dict(), max(scratch_top, ALIGN), tuple(args), (emitter.kernel(),), sg.name)
-    info = StitchInfo(inst.count, inst.recompute, len(cores[0]), order, gb_peak, tuple(spilled_all),
-                      lb_kept, lb_base)
+                    emitter.layer(L, work, local, lb_bytes)
+        if reference is part:
+            span[1] = len(emitter.instructions)
+    top = max((scratch + b.offset + align(b.nbytes) for b in buffers if b.level == "ddr" and b.offset >= 0),
+              default=scratch)
+    program = isa.Program(hw.to_dict(), max(top, ALIGN), tuple(args), (emitter.kernel(),), sg.name)
+    gb_peak = max((b.offset + align(b.nbytes) for b in buffers if b.level == "gb"), default=0)
+    info = StitchInfo(inst.count, inst.recompute, len(cores[0]), order, gb_peak,
+                      tuple(b.key for b in buffers if b.level == "ddr"), sum(b.level == "lb" for b in buffers),
+                      lb_bytes)
     return program, info

@@ -5,11 +5,11 @@ from .instructions import (
     DTYPES, OP_ARITY, REDUCE_OPS, VEC_OPS, VME_OPS,
     Dma, Fill, Instruction, Mme, Operand, Reduce, Vector, macs, operands, unit_of,
 )
-from .program import VERSION, Kernel, LayerMark, Program, ProgramError, TensorArg
+from .program import VERSION, Kernel, LayerMark, Program, ProgramError, Replica, TensorArg
 from .validate import validate
 
 __all__ = [
     "DTYPES", "OP_ARITY", "REDUCE_OPS", "VEC_OPS", "VME_OPS",
     "Dma", "Fill", "Instruction", "Mme", "Operand", "Reduce", "Vector", "macs", "operands", "unit_of",
-    "VERSION", "Kernel", "LayerMark", "Program", "ProgramError", "TensorArg", "validate", "disassemble",
+    "VERSION", "Kernel", "LayerMark", "Program", "ProgramError", "Replica", "TensorArg", "validate", "disassemble",
 ]

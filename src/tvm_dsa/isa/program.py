@@ -13,6 +13,7 @@ reads the outputs back, converted to ``host_dtype``. DDR outside the args is scr
 from __future__ import annotations
 
 import base64
+import bisect
 import json
 import zlib
 from dataclasses import dataclass, field
@@ -29,7 +30,8 @@ from .instructions import (
     Vector,
 )
 
-VERSION = 1
+VERSION = 2  # 2: kernels may carry replicas
+READS = (1, 2)  # versions this runtime reads
 MAGIC = "DSAP"
 
 
@@ -69,14 +71,31 @@ class LayerMark:
 
 
 @dataclass(frozen=True)
+class Replica:
+    """Instructions ``start``..``stop`` (exclusive) of the kernel once more, moved: cores and LB
+    indices by ``cores``, GB operands into cluster ``cluster``'s GB, a DDR operand whose offset is
+    in ``[lo, hi)`` of a ``ddr`` entry ``(lo, hi, shift)`` by ``shift`` bytes, dependencies along
+    with the copy. A kernel's instruction stream is its instructions, then each replica's copy in
+    order: a cluster that runs another's part on its own data costs one record, not a copy."""
+
+    start: int
+    stop: int
+    cores: int
+    cluster: int
+    ddr: tuple[tuple[int, int, int], ...]
+
+
+@dataclass(frozen=True)
 class Kernel:
     """Instructions launched together on ``cores`` (global core ids); list order is their meaning.
-    ``layers``: which layer each run of instructions computes (marks by increasing ``first``)."""
+    ``layers``: which layer each run of instructions computes (marks by increasing ``first``).
+    ``replicas`` extend the stream; loading a program expands them (``Program.expanded``)."""
 
     name: str
     cores: tuple[int, ...]
     instructions: tuple[Instruction, ...]
     layers: tuple[LayerMark, ...] = field(default=(), compare=False)
+    replicas: tuple[Replica, ...] = ()
 
     def layer_of_each(self) -> list[LayerMark | None]:
         """The mark of every instruction (None before the first mark)."""
@@ -108,7 +127,9 @@ class Program:
             "kernels": [
                 {"name": k.name, "cores": list(k.cores),
                  "layers": [[m.first, m.name, list(m.shape)] for m in k.layers],
-                 "instructions": [_ins_to_list(i) for i in k.instructions]}
+                 "instructions": [_ins_to_list(i) for i in k.instructions],
+                 **({"replicas": [[r.start, r.stop, r.cores, r.cluster, [list(d) for d in r.ddr]]
+                                  for r in k.replicas]} if k.replicas else {})}
                 for k in self.kernels
             ],
         }
@@ -117,19 +138,26 @@ class Program:
     def from_dict(cls, d: dict) -> "Program":
         if not isinstance(d, dict) or d.get("magic") != MAGIC:
             raise ProgramError("not a DSA program (missing magic 'DSAP')")
-        if d.get("version") != VERSION:
-            raise ProgramError(f"program version {d.get('version')} is not supported (this runtime reads {VERSION})")
+        if d.get("version") not in READS:
+            raise ProgramError(f"program version {d.get('version')} is not supported (this runtime reads {READS})")
         try:
             args = tuple(TensorArg(a[0], a[1], tuple(a[2]), a[3], a[4], a[5]) for a in d["args"])
-            kernels = tuple(
-                Kernel(k["name"], tuple(k["cores"]),
-                       tuple(_ins_from_list(i) for i in k["instructions"]),
-                       tuple(LayerMark(int(m[0]), str(m[1]), tuple(int(e) for e in m[2])) for m in k.get("layers", ())))
-                for k in d["kernels"]
-            )
-            return cls(d["hardware"], int(d["ddr_bytes"]), args, kernels, d.get("name", "program"), VERSION)
+            kernels = []
+            for k in d["kernels"]:
+                marks = [LayerMark(int(m[0]), str(m[1]), tuple(int(e) for e in m[2])) for m in k.get("layers", ())]
+                listed = _expand(k["instructions"], marks, k.get("replicas", ()))
+                cores = set(k["cores"]) | {int(i[1]) for i in listed[len(k["instructions"]):]}
+                kernels.append(Kernel(k["name"], tuple(sorted(cores)), tuple(_ins_from_list(i) for i in listed),
+                                      tuple(marks)))
+            return cls(d["hardware"], int(d["ddr_bytes"]), args, tuple(kernels), d.get("name", "program"), VERSION)
         except (KeyError, IndexError, TypeError, ValueError) as err:
             raise ProgramError(f"malformed program: {type(err).__name__}: {err}") from None
+
+    def expanded(self) -> "Program":
+        """The program with every kernel's replicas written out as instructions."""
+        if not any(k.replicas for k in self.kernels):
+            return self
+        return Program.from_dict(self.to_dict())
 
     # -- compact text form for embedding (zlib-compressed JSON, base64) -------------------------
     def serialize(self) -> str:
@@ -164,6 +192,50 @@ class Program:
     @property
     def num_instructions(self) -> int:
         return sum(len(k.instructions) for k in self.kernels)
+
+
+_OPERANDS = {"dma": (0, 1), "fill": (0,), "mme": (1, 2, 3), "vector": (2,), "reduce": (3, 4)}  # in JSON
+
+
+def _expand(listed: list, marks: list, replicas) -> list:
+    """A kernel's instructions in JSON form followed by its replicas' copies; ``marks`` extended
+    with the copies' layer runs."""
+    out = list(listed)
+    for start, stop, cores, cluster, ddr in replicas:
+        if not 0 <= start <= stop <= len(listed):
+            raise ValueError(f"replica [{start}, {stop}) outside the kernel's {len(listed)} instructions")
+        ranges = sorted((int(lo), int(hi), int(sh)) for lo, hi, sh in ddr)
+        lows = [r[0] for r in ranges]
+
+        def move(o):
+            if not isinstance(o, list):
+                return o  # an immediate
+            if o[0] == "lb":
+                return ["lb", o[1] + cores, *o[2:]]
+            if o[0] == "gb":
+                return ["gb", cluster, *o[2:]]
+            r = bisect.bisect_right(lows, o[2]) - 1
+            if r < 0 or o[2] >= ranges[r][1]:
+                raise ValueError(f"a replica moves DDR offset {o[2]}, which none of its ranges covers")
+            return [o[0], o[1], o[2] + ranges[r][2], *o[3:]]
+
+        for m in [m for m in marks if m.first <= start][-1:] + [m for m in marks if start < m.first < stop]:
+            first = len(out) + max(m.first, start) - start
+            if marks and marks[-1].first == first:
+                marks.pop()  # the previous run got no instructions
+            if not marks or marks[-1].name != m.name:
+                marks.append(LayerMark(first, m.name, m.shape))
+        shift = len(out) - start
+        for ins in listed[start:stop]:
+            if any(not start <= d < stop for d in ins[2]):
+                raise ValueError(f"replica [{start}, {stop}) copies an instruction that depends on one outside it")
+            rest = list(ins[4:])
+            for k in _OPERANDS[ins[0]]:
+                rest[k] = move(rest[k])
+            if ins[0] == "vector":
+                rest[3] = [move(x) for x in rest[3]]
+            out.append([ins[0], ins[1] + cores, [d + shift for d in ins[2]], ins[3], *rest])
+    return out
 
 
 def _op_to_list(o: Operand | float):

@@ -269,7 +269,8 @@ def _check_args(program: Program) -> None:
 
 
 def validate(program: Program) -> None:
-    """Raise ``ProgramError`` on the first problem; return None for a valid program."""
+    """Raise ``ProgramError`` on the first problem (replicas included); return None for a valid program."""
+    program = program.expanded()
     _check_args(program)
     checker = _Checker(program)
     for k in program.kernels:

@@ -2,7 +2,8 @@
 
 Every PrimFunc ``main`` calls is lowered by the TIR passes; the scheduler groups the calls into
 kernels; each kernel becomes a DSA program (one layer: ``build_program``; a stitched sub-graph:
-``build_stitched``) and its calls become one
+a sub-graph module through the §4 passes of ``tir_passes.stitch``, then ``emit_stitched``) and its
+calls become one
 ``call_dps_packed("tvm_dsa.execute", (program, info, *inputs))`` returning its outputs (a SET
 schedule: ``build_tree_program``, all its layers in one program). The program
 text lives in the VM bytecode, so ``export_library`` / ``load_module`` keep it. A PrimFunc the DSA
@@ -21,11 +22,12 @@ from .. import schedule as schedules
 from ..codegen.emit import Layer, build_program
 from ..codegen.kernel_ir import ALIGN
 from ..codegen.set_program import TreeKernel, build_tree_program
-from ..codegen.stitch import SubGraphKernel, build_stitched, instance_cores
+from ..codegen.stitch import emit_stitched, subgraph_module
 from ..hardware import Hardware
 from ..schedule.graph import OpGraph
 from ..schedule.set.intra import working_set_bytes
 from ..tir_passes import Unsupported, lower_kernel
+from ..tir_passes.stitch import BindCores, StitchBuffers, stitch_passes
 from .stats import kernel_macs
 
 EXECUTE = "tvm_dsa.execute"
@@ -123,20 +125,24 @@ def offload(mod: tvm.IRModule, hw: Hardware, schedule: str = "layerwise", run_id
             kernels.append((spec, programs[node.func], inputs, [node.output]))
             continue
         try:
-            sg = _subgraph(spec, nodes, graph, lowered, hw)
+            sub = _subgraph(spec, nodes, graph, lowered)
             # the LB level (Fig. 15's "L1") pays only where Algorithm 4 gives every instance one
             # core (it keeps the intermediates in that core's LB); elsewhere the tiles keep the LB
-            lb = stitch.lb_keep > 0 and all(len(c) == 1 for c in instance_cores(sg, hw))
+            lb = stitch.lb_keep > 0 and all(
+                len(c) == 1 for c in tvm.transform.Sequential([StitchBuffers(hw), BindCores(hw)])(sub).attrs["dsa.cores"])
             if lb:
-                sg = _subgraph(spec, nodes, graph, {n.func: tiled_in_part(n.func) for n in nodes}, hw)
-            program, info = build_stitched(sg, hw, stitch.order, stitch.spill, stitch.gb, stitch.prefetch, lb=lb)
+                sub = _subgraph(spec, nodes, graph, {n.func: tiled_in_part(n.func) for n in nodes})
+            sub = stitch_passes(hw, stitch.order, stitch.spill, stitch.gb, stitch.prefetch, lb)(sub)
+            program, info = emit_stitched(sub, hw)
         except Unsupported as err:
             for n in nodes:
                 result.host[n.func] = f"in {spec.name}: {err}"
             continue
         result.dsa.append(spec.name)
         result.stitched[spec.name] = info
-        kernels.append((spec, program.serialize(), [graph.tensors[t] for t in sg.inputs], list(sg.outputs)))
+        boundary = sub.attrs["dsa.subgraph"]
+        kernels.append((spec, program.serialize(), [graph.tensors[t] for t in boundary["inputs"]],
+                        list(boundary["outputs"])))
     on_dsa = {c for spec, *_ in kernels for c in spec.calls}
     for node in graph.nodes:
         macs = kernel_macs(mod[node.func])
@@ -174,16 +180,15 @@ def _boundary(nodes, graph) -> tuple[list[str], list[str]]:
     return inputs, outputs
 
 
-def _subgraph(spec, nodes, graph, lowered, hw) -> SubGraphKernel:
-    """The sub-graph of ``spec`` for kernel generation, its layers from ``lowered`` (PrimFunc name
-    -> (lowered PrimFunc, LB budget))."""
+def _subgraph(spec, nodes, graph, lowered) -> tvm.IRModule:
+    """The sub-graph module of ``spec`` for kernel generation, its layers from ``lowered``
+    (PrimFunc name -> (lowered PrimFunc, LB budget))."""
     inputs, outputs = _boundary(nodes, graph)
     tensors = {t: (graph.tensors[t].shape, graph.tensors[t].dtype) for n in nodes for t in (*n.inputs, n.output)}
-    layers = tuple(Layer.of(lowered[n.func][0], hw, n.name, (*n.inputs, n.output), lowered[n.func][1])
-                   for n in nodes)
+    layers = [(n.name, lowered[n.func][0], (*n.inputs, n.output), lowered[n.func][1]) for n in nodes]
     weights = frozenset(t for t in inputs if graph.tensors[t].constant)
     split_loop, groups = spec.split if spec.split else (0, 1 << 30)
-    return SubGraphKernel(spec.name, layers, tuple(inputs), tuple(outputs), tensors, weights, split_loop, groups)
+    return subgraph_module(spec.name, layers, inputs, outputs, tensors, weights, split_loop, groups)
 
 
 def _tree_kernel(spec, nodes, graph, lowered, hw) -> TreeKernel:

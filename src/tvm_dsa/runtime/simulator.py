@@ -37,6 +37,7 @@ def simulate(program: Program, inputs: list[np.ndarray] | None = None, mode: str
     if mode not in MODES:
         raise ValueError(f"mode {mode!r} is not one of {MODES}")
     hw = Hardware.from_dict(program.hardware, source=f"program {program.name!r}")
+    program = program.expanded()
     validate(program)
     functional = mode == "functional"
     if functional and not hw.is_float and any(np.dtype(a.host_dtype).kind == "f" for a in program.args):

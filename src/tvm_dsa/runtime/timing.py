@@ -49,6 +49,7 @@ def simulate_program(program: Program, hw: Hardware, check_hazards: bool = True)
     """Time every kernel in sequence; raises ``HazardError`` on a missing dependency token
     (``check_hazards=False`` trusts the tokens: the check costs more than the timing on programs
     with many strided DDR tiles)."""
+    program = program.expanded()
     tracker = HazardTracker({"ddr": program.ddr_bytes, "gb": hw.gb_bytes, "lb": hw.lb_bytes}) if check_hazards else None
     costs = _Costs(hw)
     kernels, t = [], 0

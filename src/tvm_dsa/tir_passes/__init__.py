@@ -3,6 +3,10 @@
     TileForLB    tile around the anchor so a tile's working set fits the LB   (tile.py)
     AssignScopes DDR / LB storage scopes, LB copies of compute operands      (scopes.py)
     LowerToDSA   mark each stage as one DSA operation                         (lower.py)
+
+and the passes that make a stitched kernel of a sub-graph's lowered layers (seed 000 §4:
+StitchBuffers, BindCores, AssignMemoryScopes, OrderInstances, CrossLayerSchedule, AllocateBuffers;
+``stitch.py``).
 """
 
 from __future__ import annotations

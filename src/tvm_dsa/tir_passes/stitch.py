@@ -1,0 +1,260 @@
+"""Kernel generation of a stitched sub-graph (seed 000 §4), one named pass per step.
+
+A sub-graph module (``codegen.stitch.subgraph_module``) holds one PrimFunc per layer, already
+tiled around its anchor op with its tile operands in LB scopes (the per-layer passes TileForLB,
+AssignScopes, LowerToDSA), the tensors behind its parameters, and the sub-graph's boundary. Each
+pass here adds its decision to the module as an attribute of plain TVM containers, so that
+``mod.attrs`` and ``mod.script()`` show it and each pass can be run and tested alone:
+
+    StitchBuffers       §4.2    instances: the tiles of every layer each computes, so
+                                a layer's output stays on chip as the next one's input   dsa.instances
+    BindCores           Alg. 4  the cores of each instance (factors 8, 4, 2, 1)          dsa.cores
+    AssignMemoryScopes  §4.1    LB / GB / DDR of each intermediate, the weights promoted
+                                DDR -> GB, the LB share kept for intermediates           dsa.scopes
+    OrderInstances      Alg. 3  dfs or bfs: the order that keeps more on chip            dsa.order
+    CrossLayerSchedule  §4.4    how many steps early each cluster promotes its weights   dsa.prefetch
+    AllocateBuffers     §4.3    every buffer's lifetime, level and offset; spills        dsa.allocation
+
+``codegen.stitch.emit_stitched`` turns the annotated module into a DSA program.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import math
+
+import tvm
+
+from ..codegen.kernel_ir import ALIGN, align
+from ..codegen.stitch import (
+    ORDERS,
+    Buffer,
+    Lifetime,
+    allocate,
+    allocation_attr,
+    binding,
+    cluster_rounds,
+    instances_attr,
+    plan_instances,
+    read_cores,
+    read_instances,
+    read_subgraph,
+)
+from .scopes import GB_SCOPE, LB_SCOPE
+
+DDR_SCOPE = "global"
+
+
+def _annotating(name: str, decide):
+    """A module pass named ``name`` adding the attributes ``decide(_Kernel)`` returns."""
+
+    def transform(mod, _ctx):
+        return mod.with_attrs(decide(_Kernel(mod)))
+
+    return tvm.transform.module_pass(transform, opt_level=0, name=name)
+
+
+class _Kernel:
+    """A sub-graph module and the decisions taken so far, read when first needed."""
+
+    def __init__(self, mod: tvm.IRModule):
+        self.mod = mod
+
+    def read(self, hw):
+        self.hw = hw
+        self.sg, self.prints = read_subgraph(self.mod, hw)
+        return self
+
+    @functools.cached_property
+    def inst(self):
+        return read_instances(self.mod, self.sg, self.prints)
+
+    @functools.cached_property
+    def cores(self):
+        return read_cores(self.mod)
+
+    @functools.cached_property
+    def scopes(self):
+        attr = self.mod.attrs["dsa.scopes"]
+        return ([{str(t): str(s) for t, s in m.items()} for m in attr["instances"]], frozenset(attr["promote"]),
+                int(attr["lb_bytes"]), int(attr["gb_bytes"]))
+
+    @functools.cached_property
+    def clusters(self):
+        return cluster_rounds(self.cores, self.hw.cores_per_cluster)
+
+    def buffers(self, c: int, order: str, ahead: int, spill: str) -> list[Buffer]:
+        """Cluster ``c``'s buffers in instance order ``order`` with its weight promotions issued
+        ``ahead`` steps before their first use: each instance's LB-scoped intermediates placed in
+        its core's LB, what does not fit and the GB-scoped ones with the promoted weights in the
+        cluster's GB, what does not fit there in DDR (offsets from 0: the kernel's scratch)."""
+        sg, inst, hw = self.sg, self.inst, self.hw
+        instance_scopes, promote, lb_bytes, gb_bytes = self.scopes
+        cr = self.clusters[c]
+        nl = len(sg.layers)
+        step = cr.step(order, nl)
+        index = {L.name: k for k, L in enumerate(sg.layers)}
+        produced = {L.args[L.ir.params[-1][0]]: index[L.name] for L in sg.layers}
+        readers: dict = {}
+        for L in sg.layers:
+            for p, t in L.args.items():
+                if p != L.ir.params[-1][0]:
+                    readers.setdefault(t, []).append(index[L.name])
+        esize = hw.storage_bytes
+
+        lives, in_lb, ddr_scoped = [], {}, set()
+        for i in cr.members:
+            for t, box in inst.boxes[i].items():
+                x = Lifetime(("t", t, i), esize * math.prod(h - l for l, h in zip(*box)),
+                             step(cr.rnd[i], produced[t]), max(step(cr.rnd[i], k) for k in readers[t]))
+                scope = instance_scopes[i][t]
+                if scope == LB_SCOPE:
+                    in_lb.setdefault(self.cores[i][0], []).append(x)
+                else:
+                    lives.append(x)
+                    if scope == DDR_SCOPE:
+                        ddr_scoped.add(x.key)
+        kept = []
+        for core, xs in in_lb.items():
+            offsets, spilled = allocate(xs, lb_bytes, spill)
+            kept += [Buffer(c, "t", x.key[1], x.key[2], x.first, x.last, x.nbytes, "lb", core, offsets[x.key])
+                     for x in xs if x.key in offsets]
+            lives += [x for x in xs if x.key in spilled]  # on to the GB
+        uses: dict = {}
+        for i in cr.members:
+            for k, L in enumerate(sg.layers):
+                if len(inst.rows[i][L.name]):
+                    for w in set(L.args.values()) & promote:
+                        uses.setdefault(w, []).append(step(cr.rnd[i], k))
+        for w, u in uses.items():
+            lives.append(Lifetime(("w", w, c), esize * math.prod(sg.tensors[w][0]), max(0, min(u) - ahead), max(u)))
+        offsets, _ = allocate([x for x in lives if x.key not in ddr_scoped], gb_bytes, spill)
+        in_ddr = [x for x in lives if x.key not in offsets and x.key[0] == "t"]
+        ddr_offsets, _ = allocate(in_ddr, 1 << 62, spill)
+
+        def placed(x):
+            level, offset = (("gb", offsets[x.key]) if x.key in offsets else
+                             ("ddr", ddr_offsets.get(x.key, -1)))
+            return Buffer(c, *x.key[:2], x.key[2], x.first, x.last, x.nbytes, level, c if level == "gb" else 0,
+                          offset)
+
+        return [placed(x) for x in lives] + kept
+
+
+def _spills(buffers: list[Buffer]) -> int:
+    return sum(b.level == "ddr" for b in buffers)
+
+
+def _gb_peak(buffers: list[Buffer]) -> int:
+    return max((b.offset + align(b.nbytes) for b in buffers if b.level == "gb"), default=0)
+
+
+def StitchBuffers(hw):  # noqa: N802 - TVM pass naming
+    """§4.2: the sub-graph's instances. The output layer's tiles are grouped by the scheduler's
+    split (Algorithm 1); every other layer's tiles an instance needs are found backwards from
+    what its consumers read, so each instance keeps its layers' outputs to itself (a halo is
+    computed by both neighbours: the recomputation, kept under ``RECOMPUTE_LIMIT``)."""
+
+    def decide(k):
+        k.read(hw)
+        inst = plan_instances(list(k.sg.layers), k.prints, list(k.sg.outputs), k.sg.split_loop, k.sg.groups)
+        return {"dsa.instances": instances_attr(inst)}
+
+    return _annotating("dsa.StitchBuffers", decide)
+
+
+def BindCores(hw):  # noqa: N802
+    """Algorithm 4: the cores of each instance — dealt over the clusters, one core each where a
+    cluster has as many instances as cores, else the largest balanced factor of 8, 4, 2, 1."""
+    return _annotating("dsa.BindCores",
+                       lambda k: {"dsa.cores": [list(c) for c in binding(len(k.mod.attrs["dsa.instances"]["rows"]), hw)]})
+
+
+def AssignMemoryScopes(hw, gb: bool = True, lb: bool = False):  # noqa: N802
+    """§4.1 with Algorithm 4's scope rule: an intermediate of an instance bound to one core lives
+    in that core's LB (``lb``: a share of the LB is set aside, below the layers' tiles); one whose
+    producer and consumer tiles run on different cores lives in the cluster's GB (``gb``; else
+    DDR, the layerwise placement). Learned weights are promoted DDR -> GB once per cluster."""
+
+    def decide(k):
+        k.read(hw)
+        keep = lb and any(len(c) == 1 for c in k.cores)
+        lb_bytes = hw.lb_bytes - max(L.plan.total_bytes for L in k.sg.layers) if keep else 0
+        lb_bytes -= lb_bytes % ALIGN
+        scopes = [{t: LB_SCOPE if keep and len(k.cores[i]) == 1 else GB_SCOPE if gb else DDR_SCOPE
+                   for t in boxes} for i, boxes in enumerate(k.inst.boxes)]
+        return {"dsa.scopes": {"instances": scopes, "promote": sorted(k.sg.weights) if gb else [],
+                               "lb_bytes": lb_bytes, "gb_bytes": hw.gb_bytes if gb else 0}}
+
+    return _annotating("dsa.AssignMemoryScopes", decide)
+
+
+def OrderInstances(hw, order: str = "best", spill: str = "longest"):  # noqa: N802
+    """Algorithm 3: run each cluster's instances depth first (instance by instance) or breadth
+    first (layer by layer); ``best`` keeps the order that uses the on-chip buffers better: fewer
+    spills to DDR, more intermediates kept in the LBs, then the smaller GB peak (weights promoted
+    at first use: cross-layer scheduling comes after)."""
+    if order not in (*ORDERS, "best"):
+        raise ValueError(f"unknown instance order {order!r}; known: {ORDERS + ('best',)}")
+
+    def decide(k):
+        if order != "best":
+            return {"dsa.order": order}
+        k.read(hw)
+
+        def score(o):
+            parts = [k.buffers(c, o, 0, spill) for c in k.clusters]
+            return (sum(map(_spills, parts)), -sum(b.level == "lb" for p in parts for b in p),
+                    max(map(_gb_peak, parts)))
+
+        return {"dsa.order": min(ORDERS, key=score)}
+
+    return _annotating("dsa.OrderInstances", decide)
+
+
+def CrossLayerSchedule(hw, prefetch: int = 2, spill: str = "longest"):  # noqa: N802
+    """§4.4: a weight's promotion is issued up to ``prefetch`` steps before the step that first
+    reads it, so the cluster DMA moves it while earlier layers compute (its GB space held from
+    then on) — per cluster the earliest that spills no more to DDR than promoting at first use
+    (a spilled weight is read from DDR by every tile, costing far more than the wait)."""
+
+    def decide(k):
+        k.read(hw)
+        order = str(k.mod.attrs["dsa.order"])
+        ahead = [0] * hw.clusters
+        for c in k.clusters:
+            at_use = _spills(k.buffers(c, order, 0, spill))
+            ahead[c] = next((a for a in range(prefetch, 0, -1) if _spills(k.buffers(c, order, a, spill)) <= at_use), 0)
+        return {"dsa.prefetch": ahead}
+
+    return _annotating("dsa.CrossLayerSchedule", decide)
+
+
+def AllocateBuffers(hw, spill: str = "longest"):  # noqa: N802
+    """§4.3: liveness over the cluster's steps, offsets planned offline at each level, a buffer
+    freed at its last use; where a level overflows, the tensor chosen by ``spill`` (longest: the
+    seed's longest remaining lifetime; largest: prior work's) goes down a level, LB -> GB -> DDR
+    (Fig. 12). Each cluster's DDR spills get their own part of the kernel's scratch."""
+
+    def decide(k):
+        k.read(hw)
+        order = str(k.mod.attrs["dsa.order"])
+        ahead = [int(a) for a in k.mod.attrs["dsa.prefetch"]]
+        out, scratch = [], 0
+        for c in sorted(k.clusters):
+            bufs = k.buffers(c, order, ahead[c], spill)
+            ddr = [b.level == "ddr" and b.offset >= 0 for b in bufs]  # spilled intermediates
+            out += [dataclasses.replace(b, offset=b.offset + scratch) if d else b for b, d in zip(bufs, ddr)]
+            scratch += max((b.offset + align(b.nbytes) for b, d in zip(bufs, ddr) if d), default=0)
+        return {"dsa.allocation": allocation_attr(out)}
+
+    return _annotating("dsa.AllocateBuffers", decide)
+
+
+def stitch_passes(hw, order: str = "best", spill: str = "longest", gb: bool = True, prefetch: int = 2,
+                  lb: bool = False) -> tvm.transform.Pass:
+    """The §4 passes in order."""
+    return tvm.transform.Sequential([
+        StitchBuffers(hw), BindCores(hw), AssignMemoryScopes(hw, gb, lb), OrderInstances(hw, order, spill),
+        CrossLayerSchedule(hw, prefetch, spill), AllocateBuffers(hw, spill)], name="dsa.StitchKernel")

@@ -1,0 +1,166 @@
+"""The kernel-generation passes of seed 000 §4 (``tvm_dsa.tir_passes.stitch``), one at a time on
+sub-graph modules of small hand-built graphs, each pass's decision derived in the test."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+import tvm
+from test_stitch import HW, KB, conv_chain, residual_block
+from test_tir_passes import fuse
+
+from tvm_dsa import hardware
+from tvm_dsa.codegen.kernel_ir import ALIGN, align
+from tvm_dsa.codegen.stitch import footprints, read_allocation, read_subgraph, subgraph_module
+from tvm_dsa.relax_passes.offload import _boundary
+from tvm_dsa.schedule.graph import OpGraph
+from tvm_dsa.tir_passes import GB_SCOPE, LB_SCOPE, lower_kernel
+from tvm_dsa.tir_passes.stitch import (
+    DDR_SCOPE,
+    AllocateBuffers,
+    AssignMemoryScopes,
+    BindCores,
+    CrossLayerSchedule,
+    OrderInstances,
+    StitchBuffers,
+    stitch_passes,
+)
+
+CPC = HW.cores_per_cluster
+
+
+def sub_module(build, split=(0, 1 << 30), budget=None):
+    """The sub-graph module of a whole Relax graph: every call one layer, lowered for the first
+    ``budget`` bytes of the LB (None: all of it); every input but the first a weight to promote."""
+    mod = fuse(build())
+    graph = OpGraph.from_relax(mod)
+    inputs, outputs = _boundary(graph.nodes, graph)
+    tensors = {t: (graph.tensors[t].shape, graph.tensors[t].dtype) for n in graph.nodes for t in (*n.inputs, n.output)}
+    layers = [(n.name, lower_kernel(mod[n.func], HW, budget)[0], (*n.inputs, n.output), budget) for n in graph.nodes]
+    return subgraph_module("sg", layers, inputs, outputs, tensors, inputs[1:], *split)
+
+
+def run(mod, *passes):
+    return tvm.transform.Sequential(list(passes))(mod)
+
+
+def test_stitch_buffers_records_every_instances_tiles():
+    """Batch 4 split four ways: instance i computes the tiles of sample i of both layers, each tile
+    once, and its intermediate is sample i of the tensor."""
+    mod = run(sub_module(lambda: conv_chain(batch=4), split=(0, 4)), StitchBuffers(HW))
+    sg, prints = read_subgraph(mod, HW)
+    attr = mod.attrs["dsa.instances"]
+    assert len(attr["rows"]) == 4 and float(attr["recompute"]) == 1.0
+    for L in sg.layers:
+        fp = footprints(L)
+        rows = [list(attr["rows"][i][L.name]) for i in range(4)]
+        assert sorted(r for rs in rows for r in rs) == list(range(len(fp.tiles)))
+        for i, rs in enumerate(rows):  # the first tile loop walks the batch
+            assert {fp.tiles[r][0] for r in rs} == {i}
+    assert "dsa.instances" in mod.script()  # the decision prints with the module
+
+
+def rounds_module():
+    """Batch 64 of 8x8 images, tiled into 8 KiB of LB: a sample per tile, 64 instances."""
+    return sub_module(lambda: conv_chain(batch=64, hw_=8), split=(0, 64), budget=8 * KB)
+
+
+def test_bind_cores_follows_algorithm_4():
+    """4 instances: a cluster each, on all its cores; 64: 16 per cluster, one core each, two rounds."""
+    four = run(sub_module(lambda: conv_chain(batch=4), split=(0, 4)), StitchBuffers(HW), BindCores(HW))
+    assert [list(c) for c in four.attrs["dsa.cores"]] == [list(range(c * CPC, (c + 1) * CPC)) for c in range(4)]
+    many = run(rounds_module(), StitchBuffers(HW), BindCores(HW))
+    cores = [tuple(c) for c in many.attrs["dsa.cores"]]
+    assert all(len(c) == 1 for c in cores) and len(cores) == 64
+    assert sorted(cores) == sorted((k,) for k in range(4 * CPC) for _ in range(2))
+    assert all(c[0] // CPC == i % 4 for i, c in enumerate(cores))  # instances dealt over the clusters
+
+
+@pytest.mark.parametrize("gb, lb", [(True, False), (False, False), (True, True)])
+def test_assign_memory_scopes(gb, lb):
+    """GB where the instance spans cores (or lb is off), DDR without the GB, LB for one-core
+    instances with the LB's rest below the layers' largest tile plan; weights promoted with the GB."""
+    batch = 32 if lb else 4
+    mod = run(sub_module(lambda: conv_chain(batch=batch, hw_=8), split=(0, batch)), StitchBuffers(HW), BindCores(HW),
+              AssignMemoryScopes(HW, gb=gb, lb=lb))
+    sg, _ = read_subgraph(mod, HW)
+    mid = sg.layers[0].args[sg.layers[0].ir.params[-1][0]]
+    attr = mod.attrs["dsa.scopes"]
+    expected = LB_SCOPE if lb else GB_SCOPE if gb else DDR_SCOPE
+    assert [dict(m) for m in attr["instances"]] == [{mid: expected}] * batch
+    assert sorted(attr["promote"]) == (sorted(sg.inputs[1:]) if gb else [])
+    assert int(attr["gb_bytes"]) == (HW.gb_bytes if gb else 0)
+    top = max(L.plan.total_bytes for L in sg.layers)
+    assert int(attr["lb_bytes"]) == ((HW.lb_bytes - top) // ALIGN * ALIGN if lb else 0)
+
+
+def _through(mod, order="best", prefetch=0, hw=HW):
+    return run(mod, StitchBuffers(hw), BindCores(hw), AssignMemoryScopes(hw), OrderInstances(hw, order),
+               CrossLayerSchedule(hw, prefetch), AllocateBuffers(hw))
+
+
+def _gb_peak(mod):
+    return max(b.offset + align(b.nbytes) for b in read_allocation(mod) if b.level == "gb")
+
+
+def test_order_instances_keeps_the_smaller_gb_peak():
+    """Batch 64, two rounds per core: depth first, a round's 8 intermediates (8x8x8 fp16 = 1 KiB
+    each) die before the next round starts, while both weights (8x8x3x3 fp16, promoted at first use)
+    are read in both rounds; breadth first, both rounds' intermediates are live while layer 2 runs
+    round 0, and layer 1's weights are dead by then."""
+    sub = rounds_module()
+    mid, weight = 8 * 8 * 8 * 2, align(8 * 8 * 3 * 3 * 2)
+    peaks = {o: _gb_peak(_through(sub, o)) for o in ("dfs", "bfs")}
+    assert peaks == {"dfs": 8 * mid + 2 * weight, "bfs": 16 * mid + weight}
+    best = _through(sub)
+    assert str(best.attrs["dsa.order"]) == "dfs"
+    with pytest.raises(ValueError, match="unknown instance order 'zigzag'"):
+        OrderInstances(HW, "zigzag")
+
+
+def test_cross_layer_schedule_promotes_early_only_where_nothing_spills():
+    """The residual block, a sample per cluster: the 1x1 conv's weights and bias are first read at
+    step 1. Promoting them at step 0 with the 3x3 conv's weights and output needs 7232 bytes of GB:
+    a 7 KiB GB promotes at first use (0 steps early), an 8 KiB one two steps early (from step 0)."""
+    w1, out1, w2, bias = 16 * 16 * 9 * 2, 16 * 8 * 8 * 2, 16 * 16 * 2, 16 * 2
+    assert w1 + out1 + w2 + align(bias) == 7232
+    sub = sub_module(residual_block, split=(0, 4))
+    for kib, ahead in ((7, 0), (8, 2)):
+        hw = hardware.register(dataclasses.replace(HW, name=f"stcp920-gb{kib}k", gb_bytes=kib * KB), override=True)
+        mod = _through(sub, prefetch=2, hw=hw)
+        assert list(mod.attrs["dsa.prefetch"]) == [ahead] * 4
+        assert all(b.level == "gb" for b in read_allocation(mod))
+        weights = {b.tensor: b.first for b in read_allocation(mod) if b.kind == "w" and b.cluster == 0}
+        assert sorted(weights.values()) == ([0, 1, 1] if ahead == 0 else [0, 0, 0])  # w1; w2 and bias
+
+
+def test_allocate_buffers_spills_each_cluster_to_its_own_scratch():
+    """A 1 KiB GB holds none of the 2 KiB intermediates (16x8x8 fp16): each cluster's goes to
+    DDR, at its own aligned offset of the kernel's scratch. Of the promoted weights, the 3x3
+    conv's (4.5 KiB) is read where it is; the 1x1 conv's (512 B) and the bias (32 B) fit."""
+    hw = hardware.register(dataclasses.replace(HW, name="stcp920-gb1k", gb_bytes=1 * KB), override=True)
+    mod = _through(sub_module(residual_block, split=(0, 4)), hw=hw)
+    buffers = read_allocation(mod)
+    inter = sorted((b.owner, b.offset) for b in buffers if b.kind == "t")
+    assert inter == [(i, i * align(16 * 8 * 8 * 2)) for i in range(4)]
+    assert {b.level for b in buffers if b.kind == "t"} == {"ddr"}
+    weights = sorted((b.nbytes, b.level, b.offset) for b in buffers if b.kind == "w" and b.cluster == 0)
+    assert weights == [(32, "gb", 0), (512, "gb", align(32)), (16 * 16 * 9 * 2, "ddr", -1)] or \
+        weights == [(32, "gb", 512), (512, "gb", 0), (16 * 16 * 9 * 2, "ddr", -1)]
+
+
+def test_stitch_passes_are_the_six_in_order():
+    names = []
+
+    @tvm.instrument.pass_instrument
+    class Names:
+        def run_before_pass(self, _mod, info):
+            names.append(info.name)
+
+    with tvm.transform.PassContext(instruments=[Names()]):
+        mod = stitch_passes(HW)(sub_module(lambda: conv_chain(batch=4), split=(0, 4)))
+    six = ["dsa.StitchBuffers", "dsa.BindCores", "dsa.AssignMemoryScopes", "dsa.OrderInstances",
+           "dsa.CrossLayerSchedule", "dsa.AllocateBuffers"]
+    assert [n for n in names if n.startswith("dsa.") and n != "dsa.StitchKernel"] == six
+    assert {"dsa.instances", "dsa.cores", "dsa.scopes", "dsa.order", "dsa.prefetch", "dsa.allocation"} <= set(mod.attrs.keys())
