@@ -2,25 +2,27 @@
 of a function share one arena, each at the offset the peak-first plan gives it.
 
 Runs after ``CallTIRRewrite`` (every kernel output is an ``R.builtin.alloc_tensor``) and before
-Relax's ``StaticPlanBlockMemory``, which then leaves the planned tensors alone. Per sequence of
-bindings (a function body, an ``If`` branch):
+Relax's ``StaticPlanBlockMemory``, which then leaves the planned tensors alone. Per function:
 
-* *Lifetimes.* Each binding is a step. A tensor lives from its allocation to the last binding
-  that reads it or anything that may alias it (a variable bound to it, a tuple holding it, a
-  reshape view of it: every value that mentions it, except a call of a TIR kernel, which writes
-  its outputs and returns nothing). A tensor that reaches the sequence's result (returned, or a
-  branch's value) lives to the end; it is planned too, as Relax's planner lets a result reuse an
-  intermediate's storage: the arena then stays allocated as long as the caller holds the result.
+* *Lifetimes.* Steps count the bindings in program order, those of ``If`` branches included (the
+  then branch's, then the else branch's; a read inside an If counts at the If's last step). A
+  tensor lives from its allocation to the last step that reads it or anything that may alias it
+  (a variable bound to it, a tuple holding it, a reshape view, an If whose branch returns it:
+  every value that mentions it, except a call of a TIR kernel, which writes its outputs and
+  returns nothing). The function's result lives to the end; it is planned too, as Relax's planner
+  lets a result reuse an intermediate's storage (the caller holding the result keeps the arena).
 * *Segments at nac points.* A ``match_cast`` that defines new symbols (a size known only when the
   program gets there: SoD2's nac points, §4.3) starts a new segment; each segment's tensors get
-  their own arena, allocated just before its first tensor.
+  their own arena, allocated just before its first tensor. (A tensor in a branch whose size uses
+  a symbol the branch defines is left to Relax.)
 * *The plan.* Sizes in bytes, rounded up to 64 (kernels assume aligned buffers), with lifetimes,
   go to ``memory_plan.peak_first``. All sizes known at compile time: the offsets are constants.
   Some symbolic: the plan is made at run time, once per distinct set of sizes, by the packed
   function ``tvm_dsa.arena_plan`` (the lifetimes are constants of the call); a ``match_cast`` binds
-  the arena size and offsets it returns to fresh symbols that the allocations use.
+  the arena size and offsets it returns to fresh symbols that the allocations use — the seed's
+  "动态DNN的内存规划只能在执行时当所有张量大小都已知时才能进行".
 
-    mod = PlanArena()(mod)   # in the dsa pipeline: after dataflow lowering, before finalization
+    mod = PlanArena(mod)   # in the dsa pipeline: after dataflow lowering, before finalization
 """
 
 from __future__ import annotations

@@ -48,15 +48,38 @@ def lower_with_plan(func, plan: TilePlan):
     return sch.mod["main"]
 
 
-def lower_kernel(func, hw, lb_bytes: int | None = None, parallel: bool = True):
+def lower_kernel(func, hw, lb_bytes: int | None = None, parallel: bool = True, simplify: bool = True):
     """Lower ``func`` with the largest tiling whose working set fits ``hw``'s LB (its first
     ``lb_bytes`` if given) and — unless ``parallel`` is False — that gives the cluster's cores a
     tile each where the kernel has that many. Returns (lowered, plan).
 
+    Tiles are aligned to the divisors of the kernel's indices; with ``simplify`` (the default),
+    where the indices simplified under the iterators' ranges allow other tiles (a fused
+    transpose -> reshape: ``tile.simplify_indices``), both alignments are lowered and the one
+    with fewer cycles in a timing simulation is kept (coarser tiles are not always faster)."""
+    if simplify and anchor_info(func, True).align != anchor_info(func, False).align:
+        from ..codegen.emit import build_program
+        from ..codegen.specialize import timing_cycles
+
+        lowerings, error = [], None
+        for aligned in (False, True):
+            try:
+                lowerings.append(_lower_aligned(func, hw, lb_bytes, parallel, aligned))
+            except Unsupported as err:
+                error = err
+        if not lowerings:
+            raise error
+        return min(lowerings, key=lambda lp: timing_cycles(build_program(lp[0], hw, "kernel")))
+    return _lower_aligned(func, hw, lb_bytes, parallel, False)
+
+
+def _lower_aligned(func, hw, lb_bytes: int | None, parallel: bool, simplify: bool):
+    """``lower_kernel`` with one alignment (of the simplified indices or the indices as they are).
+
     Candidate plans shrink monotonically, so both conditions are found by bisection."""
     from ..codegen.kernel_ir import plan_lb, read_kernel
 
-    info = anchor_info(func)
+    info = anchor_info(func, simplify)
     plans = list(candidate_plans(info, hw.mme.rows, hw.mme.cols))
     tried: dict[int, object] = {}
     reasons: list[str] = []

@@ -86,15 +86,18 @@ def simplify_indices(func):
     """``func`` with its index expressions simplified under the block iterators' ranges: a
     legalized reshape reads ``T[((v2 // 64 + v1) // 16 + v0) % 2, (v2 // 64 + v1) % 16, ...]``,
     which is ``T[v0, v1, ...]`` when ``v2 < 64, v1 < 16, v0 < 2``; the alignment rule below would
-    otherwise see divisors that are not there (and tile a fused transpose -> reshape by 2).
+    otherwise see divisors that are not there (and tile a fused transpose -> reshape by 2). The
+    kernel itself is scheduled as it is: only the alignment is taken from the simplified form.
     Returns a copy: a schedule of a module that shares ``func``'s body would rewrite it in place."""
     copy = tvm.ir.load_json(tvm.ir.save_json(func))
     return s_tir.transform.StmtSimplify()(tvm.IRModule({"main": copy}))["main"]
 
 
-def anchor_info(func) -> AnchorInfo:
-    """Describe the anchor of ``func`` (raises ``Unsupported`` for kernels the DSA cannot run)."""
-    sch = s_tir.Schedule(simplify_indices(func))
+def anchor_info(func, simplify: bool = True) -> AnchorInfo:
+    """Describe the anchor of ``func`` (raises ``Unsupported`` for kernels the DSA cannot run);
+    its alignment from the indices simplified under the iterators' ranges unless ``simplify`` is
+    False (the stitched schedule's instance planning is tuned to the finer, unsimplified one)."""
+    sch = s_tir.Schedule(func)
     idx, kinds = find_anchor(sch)
     anchor = leaf_blocks(sch)[idx]
     loops, is_red = _loop_roles(sch, anchor)
@@ -105,12 +108,17 @@ def anchor_info(func) -> AnchorInfo:
     if kinds[idx].kind == "mme":
         roles = _mme_roles(sch_get(sch, anchor), is_red)
     block = sch_get(sch, anchor)
-    spatial_vars = [it.var for it, r in zip(block.iter_vars, is_red) if not r]
+    if simplify:  # the same block in the simplified function (its iterators are new variables)
+        simple = s_tir.Schedule(simplify_indices(func))
+        aligned = sch_get(simple, simple.get_sblock(block.name_hint))
+    else:
+        aligned = block
+    spatial_vars = [it.var for it, r in zip(aligned.iter_vars, is_red) if not r]
     return AnchorInfo(
         block.name_hint, kinds[idx],
         tuple(e for e, r in zip(extents, is_red) if not r),
         tuple(e for e, r in zip(extents, is_red) if r), tuple(roles),
-        tuple(_alignment(block, v) for v in spatial_vars),
+        tuple(_alignment(aligned, v) for v in spatial_vars),
     )
 
 
@@ -159,9 +167,8 @@ def _mme_roles(block, is_red) -> list[str]:
 
 
 def tile_schedule(func, plan: TilePlan) -> s_tir.Schedule:
-    """Apply ``plan`` to ``func`` (its indices simplified); returns the schedule (raises
-    ``Unsupported`` if TVM refuses)."""
-    sch = s_tir.Schedule(simplify_indices(func))
+    """Apply ``plan`` to ``func``; returns the schedule (raises ``Unsupported`` if TVM refuses)."""
+    sch = s_tir.Schedule(func)
     spatial = len(_anchor_loops(sch)[2])
     if len(plan.tiles) != spatial:
         raise ValueError(f"plan has {len(plan.tiles)} tiles for {spatial} spatial loops")
