@@ -82,12 +82,13 @@ def _plannable(value) -> bool:
     return (isinstance(shape, relax.ShapeExpr) and int(device.value) == 0 and scope.value == "global")
 
 
-def _nbytes(value) -> tirx.PrimExpr:
-    shape, dtype = value.args[0], tvm.DataType(value.args[1].value)
+def tensor_bytes(shape, dtype, analyzer=None) -> tirx.PrimExpr:
+    """Bytes of a tensor of ``shape`` (PrimExprs) and ``dtype``, simplified by ``analyzer``."""
+    dtype = tvm.DataType(str(dtype))
     size = tirx.IntImm("int64", (dtype.bits * dtype.lanes + 7) // 8)
-    for d in shape.values:
+    for d in shape:
         size = size * d
-    return tvm.sym.Analyzer().simplify(size)
+    return (analyzer or tvm.sym.Analyzer()).simplify(size)
 
 
 def _held(expr, holds: dict) -> set:
@@ -168,7 +169,7 @@ class _Planner:
             value = b.value
             if isinstance(b, relax.VarBinding) and _is_alloc(value) and _plannable(value):
                 holds[b.var] = {b.var}
-                found[b.var] = [_nbytes(value), step, step]
+                found[b.var] = [tensor_bytes(value.args[0].values, value.args[1].value), step, step]
                 step += 1
                 continue
             end = step

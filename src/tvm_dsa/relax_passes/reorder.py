@@ -18,6 +18,7 @@ import tvm
 import tvm_ffi
 from tvm import relax, tirx
 
+from .arena import tensor_bytes
 from .exec_plan import DataflowGraph, peak_of, plan_order
 from .offload_symbolic import PROBE
 
@@ -28,12 +29,8 @@ def _nbytes(ty, analyzer) -> int:
         return sum(_nbytes(f, analyzer) for f in ty.fields)
     if not isinstance(ty, relax.TensorType) or not isinstance(ty.shape, relax.ShapeExpr):
         return 0
-    dtype = tvm.DataType(ty.dtype)
-    size = (dtype.bits * dtype.lanes + 7) // 8
-    for d in ty.shape.values:
-        value = analyzer.simplify(d)
-        size *= int(value) if isinstance(value, tirx.IntImm) else PROBE
-    return size
+    size = tensor_bytes(ty.shape.values, ty.dtype, analyzer)
+    return int(size) if isinstance(size, tirx.IntImm) else 0  # a dim no binding's type names
 
 
 def _vars(node) -> list:
