@@ -163,6 +163,26 @@ def test_head_merge_transpose_runs_on_the_dsa(rng):
     np.testing.assert_array_equal(out, args[0].astype(np.float16).transpose(0, 2, 1, 3).reshape(1, 32, 768))
 
 
+def test_merge_heads_alignment_from_simplified_indices_where_it_is_faster(rng):
+    """The legalized reshape of (2, 16, 4, 16) -> (2, 16, 64) reads its input through
+    floordiv/floormod chains whose divisors (2, 16, ...) vanish under the iterators' ranges: the
+    simplified indices allow tiles of 16 along the merged dim where the raw ones allowed 2, and
+    lower_kernel keeps whichever alignment simulates faster — here the simplified one."""
+    from tvm_dsa.codegen.specialize import timing_cycles
+
+    hw = hardware.get("stcp920")
+    func = fused_kernel(lambda: relax_graph(
+        [(2, 4, 16, 16)], lambda x: relax.op.reshape(relax.op.permute_dims(x, [0, 2, 1, 3]), (2, 16, 64))))
+    raw, simple = anchor_info(func, simplify=False), anchor_info(func)
+    assert raw.align[-1] == 2 and simple.align[-1] == 16
+    programs = {s: build_program(lower_kernel(func, hw, simplify=s)[0], hw, "merge") for s in (False, True)}
+    cycles = {s: timing_cycles(p) for s, p in programs.items()}
+    assert cycles[True] < 0.5 * cycles[False]  # 2x2x2-element tiles no more
+    args = random_args(func, rng)
+    out = simulate(programs[True], args[:-1]).outputs[0]
+    np.testing.assert_array_equal(out, args[0].astype(np.float16).transpose(0, 2, 1, 3).reshape(2, 16, 64))
+
+
 @pytest.mark.parametrize("batch,clusters", [(1, 1), (2, 2), (4, 4), (8, 4)])
 def test_batch_splits_across_clusters(batch, clusters):
     """Layerwise: the batch goes to min(batch, clusters) clusters, a tile per core within each."""
