@@ -227,22 +227,31 @@ def _divisor_below(n: int, t: int) -> int:
     return 1
 
 
+def _intensity(m: int, n: int, rows: int, cols: int) -> float:
+    """MACs per operand element a contraction tile of ``m`` x ``n`` outputs gets over its whole
+    reduction (``m * n / (m + n)``: every reduction step loads m + n elements for m * n MACs),
+    times the share of the PE array its blocks fill."""
+    fill = (m / (rows * math.ceil(m / rows))) * (n / (cols * math.ceil(n / cols)))
+    return fill * m * n / (m + n)
+
+
 def candidate_plans(info: AnchorInfo, mme_rows: int, mme_cols: int):
     """Tile plans from the whole output downwards, shrinking one loop at a time.
 
-    Order of sacrifice: batch-like loops first, then a long reduction chunk (> 256), then for a
-    contraction whichever of the M product (rows of the PE array) and the N product (its columns)
-    is further above its array size — the outer loop of that role first, so the contiguous inner
-    loops stay long — then the chunk; other anchors shrink their outer loops first and their
-    reduction chunk last."""
+    Order of sacrifice: batch-like loops first, then for a contraction the reduction chunk down to
+    the PE array's columns (a smaller chunk only means more, shorter MME instructions), then
+    whichever M (rows of the array) or N (columns) loop keeps the most operand reuse
+    (``_intensity``: loads per MAC over the tile's whole reduction), then the chunk; other anchors
+    shrink a long chunk (> 256) first, then their outer loops, and the rest of the chunk last."""
     tiles = [math.gcd(e, a) if a > 1 else e for e, a in zip(info.spatial, _aligns(info))]
     chunk = info.reduction[0] if info.reduction else None
     roles = list(info.roles) if info.roles else [""] * len(tiles)
+    contraction = "N" in roles
     yield TilePlan(tuple(tiles), chunk)
 
-    def product(role):
+    def product(ts, role):
         n = 1
-        for t, r in zip(tiles, roles):
+        for t, r in zip(ts, roles):
             if r == role:
                 n *= t
         return n
@@ -253,17 +262,24 @@ def candidate_plans(info: AnchorInfo, mme_rows: int, mme_cols: int):
                 return i
         return None
 
+    def best_reuse():
+        """The M or N loop whose shrinking keeps the tile's operand reuse highest."""
+        best, score = None, -1.0
+        for i, (t, r) in enumerate(zip(tiles, roles)):
+            if t > 1 and r in ("M", "N"):
+                ts = list(tiles)
+                ts[i] = _divisor_below(t, t)
+                s = _intensity(product(ts, "M"), product(ts, "N"), mme_rows, mme_cols)
+                if s > score:
+                    best, score = i, s
+        return best
+
     while True:
         pick = outermost({"B"})
-        if pick is None and chunk is not None and chunk > 256:
+        if pick is None and chunk is not None and chunk > (mme_cols if contraction else 256):
             pick = "chunk"
-        if pick is None and "N" in roles:
-            m, n = product("M") / mme_rows, product("N") / mme_cols
-            first, second = ("M", "N") if m >= n else ("N", "M")
-            if max(m, n) > 1:
-                pick = outermost({first}) if outermost({first}) is not None else outermost({second})
-        if pick is None and "N" not in roles:
-            pick = outermost({""})
+        if pick is None:
+            pick = best_reuse() if contraction else outermost({""})
         if pick is None and chunk is not None and chunk > 1:
             pick = "chunk"
         if pick is None:
