@@ -235,14 +235,18 @@ def _intensity(m: int, n: int, rows: int, cols: int) -> float:
     return fill * m * n / (m + n)
 
 
-def candidate_plans(info: AnchorInfo, mme_rows: int, mme_cols: int):
+def candidate_plans(info: AnchorInfo, mme_rows: int, mme_cols: int, reuse: bool = False):
     """Tile plans from the whole output downwards, shrinking one loop at a time.
 
-    Order of sacrifice: batch-like loops first, then for a contraction the reduction chunk down to
-    the PE array's columns (a smaller chunk only means more, shorter MME instructions), then
-    whichever M (rows of the array) or N (columns) loop keeps the most operand reuse
-    (``_intensity``: loads per MAC over the tile's whole reduction), then the chunk; other anchors
-    shrink a long chunk (> 256) first, then their outer loops, and the rest of the chunk last."""
+    Order of sacrifice: batch-like loops first, then a long reduction chunk (> 256; with ``reuse``,
+    a contraction's chunk down to the PE array's columns), then for a contraction the outer loop
+    (inner loops stay long: contiguous DMA rows) of M (rows of the PE array) or N (its columns):
+    the one further above its array size, or with ``reuse`` the one whose shrinking keeps more
+    operand reuse (``_intensity``); then the chunk. Other anchors shrink their outer loops first
+    and their reduction chunk last. The two contraction orders suit different layers (a chunk
+    that is the whole reduction keeps a weight tile in the LB from one tile to the next; a short
+    one leaves room for tiles that reuse each operand more): ``lower_kernel`` keeps the plan that
+    loads less."""
     tiles = [math.gcd(e, a) if a > 1 else e for e, a in zip(info.spatial, _aligns(info))]
     chunk = info.reduction[0] if info.reduction else None
     roles = list(info.roles) if info.roles else [""] * len(tiles)
@@ -262,24 +266,28 @@ def candidate_plans(info: AnchorInfo, mme_rows: int, mme_cols: int):
                 return i
         return None
 
-    def best_reuse():
-        """The M or N loop whose shrinking keeps the tile's operand reuse highest."""
-        best, score = None, -1.0
-        for i, (t, r) in enumerate(zip(tiles, roles)):
-            if t > 1 and r in ("M", "N"):
-                ts = list(tiles)
-                ts[i] = _divisor_below(t, t)
-                s = _intensity(product(ts, "M"), product(ts, "N"), mme_rows, mme_cols)
-                if s > score:
-                    best, score = i, s
-        return best
+    def shrunk(i):
+        ts = list(tiles)
+        ts[i] = _divisor_below(ts[i], ts[i])
+        return ts
+
+    def m_or_n():
+        outer = [i for i in (outermost({"M"}), outermost({"N"})) if i is not None]
+        if reuse:
+            return max(outer, key=lambda i: _intensity(product(shrunk(i), "M"), product(shrunk(i), "N"),
+                                                       mme_rows, mme_cols), default=None)
+        m, n = product(tiles, "M") / mme_rows, product(tiles, "N") / mme_cols
+        first, second = ("M", "N") if m >= n else ("N", "M")
+        if max(m, n) > 1:
+            return outermost({first}) if outermost({first}) is not None else outermost({second})
+        return None
 
     while True:
         pick = outermost({"B"})
-        if pick is None and chunk is not None and chunk > (mme_cols if contraction else 256):
+        if pick is None and chunk is not None and chunk > (mme_cols if reuse and contraction else 256):
             pick = "chunk"
         if pick is None:
-            pick = best_reuse() if contraction else outermost({""})
+            pick = m_or_n() if contraction else outermost({""})
         if pick is None and chunk is not None and chunk > 1:
             pick = "chunk"
         if pick is None:
