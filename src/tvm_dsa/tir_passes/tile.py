@@ -238,8 +238,9 @@ def _intensity(m: int, n: int, rows: int, cols: int) -> float:
 def candidate_plans(info: AnchorInfo, mme_rows: int, mme_cols: int, reuse: bool = False):
     """Tile plans from the whole output downwards, shrinking one loop at a time.
 
-    Order of sacrifice: batch-like loops first, then a long reduction chunk (> 256; with ``reuse``,
-    a contraction's chunk down to the PE array's columns), then for a contraction the outer loop
+    Order of sacrifice: batch-like loops first (with ``reuse`` the first loop too: it deals the
+    batch over clusters and instances), then a long reduction chunk (> 256; with ``reuse``, a
+    contraction's chunk down to the PE array's columns), then for a contraction the outer loop
     (inner loops stay long: contiguous DMA rows) of M (rows of the PE array) or N (its columns):
     the one further above its array size, or with ``reuse`` the one whose shrinking keeps more
     operand reuse (``_intensity``); then the chunk. Other anchors shrink their outer loops first
@@ -284,6 +285,8 @@ def candidate_plans(info: AnchorInfo, mme_rows: int, mme_cols: int, reuse: bool 
 
     while True:
         pick = outermost({"B"})
+        if pick is None and reuse and tiles[0] > 1:
+            pick = 0  # the first tile loop deals the batch over the clusters and instances (§2.1)
         if pick is None and chunk is not None and chunk > (mme_cols if reuse and contraction else 256):
             pick = "chunk"
         if pick is None:
