@@ -126,9 +126,16 @@ class DataflowMetrics:
         return "\n".join(head + ["  " + line for line in _columns(rows, left=1)])
 
 
-def _reuse(st: rel.SpaceTime, a, neighbours) -> int:
-    """sum(A ∩ M⁻¹·A): the accesses whose element a neighbouring stamp (under ``neighbours``) holds."""
-    return rel.count(a.intersect(neighbours.reverse().apply_range(a)))
+def _overlap(a, neighbours):
+    """A ∩ M⁻¹·A: the accesses whose element a neighbouring stamp (under ``neighbours``) holds."""
+    return a.intersect(neighbours.reverse().apply_range(a))
+
+
+def reuse_sets(st: rel.SpaceTime, tensor: str):
+    """The reused accesses of ``tensor`` (A_D,F ∩ M⁻¹·A_D,F) and the temporally reused ones (the same
+    PE held the element at the previous time stamp)."""
+    a = st.assignment(tensor)
+    return _overlap(a, st.neighbours), _overlap(a, st.temporal_map)
 
 
 def _total(st: rel.SpaceTime, tensor: str) -> int:
@@ -139,15 +146,14 @@ def _total(st: rel.SpaceTime, tensor: str) -> int:
 
 def tensor_volumes(st: rel.SpaceTime, tensor: str) -> TensorVolumes:
     """Total, temporal and spatial reuse of ``tensor`` (exact counts)."""
-    a = st.assignment(tensor)
-    reuse, temporal_reuse = _reuse(st, a, st.neighbours), _reuse(st, a, st.temporal_map)
+    reuse, temporal_reuse = (rel.count(s) for s in reuse_sets(st, tensor))
     return TensorVolumes(tensor, tensor == st.df.op.output.tensor, _total(st, tensor), temporal_reuse,
                          reuse - temporal_reuse)
 
 
 def unique_volume(st: rel.SpaceTime, tensor: str) -> int:
     """``tensor_volumes(st, tensor).unique`` with one count fewer (the search's inner loop)."""
-    return _total(st, tensor) - _reuse(st, st.assignment(tensor), st.neighbours)
+    return _total(st, tensor) - rel.count(_overlap(st.assignment(tensor), st.neighbours))
 
 
 def analyse(df: Dataflow, array: PEArray) -> DataflowMetrics:

@@ -1,0 +1,70 @@
+"""Closed forms of the MME dataflows' counts (barvinok's parametric counting) against exact counts."""
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from test_dataflow import brute_force
+
+from tvm_dsa.dataflow import PEArray, closed
+from tvm_dsa.dataflow.expr import NotationError
+from tvm_dsa.dataflow.library import BENCHMARKS, VARIANTS, standard_dataflows, stationary
+from tvm_dsa.dataflow.metrics import analyse
+from tvm_dsa.dataflow.notation import interconnect
+
+# Small arrays, so that enumeration is fast: every kind and variant (pipelined over systolic links).
+SMALL = [(kind + variant, r, c, links)
+         for r, c, links in ((2, 3, "systolic-2d"), (3, 2, "systolic-1d"), (3, 2, "mesh"), (2, 3, "multicast-2"))
+         for kind in BENCHMARKS["gemm"].stationary for variant in VARIANTS
+         if variant != closed.PIPELINED or closed.composable(interconnect(links, 2))]
+
+
+@pytest.fixture(scope="module")
+def small_forms():
+    """The small arrays' closed forms, derived and turned into Python as for the stored ones."""
+    namespace = {}
+    exec(closed.python_source({key: closed.derive(key) for key in SMALL}), namespace)
+    return namespace["FORMS"]
+
+
+def standard(key, m, n, k):
+    name, rows, cols, links = key
+    df = standard_dataflows(BENCHMARKS["gemm"], BENCHMARKS["gemm"].op({"i": m, "j": n, "k": k}), (rows, cols))[name]
+    return df, PEArray((rows, cols), interconnect(links, 2), 2.0)
+
+
+@settings(max_examples=150, deadline=None)
+@given(key=st.sampled_from(SMALL), m=st.integers(1, 7), n=st.integers(1, 7), k=st.integers(1, 5))
+def test_closed_forms_equal_enumeration_on_small_arrays(small_forms, key, m, n, k):
+    """Every count, pipelined ones composed from tiles and pairs of tiles, equals the enumeration."""
+    got = closed.metrics(key, 2.0, m, n, k, small_forms)
+    instances, _, times, volumes = brute_force(*standard(key, m, n, k))
+    assert (got.instances, got.time_stamps) == (instances, times)
+    assert got.tensors == tuple(volumes[t.tensor] for t in got.tensors)
+
+
+@settings(max_examples=40, deadline=None)
+@given(key=st.sampled_from(closed.preset_keys()), m=st.integers(1, 40), n=st.integers(1, 72), k=st.integers(1, 40))
+def test_stored_closed_forms_equal_the_counts(key, m, n, k):
+    """The shipped forms (the presets' MMEs) against barvinok's count at the shape: every field."""
+    exact = analyse(*standard(key, m, n, k))
+    got = closed.metrics(key, 2.0, m, n, k)
+    assert (got.instances, got.time_stamps, got.tensors) == (exact.instances, exact.time_stamps, exact.tensors)
+    assert got.latency == exact.latency
+
+
+def test_stored_forms_cover_the_presets_mme_dataflows():
+    from tvm_dsa import hardware
+    for name in hardware.names():
+        mme = hardware.get(name).mme
+        assert (mme.dataflow, mme.rows, mme.cols, mme.interconnect) in closed.stored()
+
+
+def test_what_has_no_closed_form_is_refused():
+    op = BENCHMARKS["gemm"].op({"i": 4, "j": 4, "k": 4})
+    with pytest.raises(NotationError, match="its time strides are loop sizes, so it has no symbolic form"):
+        stationary(op, ("i", "j"), ("k",), (2, 2), skew=True, pipelined=True, symbolic=True)
+    for links in ("multicast-1", "mesh"):
+        with pytest.raises(ValueError, match="pipelined forms are composed over systolic links only"):
+            closed.derive(("output-stationary, systolic, pipelined", 2, 2, links))
+    with pytest.raises(ValueError, match="GEMM sizes must be positive, got 0 x 4 x 4"):
+        closed.counts(closed.preset_keys()[0], 0, 4, 4)
