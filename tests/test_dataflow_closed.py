@@ -21,9 +21,12 @@ SMALL = [(kind + variant, r, c, links)
 @pytest.fixture(scope="module")
 def small_forms():
     """The small arrays' closed forms, derived and turned into Python as for the stored ones."""
-    namespace = {}
-    exec(closed.python_source({key: closed.derive(key) for key in SMALL}), namespace)
-    return namespace["FORMS"]
+    forms = {}
+    for key in SMALL:
+        namespace = {}
+        exec(closed.python_source(key, closed.derive(key)), namespace)
+        forms[key] = namespace["FORMS"]
+    return forms
 
 
 def standard(key, m, n, k):

@@ -5,7 +5,7 @@ shape. barvinok counts the same sets with the sizes as parameters (``relations.c
 becomes a piecewise quasi-polynomial — polynomials in M, N, K and floor divisions of them by the array's
 sides, on pieces bounded by affine conditions. ``derive`` computes them once, offline, for the standard
 GEMM dataflows of the presets' MMEs; ``write`` stores them as plain Python functions in
-``closed_forms.py`` (generated, checked in), so that ``metrics`` evaluates a tile shape in microseconds
+the package ``closed_forms`` (generated, checked in), so that ``metrics`` evaluates a tile shape in microseconds
 with neither isl nor barvinok.
 
 A pipelined dataflow's time strides are the sizes themselves (tile t starts t·L stamps in, L the time
@@ -15,18 +15,21 @@ with symbolic sizes. Its counts are composed from counts that it can:
 - time stamps: consecutive tiles' wavefronts overlap into one run of stamps, so the count is the latest
   tile end, max over tiles t of t·L + stamps(tile t) (the tile alone: the "systolic" form at its shape);
 - volumes: the sum over tiles of a tile's volumes alone, plus, for each pair of consecutive tiles, the
-  reuse across them: the counts of the two tiles run together (a Θ in two pieces, the second L stamps
-  later: Presburger, so counted symbolically) minus their counts alone. Over systolic links (one PE
-  forward along an axis, one stamp later) only consecutive tiles can pass a value: a GEMM tile shares a
-  tensor only with tiles in its row or column of tiles, and a value of the same time-loop index is
-  L · (tiles apart) stamps away, reachable through one link only when L = 1 and the tiles are
+  accesses of the second reused only from the first (counted on the two tiles run together: a Θ in two
+  pieces, the second L stamps later, which is Presburger, so counted symbolically). Over systolic links
+  (one PE forward along an axis, one stamp later) only consecutive tiles can pass a value: a GEMM tile
+  shares a tensor only with tiles in its row or column of tiles, and a value of the same time-loop index
+  is L · (tiles apart) stamps away, reachable through one link only when L = 1 and the tiles are
   consecutive. Pipelined forms are derived over such links only (a mesh's diagonal links break it; the
   tests check the composition against enumeration).
 """
 
 from __future__ import annotations
 
+import importlib
 import math
+import re
+from collections.abc import Mapping
 from fractions import Fraction
 from functools import lru_cache
 from pathlib import Path
@@ -37,20 +40,38 @@ from .metrics import DataflowMetrics, TensorVolumes
 
 PARAMS = {"i": "M", "j": "N", "k": "K"}  # the GEMM's loops and the names of their sizes
 PIPELINED = ", systolic, pipelined"
-STORED = Path(__file__).with_name("closed_forms.py")
+STORED = Path(__file__).with_name("closed_forms")
 
 Key = tuple[str, int, int, str]  # (dataflow name, rows, cols, interconnect name)
 Counts = dict[str, int]          # "instances", "time_stamps", "total|reuse|temporal <tensor>" -> count
-Forms = dict[Key, dict[str, Callable[..., int]]]  # dataflow -> count name -> its closed form of (M, N, K)
+Forms = Mapping[Key, dict[str, Callable[..., int]]]  # dataflow -> count name -> its closed form of (M, N, K)
 
 
 # -- evaluation (pure Python) -------------------------------------------------------------------
 
 
+class _Stored(Mapping):
+    """The closed forms shipped in the package ``closed_forms``, a dataflow's module imported when first
+    used (Python compiles only the forms a chip needs)."""
+
+    def __init__(self):
+        from .closed_forms import INDEX
+        self.index = INDEX
+
+    def __getitem__(self, key: Key) -> dict[str, Callable[..., int]]:
+        return importlib.import_module(f"{__package__}.closed_forms.{self.index[key]}").FORMS  # cached by Python
+
+    def __iter__(self):
+        return iter(self.index)
+
+    def __len__(self) -> int:
+        return len(self.index)
+
+
+@lru_cache(maxsize=1)
 def stored() -> Forms:
-    """The closed forms shipped in ``closed_forms.py``."""
-    from .closed_forms import FORMS
-    return FORMS
+    """The closed forms shipped in the package ``closed_forms``."""
+    return _Stored()
 
 
 def counts(key: Key, m: int, n: int, k: int, forms: Forms | None = None) -> Counts:
@@ -82,19 +103,20 @@ def _gemm():
 
 
 def _pipelined(key: Key, sizes: dict[str, int], forms: Forms) -> Counts:
-    """Counts of a pipelined dataflow composed from its tiles alone and its pairs of consecutive tiles."""
+    """Counts of a pipelined dataflow composed from its tiles alone and the reuse across consecutive tiles."""
     name, rows, cols, links = key
     kind = name[:-len(PIPELINED)]
-    single, pairs = forms[(kind + ", systolic", rows, cols, links)], forms[key]
+    single, across = forms[(kind + ", systolic", rows, cols, links)], forms[key]
     (s0, s1), (t,) = BENCHMARKS["gemm"].stationary[kind]
     p0, p1 = PARAMS[s0], PARAMS[s1]
     e0, e1, steps = sizes[p0], sizes[p1], sizes[PARAMS[t]]
 
     @lru_cache(maxsize=None)
     def run(x0: int, x1: int, prefix: str = "") -> Counts:
-        """The counts of tiles of extents x0, x1 run alone (or, with a prefix, of a pair)."""
+        """The counts of a tile of extents x0, x1 run alone (with a prefix: the reuse across a pair of
+        tiles that extend as far together)."""
         at = {**sizes, p0: x0, p1: x1}
-        table = pairs if prefix else single
+        table = across if prefix else single
         return {c[len(prefix):]: f(at["M"], at["N"], at["K"]) for c, f in table.items() if c.startswith(prefix)}
 
     tiles0, tiles1 = -(-e0 // rows), -(-e1 // cols)
@@ -118,14 +140,10 @@ def _pipelined(key: Key, sizes: dict[str, int], forms: Forms) -> Counts:
     if tiles1 > 1:
         for x0, n0 in extents0.items():
             for x1, n1 in _extents(e1 - cols, cols).items():
-                add(run(x0, cols + x1, "pair-1 "), n0 * n1)
-                add(run(x0, cols), -n0 * n1)
-                add(run(x0, x1), -n0 * n1)
+                add(run(x0, cols + x1, "across-1 "), n0 * n1)
     elif tiles0 > 1:
         for x0, n0 in _extents(e0 - rows, rows).items():
-            add(run(rows + x0, e1, "pair-0 "), n0)
-            add(run(rows, e1), -n0)
-            add(run(x0, e1), -n0)
+            add(run(rows + x0, e1, "across-0 "), n0)
     return {**out, **volumes}
 
 
@@ -170,9 +188,8 @@ def derive(key: Key) -> dict:
         tile = stationary(op, (s0, s1), time, (rows, cols), skew=True, symbolic=True)
         out = {}
         for axis in (0, 1):
-            st = rel.SpaceTime(tile, array, PARAMS, _pair_theta(op, kind, (rows, cols), axis))
-            out.update((f"pair-{axis} {c}", form) for c, form in _cards(st).items()
-                       if c.startswith(("reuse", "temporal")))
+            first, second = _pair_theta(op, kind, (rows, cols), axis)
+            out.update((f"across-{axis} {c}", form) for c, form in _across(tile, array, first, second).items())
         return out
     flags = VARIANTS["," + variant if variant else ""]
     return _cards(rel.SpaceTime(stationary(op, (s0, s1), time, (rows, cols), symbolic=True, **flags), array,
@@ -192,9 +209,27 @@ def _cards(st) -> dict:
     return out
 
 
+def _across(tile, array, first, second) -> dict:
+    """Per tensor, the accesses reused (and temporally reused) across two consecutive tiles with Θ
+    pieces ``first`` and ``second``: reused in the pair, not within either tile."""
+    from . import relations as rel
+    from .metrics import overlap
+
+    st = rel.SpaceTime(tile, array, PARAMS, first.union(second))
+    out = {}
+    for t in tile.op.tensors:
+        access = rel.access(tile.op, t, PARAMS)
+        whole, parts = st.assignment(t), [th.reverse().apply_range(access) for th in (first, second)]
+        for name, links in (("reuse", st.neighbours), ("temporal", st.temporal_map)):
+            within = overlap(parts[0], links).union(overlap(parts[1], links))
+            out[f"{name} {t}"] = rel.card(overlap(whole, links).subtract(within))
+    return out
+
+
 def _pair_theta(op, kind: str, shape: tuple[int, int], axis: int):
-    """Θ of two consecutive tiles of ``kind``'s pipelined dataflow, each skewed, the second ``axis``-wise
-    after the first (whole along ``axis``, its extent the array's side) and starting L stamps later."""
+    """The Θ pieces of two consecutive tiles of ``kind``'s pipelined dataflow, each skewed, the second
+    ``axis``-wise after the first (whole along ``axis``: its extent is the array's side) and starting L
+    stamps later."""
     import islpy as isl
 
     from . import relations as rel
@@ -209,24 +244,21 @@ def _pair_theta(op, kind: str, shape: tuple[int, int], axis: int):
     part = (lambda cmp: isl.Set(f"{{ S[{loops}] : {space[axis]} {cmp} {side} }}"))
     later = isl.Map(f"[{pt}] -> {{ {rel.STAMP}[a, b, c] -> {rel.STAMP}[a, b, c + {pt}] }}")
     sizes = {PARAMS[space[axis]]: (side, 2 * side), PARAMS[space[1 - axis]]: (0, shape[1 - axis])}
-    pair = " and ".join(f"{lo} < {p} <= {hi}" for p, (lo, hi) in sizes.items())
-    whole = rel.theta(first, PARAMS).intersect_domain(part("<")).union(
-        rel.theta(second, PARAMS).intersect_domain(part(">=")).apply_range(later))
-    return whole.intersect_params(isl.Set(f"[{', '.join(PARAMS.values())}] -> {{ : {pair} }}"))
+    pair = isl.Set(f"[{', '.join(PARAMS.values())}] -> {{ : "
+                   + " and ".join(f"{lo} < {p} <= {hi}" for p, (lo, hi) in sizes.items()) + " }")
+    return (rel.theta(first, PARAMS).intersect_domain(part("<")).intersect_params(pair),
+            rel.theta(second, PARAMS).intersect_domain(part(">=")).apply_range(later).intersect_params(pair))
 
 
-def python_source(forms: dict[Key, dict]) -> str:
-    """``closed_forms.py``: each form a function of (M, N, K), and the table ``FORMS``."""
-    lines = ['"""Closed forms of the MME dataflows\' counts (generated by ``tvm_dsa.dataflow.closed.write()``',
-             'from barvinok\'s parametric counts; do not edit). ``closed`` reads ``FORMS``."""', "", ""]
+def python_source(key: Key, named: dict) -> str:
+    """A module of dataflow ``key``'s closed forms: each a function of (M, N, K), and ``FORMS``, count
+    name -> function."""
+    lines = [f'"""Closed forms of the counts of {key!r} (generated by',
+             '``tvm_dsa.dataflow.closed.write()`` from barvinok\'s parametric counts; do not edit)."""', "", ""]
     table = []
-    for key, named in forms.items():
-        table.append(f"    {key!r}: {{")
-        for count, form in named.items():
-            fname = f"_f{len(table)}"
-            lines += _function(fname, form)
-            table.append(f"        {count!r}: {fname},")
-        table.append("    },")
+    for count, form in named.items():
+        lines += _function(f"_f{len(table)}", form)
+        table.append(f"    {count!r}: _f{len(table)},")
     return "\n".join(lines + ["FORMS = {", *table, "}", ""])
 
 
@@ -298,6 +330,17 @@ def _polynomial(qp) -> str:
 
 
 def write(keys: list[Key] | None = None, path: Path = STORED) -> None:
-    """Derive the closed forms of ``keys`` (default: ``preset_keys()``) and store them at ``path``."""
+    """Derive the closed forms of ``keys`` (default: ``preset_keys()``) and store them in the package
+    ``path``: a module per dataflow and ``INDEX``, dataflow -> module."""
     keys = keys or preset_keys()
-    path.write_text(python_source({key: derive(key) for key in keys}))
+    path.mkdir(exist_ok=True)
+    for old in path.glob("*.py"):
+        old.unlink()
+    index = {}
+    for key in keys:
+        index[key] = re.sub(r"\W+", "_", "_".join(map(str, key))).strip("_")
+        (path / f"{index[key]}.py").write_text(python_source(key, derive(key)))
+    entries = "".join(f"    {key!r}: {name!r},\n" for key, name in index.items())
+    (path / "__init__.py").write_text(
+        '"""The stored closed forms (generated by ``tvm_dsa.dataflow.closed.write()``; do not edit): '
+        'dataflow -> its module."""\n\nINDEX = {\n' + entries + "}\n")

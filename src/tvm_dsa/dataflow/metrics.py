@@ -126,7 +126,7 @@ class DataflowMetrics:
         return "\n".join(head + ["  " + line for line in _columns(rows, left=1)])
 
 
-def _overlap(a, neighbours):
+def overlap(a, neighbours):
     """A ∩ M⁻¹·A: the accesses whose element a neighbouring stamp (under ``neighbours``) holds."""
     return a.intersect(neighbours.reverse().apply_range(a))
 
@@ -135,7 +135,7 @@ def reuse_sets(st: rel.SpaceTime, tensor: str):
     """The reused accesses of ``tensor`` (A_D,F ∩ M⁻¹·A_D,F) and the temporally reused ones (the same
     PE held the element at the previous time stamp)."""
     a = st.assignment(tensor)
-    return _overlap(a, st.neighbours), _overlap(a, st.temporal_map)
+    return overlap(a, st.neighbours), overlap(a, st.temporal_map)
 
 
 def _total(st: rel.SpaceTime, tensor: str) -> int:
@@ -153,7 +153,7 @@ def tensor_volumes(st: rel.SpaceTime, tensor: str) -> TensorVolumes:
 
 def unique_volume(st: rel.SpaceTime, tensor: str) -> int:
     """``tensor_volumes(st, tensor).unique`` with one count fewer (the search's inner loop)."""
-    return _total(st, tensor) - rel.count(_overlap(st.assignment(tensor), st.neighbours))
+    return _total(st, tensor) - rel.count(overlap(st.assignment(tensor), st.neighbours))
 
 
 def analyse(df: Dataflow, array: PEArray) -> DataflowMetrics:
