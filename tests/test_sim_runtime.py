@@ -32,7 +32,14 @@ def preset(name: str = "stcp920") -> dict:
 HW = Hardware.from_dict(preset())
 LAUNCH = HW.kernel_launch_cycles
 DMA_LAT = HW.dma_latency_cycles
-MME_PIPE = HW.mme.rows + HW.mme.cols  # pipeline_cycles = 0 in the preset
+
+
+def mme_tile(m: int, n: int, k: int) -> int:
+    """Cycles of one m x n x k product that fits one tile of the preset's MME (TENET: output-stationary,
+    skewed on the systolic array, compute-bound; docs/tenet.md): K stamps, plus the wavefront
+    across the m rows and n columns in use."""
+    assert m <= HW.mme.rows and n <= HW.mme.cols and HW.mme.model == "tenet"
+    return k + (m - 1) + (n - 1)
 
 
 def lb(off: int, dtype, *strides: int, core: int = 0) -> Operand:
@@ -120,7 +127,7 @@ def test_mme_batched_matmul():
              lb(0, "float16", m * k, k, 0, 1), lb(4096, "float16", k * n, 0, 1, n))
     (out,) = run_lb([mm], [(0, a), (4096, b)], [(16384, (bt, m, n), "float32")]).outputs
     np.testing.assert_allclose(out, np.matmul(a.astype(np.float32), b.astype(np.float32)), rtol=1e-5, atol=1e-5)
-    assert compute_cycles(mm, HW) == bt * 1 * 1 * k + MME_PIPE  # the batch dim is indexed by both operands
+    assert compute_cycles(mm, HW) == bt * mme_tile(m, n, k)  # the batch dim is indexed by both operands
 
 
 def test_mme_stride2_conv_through_window_strides():
@@ -141,7 +148,7 @@ def test_mme_stride2_conv_through_window_strides():
                 ref[i, j, q] = np.sum(xf[s * i:s * i + kh, s * j:s * j + kw, :] * wf[:, :, :, q])
     np.testing.assert_allclose(r.outputs[0], ref, rtol=1e-5, atol=1e-5)
     # M = oh*ow on the PE rows, N = o on the columns, K = kh*kw*c in time
-    expected = math.ceil(oh * ow / HW.mme.rows) * math.ceil(o / HW.mme.cols) * kh * kw * c + MME_PIPE
+    expected = mme_tile(oh * ow, o, kh * kw * c)
     assert compute_cycles(conv, HW) == expected
     assert r.report.busy["mme"] == expected
 
@@ -337,7 +344,7 @@ def test_dependency_orders_dma_then_mme():
     r = simulate(program, inputs, trace=True)
     a_dma = DMA_LAT + math.ceil(max(1024 / HW.ddr_bytes_per_cycle, 1024 / HW.lb_bytes_per_cycle))
     b_dma = DMA_LAT + math.ceil(max(2048 / HW.ddr_bytes_per_cycle, 2048 / HW.lb_bytes_per_cycle))
-    mme = 1 * 1 * 32 + MME_PIPE
+    mme = mme_tile(16, 32, 32)
     vme = math.ceil(16 * 32 / HW.vme_lanes) + HW.vector_latency_cycles
     (mme_event,) = events(r, "mme")
     us = 1e6 / HW.clock_hz
@@ -506,8 +513,8 @@ def test_report_counters_roofline_and_combine():
     assert r.lb_write == 2 * (m * k + k * n) + 4 * m * n + 2 * m * n  # DMAs in, MME, vector
     assert r.lb_read == 2 * m * k + 2 * k * n + 4 * m * n + 2 * m * n  # MME a, b; vector; DMA out
     assert r.lb_peak_bytes == 2 * (m * k + k * n) + 4 * m * n + 2 * m * n
-    assert r.busy["mme"] == k + MME_PIPE
-    assert r.utilisation["mme"] == pytest.approx((k + MME_PIPE) / (r.cycles * HW.cores))
+    assert r.busy["mme"] == mme_tile(m, n, k)
+    assert r.utilisation["mme"] == pytest.approx(mme_tile(m, n, k) / (r.cycles * HW.cores))
     compulsory = 2 * (m * k + k * n + m * n)
     assert r.compulsory_ddr_bytes == compulsory
     assert r.roofline_cycles == max(m * n * k / HW.peak_macs_per_cycle, compulsory / HW.ddr_bytes_per_cycle)
