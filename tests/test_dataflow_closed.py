@@ -1,15 +1,25 @@
 """Closed forms of the MME dataflows' counts (barvinok's parametric counting) against exact counts."""
 
+import json
+import math
+from collections import Counter
+
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from test_dataflow import brute_force
+from test_sim_runtime import lb, make_program, preset
 
+from tvm_dsa.cli import main
 from tvm_dsa.dataflow import PEArray, closed
+from tvm_dsa.dataflow.choose import mme_products, rank
 from tvm_dsa.dataflow.expr import NotationError
-from tvm_dsa.dataflow.library import BENCHMARKS, VARIANTS, standard_dataflows, stationary
+from tvm_dsa.dataflow.library import BENCHMARKS, VARIANTS, mme_bandwidth, standard_dataflows, stationary
 from tvm_dsa.dataflow.metrics import analyse
 from tvm_dsa.dataflow.notation import interconnect
+from tvm_dsa.hardware import get
+from tvm_dsa.hardware.model import Hardware
+from tvm_dsa.isa import Mme
 
 # Small arrays, so that enumeration is fast: every kind and variant (pipelined over systolic links).
 SMALL = [(kind + variant, r, c, links)
@@ -71,3 +81,44 @@ def test_what_has_no_closed_form_is_refused():
             closed.derive(("output-stationary, systolic, pipelined", 2, 2, links))
     with pytest.raises(ValueError, match="GEMM sizes must be positive, got 0 x 4 x 4"):
         closed.counts(closed.preset_keys()[0], 0, 4, 4)
+
+
+def test_rank_charges_each_dataflow_its_exact_latency_per_product():
+    """The ranking's cycles are Σ products x ⌈latency⌉ with the latency counted on the relations."""
+    hw = get("stcp920")
+    products = Counter({(16, 32, 24): 3, (40, 8, 20): 1, (5, 70, 3): 2})
+    ranked = rank(hw, products)
+    keys = [k for k in closed.stored() if k[1:] == (16, 32, "systolic-2d")]
+    assert sorted(r.dataflow for r in ranked) == sorted(k[0] for k in keys)
+    assert [r.cycles for r in ranked] == sorted(r.cycles for r in ranked)
+    macs = sum(t * m * n * k for (m, n, k), t in products.items())
+    for r in ranked:
+        key = (r.dataflow, 16, 32, "systolic-2d")
+        exact = sum(t * math.ceil(analyse(*standard(key, *shape)[:1], PEArray((16, 32), interconnect("systolic-2d", 2),
+                                                                             mme_bandwidth(hw))).latency - 1e-9)
+                    for shape, t in products.items())
+        assert r.cycles == exact and r.utilisation == pytest.approx(macs / (exact * 512))
+    with pytest.raises(ValueError, match="no MME products"):
+        rank(hw, Counter())
+    odd = Hardware.from_dict({**preset("stcp920"), "mme": {**preset("stcp920")["mme"], "rows": 8}})
+    with pytest.raises(ValueError, match="no closed forms are stored for a 8x32 systolic-2d MME"):
+        rank(odd, products)
+
+
+def test_mme_products_count_batched_instructions_per_shape():
+    conv = Mme(0, (4, 4, 8, 3, 3, 4), (False, False, False, True, True, True), dst=lb(2048, "float32", 32, 8, 1, 0, 0, 0),
+               a=lb(0, "float16", 36, 4, 0, 36, 4, 1), b=lb(1024, "float16", 0, 0, 1, 96, 32, 8))
+    batched = Mme(0, (3, 8, 16, 12), (False, False, False, True), lb(16384, "float32", 128, 16, 1, 0),
+                  lb(0, "float16", 96, 12, 0, 1), lb(4096, "float16", 192, 0, 1, 16))
+    program = make_program([[conv, batched, conv]])
+    assert mme_products([program, program]) == Counter({(16, 8, 36): 4, (8, 16, 12): 6})
+
+
+def test_cli_ranks_the_mme_dataflows_for_a_model(capsys):
+    assert main(["dataflow", "--model", "dlrm", "--tiny", "--json"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    cycles = [r["cycles"] for r in out["ranked"]]
+    assert cycles == sorted(cycles) and out["shapes"] > 0
+    assert "the preset runs 'output-stationary, systolic, pipelined'" in out["head"]
+    assert main(["dataflow"]) == 2
+    assert "give an operation (a benchmark or a statement) or --model" in capsys.readouterr().err

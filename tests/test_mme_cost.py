@@ -9,7 +9,7 @@ from test_sim_runtime import f16, lb, preset, run_lb
 
 from tvm_dsa.dataflow import PEArray
 from tvm_dsa.dataflow.library import BENCHMARKS, standard_dataflows
-from tvm_dsa.dataflow.mme import cache_info, tile_cycles
+from tvm_dsa.dataflow.mme import cache_info, tile_cycles, tile_metrics
 from tvm_dsa.dataflow.notation import interconnect
 from tvm_dsa.hardware import HardwareError, get
 from tvm_dsa.hardware.model import Hardware
@@ -111,3 +111,35 @@ def test_the_simulator_charges_the_tenet_cost():
     m, n, k = oh * ow, o, kh * kw * c
     assert runs["flat"].report.busy["mme"] == k + 16 + 32
     assert runs["tenet"].report.busy["mme"] == k + (m - 1) + (n - 1)      # one 16 x 8 tile, skewed
+
+
+def test_tenet_traffic_and_energy_come_from_the_dataflow_volumes():
+    """A 40 x 40 x 8 matmul on stcp920's systolic MME (4 tiles): the LB moves each tensor's unique
+    volume, the PE links its spatial reuse, the registers its temporal reuse; energy per tensor from the
+    same volumes adds up to the report's LB (MME part) and PE-array energy. The flat model streams
+    every operand element once and knows no links."""
+    m, n, k = 40, 40, 8
+    a, b = f16(m, k), f16(k, n, seed=1)
+    mm = Mme(0, (m, n, k), (False, False, True), lb(8192, "float32", n, 1, 0),
+             lb(0, "float16", k, 0, 1), lb(4096, "float16", 0, 1, n))
+    size = {"A": 2, "B": 2, "Y": 4}
+    runs = {model: run_lb([mm], [(0, a), (4096, b)], [(8192, (m, n), "float32")], hw=chip(model=model))
+            for model in ("flat", "tenet")}
+    np.testing.assert_array_equal(runs["flat"].outputs[0], runs["tenet"].outputs[0])
+    hw = Hardware.from_dict(chip(model="tenet"))
+    volumes = {t.tensor: t for t in tile_metrics(hw, m, n, k).tensors}
+    assert volumes["A"].unique == m * k * 2 and volumes["B"].unique == k * n * 3   # re-fed per column / row tile
+    flat, tenet = runs["flat"].report, runs["tenet"].report
+    staged, read_back = 2 * (m * k + k * n), 4 * m * n                # the DMAs into and out of the LB
+    assert tenet.lb_read - read_back == (volumes["A"].unique + volumes["B"].unique) * 2
+    assert flat.lb_read - read_back == (m * k + k * n) * 2
+    assert tenet.lb_write - staged == volumes["Y"].unique * size["Y"] == m * n * 4 == flat.lb_write - staged
+    assert tenet.pe_link_bytes == sum(v.spatial_reuse * size[t] for t, v in volumes.items()) > 0
+    assert tenet.pe_register_bytes == sum(v.temporal_reuse * size[t] for t, v in volumes.items()) > 0
+    assert flat.pe_link_bytes == flat.pe_register_bytes == 0
+    e = hw.energy
+    per_tensor = tile_metrics(hw, m, n, k).energy(size, e.lb_pj_per_bit, e.pe_link_pj_per_bit, e.pe_register_pj_per_bit)
+    mme_lb = sum(v.unique * size[t] for t, v in volumes.items()) * 8 * e.lb_pj_per_bit
+    assert sum(per_tensor.values()) * 1e-12 == pytest.approx(tenet.energy["pe_array"] + mme_lb * 1e-12)
+    assert tenet.energy["lb"] == pytest.approx((staged + read_back + sum(v.unique * size[t] for t, v in volumes.items()))
+                                               * 8 * e.lb_pj_per_bit * 1e-12)

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import asdict, dataclass
+from typing import Mapping
 
 from . import relations as rel
 from .notation import Dataflow, PEArray
@@ -92,6 +93,13 @@ class DataflowMetrics:
     def sbw(self, tensor: str | None = None) -> float:
         """Scratchpad-to-PE bandwidth (elements per stamp) of one tensor, or of all."""
         return sum(t.unique for t in self._select(tensor)) / self.compute_delay
+
+    def energy(self, itemsize: Mapping[str, int], scratchpad: float, link: float, register: float) -> dict[str, float]:
+        """Picojoules per tensor (the seed's "energy?"): its accesses at each level — unique volume at the
+        scratchpad, spatial reuse over PE links, temporal reuse from PE registers — times its element's
+        bits (``itemsize`` bytes) and the level's picojoules per bit."""
+        return {t.tensor: (t.unique * scratchpad + t.spatial_reuse * link + t.temporal_reuse * register)
+                * 8 * itemsize[t.tensor] for t in self.tensors}
 
     def tensor(self, name: str) -> TensorVolumes:
         return self._select(name)[0]
