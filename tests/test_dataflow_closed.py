@@ -119,6 +119,6 @@ def test_cli_ranks_the_mme_dataflows_for_a_model(capsys):
     out = json.loads(capsys.readouterr().out)
     cycles = [r["cycles"] for r in out["ranked"]]
     assert cycles == sorted(cycles) and out["shapes"] > 0
-    assert "the preset runs 'output-stationary, systolic, pipelined'" in out["head"]
+    assert f"the preset runs {get('stcp920').mme.dataflow!r}" in out["head"]
     assert main(["dataflow"]) == 2
     assert "give an operation (a benchmark or a statement) or --model" in capsys.readouterr().err

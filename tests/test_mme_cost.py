@@ -17,6 +17,9 @@ from tvm_dsa.isa import Mme
 from tvm_dsa.runtime.cost import mme_cycles
 
 
+OS = "output-stationary, systolic, pipelined"  # the tests below derive its cycles and volumes
+
+
 def chip(name="stcp920", **mme):
     d = preset(name)
     d["mme"] = {**d["mme"], **mme}
@@ -26,7 +29,7 @@ def chip(name="stcp920", **mme):
 def test_presets_describe_their_mme():
     stcp = get("stcp920").mme
     assert (stcp.rows, stcp.cols, stcp.interconnect, stcp.dataflow, stcp.model) == \
-        (16, 32, "systolic-2d", "output-stationary, systolic, pipelined", "tenet")
+        (16, 32, "systolic-2d", "weight-stationary, systolic, pipelined", "tenet")
     for name in ("set-edge16", "set-cloud144", "set-edge16-fp16", "set-cloud144-fp16"):
         mme = get(name).mme
         assert (mme.interconnect, mme.dataflow, mme.model) == ("multicast-31", "weight-stationary", "tenet")
@@ -64,7 +67,7 @@ def test_tenet_tile_cost_on_the_systolic_mme():
 def test_pipelined_tiles_overlap_their_wavefronts():
     """Tile t (row-major) starts K stamps after tile t - 1 and its r x c wavefront ends K + r + c - 2
     stamps after it starts: the cycles are the latest end; one fill/drain, as the flat model charges."""
-    tenet = Hardware.from_dict(chip(model="tenet"))                  # the preset's pipelined dataflow
+    tenet = Hardware.from_dict(chip(model="tenet", dataflow=OS))
     for m, n, k in [(64, 64, 64), (40, 40, 8), (16, 8, 36)]:
         tiles = [(r, c) for r in parts(m, 16) for c in parts(n, 32)]
         assert tile_cycles(tenet, m, n, k) == max(t * k + k + r + c - 2 for t, (r, c) in enumerate(tiles))
@@ -105,7 +108,7 @@ def test_the_simulator_charges_the_tenet_cost():
                dst=lb(2048, "float32", ow * o, o, 1, 0, 0, 0),
                a=lb(0, "float16", w * c, c, 0, w * c, c, 1),
                b=lb(1024, "float16", 0, 0, 1, kw * c * o, c * o, o))
-    runs = {model: run_lb([conv], [(0, x), (1024, wt)], [(2048, (oh, ow, o), "float32")], hw=chip(model=model))
+    runs = {model: run_lb([conv], [(0, x), (1024, wt)], [(2048, (oh, ow, o), "float32")], hw=chip(model=model, dataflow=OS))
             for model in ("flat", "tenet")}                      # one tile: pipelined or not, the same
     np.testing.assert_array_equal(runs["flat"].outputs[0], runs["tenet"].outputs[0])
     m, n, k = oh * ow, o, kh * kw * c
@@ -114,7 +117,7 @@ def test_the_simulator_charges_the_tenet_cost():
 
 
 def test_tenet_traffic_and_energy_come_from_the_dataflow_volumes():
-    """A 40 x 40 x 8 matmul on stcp920's systolic MME (4 tiles): the LB moves each tensor's unique
+    """A 40 x 40 x 8 matmul on stcp920's systolic MME, output-stationary (4 tiles): the LB moves each tensor's unique
     volume, the PE links its spatial reuse, the registers its temporal reuse; energy per tensor from the
     same volumes adds up to the report's LB (MME part) and PE-array energy. The flat model streams
     every operand element once and knows no links."""
@@ -123,10 +126,10 @@ def test_tenet_traffic_and_energy_come_from_the_dataflow_volumes():
     mm = Mme(0, (m, n, k), (False, False, True), lb(8192, "float32", n, 1, 0),
              lb(0, "float16", k, 0, 1), lb(4096, "float16", 0, 1, n))
     size = {"A": 2, "B": 2, "Y": 4}
-    runs = {model: run_lb([mm], [(0, a), (4096, b)], [(8192, (m, n), "float32")], hw=chip(model=model))
+    runs = {model: run_lb([mm], [(0, a), (4096, b)], [(8192, (m, n), "float32")], hw=chip(model=model, dataflow=OS))
             for model in ("flat", "tenet")}
     np.testing.assert_array_equal(runs["flat"].outputs[0], runs["tenet"].outputs[0])
-    hw = Hardware.from_dict(chip(model="tenet"))
+    hw = Hardware.from_dict(chip(model="tenet", dataflow=OS))
     volumes = {t.tensor: t for t in tile_metrics(hw, m, n, k).tensors}
     assert volumes["A"].unique == m * k * 2 and volumes["B"].unique == k * n * 3   # re-fed per column / row tile
     flat, tenet = runs["flat"].report, runs["tenet"].report

@@ -35,11 +35,14 @@ DMA_LAT = HW.dma_latency_cycles
 
 
 def mme_tile(m: int, n: int, k: int) -> int:
-    """Cycles of one m x n x k product that fits one tile of the preset's MME (TENET: output-stationary,
-    skewed on the systolic array, compute-bound; docs/tenet.md): K stamps, plus the wavefront
-    across the m rows and n columns in use."""
-    assert m <= HW.mme.rows and n <= HW.mme.cols and HW.mme.model == "tenet"
-    return k + (m - 1) + (n - 1)
+    """Cycles of one m x n x k product on the preset's MME (TENET, docs/tenet.md; compute-bound):
+    weight-stationary, skewed on the systolic array, tiles overlapped. The K x N operand is cut in
+    rows x cols tiles (row-major); tile t starts t*m stamps in, streams the m rows of A through and ends
+    m + (r - 1) + (c - 1) stamps later, r x c its extent."""
+    assert HW.mme.model == "tenet" and HW.mme.dataflow == "weight-stationary, systolic, pipelined"
+    rows, cols = HW.mme.rows, HW.mme.cols
+    tiles = [(min(rows, k - a), min(cols, n - b)) for a in range(0, k, rows) for b in range(0, n, cols)]
+    return max(t * m + m + r + c - 2 for t, (r, c) in enumerate(tiles))
 
 
 def lb(off: int, dtype, *strides: int, core: int = 0) -> Operand:

@@ -29,7 +29,12 @@ def tile_metrics(hw: Hardware, m: int, n: int, k: int) -> DataflowMetrics:
 
 def tile_cycles(hw: Hardware, m: int, n: int, k: int) -> int:
     """Cycles of one m x n x k product on ``hw``'s MME under its dataflow."""
-    return math.ceil(tile_metrics(hw, m, n, k).latency - 1e-9)
+    return _tile_cycles(hw.mme, mme_bandwidth(hw), m, n, k)
+
+
+@lru_cache(maxsize=4096)
+def _tile_cycles(mme: MME, bandwidth: float, m: int, n: int, k: int) -> int:
+    return math.ceil(_tile_metrics(mme, bandwidth, m, n, k).latency - 1e-9)
 
 
 @lru_cache(maxsize=4096)
@@ -44,5 +49,5 @@ def _tile_metrics(mme: MME, bandwidth: float, m: int, n: int, k: int) -> Dataflo
 
 
 def cache_info():
-    """Hits and misses of the per-tile-shape cache."""
-    return _tile_metrics.cache_info()
+    """Hits and misses of the per-tile-shape cache of cycles."""
+    return _tile_cycles.cache_info()
