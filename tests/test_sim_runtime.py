@@ -513,7 +513,8 @@ def test_report_counters_roofline_and_combine():
     m, n, k = 16, 32, 32
     assert r.macs == m * n * k and r.instructions == 5 and r.kernels == 1
     assert (r.ddr_read, r.ddr_write) == (2 * (m * k + k * n), 2 * m * n)
-    assert r.lb_write == 2 * (m * k + k * n) + 4 * m * n + 2 * m * n  # DMAs in, MME, vector
+    partial_sums = m * n * math.ceil(k / HW.mme.rows)  # weight-stationary: each K tile's written back (TENET)
+    assert r.lb_write == 2 * (m * k + k * n) + 4 * partial_sums + 2 * m * n  # DMAs in, MME, vector
     assert r.lb_read == 2 * m * k + 2 * k * n + 4 * m * n + 2 * m * n  # MME a, b; vector; DMA out
     assert r.lb_peak_bytes == 2 * (m * k + k * n) + 4 * m * n + 2 * m * n
     assert r.busy["mme"] == mme_tile(m, n, k)
