@@ -5,9 +5,9 @@
     python benchmarks/tenet_mme.py --target dsa/set-edge16-fp16 --model resnet50
     python benchmarks/tenet_mme.py --dataflow "output-stationary, systolic"   # tiles not overlapped
 
-The model is compiled twice, for the preset and for the same chip with ``mme.model = "tenet"``
-(registered as ``<preset>-tenet``; the programs are the same, only the MME's cost differs), and run
-timing-only. Printed per DSA kernel (one per layer with the layerwise schedule): its output shape,
+The model is compiled twice, for the chip with ``mme.model = "flat"`` and with ``"tenet"`` (registered
+as ``<preset>-flat`` and ``<preset>-tenet``; the programs are the same, only the MME's cost differs),
+and run timing-only. Printed per DSA kernel (one per layer with the layerwise schedule): its output shape,
 MACs, the MME busy cycles (summed over the cores' MMEs) under each model, their ratio and the
 MME's MAC utilisation under TENET; then the totals, the whole run's cycles, and how many distinct
 tile shapes TENET counted and how long that took.
@@ -26,11 +26,12 @@ from tvm_dsa.driver import Compiled, check_target, import_onnx, load_model
 from tvm_dsa.models import MODELS, example_inputs
 
 
-def tenet_variant(target: str, dataflow: str | None) -> str:
-    """Register the chip of ``target`` with the TENET MME model (and ``dataflow`` if given); its target tag."""
+def mme_variant(target: str, model: str, dataflow: str | None = None) -> str:
+    """Register the chip of ``target`` with the MME cost ``model`` (and ``dataflow`` if given) as
+    ``<chip>-<model>``; its target tag."""
     hw = hardware.get(target.removeprefix("dsa/"))
-    mme = dataclasses.replace(hw.mme, model="tenet", dataflow=dataflow or hw.mme.dataflow)
-    variant = dataclasses.replace(hw, name=f"{hw.name}-tenet", mme=mme)
+    mme = dataclasses.replace(hw.mme, model=model, dataflow=dataflow or hw.mme.dataflow)
+    variant = dataclasses.replace(hw, name=f"{hw.name}-{model}", mme=mme)
     hardware.register(variant, override=True)
     return f"dsa/{variant.name}"
 
@@ -48,7 +49,8 @@ def main() -> None:
     check_target(args.target, model, timing_only=True)
     mod, inputs = import_onnx(model), example_inputs(model)
     runs = {}
-    for name, target in (("flat", args.target), ("tenet", tenet_variant(args.target, args.dataflow))):
+    for name in ("flat", "tenet"):
+        target = mme_variant(args.target, name, args.dataflow if name == "tenet" else None)
         print(f"... compiling and simulating (timing) for {target}", file=sys.stderr, flush=True)
         compiled = Compiled.build(mod, target)
         start = time.perf_counter()

@@ -9,12 +9,15 @@ from test_sim_runtime import f16, lb, preset, run_lb
 
 from tvm_dsa.dataflow import PEArray
 from tvm_dsa.dataflow.library import BENCHMARKS, standard_dataflows
-from tvm_dsa.dataflow.mme import cache_info, tile_cycles
+from tvm_dsa.dataflow.mme import cache_info, tile_cycles, tile_metrics
 from tvm_dsa.dataflow.notation import interconnect
 from tvm_dsa.hardware import HardwareError, get
 from tvm_dsa.hardware.model import Hardware
 from tvm_dsa.isa import Mme
 from tvm_dsa.runtime.cost import mme_cycles
+
+
+OS = "output-stationary, systolic, pipelined"  # the tests below derive its cycles and volumes
 
 
 def chip(name="stcp920", **mme):
@@ -26,10 +29,10 @@ def chip(name="stcp920", **mme):
 def test_presets_describe_their_mme():
     stcp = get("stcp920").mme
     assert (stcp.rows, stcp.cols, stcp.interconnect, stcp.dataflow, stcp.model) == \
-        (16, 32, "systolic-2d", "output-stationary, systolic, pipelined", "flat")
+        (16, 32, "systolic-2d", "weight-stationary, systolic, pipelined", "tenet")
     for name in ("set-edge16", "set-cloud144", "set-edge16-fp16", "set-cloud144-fp16"):
         mme = get(name).mme
-        assert (mme.interconnect, mme.dataflow, mme.model) == ("multicast-31", "weight-stationary", "flat")
+        assert (mme.interconnect, mme.dataflow, mme.model) == ("multicast-31", "weight-stationary", "tenet")
 
 
 @pytest.mark.parametrize("field,value,msg", [
@@ -52,7 +55,8 @@ def parts(size, axis):
 def test_tenet_tile_cost_on_the_systolic_mme():
     """Output-stationary and skewed on a 16 x 32 systolic array, compute-bound: each r x c output tile
     takes K stamps plus the wavefront's (r - 1) + (c - 1); the flat model charges the fill/drain once."""
-    flat, tenet = get("stcp920"), Hardware.from_dict(chip(model="tenet", dataflow="output-stationary, systolic"))
+    flat = Hardware.from_dict(chip(model="flat"))  # pinned: the flat formula is compared
+    tenet = Hardware.from_dict(chip(model="tenet", dataflow="output-stationary, systolic"))
     for m, n, k in [(64, 64, 64), (16, 8, 36), (40, 40, 8)]:
         tiles = math.ceil(m / 16) * math.ceil(n / 32)
         assert tile_cycles(tenet, m, n, k) == sum(k + r - 1 + c - 1 for r in parts(m, 16) for c in parts(n, 32))
@@ -63,11 +67,11 @@ def test_tenet_tile_cost_on_the_systolic_mme():
 def test_pipelined_tiles_overlap_their_wavefronts():
     """Tile t (row-major) starts K stamps after tile t - 1 and its r x c wavefront ends K + r + c - 2
     stamps after it starts: the cycles are the latest end; one fill/drain, as the flat model charges."""
-    tenet = Hardware.from_dict(chip(model="tenet"))                  # the preset's pipelined dataflow
+    tenet = Hardware.from_dict(chip(model="tenet", dataflow=OS))
     for m, n, k in [(64, 64, 64), (40, 40, 8), (16, 8, 36)]:
         tiles = [(r, c) for r in parts(m, 16) for c in parts(n, 32)]
         assert tile_cycles(tenet, m, n, k) == max(t * k + k + r + c - 2 for t, (r, c) in enumerate(tiles))
-    assert tile_cycles(tenet, 64, 64, 64) == 8 * 64 + 15 + 31 < mme_cycles(1, 64, 64, 64, get("stcp920"))
+    assert tile_cycles(tenet, 64, 64, 64) == 8 * 64 + 15 + 31 < mme_cycles(1, 64, 64, 64, Hardware.from_dict(chip(model="flat")))
 
 
 def test_tenet_tile_cost_is_the_brute_force_latency_when_read_bound():
@@ -104,9 +108,41 @@ def test_the_simulator_charges_the_tenet_cost():
                dst=lb(2048, "float32", ow * o, o, 1, 0, 0, 0),
                a=lb(0, "float16", w * c, c, 0, w * c, c, 1),
                b=lb(1024, "float16", 0, 0, 1, kw * c * o, c * o, o))
-    runs = {model: run_lb([conv], [(0, x), (1024, wt)], [(2048, (oh, ow, o), "float32")], hw=chip(model=model))
+    runs = {model: run_lb([conv], [(0, x), (1024, wt)], [(2048, (oh, ow, o), "float32")], hw=chip(model=model, dataflow=OS))
             for model in ("flat", "tenet")}                      # one tile: pipelined or not, the same
     np.testing.assert_array_equal(runs["flat"].outputs[0], runs["tenet"].outputs[0])
     m, n, k = oh * ow, o, kh * kw * c
     assert runs["flat"].report.busy["mme"] == k + 16 + 32
     assert runs["tenet"].report.busy["mme"] == k + (m - 1) + (n - 1)      # one 16 x 8 tile, skewed
+
+
+def test_tenet_traffic_and_energy_come_from_the_dataflow_volumes():
+    """A 40 x 40 x 8 matmul on stcp920's systolic MME, output-stationary (4 tiles): the LB moves each tensor's unique
+    volume, the PE links its spatial reuse, the registers its temporal reuse; energy per tensor from the
+    same volumes adds up to the report's LB (MME part) and PE-array energy. The flat model streams
+    every operand element once and knows no links."""
+    m, n, k = 40, 40, 8
+    a, b = f16(m, k), f16(k, n, seed=1)
+    mm = Mme(0, (m, n, k), (False, False, True), lb(8192, "float32", n, 1, 0),
+             lb(0, "float16", k, 0, 1), lb(4096, "float16", 0, 1, n))
+    size = {"A": 2, "B": 2, "Y": 4}
+    runs = {model: run_lb([mm], [(0, a), (4096, b)], [(8192, (m, n), "float32")], hw=chip(model=model, dataflow=OS))
+            for model in ("flat", "tenet")}
+    np.testing.assert_array_equal(runs["flat"].outputs[0], runs["tenet"].outputs[0])
+    hw = Hardware.from_dict(chip(model="tenet", dataflow=OS))
+    volumes = {t.tensor: t for t in tile_metrics(hw, m, n, k).tensors}
+    assert volumes["A"].unique == m * k * 2 and volumes["B"].unique == k * n * 3   # re-fed per column / row tile
+    flat, tenet = runs["flat"].report, runs["tenet"].report
+    staged, read_back = 2 * (m * k + k * n), 4 * m * n                # the DMAs into and out of the LB
+    assert tenet.lb_read - read_back == (volumes["A"].unique + volumes["B"].unique) * 2
+    assert flat.lb_read - read_back == (m * k + k * n) * 2
+    assert tenet.lb_write - staged == volumes["Y"].unique * size["Y"] == m * n * 4 == flat.lb_write - staged
+    assert tenet.pe_link_bytes == sum(v.spatial_reuse * size[t] for t, v in volumes.items()) > 0
+    assert tenet.pe_register_bytes == sum(v.temporal_reuse * size[t] for t, v in volumes.items()) > 0
+    assert flat.pe_link_bytes == flat.pe_register_bytes == 0
+    e = hw.energy
+    per_tensor = tile_metrics(hw, m, n, k).energy(size, e.lb_pj_per_bit, e.pe_link_pj_per_bit, e.pe_register_pj_per_bit)
+    mme_lb = sum(v.unique * size[t] for t, v in volumes.items()) * 8 * e.lb_pj_per_bit
+    assert sum(per_tensor.values()) * 1e-12 == pytest.approx(tenet.energy["pe_array"] + mme_lb * 1e-12)
+    assert tenet.energy["lb"] == pytest.approx((staged + read_back + sum(v.unique * size[t] for t, v in volumes.items()))
+                                               * 8 * e.lb_pj_per_bit * 1e-12)

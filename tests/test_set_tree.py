@@ -146,9 +146,11 @@ def test_s_cut_groups_are_proportional_to_npt_and_t_cut_children_share():
     one = [npt(Leaf(i), g, ev.intra) for i in range(3)]
     assert one == [mme_cycles(1, 256, n, 64, EDGE) for n in (64, 192, 64)]  # one sample, one tile
     t_cut = one[1] + one[2]
-    x = min(range(1, 16), key=lambda x: max(one[0] / x, t_cut / (16 - x)))  # brute force
+    imbalance = lambda x: max(one[0] / x, t_cut / (16 - x))  # noqa: E731
     groups = allocate_groups(tree, g, ev.intra, 16)
+    x = groups[(0,)][1]
     assert groups[(0,)] == (0, x) and groups[(1,)] == (x, 16)
+    assert imbalance(x) == min(map(imbalance, range(1, 16)))  # brute force (TENET's cycles tie at 3 and 4)
     assert groups[(1, 0)] == groups[(1, 1)] == (4, 16)
 
 

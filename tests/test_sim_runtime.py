@@ -32,7 +32,17 @@ def preset(name: str = "stcp920") -> dict:
 HW = Hardware.from_dict(preset())
 LAUNCH = HW.kernel_launch_cycles
 DMA_LAT = HW.dma_latency_cycles
-MME_PIPE = HW.mme.rows + HW.mme.cols  # pipeline_cycles = 0 in the preset
+
+
+def mme_tile(m: int, n: int, k: int) -> int:
+    """Cycles of one m x n x k product on the preset's MME (TENET, docs/tenet.md; compute-bound):
+    weight-stationary, skewed on the systolic array, tiles overlapped. The K x N operand is cut in
+    rows x cols tiles (row-major); tile t starts t*m stamps in, streams the m rows of A through and ends
+    m + (r - 1) + (c - 1) stamps later, r x c its extent."""
+    assert HW.mme.model == "tenet" and HW.mme.dataflow == "weight-stationary, systolic, pipelined"
+    rows, cols = HW.mme.rows, HW.mme.cols
+    tiles = [(min(rows, k - a), min(cols, n - b)) for a in range(0, k, rows) for b in range(0, n, cols)]
+    return max(t * m + m + r + c - 2 for t, (r, c) in enumerate(tiles))
 
 
 def lb(off: int, dtype, *strides: int, core: int = 0) -> Operand:
@@ -120,7 +130,7 @@ def test_mme_batched_matmul():
              lb(0, "float16", m * k, k, 0, 1), lb(4096, "float16", k * n, 0, 1, n))
     (out,) = run_lb([mm], [(0, a), (4096, b)], [(16384, (bt, m, n), "float32")]).outputs
     np.testing.assert_allclose(out, np.matmul(a.astype(np.float32), b.astype(np.float32)), rtol=1e-5, atol=1e-5)
-    assert compute_cycles(mm, HW) == bt * 1 * 1 * k + MME_PIPE  # the batch dim is indexed by both operands
+    assert compute_cycles(mm, HW) == bt * mme_tile(m, n, k)  # the batch dim is indexed by both operands
 
 
 def test_mme_stride2_conv_through_window_strides():
@@ -141,7 +151,7 @@ def test_mme_stride2_conv_through_window_strides():
                 ref[i, j, q] = np.sum(xf[s * i:s * i + kh, s * j:s * j + kw, :] * wf[:, :, :, q])
     np.testing.assert_allclose(r.outputs[0], ref, rtol=1e-5, atol=1e-5)
     # M = oh*ow on the PE rows, N = o on the columns, K = kh*kw*c in time
-    expected = math.ceil(oh * ow / HW.mme.rows) * math.ceil(o / HW.mme.cols) * kh * kw * c + MME_PIPE
+    expected = mme_tile(oh * ow, o, kh * kw * c)
     assert compute_cycles(conv, HW) == expected
     assert r.report.busy["mme"] == expected
 
@@ -337,7 +347,7 @@ def test_dependency_orders_dma_then_mme():
     r = simulate(program, inputs, trace=True)
     a_dma = DMA_LAT + math.ceil(max(1024 / HW.ddr_bytes_per_cycle, 1024 / HW.lb_bytes_per_cycle))
     b_dma = DMA_LAT + math.ceil(max(2048 / HW.ddr_bytes_per_cycle, 2048 / HW.lb_bytes_per_cycle))
-    mme = 1 * 1 * 32 + MME_PIPE
+    mme = mme_tile(16, 32, 32)
     vme = math.ceil(16 * 32 / HW.vme_lanes) + HW.vector_latency_cycles
     (mme_event,) = events(r, "mme")
     us = 1e6 / HW.clock_hz
@@ -503,11 +513,12 @@ def test_report_counters_roofline_and_combine():
     m, n, k = 16, 32, 32
     assert r.macs == m * n * k and r.instructions == 5 and r.kernels == 1
     assert (r.ddr_read, r.ddr_write) == (2 * (m * k + k * n), 2 * m * n)
-    assert r.lb_write == 2 * (m * k + k * n) + 4 * m * n + 2 * m * n  # DMAs in, MME, vector
+    partial_sums = m * n * math.ceil(k / HW.mme.rows)  # weight-stationary: each K tile's written back (TENET)
+    assert r.lb_write == 2 * (m * k + k * n) + 4 * partial_sums + 2 * m * n  # DMAs in, MME, vector
     assert r.lb_read == 2 * m * k + 2 * k * n + 4 * m * n + 2 * m * n  # MME a, b; vector; DMA out
     assert r.lb_peak_bytes == 2 * (m * k + k * n) + 4 * m * n + 2 * m * n
-    assert r.busy["mme"] == k + MME_PIPE
-    assert r.utilisation["mme"] == pytest.approx((k + MME_PIPE) / (r.cycles * HW.cores))
+    assert r.busy["mme"] == mme_tile(m, n, k)
+    assert r.utilisation["mme"] == pytest.approx(mme_tile(m, n, k) / (r.cycles * HW.cores))
     compulsory = 2 * (m * k + k * n + m * n)
     assert r.compulsory_ddr_bytes == compulsory
     assert r.roofline_cycles == max(m * n * k / HW.peak_macs_per_cycle, compulsory / HW.ddr_bytes_per_cycle)

@@ -11,7 +11,8 @@ from tvm_dsa.codegen.emit import build_program
 from tvm_dsa.codegen.kernel_ir import plan_lb, read_kernel
 from tvm_dsa.runtime import simulate
 from tvm_dsa.tir_passes import (
-    LB_SCOPE, AssignScopes, LowerToDSA, TileForLB, TilePlan, anchor_info, lower_kernel,
+    LB_SCOPE, AssignScopes, LowerToDSA, TileForLB, TilePlan, _fitting, anchor_info, candidate_plans, load_bytes,
+    lower_kernel, lower_with_plan,
 )
 
 
@@ -193,3 +194,35 @@ def test_batch_splits_across_clusters(batch, clusters):
     cores = build_program(lowered, hw, "k").kernels[0].cores
     assert {c // hw.cores_per_cluster for c in cores} == set(range(clusters))
     assert len(cores) == clusters * hw.cores_per_cluster  # every core of a used cluster has a tile
+
+
+HW = hardware.get("stcp920")
+
+
+def test_load_bytes_counts_each_tiles_boxes_and_a_weight_tile_kept_in_the_lb():
+    """A 1x1 conv of 64 samples (16 -> 32 channels, 4x4), a sample per tile: 64 tiles on 32 cores.
+    Each tile reads its sample (16x4x4) and all the weights (32x16); without a chunk loop the
+    tile 32 tiles later on the same core finds the same weights still in its LB."""
+    op = relax.op
+    func = fused_kernel(lambda: relax_graph([(64, 16, 4, 4), (32, 16, 1, 1)], lambda x, w: op.nn.conv2d(x, w)))
+    sample, weights, fp16 = 16 * 4 * 4, 32 * 16, 2
+    whole = lower_with_plan(func, TilePlan((1, 32, 4, 4), 16))
+    assert load_bytes(whole, HW) == (64 * sample + 32 * weights) * fp16
+    chunked = lower_with_plan(func, TilePlan((1, 32, 4, 4), 8))  # two chunks: the LB ends with the second
+    assert load_bytes(chunked, HW) == (64 * sample + 64 * weights) * fp16
+
+
+def test_a_contraction_keeps_the_order_of_plans_that_loads_less():
+    """Both orders of candidate plans are tried; the lowered plan is the one ``load_bytes`` ranks
+    first (a 1x1 conv with a long reduction: the reuse order's smaller chunk leaves room for
+    tiles of more rows, so each weight tile serves more pixels)."""
+    op = relax.op
+    func = fused_kernel(lambda: relax_graph([(2, 1024, 14, 14), (256, 1024, 1, 1)],
+                                            lambda x, w: op.nn.relu(op.nn.conv2d(x, w))))
+    lowered, plan = lower_kernel(func, HW)
+    info = anchor_info(func)
+    loads = {}
+    for reuse in (False, True):
+        f, p = _fitting(func, info, list(candidate_plans(info, HW.mme.rows, HW.mme.cols, reuse)), HW, None, True)
+        loads[p] = load_bytes(f, HW)
+    assert len(loads) == 2 and plan == min(loads, key=loads.get)

@@ -25,11 +25,12 @@ from .runtime import Report, simulate
 
 @dataclass(frozen=True)
 class KernelRun:
-    """One DSA kernel call of a model run: its name, the shapes of its outputs, its report."""
+    """One DSA kernel call of a model run: its name, the shapes of its outputs, its report, its program."""
 
     name: str
     output_shapes: tuple
     report: Report
+    program: Program | None = None
 
 
 _RUN: list[KernelRun] = []  # the kernels of the current (or last) model run, in call order
@@ -90,7 +91,7 @@ def _run(program: Program, info: dict, tensors) -> None:
     result = simulate(program, inputs if mode == "functional" else None, mode=mode, start_cycle=start,
                       trace=_MODE["trace"], check_hazards=_MODE["check_hazards"])
     _RUN.append(KernelRun(info["kernel"], tuple(a.shape for a in program.args if a.role == "output"),
-                          result.report))
+                          result.report, program))
     _TRACE.extend(result.trace_events or [])
     for t, out in zip(tensors[n_in:], result.outputs):
         np.from_dlpack(t)[...] = out

@@ -4,6 +4,7 @@
     tvm-dsa dataflow conv2d --array 8x8 --interconnect mesh
     tvm-dsa dataflow "Y[i,j] += A[i,k] * B[k,j]" i=2,j=2,k=4 --array 2x2 --dataflow "PE[i,j] | T[i+j+k]"
     tvm-dsa dataflow "Y[i] += A[i,k] * x[k]" i=64,k=64  # explore the dataflows of any statement
+    tvm-dsa dataflow --model resnet18 --tiny           # the MME dataflow for a model's tile shapes
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ from dataclasses import dataclass
 from .. import hardware
 from ..driver import InputError
 from ..hardware import HardwareError
+from .choose import Ranked, model_products, rank
 from .expr import NotationError
 from .explore import Exploration, best_relation
 from .library import BENCHMARKS, Evaluated, evaluate, evaluate_standard, mme_bandwidth
@@ -77,7 +79,39 @@ def run(args: argparse.Namespace) -> Outcome:
     return Outcome(sorted(found, key=lambda e: e.metrics.latency), explored)
 
 
+def choose(args: argparse.Namespace) -> tuple[str, int, list[Ranked]]:
+    """Rank the MME's dataflows on the MME products of ``args.model`` compiled for ``args.target``: a
+    header line, the number of distinct tile shapes, the ranking."""
+    hw = hardware.get(args.target)
+    products = model_products(args.model, args.target, args.tiny)
+    head = (f"{args.model}{' (tiny)' if args.tiny else ''} on {args.target}: {sum(products.values()):,} MME "
+            f"products of {len(products)} tile shapes, on the {hw.mme.rows}x{hw.mme.cols} {hw.mme.interconnect} "
+            f"MME (the preset runs {hw.mme.dataflow!r})")
+    return head, len(products), rank(hw, products)
+
+
+def main_choose(args: argparse.Namespace) -> int:
+    try:
+        head, shapes, ranked = choose(args)
+    except ValueError as err:
+        raise InputError(str(err)) from None
+    if args.json:
+        print(json.dumps({"head": head, "shapes": shapes, "ranked": [r.__dict__ for r in ranked]}, indent=2))
+        return 0
+    width = max(len(r.dataflow) for r in ranked)
+    print(head + "\n")
+    print(f"{'dataflow':<{width}}  {'MME cycles':>12}  {'MAC util':>8}")
+    for r in ranked:
+        print(f"{r.dataflow:<{width}}  {r.cycles:>12,}  {r.utilisation:>8.1%}")
+    print(f"\nchosen: {ranked[0].dataflow}")
+    return 0
+
+
 def main(args: argparse.Namespace) -> int:
+    if args.model:
+        return main_choose(args)
+    if not args.op:
+        raise InputError("give an operation (a benchmark or a statement) or --model")
     try:
         outcome = run(args)
     except (NotationError, HardwareError) as err:
@@ -107,7 +141,8 @@ def main(args: argparse.Namespace) -> int:
 def add_parser(sub) -> None:
     """Register ``tvm-dsa dataflow`` on the CLI's sub-parsers."""
     p = sub.add_parser("dataflow", help="TENET metrics of an operation's dataflows on a PE array (seed 003)")
-    p.add_argument("op", help=f"a benchmark ({', '.join(BENCHMARKS)}) or a statement 'Y[i,j] += A[i,k] * B[k,j]'")
+    p.add_argument("op", nargs="?",
+                   help=f"a benchmark ({', '.join(BENCHMARKS)}) or a statement 'Y[i,j] += A[i,k] * B[k,j]'")
     p.add_argument("sizes", nargs="?", help="loop sizes, e.g. i=64,j=64,k=64 (default: the benchmark's)")
     p.add_argument("--target", default="dsa/stcp920", help="the chip whose MME is the PE array (default dsa/stcp920)")
     p.add_argument("--array", help="PE array shape instead of the MME's, e.g. 8x8")
@@ -116,5 +151,8 @@ def add_parser(sub) -> None:
                                           "plain standard dataflows, systolic-2d for skewed ones, the MME's for the "
                                           "exploration)")
     p.add_argument("--dataflow", help="evaluate this dataflow only, e.g. 'PE[i %% 8, j %% 8] | T[i // 8, j // 8, k]'")
+    p.add_argument("--model", help="instead of an operation: rank the MME's dataflows on this model's tile shapes "
+                                    "(a built-in model or an .onnx file; compiled for --target, run timing-only)")
+    p.add_argument("--tiny", action="store_true", help="with --model: the model's small configuration")
     p.add_argument("--json", action="store_true", help="print the metrics as JSON")
     p.set_defaults(func=main)

@@ -78,16 +78,19 @@ def expression_range(op: TensorOp, expr: str) -> int:
 
 
 def stationary(op: TensorOp, space: tuple[str, str], time: tuple[str, ...], shape: tuple[int, int],
-               skew: bool = False, pipelined: bool = False, name: str = "") -> Dataflow:
+               skew: bool = False, pipelined: bool = False, name: str = "", symbolic: bool = False) -> Dataflow:
     """``PE[s0 % R, s1 % C] | T[s0 // R, s1 // C, *time]``: the modulo and the tile dimension are left
-    out where a space expression's values fit its array axis. With ``skew`` the time loops of a
+    out where a space expression's values fit its array axis (kept with ``symbolic``, for sizes not
+    known: where they fit, the tile index is 0 and the modulo the identity). With ``skew`` the time loops of a
     tile become one linear dimension delayed by ``s0 % R + s1 % C`` stamps (a systolic wavefront);
     ``pipelined`` folds the tile dimensions into it too, so a tile starts as soon as the previous one
     has fed its first PE and consecutive wavefronts overlap."""
+    if symbolic and (pipelined or (skew and len(time) > 1)):
+        raise NotationError(f"dataflow {name!r}: its time strides are loop sizes, so it has no symbolic form")
     pes, tiles = [], []  # tiles: (index expression, number of tiles)
     for expr, n in zip(space, shape):
         values = expression_range(op, expr)
-        if values <= n:
+        if values <= n and not symbolic:
             pes.append(expr)
             continue
         term = expr if expr.isidentifier() else f"({expr})"

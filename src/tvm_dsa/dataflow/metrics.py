@@ -18,9 +18,12 @@ from __future__ import annotations
 
 import math
 from dataclasses import asdict, dataclass
+from typing import TYPE_CHECKING, Mapping
 
-from . import relations as rel
 from .notation import Dataflow, PEArray
+
+if TYPE_CHECKING:  # counting needs islpy with barvinok; the closed forms' DataflowMetrics do not
+    from . import relations as rel
 
 
 @dataclass(frozen=True)
@@ -93,6 +96,13 @@ class DataflowMetrics:
         """Scratchpad-to-PE bandwidth (elements per stamp) of one tensor, or of all."""
         return sum(t.unique for t in self._select(tensor)) / self.compute_delay
 
+    def energy(self, itemsize: Mapping[str, int], scratchpad: float, link: float, register: float) -> dict[str, float]:
+        """Picojoules per tensor (the seed's "energy?"): its accesses at each level — unique volume at the
+        scratchpad, spatial reuse over PE links, temporal reuse from PE registers — times its element's
+        bits (``itemsize`` bytes) and the level's picojoules per bit."""
+        return {t.tensor: (t.unique * scratchpad + t.spatial_reuse * link + t.temporal_reuse * register)
+                * 8 * itemsize[t.tensor] for t in self.tensors}
+
     def tensor(self, name: str) -> TensorVolumes:
         return self._select(name)[0]
 
@@ -126,32 +136,42 @@ class DataflowMetrics:
         return "\n".join(head + ["  " + line for line in _columns(rows, left=1)])
 
 
-def _reuse(st: rel.SpaceTime, a, neighbours) -> int:
-    """sum(A ∩ M⁻¹·A): the accesses whose element a neighbouring stamp (under ``neighbours``) holds."""
-    return rel.count(a.intersect(neighbours.reverse().apply_range(a)))
+def overlap(a, neighbours):
+    """A ∩ M⁻¹·A: the accesses whose element a neighbouring stamp (under ``neighbours``) holds."""
+    return a.intersect(neighbours.reverse().apply_range(a))
+
+
+def reuse_sets(st: rel.SpaceTime, tensor: str):
+    """The reused accesses of ``tensor`` (A_D,F ∩ M⁻¹·A_D,F) and the temporally reused ones (the same
+    PE held the element at the previous time stamp)."""
+    a = st.assignment(tensor)
+    return overlap(a, st.neighbours), overlap(a, st.temporal_map)
 
 
 def _total(st: rel.SpaceTime, tensor: str) -> int:
     # Θ is a bijection onto the stamps (check_fits), so sum(A_D,F) = sum(A_S,F), which has no
     # existential variables to count through.
+    from . import relations as rel
     return rel.count(rel.access(st.df.op, tensor))
 
 
 def tensor_volumes(st: rel.SpaceTime, tensor: str) -> TensorVolumes:
     """Total, temporal and spatial reuse of ``tensor`` (exact counts)."""
-    a = st.assignment(tensor)
-    reuse, temporal_reuse = _reuse(st, a, st.neighbours), _reuse(st, a, st.temporal_map)
+    from . import relations as rel
+    reuse, temporal_reuse = (rel.count(s) for s in reuse_sets(st, tensor))
     return TensorVolumes(tensor, tensor == st.df.op.output.tensor, _total(st, tensor), temporal_reuse,
                          reuse - temporal_reuse)
 
 
 def unique_volume(st: rel.SpaceTime, tensor: str) -> int:
     """``tensor_volumes(st, tensor).unique`` with one count fewer (the search's inner loop)."""
-    return _total(st, tensor) - _reuse(st, st.assignment(tensor), st.neighbours)
+    from . import relations as rel
+    return _total(st, tensor) - rel.count(overlap(st.assignment(tensor), st.neighbours))
 
 
 def analyse(df: Dataflow, array: PEArray) -> DataflowMetrics:
     """The metrics of dataflow ``df`` on ``array`` (raises ``NotationError`` if it does not fit)."""
+    from . import relations as rel
     rel.check_fits(df, array)
     st = rel.SpaceTime(df, array)
     return DataflowMetrics(

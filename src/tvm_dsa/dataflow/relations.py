@@ -2,7 +2,9 @@
 
 A space-time stamp (the seed's ``(PE[p] | T[t])``) is one flat isl tuple ``ST[p..., t...]``.
 
-- ``domain``: D_S; ``access``: A_S,F; ``theta``: Θ_S,D;
+- ``domain``: D_S; ``access``: A_S,F; ``theta``: Θ_S,D; each takes optional ``params`` (loop ->
+  parameter name) to bound the loops by symbolic sizes instead of the operation's extents, for
+  parametric counting (``card``; ``closed``);
 - ``links``: the interconnect I = { PE[p] -> PE[q] } inside the array;
 - ``SpaceTime``: for one dataflow on one array, the stamps in use, A_D,F = Θ⁻¹ · A_S,F (the
   elements each stamp touches), and the space-time maps M_D,D' (``temporal_map`` /
@@ -14,6 +16,7 @@ A space-time stamp (the seed's ``(PE[p] | T[t])``) is one flat isl tuple ``ST[p.
 from __future__ import annotations
 
 from functools import cached_property
+from typing import Mapping
 
 import islpy as isl
 
@@ -23,37 +26,52 @@ from .notation import Dataflow, PEArray, TensorOp
 STAMP = "ST"
 
 
+Params = Mapping[str, str]  # loop -> the name of the parameter that is its extent
+
+
+def card(obj: isl.Set | isl.Map) -> isl.PwQPolynomial:
+    """Number of integer points of a set, or of pairs of a map, as a piecewise quasi-polynomial of its
+    parameters (barvinok)."""
+    return (obj.wrap() if isinstance(obj, isl.Map) else obj).card()
+
+
 def count(obj: isl.Set | isl.Map) -> int:
-    """Number of integer points of a set, or of pairs of a map (barvinok, exact)."""
-    card = (obj.wrap() if isinstance(obj, isl.Map) else obj).card()
-    return card.eval(isl.Point.zero(card.get_domain_space())).to_python()
+    """Number of integer points of a set, or of pairs of a map without parameters (barvinok, exact)."""
+    n = card(obj)
+    return n.eval(isl.Point.zero(n.get_domain_space())).to_python()
 
 
 def _loops(op: TensorOp) -> str:
     return f"S[{', '.join(op.loops)}]"
 
 
-def _bounds(op: TensorOp) -> str:
-    box = " and ".join(f"0 <= {v} < {n}" for v, n in zip(op.loops, op.extents))
+def _bounds(op: TensorOp, params: Params | None) -> str:
+    """The loop bounds: the extents, or the parameters ``params`` names for the loops."""
+    extents = {v: (params or {}).get(v, n) for v, n in zip(op.loops, op.extents)}
+    box = " and ".join(f"0 <= {v} < {n}" for v, n in extents.items())
     return box + (f" and {constraint_to_isl(op.where, op.loops)}" if op.where else "")
 
 
-def domain(op: TensorOp) -> isl.Set:
+def _declare(params: Params | None) -> str:
+    return f"[{', '.join(params.values())}] -> " if params else ""
+
+
+def domain(op: TensorOp, params: Params | None = None) -> isl.Set:
     """D_S: the loop instances."""
-    return isl.Set(f"{{ {_loops(op)} : {_bounds(op)} }}")
+    return isl.Set(f"{_declare(params)}{{ {_loops(op)} : {_bounds(op, params)} }}")
 
 
-def access(op: TensorOp, tensor: str) -> isl.Map:
+def access(op: TensorOp, tensor: str, params: Params | None = None) -> isl.Map:
     """A_S,F: each instance to the elements of ``tensor`` it reads or writes."""
-    parts = [f"{_loops(op)} -> {tensor}[{', '.join(to_isl(i, op.loops) for i in a.indices)}] : {_bounds(op)}"
-             for a in op.accesses(tensor)]
-    return isl.Map("{ " + "; ".join(parts) + " }")
+    parts = [f"{_loops(op)} -> {tensor}[{', '.join(to_isl(i, op.loops) for i in a.indices)}] : "
+             f"{_bounds(op, params)}" for a in op.accesses(tensor)]
+    return isl.Map(_declare(params) + "{ " + "; ".join(parts) + " }")
 
 
-def theta(df: Dataflow) -> isl.Map:
+def theta(df: Dataflow, params: Params | None = None) -> isl.Map:
     """Θ_S,D: each instance to its stamp ST[space..., time...]."""
     exprs = ", ".join(to_isl(e, df.op.loops) for e in df.space + df.time)
-    return isl.Map(f"{{ {_loops(df.op)} -> {STAMP}[{exprs}] : {_bounds(df.op)} }}")
+    return isl.Map(f"{_declare(params)}{{ {_loops(df.op)} -> {STAMP}[{exprs}] : {_bounds(df.op, params)} }}")
 
 
 def pe_domain(array: PEArray) -> isl.Set:
@@ -78,14 +96,19 @@ def _stamp_map(space: isl.Map, time: isl.Map) -> isl.Map:
 
 
 class SpaceTime:
-    """The stamp relations of one dataflow on one PE array, each built once."""
+    """The stamp relations of one dataflow on one PE array, each built once (with ``params``: for
+    symbolic loop sizes; with ``theta_map``: a piecewise Θ of ``df``'s shape that the notation cannot
+    write, ``closed`` uses one for two consecutive tiles)."""
 
-    def __init__(self, df: Dataflow, array: PEArray):
-        self.df, self.array = df, array
+    def __init__(self, df: Dataflow, array: PEArray, params: Params | None = None,
+                 theta_map: isl.Map | None = None):
+        self.df, self.array, self.params = df, array, params
+        if theta_map is not None:
+            self.theta = theta_map
 
     @cached_property
     def theta(self) -> isl.Map:
-        return theta(self.df)
+        return theta(self.df, self.params)
 
     @cached_property
     def stamps(self) -> isl.Set:
@@ -126,7 +149,7 @@ class SpaceTime:
 
     def assignment(self, tensor: str) -> isl.Map:
         """A_D,F = Θ⁻¹ · A_S,F: each stamp to the elements of ``tensor`` it touches."""
-        return self.theta.reverse().apply_range(access(self.df.op, tensor))
+        return self.theta.reverse().apply_range(access(self.df.op, tensor, self.params))
 
 
 def check_fits(df: Dataflow, array: PEArray) -> None:

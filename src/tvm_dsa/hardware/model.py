@@ -55,7 +55,10 @@ class MME:
 
 @dataclass(frozen=True)
 class Energy:
-    """Energy per event in picojoules. ``vector_op`` is per lane-operation of VME / vector core."""
+    """Energy per event in picojoules. ``vector_op`` is per lane-operation of VME / vector core;
+    ``pe_link`` per bit crossing a PE-to-PE link of the MME, ``pe_register`` per bit a PE reads back
+    from its own register (both charged by the "tenet" MME model, from the dataflow's spatial and
+    temporal reuse)."""
 
     ddr_pj_per_bit: float
     gb_pj_per_bit: float
@@ -63,6 +66,8 @@ class Energy:
     mac_pj: float
     noc_hop_pj_per_bit: float = 0.0
     vector_op_pj: float = 0.0
+    pe_link_pj_per_bit: float = 0.0
+    pe_register_pj_per_bit: float = 0.0
 
 
 @dataclass(frozen=True)

@@ -10,8 +10,9 @@ and ``dma_cycles`` is the uncontended time. Resources are ``("ddr",)`` for the c
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 
-from ..dataflow.mme import tile_cycles
+from ..dataflow.mme import tile_cycles, tile_metrics
 from ..hardware.model import Hardware
 from ..isa.instructions import Dma, Fill, Instruction, Mme, Operand, Reduce, Vector
 
@@ -53,6 +54,34 @@ def mme_cycles(batch: int, m: int, n: int, k: int, hw: Hardware) -> int:
         return batch * tile_cycles(hw, m, n, k)
     pipeline = hw.mme.pipeline_cycles or hw.mme.rows + hw.mme.cols
     return batch * -(-m // hw.mme.rows) * -(-n // hw.mme.cols) * k + pipeline
+
+
+@dataclass(frozen=True)
+class MmeTraffic:
+    """Bytes an MME instruction moves: each operand between its memory and the PE array (``a``, ``b``
+    read, ``dst`` written), across PE-to-PE links, and read back from the PEs' own registers."""
+
+    a: int
+    b: int
+    dst: int
+    links: int = 0
+    registers: int = 0
+
+
+def mme_traffic(ins: Mme, hw: Hardware) -> MmeTraffic:
+    """The "flat" model streams every operand element once (``stream_bytes``: the array reuses the
+    rest, how is not modelled). The "tenet" model moves, per tensor of each product, the dataflow's
+    unique volume between the memory and the array (the output's is its write-backs), its spatial
+    reuse over PE links and its temporal reuse from PE registers (seed 003's volumes)."""
+    if hw.mme.model != "tenet":
+        return MmeTraffic(stream_bytes(ins.a, ins.shape), stream_bytes(ins.b, ins.shape),
+                          stream_bytes(ins.dst, ins.shape))
+    batch, m, n, k = mme_dims(ins)
+    volumes = {t.tensor: t for t in tile_metrics(hw, m, n, k).tensors}
+    size = {"A": ins.a.itemsize, "B": ins.b.itemsize, "Y": ins.dst.itemsize}
+    return MmeTraffic(*(batch * volumes[t].unique * size[t] for t in ("A", "B", "Y")),
+                      links=batch * sum(v.spatial_reuse * size[t] for t, v in volumes.items()),
+                      registers=batch * sum(v.temporal_reuse * size[t] for t, v in volumes.items()))
 
 
 def vector_cycles(n: int, unit: str, hw: Hardware) -> int:

@@ -12,13 +12,13 @@ from dataclasses import dataclass, field
 from ..hardware.model import Hardware
 from ..isa.instructions import Dma, Fill, Mme, Operand, Reduce, macs, operands
 from ..isa.program import Program
-from .cost import ddr_effective_bytes, elements, noc_hops, stream_bytes
+from .cost import ddr_effective_bytes, elements, mme_traffic, noc_hops, stream_bytes
 from .timing import ProgramTiming
 
 UNIT_TYPES = ("dma", "cdma", "mme", "vme", "vec")
 TRAFFIC = ("ddr_read", "ddr_write", "gb_read", "gb_write", "lb_read", "lb_write")
 _SUMMED = ("cycles", "kernels", "instructions", "macs", "vector_lane_ops", *TRAFFIC, "ddr_burst_bytes",
-           "noc_bytes", "noc_hop_bytes", "compulsory_ddr_bytes")
+           "noc_bytes", "noc_hop_bytes", "pe_link_bytes", "pe_register_bytes", "compulsory_ddr_bytes")
 
 
 @dataclass(frozen=True)
@@ -38,6 +38,8 @@ class Report:
     ddr_burst_bytes: int = 0  # bytes DDR really moved: contiguous runs rounded up to bursts
     noc_bytes: int = 0  # payload of LB-to-LB transfers over the mesh
     noc_hop_bytes: int = 0  # the same, times the hops each byte travels
+    pe_link_bytes: int = 0  # bytes across PE-to-PE links inside the MMEs ("tenet" MME model)
+    pe_register_bytes: int = 0  # bytes PEs read back from their own registers ("tenet" MME model)
     busy: dict = field(default_factory=dict)  # unit type -> busy cycles summed over its units
     lb_peak_bytes: int = 0  # max over kernels and LBs of the bytes written in the kernel
     gb_peak_bytes: int = 0
@@ -69,6 +71,7 @@ class Report:
             "gb": (self.gb_read + self.gb_write) * 8 * e.gb_pj_per_bit,
             "lb": (self.lb_read + self.lb_write) * 8 * e.lb_pj_per_bit,
             "noc": self.noc_hop_bytes * 8 * e.noc_hop_pj_per_bit,
+            "pe_array": (self.pe_link_bytes * e.pe_link_pj_per_bit + self.pe_register_bytes * e.pe_register_pj_per_bit) * 8,
             "mac": self.macs * e.mac_pj,
             "vector": self.vector_lane_ops * e.vector_op_pj,
         }
@@ -173,13 +176,21 @@ def _counts(ins, hw: Hardware) -> dict[str, int]:
             add("noc_bytes", payload)
             add("noc_hop_bytes", payload * hops)
         return c
+    if isinstance(ins, Mme):
+        moved = mme_traffic(ins, hw)
+        traffic(ins.a, "read", moved.a, ins.shape)
+        traffic(ins.b, "read", moved.b, ins.shape)
+        traffic(dst, "write", moved.dst, ins.shape)
+        if ins.accumulate:  # the output's previous values, read once
+            traffic(dst, "read", stream_bytes(dst, ins.shape), ins.shape)
+        add("pe_link_bytes", moved.links)
+        add("pe_register_bytes", moved.registers)
+        add("macs", macs(ins))
+        return c
     for o in srcs:
         traffic(o, "read", stream_bytes(o, ins.shape), ins.shape)
     traffic(dst, "write", stream_bytes(dst, ins.shape), ins.shape)
-    if isinstance(ins, Mme):
-        add("macs", macs(ins))
-    else:
-        add("vector_lane_ops", elements(ins.shape))
+    add("vector_lane_ops", elements(ins.shape))
     return c
 
 

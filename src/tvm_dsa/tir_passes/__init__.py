@@ -76,11 +76,54 @@ def lower_kernel(func, hw, lb_bytes: int | None = None, parallel: bool = True, s
 def _lower_aligned(func, hw, lb_bytes: int | None, parallel: bool, simplify: bool):
     """``lower_kernel`` with one alignment (of the simplified indices or the indices as they are).
 
-    Candidate plans shrink monotonically, so both conditions are found by bisection."""
+    Candidate plans shrink monotonically, so both conditions are found by bisection. A
+    contraction tries both orders of ``candidate_plans`` and keeps the plan whose tiles load fewer
+    bytes (``load_bytes``)."""
+    info = anchor_info(func, simplify)
+    orders = (False, True) if "N" in info.roles else (False,)
+    chosen = []
+    for reuse in orders:
+        try:
+            chosen.append(_fitting(func, info, list(candidate_plans(info, hw.mme.rows, hw.mme.cols, reuse)), hw,
+                                   lb_bytes, parallel))
+        except Unsupported:
+            if reuse == orders[-1] and not chosen:
+                raise
+    if len(chosen) == 1:
+        return chosen[0]
+    return min(chosen, key=lambda c: load_bytes(c[0], hw, lb_bytes))
+
+
+def load_bytes(lowered, hw, lb_bytes: int | None = None) -> int:
+    """Bytes a lowered kernel's tiles read from outside the LB: each tile's box of every input,
+    except where the tile before it on the same core (tiles dealt round-robin) read the same box
+    and the kernel has no chunk loop, so the LB still holds it (a weight tile)."""
+    import numpy as np
+
+    from .. import isa
+    from ..codegen.emit import Layer
+    from ..codegen.kernel_ir import Loop
+    from ..codegen.stitch import footprints
+
+    layer = Layer.of(lowered, hw, "estimate", None, lb_bytes)
+    fp = footprints(layer)
+    tiles = len(fp.tiles)
+    cores = min(tiles, hw.clusters * hw.cores_per_cluster)
+    chunked = any(isinstance(n, Loop) and n.extent > 1 for n in layer.ir.tile_loops()[-1].body)
+    total = 0
+    for lo, hi in fp.reads.values():
+        vol = np.prod(hi - lo, axis=1)
+        if not chunked and tiles > cores:
+            same = np.all(lo[cores:] == lo[:-cores], axis=1) & np.all(hi[cores:] == hi[:-cores], axis=1)
+            vol[cores:][same] = 0
+        total += int(vol.sum())
+    return total * isa.DTYPES[hw.storage_dtype]
+
+
+def _fitting(func, info, plans, hw, lb_bytes, parallel):
+    """The first of ``plans`` that lowers within the LB, made parallel (``lower_kernel``)."""
     from ..codegen.kernel_ir import plan_lb, read_kernel
 
-    info = anchor_info(func, simplify)
-    plans = list(candidate_plans(info, hw.mme.rows, hw.mme.cols))
     tried: dict[int, object] = {}
     reasons: list[str] = []
 
@@ -138,6 +181,6 @@ def _bisect(n: int, pred) -> int:
 
 __all__ = [
     "Unsupported", "classify", "TilePlan", "anchor_info", "candidate_plans", "tile_schedule",
-    "assign_scopes", "lower_to_dsa", "lower_with_plan", "lower_kernel",
+    "assign_scopes", "lower_to_dsa", "lower_with_plan", "lower_kernel", "load_bytes",
     "TileForLB", "AssignScopes", "LowerToDSA", "LB_SCOPE", "GB_SCOPE",
 ]

@@ -250,22 +250,36 @@ def _divisor_below(n: int, t: int) -> int:
     return 1
 
 
-def candidate_plans(info: AnchorInfo, mme_rows: int, mme_cols: int):
+def _intensity(m: int, n: int, rows: int, cols: int) -> float:
+    """MACs per operand element a contraction tile of ``m`` x ``n`` outputs gets over its whole
+    reduction (``m * n / (m + n)``: every reduction step loads m + n elements for m * n MACs),
+    times the share of the PE array its blocks fill."""
+    fill = (m / (rows * math.ceil(m / rows))) * (n / (cols * math.ceil(n / cols)))
+    return fill * m * n / (m + n)
+
+
+def candidate_plans(info: AnchorInfo, mme_rows: int, mme_cols: int, reuse: bool = False):
     """Tile plans from the whole output downwards, shrinking one loop at a time.
 
-    Order of sacrifice: batch-like loops first, then a long reduction chunk (> 256), then for a
-    contraction whichever of the M product (rows of the PE array) and the N product (its columns)
-    is further above its array size — the outer loop of that role first, so the contiguous inner
-    loops stay long — then the chunk; other anchors shrink their outer loops first and their
-    reduction chunk last."""
+    Order of sacrifice: batch-like loops first (with ``reuse`` the first loop too: it deals the
+    batch over clusters and instances), then a long reduction chunk (> 256; with ``reuse``, a
+    contraction's chunk down to the PE array's columns), then for a contraction the outer loop
+    (inner loops stay long: contiguous DMA rows) of M (rows of the PE array) or N (its columns):
+    the one further above its array size, or with ``reuse`` the one whose shrinking keeps more
+    operand reuse (``_intensity``); then the chunk. Other anchors shrink their outer loops first
+    and their reduction chunk last. The two contraction orders suit different layers (a chunk
+    that is the whole reduction keeps a weight tile in the LB from one tile to the next; a short
+    one leaves room for tiles that reuse each operand more): ``lower_kernel`` keeps the plan that
+    loads less."""
     tiles = [math.gcd(e, a) if a > 1 else e for e, a in zip(info.spatial, _aligns(info))]
     chunk = info.reduction[0] if info.reduction else None
     roles = list(info.roles) if info.roles else [""] * len(tiles)
+    contraction = "N" in roles
     yield TilePlan(tuple(tiles), chunk)
 
-    def product(role):
+    def product(ts, role):
         n = 1
-        for t, r in zip(tiles, roles):
+        for t, r in zip(ts, roles):
             if r == role:
                 n *= t
         return n
@@ -276,17 +290,30 @@ def candidate_plans(info: AnchorInfo, mme_rows: int, mme_cols: int):
                 return i
         return None
 
+    def shrunk(i):
+        ts = list(tiles)
+        ts[i] = _divisor_below(ts[i], ts[i])
+        return ts
+
+    def m_or_n():
+        outer = [i for i in (outermost({"M"}), outermost({"N"})) if i is not None]
+        if reuse:
+            return max(outer, key=lambda i: _intensity(product(shrunk(i), "M"), product(shrunk(i), "N"),
+                                                       mme_rows, mme_cols), default=None)
+        m, n = product(tiles, "M") / mme_rows, product(tiles, "N") / mme_cols
+        first, second = ("M", "N") if m >= n else ("N", "M")
+        if max(m, n) > 1:
+            return outermost({first}) if outermost({first}) is not None else outermost({second})
+        return None
+
     while True:
         pick = outermost({"B"})
-        if pick is None and chunk is not None and chunk > 256:
+        if pick is None and reuse and tiles[0] > 1:
+            pick = 0  # the first tile loop deals the batch over the clusters and instances (§2.1)
+        if pick is None and chunk is not None and chunk > (mme_cols if reuse and contraction else 256):
             pick = "chunk"
-        if pick is None and "N" in roles:
-            m, n = product("M") / mme_rows, product("N") / mme_cols
-            first, second = ("M", "N") if m >= n else ("N", "M")
-            if max(m, n) > 1:
-                pick = outermost({first}) if outermost({first}) is not None else outermost({second})
-        if pick is None and "N" not in roles:
-            pick = outermost({""})
+        if pick is None:
+            pick = m_or_n() if contraction else outermost({""})
         if pick is None and chunk is not None and chunk > 1:
             pick = "chunk"
         if pick is None:
