@@ -74,8 +74,8 @@ def test_fits_dsa_rejects_a_tile_larger_than_the_lb():
     _, plan = lower_kernel(func, HW)
     post = FitsDSA(HW, anchor_info(func))
     whole, default = s_tir.Schedule(workload(func)), s_tir.Schedule(workload(func))
-    sample_tiling(whole, (0, 1), TilePlan((256, 256), 256))
-    sample_tiling(default, (0, 1), plan)
+    sample_tiling(whole, (0, 1), TilePlan((256, 256), 256), False)
+    sample_tiling(default, (0, 1), plan, False)
     assert post.apply(default) and not post.apply(whole)
     (res,) = DSABuilder().build([ms.builder.BuilderInput(whole.mod, hardware.make_target(TARGET))])
     assert res.artifact_path is None and "not a DSA kernel" in res.error_msg and "exceeds the LB" in res.error_msg

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import os
 from collections import Counter
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 import tvm
@@ -26,6 +26,7 @@ from tvm.s_tir import meta_schedule as ms
 
 from .. import hardware
 from ..codegen.emit import build_program
+from ..codegen.kernel_ir import plan_lb, read_kernel
 from ..hardware import Hardware
 from ..schedule.graph import OpGraph
 from ..tir_passes import TilePlan, Unsupported, anchor_info, lower_kernel
@@ -36,12 +37,13 @@ from .space import lower_scheduled, sample_tiling, space_generator, tile_orders
 @dataclass(frozen=True)
 class Task:
     """A kernel to tune: its PrimFunc (as the workload module), how often the model calls it, and
-    the kernel generation's default tiling with its simulated time."""
+    the kernel generation's default tiling (and whether it double-buffers) with its simulated time."""
 
     name: str
     mod: tvm.IRModule
     calls: int
     default_plan: TilePlan
+    default_double_buffer: bool
     default_seconds: float
 
 
@@ -119,14 +121,14 @@ def extract_tasks(mod: tvm.IRModule, target: str = "dsa/stcp920") -> list[Task]:
         same = next((i for i, t in enumerate(tasks) if tvm_ffi.structural_equal(t.mod, wl)), None)
         if same is not None:
             t = tasks[same]
-            tasks[same] = Task(t.name, t.mod, t.calls + count, t.default_plan, t.default_seconds)
+            tasks[same] = replace(t, calls=t.calls + count)
             continue
         try:
             lowered, plan = lower_kernel(func, hw)
             seconds = simulated_seconds(build_program(lowered, hw, name))
         except Unsupported:  # runs on the host: nothing to tune
             continue
-        tasks.append(Task(name, wl, count, plan, seconds))
+        tasks.append(Task(name, wl, count, plan, plan_lb(read_kernel(lowered), hw).double_buffered, seconds))
     return tasks
 
 
@@ -196,7 +198,8 @@ def _commit_default(database, task: Task, target) -> None:
     """Record the default tiling as a sample of the design space (its decisions, the anchor's loop
     order), so that the evolutionary search starts from it."""
     sch = s_tir.Schedule(task.mod)
-    sample_tiling(sch, tile_orders(anchor_info(task.mod["main"]).spatial)[0], task.default_plan)
+    sample_tiling(sch, tile_orders(anchor_info(task.mod["main"]).spatial)[0], task.default_plan,
+                  task.default_double_buffer)
     database.commit_tuning_record(ms.database.TuningRecord(
         sch.trace, database.commit_workload(task.mod), [task.default_seconds], target,
         ms.arg_info.ArgInfo.from_prim_func(task.mod["main"])))
