@@ -3,6 +3,7 @@ summary and Gantt chart, tuning with a progress bar, the chips and their hardwar
 
     tvm-dsa compare resnet18 --tiny --target dsa/stcp920 --target dsa/set-edge16 --schedule graphturbo
     tvm-dsa trace resnet18 --tiny -o run.json --gantt run.png
+    tvm-dsa trace resnet50 --tiny --schedule graphturbo --lifetimes lifetimes.svg
     tvm-dsa tune resnet50 --tiny --trials 64 --work-dir tuned
     tvm-dsa hw my-chip.toml                     # validate a hardware file and show its parameters
 """
@@ -106,9 +107,16 @@ def _trace(args) -> int:
         raise InputError(f"cannot write {args.output}: its directory does not exist")
     if args.gantt:
         _check_plot_path(args.gantt)
+    if args.lifetimes:
+        if args.schedule != "graphturbo":
+            raise InputError("--lifetimes draws stitched kernels: use it with --schedule graphturbo")
+        _check_plot_path(args.lifetimes)
     model = load_model(args.model, tiny=args.tiny, batch=args.batch)
     check_target(args.target, model, timing_only=True)
-    run = _timed_run(import_onnx(model), example_inputs(model), args.target, args.schedule, trace=True)
+    from .lifetimes import capture_allocations
+
+    with capture_allocations() as stitched:
+        run = _timed_run(import_onnx(model), example_inputs(model), args.target, args.schedule, trace=True)
     if not run.trace:
         raise InputError(f"no kernel of {args.model} runs on {args.target}: the trace is empty")
     write_trace(run.trace, args.output)
@@ -117,9 +125,10 @@ def _trace(args) -> int:
         from .plots import plot_gantt
 
         plot_gantt(run.trace, args.gantt, title=f"{args.model} on {args.target} ({args.schedule})")
+    lifetimes = _plot_lifetimes(stitched, args.lifetimes, f"{args.model} on {args.target}") if args.lifetimes else {}
     if args.json:
-        print(json.dumps({"trace": args.output, "gantt": args.gantt, "cycles": run.report.cycles,
-                          "units": summary}, indent=2))
+        print(json.dumps({"trace": args.output, "gantt": args.gantt, "lifetimes": lifetimes,
+                          "cycles": run.report.cycles, "units": summary}, indent=2))
         return 0
     rows = [("unit", "tracks", "instructions", "busy (us)", "busy / run")]
     span = run.report.seconds * 1e6
@@ -130,7 +139,23 @@ def _trace(args) -> int:
     print(f"trace: {len(run.trace)} events written to {args.output} (open in ui.perfetto.dev)")
     if args.gantt:
         print(f"Gantt chart: {args.gantt}")
+    for kernel, path in lifetimes.items():
+        print(f"tensor lifetimes of {kernel}: {path}")
     return 0
+
+
+def _plot_lifetimes(stitched: dict, path: str, title: str) -> dict:
+    """Each stitched kernel's lifetimes plot (cluster 0): at ``path`` for one kernel, else at
+    ``path`` with the kernel's name before the suffix. Returns kernel name -> file."""
+    from .lifetimes import plot_lifetimes
+
+    if not stitched:
+        raise InputError("the model has no stitched kernel: no tensor lifetimes to draw")
+    p = Path(path)
+    files = {k: str(p if len(stitched) == 1 else p.with_name(f"{p.stem}-{k}{p.suffix}")) for k in stitched}
+    for kernel, buffers in stitched.items():
+        plot_lifetimes(buffers, files[kernel], title=f"{title}: {kernel} tensor lifetimes (cluster 0)")
+    return files
 
 
 def trace_summary(events: list[dict]) -> dict:
@@ -278,6 +303,8 @@ def add_parsers(sub) -> None:
     _model_args(trace)
     trace.add_argument("-o", "--output", default="trace.json", help="trace file (default trace.json)")
     trace.add_argument("--gantt", metavar="PNG_OR_SVG", help="also draw a per-unit Gantt chart")
+    trace.add_argument("--lifetimes", metavar="PNG_OR_SVG",
+                       help="with --schedule graphturbo: draw each stitched kernel's tensor lifetimes in LB/GB")
     trace.add_argument("--target", default="dsa/stcp920", help="DSA preset (default dsa/stcp920)")
     trace.add_argument("--schedule", default="layerwise", choices=SCHEDULES)
     trace.set_defaults(func=_trace)
