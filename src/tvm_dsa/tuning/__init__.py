@@ -31,6 +31,7 @@ from ..hardware import Hardware
 from ..schedule.graph import OpGraph
 from ..tir_passes import TilePlan, Unsupported, anchor_info, lower_kernel
 from .measure import DSABuilder, DSARunner, simulated_seconds
+from .pretuned import merge_records, pretuned, records_dir
 from .space import lower_scheduled, sample_tiling, space_generator, tile_orders
 
 
@@ -224,4 +225,5 @@ class _Measured(ms.measure_callback.PyMeasureCallback):
 
 
 __all__ = ["Task", "TaskResult", "TuneResult", "extract_tasks", "load_database", "tune", "tuned_kernel",
+           "pretuned", "merge_records", "records_dir",
            "DSABuilder", "DSARunner", "space_generator"]
