@@ -3,7 +3,7 @@ models' distinct DSA kernels on a chip preset and keep the best record of each k
 ``src/tvm_dsa/tuning/records/<preset>/`` (merged with the records already there).
 
     python benchmarks/pretune.py                                   # tiny ResNet-50 and BERT, stcp920
-    python benchmarks/pretune.py --size full --model resnet50 --trials 16
+    python benchmarks/pretune.py --size full --model resnet50 --trials 8 --population 16
     python benchmarks/pretune.py --target dsa/set-edge16 --model resnet18
 
 Per model: its kernels' cycles with the default tiling and with the best record, the tuning wall
@@ -31,6 +31,7 @@ def main() -> None:
     p.add_argument("--size", action="append", choices=("tiny", "full"), help="model sizes (default: tiny)")
     p.add_argument("--target", default="dsa/stcp920")
     p.add_argument("--trials", type=int, default=16, help="measured candidates per kernel (default 16)")
+    p.add_argument("--population", type=int, default=64, help="evolutionary search population (default 64)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--work-dir", help="keep the tuning databases here (one folder per model); default: temporary")
     args = p.parse_args()
@@ -45,7 +46,8 @@ def main() -> None:
                 work_dir = Path(args.work_dir, f"{name}-{size}") if args.work_dir else Path(tmp)
                 print(f"... tuning {name} ({size}, {trials} trials) on {args.target}", file=sys.stderr, flush=True)
                 start = time.perf_counter()
-                result = tvm_dsa.tune(mod, args.target, trials=trials, work_dir=work_dir, seed=args.seed)
+                result = tvm_dsa.tune(mod, args.target, trials=trials, work_dir=work_dir, seed=args.seed,
+                                      population=args.population)
                 seconds = time.perf_counter() - start
                 print(f"\n{name} ({size}) on {args.target}:\n{result}\n", flush=True)
                 sources = [shipped] if shipped.is_dir() else []

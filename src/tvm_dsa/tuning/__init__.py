@@ -165,7 +165,8 @@ def tune(mod: tvm.IRModule, target: str = "dsa/stcp920", trials: int = 64, work_
         for i, task in enumerate(tasks)
     ]
     counter = _Measured(len(tasks), trials, progress)
-    callbacks = ms.measure_callback.MeasureCallback.create("default") + [counter]
+    # meta-schedule's default callbacks but RemoveBuildArtifact: the programs are not files (measure.py)
+    callbacks = [ms.measure_callback.AddToDatabase(), ms.measure_callback.UpdateCostModel(), counter]
     ms.tune_tasks(tasks=contexts, task_weights=[float(t.calls) for t in tasks], work_dir=str(work_dir),
                   max_trials_global=trials, num_trials_per_iter=per_iter, builder=DSABuilder(),
                   runner=DSARunner(check_hazards), database=database, cost_model="xgb",
