@@ -46,8 +46,10 @@ def main() -> None:
                 work_dir = Path(args.work_dir, f"{name}-{size}") if args.work_dir else Path(tmp)
                 print(f"... tuning {name} ({size}, {trials} trials) on {args.target}", file=sys.stderr, flush=True)
                 start = time.perf_counter()
+                # one round per kernel at least: the task scheduler gives each task a round of
+                # ``per_iter`` in turn, so rounds larger than --trials leave the last tasks untuned
                 result = tvm_dsa.tune(mod, args.target, trials=trials, work_dir=work_dir, seed=args.seed,
-                                      population=args.population)
+                                      population=args.population, per_iter=min(16, args.trials))
                 seconds = time.perf_counter() - start
                 print(f"\n{name} ({size}) on {args.target}:\n{result}\n", flush=True)
                 sources = [shipped] if shipped.is_dir() else []
