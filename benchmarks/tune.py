@@ -3,12 +3,17 @@
     python benchmarks/tune.py                       # tiny ResNet-50 and BERT on dsa/stcp920
     python benchmarks/tune.py --model resnet50 --trials 32 --batch 4
     python benchmarks/tune.py --conv 64,28 --trials 32  # one 64-channel 3x3 conv + ReLU on 28x28
+    python benchmarks/tune.py --shipped --size tiny --size full   # the shipped records, no tuning
 
 Per kernel: the default tiling's cycles (``lower_kernel``), the best record's after tuning with
 ``--trials`` measured candidates per kernel (in all: that times the model's distinct kernels),
 the trials it got. Per model: the same summed over the kernel calls, and a
 timing-only run of the whole model compiled without and with the database (every DSA kernel,
 launches included), with the tuning wall time.
+
+``--shipped`` tunes nothing: per model and size it compiles without records and with the records
+shipped in the package (``tuning/records/<chip>``, filled by ``benchmarks/pretune.py``) and prints
+the timing-only cycles of both and how many kernels had a record.
 """
 
 from __future__ import annotations
@@ -35,7 +40,12 @@ def main() -> None:
     p.add_argument("--conv", metavar="CHANNELS,SIZE", help="tune one 3x3 conv + ReLU instead of the models")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--work-dir", help="keep the databases here (one folder per model); default: temporary")
+    p.add_argument("--shipped", action="store_true", help="measure the shipped records instead of tuning")
+    p.add_argument("--size", action="append", choices=("tiny", "full"), help="with --shipped (default: tiny)")
     args = p.parse_args()
+    if args.shipped:
+        shipped(args.model or ["resnet50", "bert_base"], args.size or ["tiny"], args.target)
+        return
     if args.conv:
         channels, size = (int(v) for v in args.conv.split(","))
         models = {f"conv{channels}x{size}": _conv(channels, size)}
@@ -54,11 +64,31 @@ def main() -> None:
             result = tvm_dsa.tune(mod, args.target, trials=trials, work_dir=work_dir, seed=args.seed)
             seconds = time.perf_counter() - start
             print(f"\n{name} on {args.target}:\n{result}\n")
-            before = Compiled.build(mod, args.target).run(inputs, mode="timing").report.cycles
+            before = Compiled.build(mod, args.target, database=False).run(inputs, mode="timing").report.cycles
             after = Compiled.build(mod, args.target, database=work_dir).run(inputs, mode="timing").report.cycles
         rows.append((name, str(len(result.tasks)), f"{result.cycles(False):,}", f"{result.cycles(True):,}",
                      f"{result.cycles(False) / result.cycles(True):.3f}x", f"{before:,}", f"{after:,}",
                      f"{before / after:.3f}x", f"{seconds:.0f}"))
+    _print(rows)
+
+
+def shipped(models: list[str], sizes: list[str], target: str) -> None:
+    """Cycles of each model compiled without records and with the shipped ones (timing only)."""
+    rows = [("model", "size", "DSA kernels", "with a record", "no records", "shipped records", "speedup")]
+    for size in sizes:
+        for name in models:
+            model = load_model(name, tiny=size == "tiny")
+            mod, inputs = import_onnx(model), example_inputs(model)
+            before = Compiled.build(mod, target, database=False)
+            after = Compiled.build(mod, target)
+            b, a = (c.run(inputs, mode="timing", check_hazards=False).report.cycles for c in (before, after))
+            rows.append((name, size, str(len(after.offload.dsa)), str(len(after.offload.tuned)), f"{b:,}", f"{a:,}",
+                         f"{b / a:.3f}x"))
+            print(f"... {name} ({size}) done", file=sys.stderr, flush=True)
+    _print(rows)
+
+
+def _print(rows) -> None:
     widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
     for r in rows:
         print("  ".join(c.rjust(w) if i else c.ljust(w) for i, (c, w) in enumerate(zip(r, widths))))

@@ -18,7 +18,7 @@ def _cycles(model, target, schedule="layerwise"):
     return Compiled.build(mod, target, schedule).run(example_inputs(model), mode="timing").report
 
 
-@pytest.mark.parametrize("command", ["compare", "trace", "hw", "tune"])
+@pytest.mark.parametrize("command", ["compare", "trace", "hw", "tune", "explore"])
 def test_every_command_has_help(command, capsys):
     with pytest.raises(SystemExit) as exit_:
         main([command, "--help"])

@@ -24,7 +24,7 @@ def _blocks(page: str, lang: str) -> list[str]:
     return [body for kind, body in BLOCK.findall((DOCS / page).read_text()) if kind == lang]
 
 
-@pytest.mark.parametrize("page", ["getting-started.md", "isa.md", "new-chip.md"])
+@pytest.mark.parametrize("page", ["getting-started.md", "isa.md", "new-chip.md", "tools.md"])
 def test_examples_run(page, tmp_path, monkeypatch, capsys):
     monkeypatch.chdir(tmp_path)
     blocks = [(kind, body) for kind, body in BLOCK.findall((DOCS / page).read_text()) if kind in ("python", "console")]

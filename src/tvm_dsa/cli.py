@@ -5,6 +5,7 @@
     tvm-dsa compare resnet18 --tiny --target dsa/stcp920 --target dsa/set-edge16 --schedule graphturbo
     tvm-dsa trace resnet18 --tiny -o trace.json --gantt run.png   # Perfetto trace, per-unit summary
     tvm-dsa tune resnet50 --tiny --trials 64 --work-dir tuned     # meta-schedule on the simulator
+    tvm-dsa explore resnet50 --target dsa/set-edge16 --batch 8    # SET's tree search vs LS / LP (seed 002)
     tvm-dsa hw [dsa/<chip> | chip.toml] [--json]  # the presets, or validate and show one chip
     tvm-dsa dataflow gemm i=64,j=64,k=64          # TENET metrics of the MME's dataflows (seed 003)
 
@@ -23,6 +24,7 @@ from .driver import Compiled, InputError, check_target, dsa_mac_share, import_on
 from .models import MODELS, example_inputs
 from .runtime import write_trace
 from .show import commands as show_commands
+from .show import explore as explore_command
 
 TOLERANCE = 2e-2  # fp16 storage: max |dsa - llvm| relative to max |llvm|
 
@@ -106,6 +108,7 @@ def parser() -> argparse.ArgumentParser:
                      help=f"max |dsa - llvm| / max |llvm| accepted (default {TOLERANCE:g})")
     run.set_defaults(func=_run)
     show_commands.add_parsers(sub)
+    explore_command.add_parser(sub)
     dataflow_command.add_parser(sub)
     return p
 

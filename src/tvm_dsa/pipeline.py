@@ -33,11 +33,12 @@ def pipeline(schedule: str = "layerwise", hw: hardware.Hardware | str | None = N
     """The DSA compilation pipeline as a pass; ``hw`` defaults to the chip of the current target;
     ``options`` are the scheduler's choices (``graphturbo``: the stitched kernels', ``set``: the
     search's or a given tree). ``database`` (a meta-schedule database or the work_dir of
-    ``tvm_dsa.tune``; default: the one in scope, ``with database:``) gives the kernels it has
-    records for their tuned tiling. ``rdp_fusion=False`` leaves a dynamic model to TVM's fusion as
-    imported (the baseline of seed 001 §4.2). ``memory_plan=False`` leaves the order of the
-    kernels as fused and every allocation to Relax's ``StaticPlanBlockMemory``, instead of the
-    execution plan's order (``relax_passes.reorder``) and the peak-first arena (``relax_passes.arena``)."""
+    ``tvm_dsa.tune``; default: the one in scope, ``with database:``, else the records shipped for
+    the chip; False: none) gives the kernels it has records for their tuned tiling.
+    ``rdp_fusion=False`` leaves a dynamic model to TVM's fusion as imported (the baseline of seed
+    001 §4.2). ``memory_plan=False`` leaves the order of the kernels as fused and every allocation
+    to Relax's ``StaticPlanBlockMemory``, instead of the execution plan's order
+    (``relax_passes.reorder``) and the peak-first arena (``relax_passes.arena``)."""
     from . import schedule as schedules
 
     schedules.get(schedule)  # fail early on an unknown name
@@ -72,13 +73,16 @@ def pipeline(schedule: str = "layerwise", hw: hardware.Hardware | str | None = N
 
 def _tuned_kernels(database, chip: hardware.Hardware):
     """``func -> lowered PrimFunc or None`` from a tuning database (default: the meta-schedule
-    database in scope), or None without one."""
+    database in scope, else the chip's shipped records), or None without one (or with False)."""
     from tvm.s_tir import meta_schedule as ms
 
-    database = ms.Database.current() if database is None else database
+    from .tuning import load_database, pretuned, tuned_kernel
+
+    if database is False:
+        return None
+    database = database or ms.Database.current() or pretuned(chip.name)
     if database is None:
         return None
-    from .tuning import load_database, tuned_kernel
 
     if isinstance(database, (str, os.PathLike)):
         if not os.path.isdir(database):

@@ -32,6 +32,7 @@ from ..tir_passes.analysis import (
     strip_cast,
 )
 from ..tir_passes.scopes import LB_SCOPE
+from ..tir_passes.tile import DOUBLE_BUFFER
 
 SBlockRealize = tvm.s_tir.stmt.SBlockRealize
 ALIGN = 64
@@ -175,6 +176,7 @@ class KernelIR:
     root: Loop
     slots: int
     params: tuple  # (name, shape, dtype) of the PrimFunc parameters
+    double_buffer: bool | None = None  # the schedule's decision (``dsa.double_buffer``); None: if it fits
 
     def stages(self) -> list[Stage]:
         out = []
@@ -412,13 +414,15 @@ def _children(e) -> list:
 
 def read_kernel(func) -> KernelIR:
     """The KernelIR of a lowered PrimFunc (one nest of tile loops)."""
-    body = func.body.block.body if isinstance(func.body, SBlockRealize) else func.body
+    root = func.body.block if isinstance(func.body, SBlockRealize) else None
+    body = func.body if root is None else root.body
+    double = None if root is None or DOUBLE_BUFFER not in root.annotations else bool(int(root.annotations[DOUBLE_BUFFER]))
     reader = _Reader()
     nodes = reader.loops(body)
     if len(nodes) != 1 or not isinstance(nodes[0], Loop) or nodes[0].kind != "tile":
         raise CodegenError("a lowered kernel is one nest of tile loops")
     params = tuple((str(p.name), tuple(int(s) for s in p.shape), str(p.dtype)) for p in func.params)
-    return KernelIR(nodes[0], len(reader.slot_of), params)
+    return KernelIR(nodes[0], len(reader.slot_of), params, double)
 
 
 # --------------------------------------------------------------------------------------------
@@ -447,6 +451,10 @@ class LBPlan:
     scratch_offset: int
     scratch_bytes: int
     total_bytes: int
+
+    @property
+    def double_buffered(self) -> bool:
+        return any(len(b.slots) == 2 for b in self.buffers.values())
 
 
 def lb_dtypes(stages: list[Stage], hw: Hardware) -> dict[str, str]:
@@ -504,8 +512,9 @@ def scratch_bytes(stage: Stage, dtypes: dict[str, str], storage: str) -> int:
 
 
 def plan_lb(kernel: KernelIR, hw: Hardware, lb_bytes: int | None = None) -> LBPlan:
-    """Place the kernel's LB buffers in the first ``lb_bytes`` of the LB (all of it by default);
-    raises ``CodegenError`` when one tile does not fit."""
+    """Place the kernel's LB buffers in the first ``lb_bytes`` of the LB (all of it by default),
+    two copies of each when the kernel asks for double buffering or, without a decision, when two
+    fit; raises ``CodegenError`` when one tile (or the two copies asked for) does not fit."""
     capacity = hw.lb_bytes if lb_bytes is None else lb_bytes
     stages = kernel.stages()
     dtypes = lb_dtypes(stages, hw)
@@ -521,7 +530,10 @@ def plan_lb(kernel: KernelIR, hw: Hardware, lb_bytes: int | None = None) -> LBPl
     single = sum(align(b.nbytes) for b in first.values())
     if single + scratch > capacity:
         raise CodegenError(f"tile working set {single + scratch} bytes exceeds the LB ({capacity})")
-    copies = 2 if 2 * single + scratch <= capacity else 1
+    fits_two = 2 * single + scratch <= capacity
+    if kernel.double_buffer and not fits_two:
+        raise CodegenError(f"double-buffered tile working set {2 * single + scratch} bytes exceeds the LB ({capacity})")
+    copies = 2 if (fits_two if kernel.double_buffer is None else kernel.double_buffer) else 1
     offset, placed = 0, {}
     for b in first.values():
         slots = []

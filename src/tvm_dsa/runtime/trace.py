@@ -2,11 +2,15 @@
 
 One process per core (and one per cluster for its ``cdma``), one track per unit that ran something,
 one complete ("X") event per instruction with its kernel, index, layer (name and output shape,
-from the kernel's layer marks) and bytes or MACs.
+from the kernel's layer marks) and bytes or MACs. Every dependency of a compute instruction on a
+DMA (a load it waits for) is a flow: a start ("s") event inside the DMA's slice and a finish
+("f", bound to the enclosing slice) inside the compute's, with the same id, so ui.perfetto.dev
+draws an arrow from the load to its consumer.
 """
 
 from __future__ import annotations
 
+import itertools
 import json
 
 from ..hardware.model import Hardware
@@ -16,6 +20,7 @@ from .cost import elements
 from .timing import ProgramTiming
 
 TRACKS = ("dma", "mme", "vme", "vec", "cdma")
+_FLOW_IDS = itertools.count()  # unique in the process: traces of several runs concatenate
 
 
 def _pid(unit: tuple[str, int], hw: Hardware) -> int:
@@ -30,8 +35,9 @@ def trace_events(program: Program, hw: Hardware, timing: ProgramTiming, offset: 
     for k, kt in zip(program.kernels, timing.kernels):
         base = offset + kt.start_cycle
         marks = k.layer_of_each()
+        where = [(_pid(unit, hw), TRACKS.index(unit[0]), (base + s) * us) for unit, s in zip(kt.units, kt.start)]
         for n, (ins, unit, s, e) in enumerate(zip(k.instructions, kt.units, kt.start, kt.end)):
-            pid, tid = _pid(unit, hw), TRACKS.index(unit[0])
+            pid, tid = where[n][:2]
             tracks.add((pid, tid, unit))
             name = OPCODE_OF[type(ins)] + (f".{ins.op}" if hasattr(ins, "op") else "")
             args = {"kernel": k.name, "index": n}
@@ -45,6 +51,10 @@ def trace_events(program: Program, hw: Hardware, timing: ProgramTiming, offset: 
                 args["elements"] = elements(ins.shape)
             events.append({"name": name, "cat": unit[0], "ph": "X", "pid": pid, "tid": tid,
                            "ts": (base + s) * us, "dur": (e - s) * us, "args": args})
+            if not isinstance(ins, (Dma, Fill)):
+                for d in ins.deps:
+                    if isinstance(k.instructions[d], Dma):
+                        events += _flow(next(_FLOW_IDS), where[d], where[n])
     meta, named = [], set()
     for pid, tid, (kind, index) in sorted(tracks):
         if pid not in named:
@@ -53,6 +63,14 @@ def trace_events(program: Program, hw: Hardware, timing: ProgramTiming, offset: 
             meta.append({"name": "process_name", "ph": "M", "pid": pid, "tid": 0, "args": {"name": process}})
         meta.append({"name": "thread_name", "ph": "M", "pid": pid, "tid": tid, "args": {"name": kind}})
     return meta + events
+
+
+def _flow(flow_id: int, producer: tuple, consumer: tuple) -> list[dict]:
+    """A flow arrow from the slice starting at ``producer`` to the one starting at ``consumer``
+    (each ``(pid, tid, ts)``): a start event and a finish bound to its enclosing slice."""
+    return [{"name": "load", "cat": "dma-flow", "ph": ph, "id": flow_id, "pid": pid, "tid": tid, "ts": ts,
+             **({"bp": "e"} if ph == "f" else {})}
+            for ph, (pid, tid, ts) in (("s", producer), ("f", consumer))]
 
 
 def write_trace(events: list[dict], path) -> None:

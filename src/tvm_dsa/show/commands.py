@@ -3,6 +3,7 @@ summary and Gantt chart, tuning with a progress bar, the chips and their hardwar
 
     tvm-dsa compare resnet18 --tiny --target dsa/stcp920 --target dsa/set-edge16 --schedule graphturbo
     tvm-dsa trace resnet18 --tiny -o run.json --gantt run.png
+    tvm-dsa trace resnet50 --tiny --schedule graphturbo --lifetimes lifetimes.svg
     tvm-dsa tune resnet50 --tiny --trials 64 --work-dir tuned
     tvm-dsa hw my-chip.toml                     # validate a hardware file and show its parameters
 """
@@ -40,9 +41,10 @@ def _model_args(p: argparse.ArgumentParser) -> None:
 
 
 def _timed_run(mod, inputs, target: str, schedule: str, database=None, trace: bool = False):
-    """Compile for ``target`` and run it in timing mode (tokens trusted: the runs are for cycles)."""
+    """Compile for ``target`` and run it in timing mode (tokens trusted: the runs are for cycles);
+    returns the build and the run."""
     compiled = Compiled.build(mod, target, schedule, database=database)
-    return compiled.run(inputs, mode="timing", trace=trace, check_hazards=False)
+    return compiled, compiled.run(inputs, mode="timing", trace=trace, check_hazards=False)
 
 
 # -- compare -------------------------------------------------------------------------------------
@@ -57,18 +59,24 @@ def _compare(args) -> int:
         if len(targets) != 1:
             raise InputError("--roofline draws one chip's roofline: give a single --target")
         _check_plot_path(args.roofline)
+    from ..tuning.pretuned import pretuned
+
     mod, inputs = import_onnx(model), example_inputs(model)
-    databases = [None, args.database] if args.database else [None]
+    # False: no records; None: the default (a shipped database for the chip, if any)
+    databases = [False] * args.no_records + [None] + [args.database] * bool(args.database)
     rows, points = [], []
     for target, schedule, db in itertools.product(targets, args.schedule or ["layerwise"], databases):
-        report = _timed_run(mod, inputs, target, schedule, db).report
+        compiled, run = _timed_run(mod, inputs, target, schedule, db)
+        report = run.report
         if report is None:
             raise InputError(f"no kernel of {args.model} runs on {target}: nothing to compare")
+        records = "none" if db is False else db or ("shipped" if pretuned(hardware.get(target).name) else "none")
         if args.roofline:
             from .plots import roofline_point
 
-            points.append(roofline_point(f"{schedule}{' tuned' if db else ''}", report))
-        rows.append({"target": target, "schedule": schedule, "tuned": db is not None, "cycles": report.cycles,
+            points.append(roofline_point(f"{schedule} ({records})", report))
+        rows.append({"target": target, "schedule": schedule, "records": records,
+                     "tuned_kernels": len(compiled.offload.tuned), "cycles": report.cycles,
                      "seconds": report.seconds, "kernels": report.kernels,
                      "ddr_bytes": report.ddr_burst_bytes, "mme_utilisation": report.mme_mac_utilisation,
                      "roofline_ratio": report.roofline_ratio, "energy_joules": report.energy_total})
@@ -82,9 +90,9 @@ def _compare(args) -> int:
     if args.json:
         print(json.dumps({"model": args.model, "tiny": args.tiny, "runs": rows}, indent=2))
         return 0
-    table = [("target", "schedule", "tuned", "cycles", "time (us)", "kernels", "DDR bytes", "MME util",
-              "x roofline", "energy (uJ)", "speedup")]
-    table += [(r["target"], r["schedule"], "yes" if r["tuned"] else "no", f"{r['cycles']:,}",
+    table = [("target", "schedule", "records", "tuned kernels", "cycles", "time (us)", "kernels", "DDR bytes",
+              "MME util", "x roofline", "energy (uJ)", "speedup")]
+    table += [(r["target"], r["schedule"], r["records"], str(r["tuned_kernels"]), f"{r['cycles']:,}",
                f"{r['seconds'] * 1e6:.1f}", str(r["kernels"]), f"{r['ddr_bytes']:,}", f"{r['mme_utilisation']:.1%}",
                f"{r['roofline_ratio']:.2f}", f"{r['energy_joules'] * 1e6:.3g}", f"{r['speedup']:.2f}x") for r in rows]
     render_table(table, title=f"{args.model}{' (tiny)' if args.tiny else ''}: timing-only simulation")
@@ -106,9 +114,16 @@ def _trace(args) -> int:
         raise InputError(f"cannot write {args.output}: its directory does not exist")
     if args.gantt:
         _check_plot_path(args.gantt)
+    if args.lifetimes:
+        if args.schedule != "graphturbo":
+            raise InputError("--lifetimes draws stitched kernels: use it with --schedule graphturbo")
+        _check_plot_path(args.lifetimes)
     model = load_model(args.model, tiny=args.tiny, batch=args.batch)
     check_target(args.target, model, timing_only=True)
-    run = _timed_run(import_onnx(model), example_inputs(model), args.target, args.schedule, trace=True)
+    from .lifetimes import capture_allocations
+
+    with capture_allocations() as stitched:
+        _, run = _timed_run(import_onnx(model), example_inputs(model), args.target, args.schedule, trace=True)
     if not run.trace:
         raise InputError(f"no kernel of {args.model} runs on {args.target}: the trace is empty")
     write_trace(run.trace, args.output)
@@ -117,9 +132,10 @@ def _trace(args) -> int:
         from .plots import plot_gantt
 
         plot_gantt(run.trace, args.gantt, title=f"{args.model} on {args.target} ({args.schedule})")
+    lifetimes = _plot_lifetimes(stitched, args.lifetimes, f"{args.model} on {args.target}") if args.lifetimes else {}
     if args.json:
-        print(json.dumps({"trace": args.output, "gantt": args.gantt, "cycles": run.report.cycles,
-                          "units": summary}, indent=2))
+        print(json.dumps({"trace": args.output, "gantt": args.gantt, "lifetimes": lifetimes,
+                          "cycles": run.report.cycles, "units": summary}, indent=2))
         return 0
     rows = [("unit", "tracks", "instructions", "busy (us)", "busy / run")]
     span = run.report.seconds * 1e6
@@ -130,7 +146,23 @@ def _trace(args) -> int:
     print(f"trace: {len(run.trace)} events written to {args.output} (open in ui.perfetto.dev)")
     if args.gantt:
         print(f"Gantt chart: {args.gantt}")
+    for kernel, path in lifetimes.items():
+        print(f"tensor lifetimes of {kernel}: {path}")
     return 0
+
+
+def _plot_lifetimes(stitched: dict, path: str, title: str) -> dict:
+    """Each stitched kernel's lifetimes plot (cluster 0): at ``path`` for one kernel, else at
+    ``path`` with the kernel's name before the suffix. Returns kernel name -> file."""
+    from .lifetimes import plot_lifetimes
+
+    if not stitched:
+        raise InputError("the model has no stitched kernel: no tensor lifetimes to draw")
+    p = Path(path)
+    files = {k: str(p if len(stitched) == 1 else p.with_name(f"{p.stem}-{k}{p.suffix}")) for k in stitched}
+    for kernel, buffers in stitched.items():
+        plot_lifetimes(buffers, files[kernel], title=f"{title}: {kernel} tensor lifetimes (cluster 0)")
+    return files
 
 
 def trace_summary(events: list[dict]) -> dict:
@@ -263,13 +295,16 @@ def _value(v) -> str:
 
 def add_parsers(sub) -> None:
     compare = sub.add_parser("compare", help="run a model on several targets / schedules and compare them in a table",
-                             description="Compile a model for each combination of --target and --schedule (and "
-                                         "with and without a tuning --database), simulate each in timing-only mode, "
-                                         "and print one table (speedup against the first row).")
+                             description="Compile a model for each combination of --target and --schedule (with "
+                                         "the shipped tuning records, and without records or with a --database), "
+                                         "simulate each in timing-only mode, and print one table (speedup against "
+                                         "the first row).")
     _model_args(compare)
     compare.add_argument("--target", action="append", help="a DSA preset; repeat to compare (default dsa/stcp920)")
     compare.add_argument("--schedule", action="append", choices=SCHEDULES, help="repeat to compare (default layerwise)")
-    compare.add_argument("--database", help="a `tvm-dsa tune` work_dir: adds the tuned build of each combination")
+    compare.add_argument("--database", help="a `tvm-dsa tune` work_dir: adds the build with its records")
+    compare.add_argument("--no-records", action="store_true",
+                         help="adds, first, the build without tuning records (not even the shipped ones)")
     compare.add_argument("--roofline", metavar="PNG_OR_SVG", help="plot each run under the chip's roofline (one target)")
     compare.set_defaults(func=_compare)
     trace = sub.add_parser("trace", help="simulate a model and write its Perfetto/Chrome trace (and a Gantt chart)",
@@ -278,6 +313,8 @@ def add_parsers(sub) -> None:
     _model_args(trace)
     trace.add_argument("-o", "--output", default="trace.json", help="trace file (default trace.json)")
     trace.add_argument("--gantt", metavar="PNG_OR_SVG", help="also draw a per-unit Gantt chart")
+    trace.add_argument("--lifetimes", metavar="PNG_OR_SVG",
+                       help="with --schedule graphturbo: draw each stitched kernel's tensor lifetimes in LB/GB")
     trace.add_argument("--target", default="dsa/stcp920", help="DSA preset (default dsa/stcp920)")
     trace.add_argument("--schedule", default="layerwise", choices=SCHEDULES)
     trace.set_defaults(func=_trace)

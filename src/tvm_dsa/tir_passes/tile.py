@@ -6,7 +6,9 @@ is not tiled, so every kernel has the same shape — and the first reduction loo
 point). Consumers move under the innermost tile loop (``reverse_compute_at``), producers under the
 chunk loop when the anchor has one (so input tiles are loaded chunk by chunk) or the tile loop.
 Tile loops are annotated ``dsa.loop = "tile"``, the chunk loop ``dsa.loop = "chunk"``; the codegen
-iterates them, and each remaining loop nest becomes one DSA instruction.
+iterates them, and each remaining loop nest becomes one DSA instruction. The root block's
+``dsa.double_buffer`` annotation (``annotate_double_buffer``), when present, decides whether the
+LB holds two copies of every tile buffer; without it the codegen takes two when they fit.
 """
 
 from __future__ import annotations
@@ -183,6 +185,16 @@ def tile_schedule(func, plan: TilePlan) -> s_tir.Schedule:
 
     tile_anchor(sch, fixed)
     return sch
+
+
+DOUBLE_BUFFER = "dsa.double_buffer"  # root-block annotation: 1 two LB copies per tile buffer, 0 one
+
+
+def annotate_double_buffer(sch: s_tir.Schedule, value) -> None:
+    """Decide double buffering for the kernel: ``value`` 1 or 0 (an integer or a sampled variable).
+    Two copies let the next tile's loads overlap the current tile's compute; one leaves the LB
+    room for nothing else but makes every load wait for the previous tile's last reader."""
+    sch.annotate(sch.get_sblock("root"), DOUBLE_BUFFER, value)
 
 
 def _anchor_loops(sch: s_tir.Schedule):

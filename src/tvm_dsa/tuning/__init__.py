@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import os
 from collections import Counter
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 import tvm
@@ -26,23 +26,34 @@ from tvm.s_tir import meta_schedule as ms
 
 from .. import hardware
 from ..codegen.emit import build_program
+from ..codegen.kernel_ir import plan_lb, read_kernel
 from ..hardware import Hardware
 from ..schedule.graph import OpGraph
 from ..tir_passes import TilePlan, Unsupported, anchor_info, lower_kernel
 from ..tir_passes.tile import simplify_indices
 from .measure import DSABuilder, DSARunner, simulated_seconds
+from .pretuned import merge_records, pretuned, records_dir
 from .space import lower_scheduled, sample_tiling, space_generator, tile_orders
+
+
+# Random samples a round needs besides the records' mutations: on a full-size layer most random
+# tilings fail ``FitsDSA`` (beyond the LB or below the PE array), and asking for 16 ended the search
+# of 13 of full ResNet-50's 27 kernels before any trial ("Cannot sample enough initial
+# population"); with 2, the search grows from the default record (a 256-channel 3x3 conv at 14x14:
+# 3.29x in 16 trials).
+MIN_FRESH_SAMPLES = 2
 
 
 @dataclass(frozen=True)
 class Task:
     """A kernel to tune: its PrimFunc (as the workload module), how often the model calls it, and
-    the kernel generation's default tiling with its simulated time."""
+    the kernel generation's default tiling (and whether it double-buffers) with its simulated time."""
 
     name: str
     mod: tvm.IRModule
     calls: int
     default_plan: TilePlan
+    default_double_buffer: bool
     default_seconds: float
 
 
@@ -120,14 +131,14 @@ def extract_tasks(mod: tvm.IRModule, target: str = "dsa/stcp920") -> list[Task]:
         same = next((i for i, t in enumerate(tasks) if tvm_ffi.structural_equal(t.mod, wl)), None)
         if same is not None:
             t = tasks[same]
-            tasks[same] = Task(t.name, t.mod, t.calls + count, t.default_plan, t.default_seconds)
+            tasks[same] = replace(t, calls=t.calls + count)
             continue
         try:
             lowered, plan = lower_kernel(func, hw)
             seconds = simulated_seconds(build_program(lowered, hw, name))
         except Unsupported:  # runs on the host: nothing to tune
             continue
-        tasks.append(Task(name, wl, count, plan, seconds))
+        tasks.append(Task(name, wl, count, plan, plan_lb(read_kernel(lowered), hw).double_buffered, seconds))
     return tasks
 
 
@@ -157,13 +168,14 @@ def tune(mod: tvm.IRModule, target: str = "dsa/stcp920", trials: int = 64, work_
         ms.TuneContext(
             mod=task.mod, target=tvm_target, space_generator=space_generator(),
             search_strategy=ms.search_strategy.EvolutionarySearch(
-                population_size=population, init_min_unmeasured=min(population, per_iter), genetic_num_iters=2),
+                population_size=population, init_min_unmeasured=MIN_FRESH_SAMPLES, genetic_num_iters=2),
             task_name=task.name, rand_state=seed + i, num_threads=1,
         ).clone()
         for i, task in enumerate(tasks)
     ]
     counter = _Measured(len(tasks), trials, progress)
-    callbacks = ms.measure_callback.MeasureCallback.create("default") + [counter]
+    # meta-schedule's default callbacks but RemoveBuildArtifact: the programs are not files (measure.py)
+    callbacks = [ms.measure_callback.AddToDatabase(), ms.measure_callback.UpdateCostModel(), counter]
     ms.tune_tasks(tasks=contexts, task_weights=[float(t.calls) for t in tasks], work_dir=str(work_dir),
                   max_trials_global=trials, num_trials_per_iter=per_iter, builder=DSABuilder(),
                   runner=DSARunner(check_hazards), database=database, cost_model="xgb",
@@ -197,7 +209,8 @@ def _commit_default(database, task: Task, target) -> None:
     """Record the default tiling as a sample of the design space (its decisions, the anchor's loop
     order), so that the evolutionary search starts from it."""
     sch = s_tir.Schedule(task.mod)
-    sample_tiling(sch, tile_orders(anchor_info(task.mod["main"]).spatial)[0], task.default_plan)
+    sample_tiling(sch, tile_orders(anchor_info(task.mod["main"]).spatial)[0], task.default_plan,
+                  task.default_double_buffer)
     database.commit_tuning_record(ms.database.TuningRecord(
         sch.trace, database.commit_workload(task.mod), [task.default_seconds], target,
         ms.arg_info.ArgInfo.from_prim_func(task.mod["main"])))
@@ -222,4 +235,5 @@ class _Measured(ms.measure_callback.PyMeasureCallback):
 
 
 __all__ = ["Task", "TaskResult", "TuneResult", "extract_tasks", "load_database", "tune", "tuned_kernel",
+           "pretuned", "merge_records", "records_dir",
            "DSABuilder", "DSARunner", "space_generator"]

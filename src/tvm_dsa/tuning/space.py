@@ -6,7 +6,9 @@ tile size of each spatial loop of the anchor and the chunk of its first reductio
 order of the tile loops is one design space per permutation. Both change the DSA program: the tile
 sizes set every instruction's box and how many tiles the cores share, the chunk how often partial
 sums are accumulated, the order which loop is dealt over the clusters and whether consecutive tiles
-on a core reuse the operand already in its LB. ``FitsDSA`` rejects, before they are measured,
+on a core reuse the operand already in its LB. Double buffering is a ``sample_categorical``
+decision annotated on the root block (``dsa.double_buffer``), flipped by ``FlipDoubleBuffer``:
+two LB copies let loads overlap compute, one leaves room for larger tiles. ``FitsDSA`` rejects, before they are measured,
 samples whose working set exceeds the LB, whose indices stop being affine, or whose tiles are
 below the floor under which per-tile overheads always lose (``below_floor``).
 """
@@ -16,6 +18,7 @@ from __future__ import annotations
 import itertools
 import math
 
+import tvm_ffi
 from tvm import s_tir
 from tvm.s_tir import meta_schedule as ms
 from tvm.ir.utils import derived_object
@@ -24,7 +27,7 @@ from .. import hardware
 from ..codegen.kernel_ir import plan_lb, read_kernel
 from ..hardware import Hardware
 from ..tir_passes import TilePlan, Unsupported, anchor_info, assign_scopes, lower_to_dsa
-from ..tir_passes.tile import AnchorInfo, tile_anchor
+from ..tir_passes.tile import DOUBLE_BUFFER, AnchorInfo, annotate_double_buffer, tile_anchor
 
 MAX_ORDERS = 24  # design spaces per kernel: all orders of up to four tiled loops
 MIN_VECTOR_TILE = 64  # innermost tile of a kernel without contraction (as ``parallel_plans``)
@@ -47,8 +50,10 @@ def tile_orders(spatial: tuple[int, ...]) -> list[tuple[int, ...]]:
     return orders
 
 
-def sample_tiling(sch: s_tir.Schedule, order: tuple[int, ...], plan: TilePlan | None = None) -> None:
-    """Tile ``sch``'s anchor with sampled factors (decisions of ``plan`` when given) in ``order``."""
+def sample_tiling(sch: s_tir.Schedule, order: tuple[int, ...], plan: TilePlan | None = None,
+                  double_buffer: bool | None = None) -> None:
+    """Tile ``sch``'s anchor with sampled factors in ``order`` and sample double buffering; the
+    decisions are ``plan``'s and ``double_buffer`` when given."""
 
     def factors(s, loop, extent, index):
         if plan is None:
@@ -59,6 +64,8 @@ def sample_tiling(sch: s_tir.Schedule, order: tuple[int, ...], plan: TilePlan | 
         return s.sample_perfect_tile(loop, n=2, max_innermost_factor=extent, decision=decision)
 
     tile_anchor(sch, factors, order)
+    decision = None if double_buffer is None else int(double_buffer)
+    annotate_double_buffer(sch, sch.sample_categorical([0, 1], [0.5, 0.5], decision=decision))
 
 
 def design_spaces(sch: s_tir.Schedule) -> list[s_tir.Schedule]:
@@ -111,11 +118,15 @@ def lower_scheduled(func, hw: Hardware):
 
 @derived_object
 class FitsDSA(ms.postproc.PyPostproc):
-    """Postprocessor: accept a sample only if it lowers to a DSA kernel on the task's chip."""
+    """Postprocessor: accept a sample only if it lowers to a DSA kernel on the task's chip.
 
-    def __init__(self, hw: Hardware | None = None, info: AnchorInfo | None = None):
+    The verdict is remembered per scheduled function (its structural hash): the evolutionary
+    search proposes the same sample again and again, and lowering one to check it costs 0.05-0.3 s
+    on a full-size layer, where hashing it costs 0.3 ms."""
+
+    def __init__(self, hw: Hardware | None = None, info: AnchorInfo | None = None, seen: dict | None = None):
         super().__init__()
-        self.hw, self.info = hw, info
+        self.hw, self.info, self.seen = hw, info, {} if seen is None else seen
 
     def _initialize_with_tune_context(self, context) -> None:
         self.hw = hardware.from_target(context.target)
@@ -124,18 +135,41 @@ class FitsDSA(ms.postproc.PyPostproc):
     def apply(self, sch: s_tir.Schedule) -> bool:
         if below_floor(self.info, sampled_tiles(sch, len(self.info.spatial)), self.hw):
             return False
-        try:
-            lower_scheduled(sch.mod["main"], self.hw)
-        except Unsupported:
-            return False
-        return True
+        key = tvm_ffi.structural_hash(sch.mod["main"])
+        if key not in self.seen:
+            try:
+                lower_scheduled(sch.mod["main"], self.hw)
+                self.seen[key] = True
+            except Unsupported:
+                self.seen[key] = False
+        return self.seen[key]
 
     def clone(self) -> "FitsDSA":
-        return FitsDSA(self.hw, self.info)
+        return FitsDSA(self.hw, self.info, self.seen)
+
+
+@derived_object
+class FlipDoubleBuffer(ms.mutator.PyMutator):
+    """Mutator: the trace with its double-buffering decision flipped (meta-schedule's own
+    categorical mutator, ``MutateUnroll``, only touches unroll annotations)."""
+
+    def _initialize_with_tune_context(self, context) -> None:
+        pass
+
+    def apply(self, trace, _rand_state):
+        uses = {inst.inputs[1] for inst in trace.insts
+                if inst.kind.name == "Annotate" and str(inst.attrs[0]) == DOUBLE_BUFFER}
+        for inst in trace.insts:
+            if inst.kind.name == "SampleCategorical" and inst.outputs[0] in uses:
+                return trace.with_decision(inst, 1 - int(trace.decisions[inst]), remove_postproc=True)
+        return None
+
+    def clone(self) -> "FlipDoubleBuffer":
+        return FlipDoubleBuffer()
 
 
 def space_generator() -> ms.space_generator.ScheduleFn:
-    """The DSA design spaces with no CPU schedule rules, the LB check as the only postprocessor
-    and tile-size mutation for the evolutionary search."""
+    """The DSA design spaces with no CPU schedule rules, the LB check as the only postprocessor,
+    tile-size mutation and double-buffering flips for the evolutionary search."""
     return ms.space_generator.ScheduleFn(design_spaces, sch_rules=[], postprocs=[FitsDSA()],
-                                         mutator_probs={ms.mutator.MutateTileSize(): 1.0})
+                                         mutator_probs={ms.mutator.MutateTileSize(): 0.8, FlipDoubleBuffer(): 0.2})

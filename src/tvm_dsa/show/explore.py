@@ -1,0 +1,120 @@
+"""``tvm-dsa explore``: SET's resource-allocation-tree search (seed 002) from the command line.
+
+    tvm-dsa explore resnet50 --target dsa/set-edge16 --batch 8 --objective e2d --beta 100
+    tvm-dsa explore resnet18 --tiny --beta 5 --plot st.svg --save best.json --json
+
+Runs the simulated annealing three times on the model's layer graph — SET over all trees, LS
+(depth-one T-cuts) and LP (depth-one S-cuts) — with the same objective, β and seed; prints the
+latency, energy and EDP of each best tree (the evaluator's, ``schedule.set.evaluate``) with SET's
+ratios to the others, SET's best tree as text, and optionally its S-T graph and JSON.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+
+from ..driver import InputError, check_target, load_model
+from ..models import MODELS
+from .table import render_table
+
+
+@dataclass(frozen=True)
+class Explored:
+    """One scheme's search: its name (set / ls / lp) and ``SearchResult``."""
+
+    scheme: str
+    result: object
+
+    def to_dict(self, graph) -> dict:
+        e, r = self.result.evaluation, self.result
+        return {"scheme": self.scheme, "latency_cycles": e.latency, "seconds": e.seconds, "energy_joules": e.joules,
+                "edp": e.edp, "dram_bytes": e.dram_bytes, "cost": r.cost, "iterations": r.iterations,
+                "search_seconds": r.seconds, "tree": r.tree.text(graph)}
+
+
+def explore(model, hw, batch: int, objective: str, beta: float, seed: int):
+    """(layer graph, evaluator, [Explored for SET, LS, LP]) of ``model`` (ONNX, batch 1) on ``hw``."""
+    from ..schedule.set import Evaluator, LayerGraph, LayerGraphError
+    from ..schedule.set.ops import LP, LS, SET
+    from ..schedule.set.search import Anneal, anneal
+
+    try:
+        graph = LayerGraph.from_onnx(model)
+    except LayerGraphError as err:
+        raise InputError(f"SET cannot schedule this model: {err}") from None
+    evaluator = Evaluator(graph, hw)
+    runs = [Explored(space.name, anneal(graph, hw, batch, Anneal(beta=beta, objective=objective, seed=seed,
+                                                                   space=space), evaluator=evaluator))
+            for space in (SET, LS, LP)]
+    return graph, evaluator, runs
+
+
+def _explore(args) -> int:
+    from ..schedule.set.search import OBJECTIVES
+
+    if args.objective not in OBJECTIVES:
+        raise InputError(f"unknown objective {args.objective!r}; one of {', '.join(OBJECTIVES)}")
+    if args.beta <= 0:
+        raise InputError(f"--beta must be positive, not {args.beta:g}")
+    if args.plot:
+        from .commands import _check_plot_path
+
+        _check_plot_path(args.plot)
+    model = load_model(args.model, tiny=args.tiny)
+    hw = check_target(args.target, model, timing_only=True)
+    graph, evaluator, runs = explore(model, hw, args.batch, args.objective, args.beta, args.seed)
+    best = runs[0].result
+    if args.plot:
+        from ..schedule.set.plot import st_graph
+
+        st_graph(evaluator.evaluate(best.tree, timeline=True).timeline, graph, hw.cores, args.plot,
+                 f"{args.model} on {args.target}, batch {args.batch}: SET", clock_hz=hw.clock_hz)
+    if args.save:
+        with open(args.save, "w") as f:
+            json.dump(best.tree.to_json(graph), f, indent=1)
+    if args.json:
+        print(json.dumps({"model": args.model, "tiny": args.tiny, "target": args.target, "batch": args.batch,
+                          "objective": args.objective, "beta": args.beta, "seed": args.seed, "layers": len(graph),
+                          "tree": best.tree.text(graph), "tree_json": best.tree.to_json(graph), "plot": args.plot,
+                          "saved": args.save, "schemes": [r.to_dict(graph) for r in runs]}, indent=2))
+        return 0
+    e0 = best.evaluation
+    rows = [("scheme", "latency (cycles)", "energy (uJ)", "EDP (J*s)", "DRAM (MB)", "latency / SET", "energy / SET",
+             "iterations", "search s")]
+    for run in runs:
+        e, r = run.result.evaluation, run.result
+        rows.append((run.scheme.upper(), f"{e.latency:,.0f}", f"{e.joules * 1e6:.4g}", f"{e.edp:.3e}",
+                     f"{e.dram_bytes / 1e6:.3f}", f"{e.latency / e0.latency:.2f}x", f"{e.joules / e0.joules:.2f}x",
+                     str(r.iterations), f"{r.seconds:.1f}"))
+    render_table(rows, title=f"{args.model}{' (tiny)' if args.tiny else ''} on {args.target}, batch {args.batch}: "
+                             f"SET vs LS / LP ({args.objective}, beta {args.beta:g}, seed {args.seed})")
+    print(f"\nbest tree (SET, {len(graph)} layers):\n{best.tree.text(graph)}")
+    if args.plot:
+        print(f"S-T graph: {args.plot}")
+    if args.save:
+        print(f"tree JSON: {args.save}")
+    return 0
+
+
+def add_parser(sub) -> None:
+    from .commands import _positive_int
+
+    p = sub.add_parser("explore", help="search SET resource allocation trees for a model (vs LS / LP)",
+                       description="Simulated annealing over resource allocation trees (seed 002, docs/set.md) for "
+                                   "SET, LS and LP with one objective, beta and seed: a table of their latency, "
+                                   "energy and EDP, SET's best tree, and optionally its S-T graph and JSON.")
+    p.add_argument("model", help=f"an .onnx file (batch 1) or a built-in model: {', '.join(MODELS)}")
+    p.add_argument("--tiny", action="store_true", help="the built-in model's small configuration")
+    p.add_argument("--target", default="dsa/set-edge16", help="DSA preset (default dsa/set-edge16)")
+    p.add_argument("--batch", type=_positive_int, default=1, help="samples the schedule processes (default 1)")
+    p.add_argument("--objective", default="edp", help="e2d, ed2, edp, delay or energy (default edp)")
+    p.add_argument("--beta", type=float, default=100.0, help="search effort: iterations per layer (default 100)")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--plot", metavar="PNG_OR_SVG", help="write SET's S-T graph")
+    p.add_argument("--save", metavar="JSON", help="write SET's best tree as JSON")
+    p.add_argument("--json", action="store_true", help="print the result as JSON")
+    p.set_defaults(func=_explore)
+
+
+__all__ = ["Explored", "add_parser", "explore"]

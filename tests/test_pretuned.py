@@ -1,0 +1,87 @@
+"""Pre-tuned records shipped in the package (seed 004's TopHub): what the stcp920 database holds,
+that the ``dsa`` pipeline applies it by default (and not with ``database=False``), stays exact,
+and how ``merge_records`` keeps the fastest record per workload and chip."""
+
+import tvm_ffi
+from tvm import s_tir, te
+from tvm.s_tir import meta_schedule as ms
+
+from tvm_dsa import hardware
+from tvm_dsa.codegen.emit import build_program
+from tvm_dsa.driver import Compiled, import_onnx, load_model, max_relative_error
+from tvm_dsa.models import example_inputs
+from tvm_dsa.runtime import simulate
+from tvm_dsa.tir_passes import lower_kernel
+from tvm_dsa.tuning import extract_tasks, load_database, merge_records, pretuned, records_dir, tuned_kernel, workload
+from tvm_dsa.tuning.space import sample_tiling
+
+TARGET = "dsa/stcp920"
+HW = hardware.get(TARGET)
+
+
+def test_the_shipped_database_holds_one_stcp920_record_per_workload():
+    database = pretuned("stcp920")
+    assert database is not None and records_dir("stcp920").is_dir()
+    records = database.get_all_tuning_records()
+    assert records and all(str(r.target.attrs["model"]) == "stcp920" for r in records)
+    hashes = [tvm_ffi.structural_hash(r.workload.mod) for r in records]
+    assert len(set(hashes)) == len(hashes)
+    assert pretuned("set-cloud144") is None  # no records shipped for it: nothing applied
+
+
+def test_the_dsa_pipeline_applies_them_by_default_and_stays_exact():
+    model = load_model("resnet50", tiny=True)
+    mod, inputs = import_onnx(model), example_inputs(model)
+    database = pretuned("stcp920")
+    tasks = extract_tasks(mod, TARGET)
+    shipped = [t for t in tasks if database.has_workload(t.mod)]
+    assert shipped  # the tiny benchmark ResNet-50's kernels are among the shipped ones
+    default, off = Compiled.build(mod, TARGET), Compiled.build(mod, TARGET, database=False)
+    assert set(default.offload.tuned) == {t.name for t in shipped} and off.offload.tuned == []
+    run = default.run(inputs)
+    # against the untuned DSA build (which the model tests check against llvm and onnxruntime):
+    # the records change how kernels are tiled, not what they compute
+    assert max_relative_error(run.outputs, off.run(inputs).outputs) < 1e-2
+    # each kernel runs as its record measured it: the model's cycles differ by the records' gains
+    gain = 0
+    for task in shipped:
+        lowered = tuned_kernel(database, task.mod["main"], HW)
+        tuned = simulate(build_program(lowered, HW, task.name), mode="timing").report.seconds
+        gain += task.calls * round((task.default_seconds - tuned) * HW.clock_hz)
+    assert gain >= 0
+    assert off.run(inputs, mode="timing").report.cycles - default.run(inputs, mode="timing").report.cycles == gain
+
+
+def _matmul(n: int):
+    a, b = te.placeholder((n, n), name="A"), te.placeholder((n, n), name="B")
+    k = te.reduce_axis((0, n), "k")
+    return te.create_prim_func([a, b, te.compute((n, n), lambda i, j: te.sum(a[i, k] * b[k, j], axis=k))])
+
+
+def _commit(database, func, seconds: float, chip: str) -> None:
+    """A record of ``func``'s default tiling measured as ``seconds`` on ``chip``."""
+    wl = workload(func)
+    sch = s_tir.Schedule(wl)
+    sample_tiling(sch, (0, 1), lower_kernel(func, HW)[1], False)
+    database.commit_tuning_record(ms.database.TuningRecord(
+        sch.trace, database.commit_workload(wl), [seconds], hardware.make_target(f"dsa/{chip}"),
+        ms.arg_info.ArgInfo.from_prim_func(wl["main"])))
+
+
+def test_merge_keeps_the_fastest_record_per_workload_of_the_chip(tmp_path):
+    small, large = _matmul(64), _matmul(128)
+    a, b = load_database(tmp_path / "a"), load_database(tmp_path / "b")
+    _commit(a, small, 1e-5, "stcp920")
+    _commit(b, small, 5e-6, "stcp920")
+    _commit(b, small, 1e-6, "set-edge16")  # another chip's: never merged
+    _commit(b, large, 2e-5, "stcp920")
+    _commit(b, large, 3e-5, "stcp920")
+    assert merge_records([a, tmp_path / "b"], "stcp920", tmp_path / "out") == 2
+    merged = load_database(tmp_path / "out")
+    best = {tvm_ffi.structural_hash(r.workload.mod): float(r.run_secs[0]) for r in merged.get_all_tuning_records()}
+    assert sorted(best.values()) == [5e-6, 2e-5] and len(merged.get_all_tuning_records()) == 2
+    assert tuned_kernel(merged, small, HW) is not None
+    # merging into the folder again with it as a source keeps it
+    assert merge_records([tmp_path / "out"], "stcp920", tmp_path / "out") == 2
+    assert sorted(tmp_path.joinpath("out").iterdir()) == sorted(tmp_path / "out" / n for n in
+                                                              ("database_tuning_record.json", "database_workload.json"))
