@@ -221,7 +221,8 @@ def _row_major(shape) -> list[int]:
     return strides[::-1]
 
 
-PROMOTE = "promote"  # layer mark of whole-tensor copies between memories (weight promotion)
+PROMOTE = "promote"
+FANOUT = 4  # copies a core sends of a box it holds before a copy of it is asked to (``_holder``)  # layer mark of whole-tensor copies between memories (weight promotion)
 
 
 class KernelEmitter:
@@ -463,14 +464,12 @@ class KernelEmitter:
     def _stage(self, stage: Stage, core: int) -> None:
         self.scratch_top = 0
         whole = [0] * len(stage.shape), list(stage.shape)
-        in_ddr = True  # the copy's source is in DDR (another core's tile buffer may hold it)
         if stage.name in self.aliasable:
             tensor = self.cur.args.get(stage.value.access.buffer)
             source = self.regions.get(tensor)
             if isinstance(source, Pieces):
                 parts = tuple(dict.fromkeys(r for *_, r in source.split(stage.value.access, self.env, *whole)))
                 source = parts[0] if len(parts) == 1 else parts
-                in_ddr = all(r.mem == "ddr" for r in parts)
             key = (core, stage.dst.buffer)
             if isinstance(source, Region) and (source.mem, source.index) == ("lb", core) and \
                     source.dtype == self.cur.plan.buffers[stage.dst.buffer].dtype:
@@ -493,7 +492,7 @@ class KernelEmitter:
                 return
         dst = self._operand(stage, stage.dst, core)
         if stage.op == "dma":
-            src = self._holder(stage, core, dst) if stage.name in self.aliasable and in_ddr else None
+            src = self._holder(stage, core, dst) if stage.name in self.aliasable else None
             if src is not None:
                 self._push(isa.Dma(core, stage.shape, dst, src), core)
             else:
@@ -511,21 +510,24 @@ class KernelEmitter:
 
     def _holder(self, stage: Stage, core: int, dst: isa.Operand) -> isa.Operand | None:
         """On a mesh, where another core's buffer holds the box this copy loads (the same layer's
-        tile of the same tensor), the operand to copy it from over the NoC instead of reading DDR
-        again: seed 002's tiles share weights and ifmaps by multicast, DRAM read once. The holder
-        that has sent the fewest copies sends (a tree, not a star from the first loader)."""
+        tile of the same tensor), the operand to copy it from over the NoC instead of loading it
+        from its source again: seed 002's tiles share weights and ifmaps by multicast, DRAM read
+        once. The copies form a tree of fan-out ``FANOUT``, as shallow as the holders allow (a copy
+        waits for its holder's, so depth is latency; one source serving all would be a star on
+        its links)."""
         if self.hw.interconnect != "mesh":
             return None
         buf = stage.dst.buffer
         content = self.content[(core, buf)]
-        sent = self.holders.setdefault((self.cur.name, buf, content), {})
+        sent = self.holders.setdefault((self.cur.name, buf, content), {})  # core -> [copies sent, depth]
         live = [c for c in sent if c != core and self.content.get((c, buf)) == content
                 and self.on_core.get(c) == self.on_core[core]]
-        sent[core] = 0
         if not live:
+            sent[core] = [0, 0]
             return None
-        holder = min(live, key=lambda c: (sent[c], c))
-        sent[holder] += 1
+        holder = min(live, key=lambda c: (sent[c][0] >= FANOUT, sent[c][1], sent[c][0], c))
+        sent[holder][0] += 1
+        sent[core] = [0, sent[holder][1] + 1]
         return replace(dst, index=holder, offset=dst.offset + self.slot[(holder, buf)] - self.slot[(core, buf)])
 
     def _expr(self, stage: Stage, v, core: int, dst):

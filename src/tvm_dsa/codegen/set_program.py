@@ -144,6 +144,7 @@ class TreeProgram:
     program: isa.Program
     spans: tuple[Span, ...]
     schedule: object  # schedule.set.Schedule
+    residency: dict  # counts of what was kept in the LBs (``_Residency.stats``)
 
     def timeline(self, check_hazards: bool = False) -> tuple[Slot, ...]:
         """The S-T graph's rectangles as the simulator runs the program (timing only): each
@@ -272,6 +273,8 @@ class _Residency:
         self.kept: dict = {}  # layer -> _Kept of its output
         self.pinned: dict = {}  # layer -> [_Kept of each weight it pins]
         self.placed: dict = {}  # (layer, chunk or round, "out" / "w") -> [(core, base, bytes)]
+        # what the arena took: output chunks consumed at once, weights pinned for a round
+        self.stats = {"chunks on chip": 0, "chunks through DDR": 0, "pins": 0, "pins refused": 0}
         self.free_at: dict = {}  # position -> keys placed whose last use it is
         on_chip = {}
         for c in sched.chunks:
@@ -354,13 +357,14 @@ class _Residency:
             r = q * plan.batch // self.round
             last = self.position[(v, min(plan.invocations, (r + 1) * self.round // plan.batch) - 1)]
             for n, kept in enumerate(self.pinned[v]):
-                self._place((v, r, "w", n), kept, 0, last, load=True)
+                self.stats["pins" if self._place((v, r, "w", n), kept, 0, last, load=True) else "pins refused"] += 1
         kept = self.kept.get(v)
         if kept is not None and self.on_chip.get((v, q)):
             rows = range(q * plan.batch, (q + 1) * plan.batch)
             last = max(self.last_read.get((v, s), -1) for s in rows)
             if last >= 0:
-                self._place((v, q, "out"), kept, q, last)
+                on_chip = self._place((v, q, "out"), kept, q, last)
+                self.stats["chunks on chip" if on_chip else "chunks through DDR"] += 1
 
     def after(self, pos: int) -> None:
         """Free what position ``pos`` used last (its cells point at DDR again)."""
@@ -406,4 +410,4 @@ def build_tree_program(k: TreeKernel, hw) -> TreeProgram:
         spans.append(Span(v, q, first, len(emitter.instructions), group))
         keep.after(pos)
     program = isa.Program(hw.to_dict(), max(offset, ALIGN), tuple(args), (emitter.kernel(),), k.name)
-    return TreeProgram(program, tuple(spans), sched)
+    return TreeProgram(program, tuple(spans), sched, keep.stats)
