@@ -26,7 +26,6 @@ The seed's dataflow rules and how they are made precise here (docs/set.md quotes
 
 from __future__ import annotations
 
-import dataclasses
 from dataclasses import dataclass
 from typing import NamedTuple
 
@@ -116,14 +115,15 @@ def allocate_groups(tree: Tree, graph: LayerGraph, intra: IntraLayer, tiles: int
 def analyse(tree: Tree, graph: LayerGraph, hw: Hardware, intra: IntraLayer) -> Schedule:
     """The schedule a valid tree stands for (``tree.validate`` first)."""
     groups = allocate_groups(tree, graph, intra, hw.cores)
-    plans: list = [None] * len(graph)
+    leaves: dict = {}  # layer -> (path, group, batch, segment, intra-layer cost)
     for path, node, b in tree.nodes():
         if isinstance(node, Leaf):
             lo, hi = groups[path]
-            segment = path[0] if tree.root.kind == "T" else 0
-            plans[node.layer] = LeafPlan(node.layer, path, (lo, hi), b, tree.batch // b, segment, False,
-                                         intra.cost(node.layer, hi - lo, b))
-    plans = _pin_weights(tree, plans, hw)
+            leaves[node.layer] = (path, (lo, hi), b, path[0] if tree.root.kind == "T" else 0,
+                                  intra.cost(node.layer, hi - lo, b))
+    pinned = _pinned(tree, leaves, hw)
+    plans = [LeafPlan(v, path, group, b, tree.batch // b, segment, v in pinned, cost)
+             for v, (path, group, b, segment, cost) in sorted(leaves.items())]
     spilled = _spill(tree, graph, plans, hw)
     return Schedule(tree, tuple(plans), tuple(_chunks(tree, graph, plans, spilled)), tuple(spilled))
 
@@ -134,22 +134,22 @@ def _retained(hw: Hardware) -> int:
     return (hw.lb_bytes - hw.lb_bytes // 2) // hw.storage_bytes
 
 
-def _pin_weights(tree: Tree, plans: list[LeafPlan], hw: Hardware) -> list[LeafPlan]:
-    """Pin each layer's per-tile weights in leaf order while every tile it uses has room."""
+def _pinned(tree: Tree, leaves: dict, hw: Hardware) -> set[int]:
+    """The layers whose weights stay pinned: in leaf order, while every tile a layer uses has room
+    for its per-tile weights (a layer without weights counts as pinned)."""
     cap = _retained(hw)
     usage: dict[int, list[int]] = {}  # segment -> elements pinned per tile
-    out = list(plans)
+    out = set()
     for layer in tree.root.layers:
-        plan = plans[layer]
-        tiles = usage.setdefault(plan.segment, [0] * hw.cores)
-        lo, hi = plan.used
-        w = plan.cost.weight_tile
-        if w and max(tiles[lo:hi]) + w <= cap:
-            for t in range(lo, hi):
-                tiles[t] += w
-            out[layer] = dataclasses.replace(plan, pinned=True)
-        elif not w:
-            out[layer] = dataclasses.replace(plan, pinned=True)
+        _, (lo, _), _, segment, cost = leaves[layer]
+        tiles = usage.setdefault(segment, [0] * hw.cores)
+        hi = lo + cost.tiles
+        w = cost.weight_tile
+        if not w:
+            out.add(layer)
+        elif max(tiles[lo:hi]) + w <= cap:
+            tiles[lo:hi] = [x + w for x in tiles[lo:hi]]
+            out.add(layer)
     return out
 
 
