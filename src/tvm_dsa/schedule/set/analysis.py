@@ -192,27 +192,34 @@ def _spill(tree: Tree, graph: LayerGraph, plans: list[LeafPlan], hw: Hardware) -
     order = tree.root.layers
     pos = {layer: k for k, layer in enumerate(order)}
     segments = max(p.segment for p in plans) + 1
-    kept = [[0] * (len(order) + 1) for _ in range(segments)]  # difference arrays over leaf positions
+    # one difference array over leaf positions: a segment's leaves are consecutive and its edges
+    # open and close inside them, so the running sum restarts at 0 at every segment
+    kept = [0] * (len(order) + 1)
     for u, v in graph.edges:
-        if _crosses(tree, plans[u], plans[v]):
-            continue
-        seg, size = plans[u].segment, plans[u].batch * graph.layers[u].ofmap
-        kept[seg][pos[u]] += size
-        kept[seg][pos[v]] -= size
+        if not _crosses(tree, plans[u], plans[v]):
+            size = plans[u].batch * graph.layers[u].ofmap
+            kept[pos[u]] += size
+            kept[pos[v]] -= size
     cap = _retained(hw)
     lo = [hw.cores] * segments
     hi = [0] * segments
     pinned = [0] * segments
-    for p in plans:
-        lo[p.segment], hi[p.segment] = min(lo[p.segment], p.group[0]), max(hi[p.segment], p.group[1])
+    peak = [0] * segments
+    run = 0
+    for layer, d in zip(order, kept):
+        p = plans[layer]
+        seg = p.segment
+        run += d
+        if run > peak[seg]:
+            peak[seg] = run
+        if p.group[0] < lo[seg]:
+            lo[seg] = p.group[0]
+        if p.group[1] > hi[seg]:
+            hi[seg] = p.group[1]
         if p.pinned:
-            pinned[p.segment] += p.cost.weight_tile * p.cost.tiles
+            pinned[seg] += p.cost.weight_tile * p.cost.tiles
     spilled = []
     for seg in range(segments):
-        run, peak = 0, 0
-        for d in kept[seg]:
-            run += d
-            peak = max(peak, run)
         room = max(0, (hi[seg] - lo[seg]) * cap - pinned[seg])
-        spilled.append(0.0 if peak <= room else 1 - room / peak)
+        spilled.append(0.0 if peak[seg] <= room else 1 - room / peak[seg])
     return spilled

@@ -147,6 +147,7 @@ class Evaluator:
         self.graph, self.hw = graph, hw
         self.intra = IntraLayer(graph, hw)
         self.mesh = Mesh(hw)
+        self._memo: dict = {}  # (layer, group, batch) -> _constants
 
     def schedule(self, tree: Tree) -> Schedule:
         return analyse(tree, self.graph, self.hw, self.intra)
@@ -156,11 +157,16 @@ class Evaluator:
 
     def _constants(self, plan: LeafPlan) -> tuple:
         """What every invocation of a layer shares: its group, the tiles it uses, compute cycles,
-        DRAM bytes it always moves (re-fetches, returned outputs), the mean hops to DRAM."""
-        hw, layer = self.hw, self.graph.layers[plan.layer]
-        lo, hi = plan.group
-        fixed = (plan.cost.refetch + (layer.ofmap * plan.batch if layer.output else 0)) * hw.storage_bytes
-        return lo, hi, plan.used, plan.cost.cycles, fixed, self.mesh.edge_hops(lo, hi)
+        DRAM bytes it always moves (re-fetches, returned outputs), the mean hops to DRAM
+        (memoised: they depend on the layer, its group and its batch only)."""
+        key = (plan.layer, plan.group, plan.batch)
+        hit = self._memo.get(key)
+        if hit is None:
+            hw, layer = self.hw, self.graph.layers[plan.layer]
+            lo, hi = plan.group
+            fixed = (plan.cost.refetch + (layer.ofmap * plan.batch if layer.output else 0)) * hw.storage_bytes
+            hit = self._memo[key] = (lo, hi, plan.used, plan.cost.cycles, fixed, self.mesh.edge_hops(lo, hi))
+        return hit
 
     def evaluate_schedule(self, sched: Schedule, timeline: bool = False) -> Evaluation:
         """Latency and energy; with ``timeline`` also every invocation's rectangle (``Slot``)."""
