@@ -4,11 +4,15 @@
     python benchmarks/set.py --models resnet50 bert_base --beta 20
     python benchmarks/set.py --presets set-edge16 --batches 1 --objective delay --save trees/
     python benchmarks/set.py --batches 1 8 --lower --plot plots/      # evaluator vs simulator, S-T graphs
+    python benchmarks/set.py --models pnasnet --beta 5 --cases pnas.json   # save the cases ...
+    python benchmarks/set.py --average resnet.json pnas.json             # ... and average runs together
 
 All three schemes come from one simulated-annealing engine (``schedule.set.search``): SET over all
 trees, LS over trees whose depth-one cuts are T-cuts, LP over depth-one S-cuts. The objective is
 the preset's (edge E²D, cloud ED²) unless ``--objective`` says otherwise. Prints one row per
-(model, preset, batch, scheme), then SET's ratios to LS and LP and their averages.
+(model, preset, batch, scheme), then SET's ratios to LS and LP and their arithmetic and geometric
+means over the cases (``--cases FILE`` saves them as JSON; ``--average FILE...`` prints the means
+of saved runs together, e.g. runs with a smaller beta for the large graphs).
 
 ``--lower`` compiles the model at the batch with each best tree (``tvm_dsa.pipeline(schedule="set")``),
 runs the program on the simulator (timing) and prints the evaluator's latency and DRAM bytes next to
@@ -20,6 +24,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import time
 from pathlib import Path
 
@@ -45,11 +50,16 @@ def main() -> None:
     ap.add_argument("--save", type=Path, help="directory for each best tree as .txt and .json")
     ap.add_argument("--lower", action="store_true", help="also lower each best tree and simulate it")
     ap.add_argument("--plot", type=Path, help="directory for the SET trees' S-T graphs (SVG)")
+    ap.add_argument("--cases", type=Path, help="write every case's SET / LS / LP results to this JSON file")
+    ap.add_argument("--average", type=Path, nargs="+", help="only print the means of these --cases files")
     args = ap.parse_args()
+    if args.average:
+        print_means([case for path in args.average for case in json.loads(path.read_text())])
+        return
 
     print(f"{'model':<10} {'preset':<13} {'batch':>5} {'scheme':<4} {'latency(cyc)':>13} {'energy(mJ)':>11} "
           f"{'EDP(J*s)':>10} {'DRAM(MB)':>9} {'iters':>6} {'search(s)':>9}  tree")
-    ratios, lowered = [], []
+    cases, lowered = [], []
     for model in args.models:
         t = time.perf_counter()
         graph = LayerGraph.from_onnx(get_model(model))
@@ -84,9 +94,9 @@ def main() -> None:
                         st_graph(slots, graph, hw.cores, args.plot / f"{stem}-evaluator.svg", f"{stem} (evaluator)")
                         if sim:
                             st_graph(sim[2], graph, hw.cores, args.plot / f"{stem}-simulator.svg", f"{stem} (simulator)")
-                s, ls, lp = found["set"], found["ls"], found["lp"]
-                ratios.append((model, preset, batch, objective, s.latency / ls.latency, s.latency / lp.latency,
-                               s.joules / ls.joules, s.joules / lp.joules))
+                cases.append({"model": model, "preset": preset, "batch": batch, "objective": objective,
+                              "beta": args.beta, **{k: {"latency": e.latency, "joules": e.joules}
+                                                    for k, e in found.items()}})
     if lowered:
         print(f"\nthe same trees lowered to DSA programs and simulated (timing):\n{'model':<10} {'preset':<13} "
               f"{'batch':>5} {'scheme':<6} {'evaluator(cyc)':>14} {'simulator(cyc)':>14} {'sim/eval':>8} "
@@ -97,16 +107,33 @@ def main() -> None:
         ratio = [c / e.latency for *_, e, c, _ in lowered]
         print(f"simulator / evaluator latency: mean {sum(ratio) / len(ratio):.2f}, min {min(ratio):.2f}, "
               f"max {max(ratio):.2f} over {len(ratio)} trees")
-    print(f"\n{'model':<10} {'preset':<13} {'batch':>5} {'objective':<9} {'lat SET/LS':>10} {'lat SET/LP':>10} "
-          f"{'E SET/LS':>9} {'E SET/LP':>9}")
-    for model, preset, batch, objective, *r in ratios:
-        print(f"{model:<10} {preset:<13} {batch:>5} {objective:<9} " + " ".join(f"{x:>9.3f} " for x in r))
-    n = len(ratios)
-    speedup_lp = sum(1 / r[5] for r in ratios) / n
-    saving_lp = 1 - sum(r[7] for r in ratios) / n
-    print(f"\naverage over {n} cases: SET is {speedup_lp:.2f}x faster than LP and uses {100 * saving_lp:.1f} % "
-          f"less energy; {sum(1 / r[4] for r in ratios) / n:.2f}x faster than LS, "
-          f"{100 * (1 - sum(r[6] for r in ratios) / n):.1f} % less energy")
+    if args.cases:
+        args.cases.write_text(json.dumps(cases, indent=1))
+    print_means(cases)
+
+
+def print_means(cases: list[dict]) -> None:
+    """SET's latency and energy ratios to LS and LP per case, then their arithmetic and geometric
+    means: speed-up (the other's latency / SET's) and energy saving (1 - SET's / the other's)."""
+    print(f"\n{'model':<10} {'preset':<13} {'batch':>5} {'objective':<9} {'beta':>5} {'lat SET/LS':>10} "
+          f"{'lat SET/LP':>10} {'E SET/LS':>9} {'E SET/LP':>9}")
+    for c in cases:
+        s, ls, lp = c["set"], c["ls"], c["lp"]
+        r = (s["latency"] / ls["latency"], s["latency"] / lp["latency"], s["joules"] / ls["joules"],
+             s["joules"] / lp["joules"])
+        print(f"{c['model']:<10} {c['preset']:<13} {c['batch']:>5} {c['objective']:<9} {c['beta']:>5g} "
+              + " ".join(f"{x:>9.3f} " for x in r))
+    n = len(cases)
+    print(f"\nmeans over {n} cases       speed-up (arith / geo)   energy saving (arith / geo)")
+    for other in ("lp", "ls"):
+        speed = [c[other]["latency"] / c["set"]["latency"] for c in cases]
+        energy = [c["set"]["joules"] / c[other]["joules"] for c in cases]
+        print(f"SET vs {other.upper()}                {sum(speed) / n:>6.2f}x / {_geo(speed):>5.2f}x        "
+              f"{100 * (1 - sum(energy) / n):>6.1f} % / {100 * (1 - _geo(energy)):>5.1f} %")
+
+
+def _geo(xs: list[float]) -> float:
+    return math.exp(sum(math.log(x) for x in xs) / len(xs))
 
 
 def simulate_tree(model: str, preset: str, tree: Tree, graph: LayerGraph) -> tuple[int, int, tuple]:

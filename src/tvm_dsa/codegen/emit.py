@@ -62,6 +62,53 @@ class Region:
         return isa.DTYPES[self.dtype] * _prod(self.extents)
 
 
+@dataclass
+class Pieces:
+    """A tensor stored in pieces (a grid over its dims): piece ``(i0, i1, ...)`` is the box between
+    ``cuts[d][i_d - 1]`` and ``cuts[d][i_d]`` along every dim ``d`` (0 and the extent implied at
+    the ends) and lives in ``cells[(i0, i1, ...)]``: a box region in some core's LB, or the
+    tensor's whole DDR region. What SET keeps on chip: a feature map spread over its consumers'
+    LBs, weights pinned in their layer's LBs. DMA boxes touching it are split along the cuts
+    (each such access must index a cut dim by one loop with coefficient 1, or not vary in it).
+    Cells change as the program goes (a chunk placed, a piece freed): the emitter reads them
+    when it emits."""
+
+    shape: tuple[int, ...]
+    cuts: tuple[tuple[int, ...], ...]  # per dim: interior cut points, increasing
+    cells: dict
+
+    def cell_index(self, point) -> tuple[int, ...]:
+        return tuple(bisect.bisect_right(c, x) for c, x in zip(self.cuts, point))
+
+    def cell(self, point) -> Region:
+        return self.cells[self.cell_index(point)]
+
+    def split(self, acc: Access, env, start, extent):
+        """The sub-boxes of the stage box [start, start + extent) that each lie in one piece, with
+        the piece's region: [(start, extent, region)]."""
+        p0 = acc.point(env, start)
+        boxes = [(list(start), list(extent))]
+        for d, cuts in enumerate(self.cuts):
+            loops = [(i, c) for i, c in enumerate(acc.inner[d]) if c]
+            if not cuts or not loops:
+                continue
+            if len(loops) != 1 or loops[0][1] != 1:
+                raise CodegenError(f"an access to a tensor kept in pieces indexes dim {d} by "
+                                   f"{acc.inner[d]}, not one loop with coefficient 1")
+            i = loops[0][0]
+            out = []
+            for s, e in boxes:
+                lo = p0[d] + s[i] - start[i]
+                hi, b = lo + e[i], lo
+                for cut in [x for x in cuts if lo < x < hi] + [hi]:
+                    s2, e2 = list(s), list(e)
+                    s2[i], e2[i] = s[i] + b - lo, cut - b
+                    out.append((s2, e2))
+                    b = cut
+            boxes = out
+        return [(s, e, self.cell(acc.point(env, s))) for s, e in boxes]
+
+
 @dataclass(frozen=True)
 class Layer:
     """One lowered PrimFunc in a kernel: its IR, its LB plan and the tensor behind each parameter."""
@@ -174,7 +221,8 @@ def _row_major(shape) -> list[int]:
     return strides[::-1]
 
 
-PROMOTE = "promote"  # layer mark of whole-tensor copies between memories (weight promotion)
+PROMOTE = "promote"
+FANOUT = 4  # copies a core sends of a box it holds before a copy of it is asked to (``_holder``)  # layer mark of whole-tensor copies between memories (weight promotion)
 
 
 class KernelEmitter:
@@ -240,10 +288,11 @@ class KernelEmitter:
         self.content = {k: c for k, c in self.content.items() if k[0] != core}
 
     def move(self, src: Region, dst: Region, core: int) -> None:
-        """Copy a whole region (same box) to another memory, e.g. a weight promotion DDR -> GB."""
+        """Copy the box of ``dst`` from ``src`` (the same box or one holding it) to another memory,
+        e.g. a weight promotion DDR -> GB."""
         self.cores_used.add(core)
         self._mark(PROMOTE, ())
-        self._push(isa.Dma(core, src.extents, _whole_operand(dst), _whole_operand(src)), core)
+        self._push(isa.Dma(core, dst.extents, _whole_operand(dst), _whole_operand(src, dst.origin)), core)
 
     def replicate(self, start: int, stop: int, cores: int, cluster: int, ddr_shift: dict) -> bool:
         """Record that instructions [start, stop) — one cluster's part of a kernel — run again for
@@ -299,10 +348,13 @@ class KernelEmitter:
                 self._stage(n, core)
 
     # -- operands --------------------------------------------------------------------------------
-    def _operand(self, stage: Stage, acc: Access, core: int, start=None, extent=None) -> isa.Operand:
-        """Operand of ``acc`` over the stage's box, or over the sub-box [start, start + extent)."""
+    def _operand(self, stage: Stage, acc: Access, core: int, start=None, extent=None,
+                 piece: Region | None = None) -> isa.Operand:
+        """Operand of ``acc`` over the stage's box, or over the sub-box [start, start + extent);
+        ``piece``: the region of a ``Pieces`` tensor the sub-box lies in (a DMA may reach another
+        core's LB over the NoC)."""
         point = acc.point(self.env, start)
-        alias = self.alias.get((core, acc.buffer)) if acc.lb else None
+        alias = piece if piece is not None else self.alias.get((core, acc.buffer)) if acc.lb else None
         view = self.views.get((id(acc), alias))
         if view is None:
             view = self.views[(id(acc), alias)] = self._view(stage, acc, alias)
@@ -313,6 +365,8 @@ class KernelEmitter:
         else:
             origin, base = region.origin, region.base
             index = core if mem == "lb" else core // self.hw.cores_per_cluster if mem == "gb" else 0
+            if mem == "lb" and stage.op == "dma":
+                index = region.index
             if index != region.index:
                 raise CodegenError(f"core {core} cannot reach {self.cur.args.get(acc.buffer)} "
                                    f"in {region.mem}[{region.index}]")
@@ -390,11 +444,15 @@ class KernelEmitter:
 
     def _stage(self, stage: Stage, core: int) -> None:
         self.scratch_top = 0
+        whole = [0] * len(stage.shape), list(stage.shape)
         if stage.name in self.aliasable:
             tensor = self.cur.args.get(stage.value.access.buffer)
             source = self.regions.get(tensor)
+            if isinstance(source, Pieces):
+                parts = tuple(dict.fromkeys(r for *_, r in source.split(stage.value.access, self.env, *whole)))
+                source = parts[0] if len(parts) == 1 else parts
             key = (core, stage.dst.buffer)
-            if source is not None and (source.mem, source.index) == ("lb", core) and \
+            if isinstance(source, Region) and (source.mem, source.index) == ("lb", core) and \
                     source.dtype == self.cur.plan.buffers[stage.dst.buffer].dtype:
                 self.alias[key] = source  # stitched in this core's LB: read in place, no copy
                 self.content.pop(key, None)
@@ -406,6 +464,13 @@ class KernelEmitter:
             self.content[key] = content
         if stage.dst.lb:
             self._start_lifetime(stage, core)
+        else:
+            target = self.regions.get(self.cur.args.get(stage.dst.buffer))
+            if isinstance(target, Pieces):  # written piece by piece (into LBs over the NoC)
+                for s, e, piece in target.split(stage.dst, self.env, *whole):
+                    self.scratch_top = 0  # each piece's conversion reuses the scratch (tokens order them)
+                    self._copy(stage, stage.value, self._operand(stage, stage.dst, core, s, e, piece), core, s, e, s)
+                return
         dst = self._operand(stage, stage.dst, core)
         if stage.op == "dma":
             src = self._holder(stage, core, dst) if stage.name in self.aliasable else None
@@ -426,21 +491,24 @@ class KernelEmitter:
 
     def _holder(self, stage: Stage, core: int, dst: isa.Operand) -> isa.Operand | None:
         """On a mesh, where another core's buffer holds the box this copy loads (the same layer's
-        tile of the same tensor), the operand to copy it from over the NoC instead of reading DDR
-        again: seed 002's tiles share weights and ifmaps by multicast, DRAM read once. The holder
-        that has sent the fewest copies sends (a tree, not a star from the first loader)."""
+        tile of the same tensor), the operand to copy it from over the NoC instead of loading it
+        from its source again: seed 002's tiles share weights and ifmaps by multicast, DRAM read
+        once. The copies form a tree of fan-out ``FANOUT``, as shallow as the holders allow (a copy
+        waits for its holder's, so depth is latency; one source serving all would be a star on
+        its links)."""
         if self.hw.interconnect != "mesh":
             return None
         buf = stage.dst.buffer
         content = self.content[(core, buf)]
-        sent = self.holders.setdefault((self.cur.name, buf, content), {})
+        sent = self.holders.setdefault((self.cur.name, buf, content), {})  # core -> [copies sent, depth]
         live = [c for c in sent if c != core and self.content.get((c, buf)) == content
                 and self.on_core.get(c) == self.on_core[core]]
-        sent[core] = 0
         if not live:
+            sent[core] = [0, 0]
             return None
-        holder = min(live, key=lambda c: (sent[c], c))
-        sent[holder] += 1
+        holder = min(live, key=lambda c: (sent[c][0] >= FANOUT, sent[c][1], sent[c][0], c))
+        sent[holder][0] += 1
+        sent[core] = [0, sent[holder][1] + 1]
         return replace(dst, index=holder, offset=dst.offset + self.slot[(holder, buf)] - self.slot[(core, buf)])
 
     def _expr(self, stage: Stage, v, core: int, dst):
@@ -468,31 +536,48 @@ class KernelEmitter:
         self._push(isa.Vector(core, unit, v.name, shape, out, args), core)
         return dst
 
-    def _copy(self, stage: Stage, v, dst: isa.Operand, core: int, start, extent) -> None:
+    def _copy(self, stage: Stage, v, dst: isa.Operand, core: int, start, extent, at=None) -> None:
         """DMA / fill over the sub-box [start, start + extent), splitting ``Select`` on index
-        bounds into the boxes where each branch holds."""
+        bounds into the boxes where each branch holds, and reads of a ``Pieces`` tensor into its
+        pieces. ``dst`` is the destination at box point ``at`` (the box's origin by default)."""
         if any(n <= 0 for n in extent):
             return
+        at = at or [0] * len(extent)
         if isinstance(v, Select):
             inside = self._bounds_box(v.bounds, start, extent)
             if inside is None:
-                return self._copy(stage, v.other, dst, core, start, extent)
+                return self._copy(stage, v.other, dst, core, start, extent, at)
             for s, e, holds in _split_box(start, extent, *inside):
-                self._copy(stage, v.then if holds else v.other, dst, core, s, e)
+                self._copy(stage, v.then if holds else v.other, dst, core, s, e, at)
             return
-        sub_dst = _sub_operand(dst, start)
+        sub_dst = _sub_operand(dst, [a - b for a, b in zip(start, at)])
         shape = tuple(extent)
+        source = None if not isinstance(v, Read) or v.access.lb else self.regions.get(self.cur.args.get(v.access.buffer))
+        if isinstance(source, Pieces):
+            for s, e, piece in source.split(v.access, self.env, start, extent):
+                src = self._operand(stage, v.access, core, s, e, piece)
+                self._dma(core, tuple(e), _sub_operand(dst, [a - b for a, b in zip(s, at)]), src)
+            return
         if isinstance(v, Read):
             src = self._operand(stage, v.access, core, start, extent)
             if src.dtype != sub_dst.dtype:
                 tmp = self._scratch(set(range(len(shape))), stage, core, sub_dst.dtype)
                 self._push(isa.Vector(core, "vme", "copy", shape, tmp, (src,)), core)
                 src = tmp
-            self._push(isa.Dma(core, shape, sub_dst, src), core)
+            self._dma(core, shape, sub_dst, src)
         elif isinstance(v, Const) and sub_dst.mem == "lb":
             self._push(isa.Fill(core, shape, sub_dst, v.value), core)
         else:
             raise CodegenError(f"stage {stage.name}: cannot copy {type(v).__name__} to {sub_dst.mem}")
+
+    def _dma(self, core: int, shape, dst: isa.Operand, src: isa.Operand) -> None:
+        """A DMA for ``core``'s tile; issued by the core whose LB it touches when that is not
+        ``core``'s (a copy between tensors kept in other cores' LBs, or between one and DDR)."""
+        issuer = core
+        if (dst.mem, dst.index) != ("lb", core) and (src.mem, src.index) != ("lb", core):
+            issuer = src.index if src.mem == "lb" else dst.index if dst.mem == "lb" else core
+        self.cores_used.add(issuer)
+        self._push(isa.Dma(issuer, shape, dst, src), issuer)
 
     def _bounds_box(self, bounds, start, extent):
         """Per stage loop, the [lo, hi) range where all ``bounds`` hold inside the box, or None."""
@@ -585,8 +670,11 @@ def _sub_operand(o: isa.Operand, start) -> isa.Operand:
     return o if off == o.offset else replace(o, offset=off)
 
 
-def _whole_operand(r: Region) -> isa.Operand:
-    return isa.Operand(r.mem, r.index, r.base, r.dtype, tuple(_row_major(r.extents)))
+def _whole_operand(r: Region, origin=None) -> isa.Operand:
+    """The region as an operand over its box, or over a box from ``origin`` inside it."""
+    strides = _row_major(r.extents)
+    shift = sum((o - a) * st for o, a, st in zip(origin, r.origin, strides)) if origin else 0
+    return isa.Operand(r.mem, r.index, r.base + isa.DTYPES[r.dtype] * shift, r.dtype, tuple(strides))
 
 
 def place_arguments(inputs, outputs, tensors: dict, hw: Hardware) -> tuple[dict, list, int]:

@@ -13,20 +13,34 @@ while a producer invocation it reads from comes later in the order (a tile may s
 samples when the lowering tiled the batch coarsely). Samples are found from the leading dimension
 of every activation, which must carry the batch (checked).
 
-What the lowered program does not do yet (docs/set.md): feature maps between layers all go
-through DDR (the evaluator sends the immediately consumed ones over the NoC) and weights are
-loaded per tile (the evaluator pins them in the tiles' buffers).
+Data kept on chip, as the tree says (§3.3.1). The part of every core's LB above the largest
+layer's tile buffers is an arena (``_Arena``) for:
+
+- feature maps consumed at once: a producer invocation's output chunk (its samples) whose every
+  consumer reads it at once (the schedule's chunks all go over the NoC) is spread over the LBs
+  of its consumers' cores, in pieces along the chunk's samples and one more dim (``_grid``: the
+  one that splits the producer's and consumers' tile boxes into the fewest pieces); producer
+  tiles write their pieces there and consumer tiles read them, both over the NoC. The pieces are
+  freed after the last tile reading them;
+- pinned weights: a layer the schedule pins loads its weights once per root sub-batch round
+  (once under a root S-cut), in pieces along the output dim over its cores; its tiles read them
+  in place when the piece is on their core, else over the NoC;
+
+and whatever does not fit the arena when it is placed goes through DDR as before. A chunk read
+later, across root T-cut children, through a reshape, or returned stays in DDR.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
+import numpy as np
+
 from .. import isa
 from ..hardware import Hardware
 from ..schedule.set.alloc import stripe_order
 from ..schedule.set.evaluate import Slot, invocation_order
-from .emit import KernelEmitter, Region, place_arguments
+from .emit import KernelEmitter, Pieces, Region, place_arguments
 from .kernel_ir import ALIGN, CodegenError, align
 from .stitch import footprints
 
@@ -45,6 +59,7 @@ class TreeKernel:
     outputs: tuple[str, ...]
     tensors: dict
     schedule: object  # schedule.set.Schedule
+    weights: frozenset = frozenset()  # the inputs that are constants (weights a layer may pin)
 
 
 @dataclass(frozen=True)
@@ -71,8 +86,10 @@ def _samples(box_lo: int, box_hi: int, dim0: int, batch: int) -> tuple[int, int]
     return box_lo * batch // dim0, (box_hi * batch - 1) // dim0
 
 
-def _assign(k: TreeKernel, batch: int) -> dict:
-    """(layer, invocation) -> tile-loop values of the tiles it computes."""
+def _assign(k: TreeKernel, batch: int, fps: list) -> tuple[dict, dict]:
+    """(layer, invocation) -> tile-loop values of the tiles it computes; and (layer, sample) ->
+    position in the invocation order of the last invocation whose tiles read that sample of the
+    layer's output."""
     sched, layers = k.schedule, k.layers
     plans = sched.leaves
     position = {key: n for n, key in enumerate(invocation_order(sched.tree))}
@@ -91,9 +108,10 @@ def _assign(k: TreeKernel, batch: int) -> dict:
         return shape[0]
 
     work: dict = {}
+    last_read: dict = {}
     ready: list = []  # per layer, per sample: position of the invocation completing it
     for v, L in enumerate(layers):
-        fp = footprints(L)
+        fp = fps[v]
         out = L.args[L.ir.params[-1][0]]
         bv, n = plans[v].batch, plans[v].invocations
         reads = [(fp.reads[p], produced[root(L.args[p])], dim0(L.args[p])) for p in fp.reads
@@ -111,8 +129,12 @@ def _assign(k: TreeKernel, batch: int) -> dict:
                                    "after its last invocation")
             work.setdefault((v, q), []).append(tile)
             done[first:last + 1] = [max(x, position[(v, q)]) for x in done[first:last + 1]]
+            for (lo, hi), u, d in reads:
+                a, b = _samples(int(lo[row][0]), int(hi[row][0]), d, batch)
+                for sample in range(a, b + 1):
+                    last_read[(u, sample)] = max(last_read.get((u, sample), -1), position[(v, q)])
         ready.append(done)
-    return work
+    return work, last_read
 
 
 @dataclass(frozen=True)
@@ -122,6 +144,7 @@ class TreeProgram:
     program: isa.Program
     spans: tuple[Span, ...]
     schedule: object  # schedule.set.Schedule
+    residency: dict  # counts of what was kept in the LBs (``_Residency.stats``)
 
     def timeline(self, check_hazards: bool = False) -> tuple[Slot, ...]:
         """The S-T graph's rectangles as the simulator runs the program (timing only): each
@@ -140,6 +163,216 @@ class TreeProgram:
             out.append(Slot(s.layer, s.invocation, plan.batch, plan.used,
                             min(kt.start[i] for i in idx), max(kt.end[i] for i in idx)))
         return tuple(out)
+
+
+MIN_PIECE = 8192  # bytes: a tensor is not cut into pieces smaller than this (each is a DMA per box)
+
+
+class _Arena:
+    """Free byte ranges of each core's LB above the layers' tile buffers (first fit)."""
+
+    def __init__(self, lo: int, hi: int):
+        self.lo, self.hi = align(lo), hi
+        self.free: dict = {}  # core -> sorted [lo, hi) ranges
+
+    def take(self, core: int, nbytes: int) -> int | None:
+        free = self.free.setdefault(core, [(self.lo, self.hi)] if self.hi > self.lo else [])
+        n = align(nbytes)
+        for i, (a, b) in enumerate(free):
+            if b - a >= n:
+                free[i:i + 1] = [(a + n, b)] if b - a > n else []
+                return a
+        return None
+
+    def give(self, core: int, base: int, nbytes: int) -> None:
+        free = self.free[core]
+        free.append((base, base + align(nbytes)))
+        free.sort()
+        merged = [free[0]]
+        for a, b in free[1:]:
+            if a == merged[-1][1]:
+                merged[-1] = (merged[-1][0], b)
+            else:
+                merged.append((a, b))
+        self.free[core] = merged
+
+
+def _splittable(layer, param: str, d: int) -> bool:
+    """Every access of ``layer`` to its parameter ``param`` is a DMA indexing dim ``d`` by at most
+    one loop, with coefficient 1 (what ``Pieces.split`` needs)."""
+    for st in layer.ir.stages():
+        for acc in [st.dst] + st.reads():
+            if acc.buffer == param and not acc.lb:
+                loops = [c for c in acc.inner[d] if c]
+                if loops and (st.op != "dma" or loops != [1]):
+                    return False
+    return True
+
+
+def _grid(shape, users, cells: int, first: int) -> tuple[int | None, tuple[int, ...]]:
+    """(dim, interior cuts) cutting a tensor (or a chunk of it) into up to ``cells`` even pieces
+    along the dim from ``first`` on that every user can split along and that cuts the users'
+    tile boxes into the fewest pieces; (None, ()) when none can. ``users``: (layer, param, boxes)."""
+    best = None
+    for d in range(first, len(shape)):
+        n = min(cells, shape[d])
+        if n < 2 or not all(_splittable(L, param, d) for L, param, _ in users):
+            continue
+        cuts = tuple(shape[d] * i // n for i in range(1, n))
+        pieces = sum(int(np.sum(np.searchsorted(cuts, hi[:, d] - 1, "right") - np.searchsorted(cuts, lo[:, d], "right")))
+                     for _, _, (lo, hi) in users)
+        if best is None or pieces < best[0]:
+            best = (pieces, d, cuts)
+    return (best[1], best[2]) if best else (None, ())
+
+
+@dataclass
+class _Kept:
+    """A tensor some of whose pieces may live in LBs: its ``Pieces``, the dim (besides dim 0 for
+    a feature map's chunks) its pieces are cut along, and the cores holding them."""
+
+    tensor: str
+    home: Region  # its DDR region (where pieces not in an LB are)
+    pieces: Pieces
+    dim: int | None
+    cores: tuple[int, ...]
+    rows: int = 0  # feature map: leading-dim rows per chunk (0: weights, one chunk)
+
+
+def _cells_of(kept: _Kept, chunk: int, itemsize: int):
+    """(cell index, origin, extents) of every piece of chunk ``chunk``."""
+    shape, dim = kept.pieces.shape, kept.dim
+    bounds = (0, *kept.pieces.cuts[dim], shape[dim]) if dim is not None else (0, shape[0])
+    for j in range(len(bounds) - 1):
+        index, origin, extents = [0] * len(shape), [0] * len(shape), list(shape)
+        if kept.rows:
+            index[0], origin[0], extents[0] = chunk, chunk * kept.rows, kept.rows
+        if dim is not None:
+            index[dim], origin[dim], extents[dim] = j, bounds[j], bounds[j + 1] - bounds[j]
+        yield tuple(index), tuple(origin), tuple(extents)
+
+
+class _Residency:
+    """What the program keeps in the LBs' arena as it is emitted (module docstring): places a
+    chunk's or a pinned layer's pieces (or leaves them in DDR when they do not fit) and frees them
+    after their last use."""
+
+    def __init__(self, k: TreeKernel, hw, fps: list, last_read: dict, regions: dict, emitter: KernelEmitter):
+        sched, layers = k.schedule, k.layers
+        self.hw, self.emitter = hw, emitter
+        self.arena = _Arena(max(L.plan.total_bytes for L in layers), hw.lb_bytes)
+        self.itemsize = isa.DTYPES[hw.storage_dtype]
+        cores = core_of_stripe(hw)
+        used = [tuple(cores[i] for i in range(*p.used)) for p in sched.leaves]
+        readers: dict = {}  # tensor -> [(layer, param)]
+        for v, L in enumerate(layers):
+            for param, *_ in L.ir.params[:-1]:
+                readers.setdefault(L.args[param], []).append((v, param))
+        viewed = set(k.views) | set(k.views.values())
+        batch = sched.tree.batch
+        self.kept: dict = {}  # layer -> _Kept of its output
+        self.pinned: dict = {}  # layer -> [_Kept of each weight it pins]
+        self.placed: dict = {}  # (layer, chunk or round, "out" / "w") -> [(core, base, bytes)]
+        # what the arena took: output chunks consumed at once, weights pinned for a round
+        self.stats = {"chunks on chip": 0, "chunks through DDR": 0, "pins": 0, "pins refused": 0}
+        self.free_at: dict = {}  # position -> keys placed whose last use it is
+        on_chip = {}
+        for c in sched.chunks:
+            on_chip[(c.src, c.p)] = on_chip.get((c.src, c.p), True) and c.noc > 0
+        for u, L in enumerate(layers):
+            out = L.ir.params[-1][0]
+            t = L.args[out]
+            shape = k.tensors[t][0]
+            users = [(layers[v], param, fps[v].reads[param]) for v, param in readers.get(t, [])]
+            if t in k.outputs or t in viewed or not users or not any(on_chip.get((u, p)) for p in
+                                                                   range(sched.leaves[u].invocations)):
+                continue
+            users.append((L, out, fps[u].write))
+            chunks = sched.leaves[u].invocations
+            if chunks > 1 and not all(_splittable(lay, param, 0) for lay, param, _ in users):
+                continue
+            rows = shape[0] // chunks
+            holders = tuple(dict.fromkeys(c for v, _ in readers[t] for c in used[v]))
+            chunk_bytes = self.itemsize * rows * int(np.prod(shape[1:]))
+            dim, cuts = _grid((rows, *shape[1:]), users, min(len(holders), -(-chunk_bytes // MIN_PIECE)), 1)
+            grid = [tuple(rows * i for i in range(1, chunks))] + [()] * (len(shape) - 1)
+            if dim is not None:
+                grid[dim] = cuts
+            self.kept[u] = _Kept(t, regions[t], Pieces(tuple(shape), tuple(grid), {}), dim, holders, rows)
+            for p in range(chunks):
+                for index, *_ in _cells_of(self.kept[u], p, self.itemsize):
+                    self.kept[u].pieces.cells[index] = regions[t]
+            regions[t] = self.kept[u].pieces
+        for v, L in enumerate(layers):
+            if not sched.leaves[v].pinned:
+                continue
+            for param, *_ in L.ir.params[:-1]:
+                t = L.args[param]
+                if t not in k.weights or len(readers[t]) > 1:
+                    continue
+                shape = k.tensors[t][0]
+                size = self.itemsize * int(np.prod(shape))
+                dim, cuts = _grid(shape, [(L, param, fps[v].reads[param])], min(len(used[v]), -(-size // MIN_PIECE)), 0)
+                grid = [()] * len(shape)
+                if dim is not None:
+                    grid[dim] = cuts
+                kept = _Kept(t, regions[t], Pieces(tuple(shape), tuple(grid), {}), dim, used[v])
+                for index, *_ in _cells_of(kept, 0, self.itemsize):
+                    kept.pieces.cells[index] = regions[t]
+                regions[t] = kept.pieces
+                self.pinned.setdefault(v, []).append(kept)
+        root = sched.tree.root
+        self.round = batch // root.sb if root.kind == "T" else batch
+        self.last_read, self.sched, self.on_chip = last_read, sched, on_chip
+        self.position = {key: n for n, key in enumerate(invocation_order(sched.tree))}
+
+    def _place(self, key, kept: _Kept, chunk: int, pos: int, load: bool = False) -> bool:
+        """Put the pieces of ``chunk`` of ``kept`` in the arena (claimed; loaded from DDR with
+        ``load``) to be freed after position ``pos``; False (nothing placed) when they do not fit."""
+        cells, taken = list(_cells_of(kept, chunk, self.itemsize)), []
+        for j, (index, origin, extents) in enumerate(cells):
+            core = kept.cores[j % len(kept.cores)]
+            nbytes = self.itemsize * int(np.prod(extents))
+            base = self.arena.take(core, nbytes)
+            if base is None:
+                for c, b, n in taken:
+                    self.arena.give(c, b, n)
+                return False
+            taken.append((core, base, nbytes))
+        for (index, origin, extents), (core, base, nbytes) in zip(cells, taken):
+            region = Region("lb", core, base, origin, extents, self.hw.storage_dtype)
+            self.emitter.claim(region, (kept.tensor, key, index))
+            if load:
+                self.emitter.move(kept.home, region, core)
+            kept.pieces.cells[index] = region
+        self.placed[key] = (kept, chunk, taken)
+        self.free_at.setdefault(pos, []).append(key)
+        return True
+
+    def before(self, v: int, q: int) -> None:
+        """Place what invocation ``(v, q)`` starts keeping: its pinned weights at the first
+        invocation of a round, its output chunk when it is consumed at once."""
+        plan = self.sched.leaves[v]
+        if v in self.pinned and (q * plan.batch) % self.round == 0:
+            r = q * plan.batch // self.round
+            last = self.position[(v, min(plan.invocations, (r + 1) * self.round // plan.batch) - 1)]
+            for n, kept in enumerate(self.pinned[v]):
+                self.stats["pins" if self._place((v, r, "w", n), kept, 0, last, load=True) else "pins refused"] += 1
+        kept = self.kept.get(v)
+        if kept is not None and self.on_chip.get((v, q)):
+            rows = range(q * plan.batch, (q + 1) * plan.batch)
+            last = max(self.last_read.get((v, s), -1) for s in rows)
+            if last >= 0:
+                on_chip = self._place((v, q, "out"), kept, q, last)
+                self.stats["chunks on chip" if on_chip else "chunks through DDR"] += 1
+
+    def after(self, pos: int) -> None:
+        """Free what position ``pos`` used last (its cells point at DDR again)."""
+        for key in self.free_at.pop(pos, ()):
+            kept, chunk, taken = self.placed.pop(key)
+            for (index, *_), (core, base, nbytes) in zip(_cells_of(kept, chunk, self.itemsize), taken):
+                self.arena.give(core, base, nbytes)
+                kept.pieces.cells[index] = kept.home
 
 
 def build_tree_program(k: TreeKernel, hw) -> TreeProgram:
@@ -162,9 +395,12 @@ def build_tree_program(k: TreeKernel, hw) -> TreeProgram:
         regions[view] = Region.whole("ddr", 0, regions[src].base, k.tensors[view][0], hw.storage_dtype)
 
     cores = core_of_stripe(hw)
-    work = _assign(k, batch)
+    fps = [footprints(L) for L in k.layers]
+    work, last_read = _assign(k, batch, fps)
+    keep = _Residency(k, hw, fps, last_read, regions, emitter)
     spans = []
-    for v, q in invocation_order(sched.tree):
+    for pos, (v, q) in enumerate(invocation_order(sched.tree)):
+        keep.before(v, q)
         tiles = work.get((v, q), [])
         lo, hi = sched.leaves[v].used
         group = tuple(cores[i] for i in range(lo, hi))
@@ -172,5 +408,6 @@ def build_tree_program(k: TreeKernel, hw) -> TreeProgram:
         if tiles:
             emitter.layer(k.layers[v], [(t, group[n % len(group)]) for n, t in enumerate(tiles)], regions)
         spans.append(Span(v, q, first, len(emitter.instructions), group))
+        keep.after(pos)
     program = isa.Program(hw.to_dict(), max(offset, ALIGN), tuple(args), (emitter.kernel(),), k.name)
-    return TreeProgram(program, tuple(spans), sched)
+    return TreeProgram(program, tuple(spans), sched, keep.stats)

@@ -204,7 +204,9 @@ def _tree_kernel(spec, nodes, graph, lowered, hw) -> TreeKernel:
         n = graph.nodes[lay.node]
         layers.append(Layer.of(lowered[n.func][0], hw, n.name, (*n.inputs, n.output), lowered[n.func][1]))
     views = {n.output: n.inputs[0] for n in nodes if n.func not in lowered}
-    return TreeKernel(spec.name, tuple(layers), views, tuple(inputs), tuple(outputs), tensors, spec.plan.schedule)
+    weights = frozenset(t for t in inputs if graph.tensors[t].constant)
+    return TreeKernel(spec.name, tuple(layers), views, tuple(inputs), tuple(outputs), tensors, spec.plan.schedule,
+                      weights)
 
 
 def _rewrite(mod, kernels, graph, run_id):

@@ -26,7 +26,6 @@ The seed's dataflow rules and how they are made precise here (docs/set.md quotes
 
 from __future__ import annotations
 
-import dataclasses
 from dataclasses import dataclass
 from typing import NamedTuple
 
@@ -116,14 +115,15 @@ def allocate_groups(tree: Tree, graph: LayerGraph, intra: IntraLayer, tiles: int
 def analyse(tree: Tree, graph: LayerGraph, hw: Hardware, intra: IntraLayer) -> Schedule:
     """The schedule a valid tree stands for (``tree.validate`` first)."""
     groups = allocate_groups(tree, graph, intra, hw.cores)
-    plans: list = [None] * len(graph)
+    leaves: dict = {}  # layer -> (path, group, batch, segment, intra-layer cost)
     for path, node, b in tree.nodes():
         if isinstance(node, Leaf):
             lo, hi = groups[path]
-            segment = path[0] if tree.root.kind == "T" else 0
-            plans[node.layer] = LeafPlan(node.layer, path, (lo, hi), b, tree.batch // b, segment, False,
-                                         intra.cost(node.layer, hi - lo, b))
-    plans = _pin_weights(tree, plans, hw)
+            leaves[node.layer] = (path, (lo, hi), b, path[0] if tree.root.kind == "T" else 0,
+                                  intra.cost(node.layer, hi - lo, b))
+    pinned = _pinned(tree, leaves, hw)
+    plans = [LeafPlan(v, path, group, b, tree.batch // b, segment, v in pinned, cost)
+             for v, (path, group, b, segment, cost) in sorted(leaves.items())]
     spilled = _spill(tree, graph, plans, hw)
     return Schedule(tree, tuple(plans), tuple(_chunks(tree, graph, plans, spilled)), tuple(spilled))
 
@@ -134,22 +134,22 @@ def _retained(hw: Hardware) -> int:
     return (hw.lb_bytes - hw.lb_bytes // 2) // hw.storage_bytes
 
 
-def _pin_weights(tree: Tree, plans: list[LeafPlan], hw: Hardware) -> list[LeafPlan]:
-    """Pin each layer's per-tile weights in leaf order while every tile it uses has room."""
+def _pinned(tree: Tree, leaves: dict, hw: Hardware) -> set[int]:
+    """The layers whose weights stay pinned: in leaf order, while every tile a layer uses has room
+    for its per-tile weights (a layer without weights counts as pinned)."""
     cap = _retained(hw)
     usage: dict[int, list[int]] = {}  # segment -> elements pinned per tile
-    out = list(plans)
+    out = set()
     for layer in tree.root.layers:
-        plan = plans[layer]
-        tiles = usage.setdefault(plan.segment, [0] * hw.cores)
-        lo, hi = plan.used
-        w = plan.cost.weight_tile
-        if w and max(tiles[lo:hi]) + w <= cap:
-            for t in range(lo, hi):
-                tiles[t] += w
-            out[layer] = dataclasses.replace(plan, pinned=True)
-        elif not w:
-            out[layer] = dataclasses.replace(plan, pinned=True)
+        _, (lo, _), _, segment, cost = leaves[layer]
+        tiles = usage.setdefault(segment, [0] * hw.cores)
+        hi = lo + cost.tiles
+        w = cost.weight_tile
+        if not w:
+            out.add(layer)
+        elif max(tiles[lo:hi]) + w <= cap:
+            tiles[lo:hi] = [x + w for x in tiles[lo:hi]]
+            out.add(layer)
     return out
 
 
@@ -192,27 +192,34 @@ def _spill(tree: Tree, graph: LayerGraph, plans: list[LeafPlan], hw: Hardware) -
     order = tree.root.layers
     pos = {layer: k for k, layer in enumerate(order)}
     segments = max(p.segment for p in plans) + 1
-    kept = [[0] * (len(order) + 1) for _ in range(segments)]  # difference arrays over leaf positions
+    # one difference array over leaf positions: a segment's leaves are consecutive and its edges
+    # open and close inside them, so the running sum restarts at 0 at every segment
+    kept = [0] * (len(order) + 1)
     for u, v in graph.edges:
-        if _crosses(tree, plans[u], plans[v]):
-            continue
-        seg, size = plans[u].segment, plans[u].batch * graph.layers[u].ofmap
-        kept[seg][pos[u]] += size
-        kept[seg][pos[v]] -= size
+        if not _crosses(tree, plans[u], plans[v]):
+            size = plans[u].batch * graph.layers[u].ofmap
+            kept[pos[u]] += size
+            kept[pos[v]] -= size
     cap = _retained(hw)
     lo = [hw.cores] * segments
     hi = [0] * segments
     pinned = [0] * segments
-    for p in plans:
-        lo[p.segment], hi[p.segment] = min(lo[p.segment], p.group[0]), max(hi[p.segment], p.group[1])
+    peak = [0] * segments
+    run = 0
+    for layer, d in zip(order, kept):
+        p = plans[layer]
+        seg = p.segment
+        run += d
+        if run > peak[seg]:
+            peak[seg] = run
+        if p.group[0] < lo[seg]:
+            lo[seg] = p.group[0]
+        if p.group[1] > hi[seg]:
+            hi[seg] = p.group[1]
         if p.pinned:
-            pinned[p.segment] += p.cost.weight_tile * p.cost.tiles
+            pinned[seg] += p.cost.weight_tile * p.cost.tiles
     spilled = []
     for seg in range(segments):
-        run, peak = 0, 0
-        for d in kept[seg]:
-            run += d
-            peak = max(peak, run)
         room = max(0, (hi[seg] - lo[seg]) * cap - pinned[seg])
-        spilled.append(0.0 if peak <= room else 1 - room / peak)
+        spilled.append(0.0 if peak[seg] <= room else 1 - room / peak[seg])
     return spilled

@@ -4,8 +4,9 @@ Latency: every leaf invocation (a layer on its tile group for its batch of sampl
 of the S-T graph. Invocations run in the tree's order on their tiles (a tile runs one layer at a
 time) and start when their tiles are free and the producer invocations holding their samples have
 ended. An invocation lasts ``max(compute, DRAM, NoC) + DMA latency``: compute from the intra-layer
-schedule; DRAM its bytes at the group's share of the chip's DRAM bandwidth (DRAM channels split
-among groups in proportion to their tiles); NoC the load of the busiest mesh link it uses (XY
+schedule; DRAM its bytes at its share of the chip's DRAM bandwidth: the channels are shared in
+proportion to tiles among the groups busy when it starts (a group running alone gets all of it, as
+in the simulator, where transfers in flight share DRAM); NoC the load of the busiest mesh link it uses (XY
 routing, ``noc_link_bytes_per_cycle``), loads of its producers added.
 
 Energy by component (the seed's E_tot = sum DRAM accesses * e_d + sum link flits * e_hop + sum
@@ -146,6 +147,7 @@ class Evaluator:
         self.graph, self.hw = graph, hw
         self.intra = IntraLayer(graph, hw)
         self.mesh = Mesh(hw)
+        self._memo: dict = {}  # (layer, group, batch) -> _constants
 
     def schedule(self, tree: Tree) -> Schedule:
         return analyse(tree, self.graph, self.hw, self.intra)
@@ -155,13 +157,16 @@ class Evaluator:
 
     def _constants(self, plan: LeafPlan) -> tuple:
         """What every invocation of a layer shares: its group, the tiles it uses, compute cycles,
-        DRAM bytes it always moves (re-fetches, returned outputs), the mean hops to DRAM, and its
-        share of the DRAM bandwidth."""
-        hw, layer = self.hw, self.graph.layers[plan.layer]
-        lo, hi = plan.group
-        fixed = (plan.cost.refetch + (layer.ofmap * plan.batch if layer.output else 0)) * hw.storage_bytes
-        return (lo, hi, plan.used, plan.cost.cycles, fixed, self.mesh.edge_hops(lo, hi),
-                hw.ddr_bytes_per_cycle * (hi - lo) / hw.cores)
+        DRAM bytes it always moves (re-fetches, returned outputs), the mean hops to DRAM
+        (memoised: they depend on the layer, its group and its batch only)."""
+        key = (plan.layer, plan.group, plan.batch)
+        hit = self._memo.get(key)
+        if hit is None:
+            hw, layer = self.hw, self.graph.layers[plan.layer]
+            lo, hi = plan.group
+            fixed = (plan.cost.refetch + (layer.ofmap * plan.batch if layer.output else 0)) * hw.storage_bytes
+            hit = self._memo[key] = (lo, hi, plan.used, plan.cost.cycles, fixed, self.mesh.edge_hops(lo, hi))
+        return hit
 
     def evaluate_schedule(self, sched: Schedule, timeline: bool = False) -> Evaluation:
         """Latency and energy; with ``timeline`` also every invocation's rectangle (``Slot``)."""
@@ -177,7 +182,7 @@ class Evaluator:
                 writes[(c.src, c.p)] = max(writes.get((c.src, c.p), 0), chunk * (1 - c.noc))
         root = tree.root
         round_batch = tree.batch // root.sb if root.kind == "T" else tree.batch
-        free = [0.0] * hw.cores
+        free = np.zeros(hw.cores)  # when each tile is free
         ends: list[list[float]] = [[0.0] * p.invocations for p in plans]
         dram_total = noc_bit_hops = 0.0
         link = hw.noc_link_bytes_per_cycle
@@ -185,9 +190,11 @@ class Evaluator:
         slots = []
         for v, q in invocation_order(tree):
             plan, layer = plans[v], graph.layers[v]
-            lo, hi, used, cycles, fixed, edge_hops, bw = per_layer[v]
+            lo, hi, used, cycles, fixed, edge_hops = per_layer[v]
             cost = plan.cost
-            start = max(free[lo:hi])
+            start = float(free[lo:hi].max())
+            busy = int(np.count_nonzero(free > start))  # tiles of other groups still running
+            bw = hw.ddr_bytes_per_cycle * (hi - lo) / (hi - lo + busy)
             ifmap_dram = layer.dram_in * plan.batch  # unique elements read; copies fan out on the NoC
             weight_dram = layer.weights if not plan.pinned or (q * plan.batch) % round_batch == 0 else 0
             noc_load = 0.0
@@ -207,7 +214,7 @@ class Evaluator:
             duration = max(cycles, dram / bw, noc_load / link) + hw.dma_latency_cycles
             end = start + duration
             ends[v][q] = end
-            free[lo:hi] = [end] * (hi - lo)
+            free[lo:hi] = end
             if timeline:
                 slots.append(Slot(v, q, plan.batch, used, start, end))
         sram = sum(p.cost.sram * p.invocations for p in plans) * eb
@@ -219,4 +226,4 @@ class Evaluator:
             "noc": noc_bit_hops * e.noc_hop_pj_per_bit,
             "dram": dram_total * 8 * e.ddr_pj_per_bit,
         }
-        return Evaluation(max(free), energy, dram_total, noc_bit_hops, hw.clock_hz, tuple(slots))
+        return Evaluation(float(free.max()), energy, dram_total, noc_bit_hops, hw.clock_hz, tuple(slots))

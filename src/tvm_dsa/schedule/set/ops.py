@@ -103,11 +103,6 @@ def find(node: Node, target: Node, path: Path = ()) -> Path | None:
     return None
 
 
-def topological(order: tuple[int, ...], graph: LayerGraph) -> bool:
-    pos = {layer: k for k, layer in enumerate(order)}
-    return all(pos[u] < pos[v] for u, v in graph.edges)
-
-
 # -- the six operators ---------------------------------------------------------------------------
 def swap(tree: Tree, graph: LayerGraph, rng: random.Random, space: Space = SET) -> Tree | None:
     order, paths = tree.root.layers, leaf_paths(tree)
@@ -120,31 +115,44 @@ def swap(tree: Tree, graph: LayerGraph, rng: random.Random, space: Space = SET) 
 
 
 def move(tree: Tree, graph: LayerGraph, rng: random.Random, space: Space = SET) -> Tree | None:
-    moves = []
-    for path in leaf_paths(tree):
-        parent = path[:-1]
-        owners = [parent] + ([parent[:-1]] if parent else [])
-        for owner in owners:
-            for j, c in enumerate(tree.node(owner).children):
-                target = owner + (j,)
-                if isinstance(c, Cut) and target != parent:
-                    moves.append((path, c))
-    rng.shuffle(moves)
-    for path, target in moves:
-        leaf = tree.node(path)
-        parent = tree.node(path[:-1])
-        rest = parent.children[:path[-1]] + parent.children[path[-1] + 1:]
-        collapsed = rest[0] if len(rest) == 1 and len(path) > 1 else Cut(parent.kind, parent.sb, rest)
-        root = replace(tree.root, path[:-1], collapsed)
-        where = find(root, target)
-        positions = list(range(len(target.children) + 1))
-        rng.shuffle(positions)
-        for i in positions:
-            new = Cut(target.kind, target.sb, target.children[:i] + (leaf,) + target.children[i:])
-            candidate = replace(root, where, new)
-            if topological(candidate.layers, graph):
-                return Tree(candidate, tree.batch)
-    return None
+    """Move a leaf into another cut sharing its parent or grandparent, at a random position that
+    keeps the leaves topological. The valid positions come from the leaf order alone (after the
+    leaf's removal it must sit after its producers and before its consumers), so no candidate
+    tree is built to be rejected."""
+    order = tree.root.layers
+    pos = {layer: k for k, layer in enumerate(order)}
+    first: dict = {}  # path -> index of its first leaf in leaf order
+    leaves, targets = [], {}  # targets: cut path -> [(path, cut, leaf index of each child boundary)]
+    for path, node, _ in tree.nodes():
+        first[path] = len(leaves)
+        if isinstance(node, Leaf):
+            leaves.append(path)
+    for path, node, _ in tree.nodes():
+        if isinstance(node, Cut):
+            targets[path] = [(path + (j,), c, [first[path + (j, i)] for i in range(len(c.children))] +
+                              [first[path + (j,)] + len(c.layers)])
+                             for j, c in enumerate(node.children) if isinstance(c, Cut)]
+    options = []
+    for k, path in enumerate(leaves):
+        layer, parent = order[k], path[:-1]
+        lo = max((pos[u] - (pos[u] > k) for u in graph.preds[layer]), default=-1) + 1
+        hi = min((pos[v] - (pos[v] > k) for v in graph.succs[layer]), default=len(order) - 1)
+        for owner in [parent] + ([parent[:-1]] if parent else []):
+            for target, c, bounds in targets[owner]:
+                if target != parent:
+                    valid = [i for i, b in enumerate(bounds) if lo <= b - (b > k) <= hi]
+                    if valid:
+                        options.append((path, c, valid))
+    if not options:
+        return None
+    path, target, valid = rng.choice(options)
+    leaf, parent = tree.node(path), tree.node(path[:-1])
+    rest = parent.children[:path[-1]] + parent.children[path[-1] + 1:]
+    collapsed = rest[0] if len(rest) == 1 and len(path) > 1 else Cut(parent.kind, parent.sb, rest)
+    root = replace(tree.root, path[:-1], collapsed)
+    i = rng.choice(valid)
+    new = Cut(target.kind, target.sb, target.children[:i] + (leaf,) + target.children[i:])
+    return Tree(replace(root, find(root, target), new), tree.batch)
 
 
 def group(tree: Tree, graph: LayerGraph, rng: random.Random, space: Space = SET) -> Tree | None:

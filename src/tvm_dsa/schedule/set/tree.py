@@ -13,6 +13,8 @@ cut is ``<kind><batch>/<sub-batches>`` and the batches are checked when parsed.
 
 from __future__ import annotations
 
+from collections import Counter
+
 import json
 import re
 from dataclasses import dataclass
@@ -192,7 +194,7 @@ def validate(tree: Tree, graph: LayerGraph, tiles: int) -> None:
     order = tree.root.layers
     seen = set(order)
     missing = [names[i].name for i in range(len(graph)) if i not in seen]
-    dup = sorted({names[i].name for i in order if order.count(i) > 1})
+    dup = sorted({names[i].name for i, n in Counter(order).items() if n > 1}) if len(seen) < len(order) else []
     if missing or dup:
         raise TreeError(f"every layer must be exactly one leaf: missing {missing}, repeated {dup}")
     position = {layer: k for k, layer in enumerate(order)}

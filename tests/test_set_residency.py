@@ -1,0 +1,160 @@
+"""What a lowered SET program keeps on chip (codegen.set_program): feature maps consumed at once
+in the consumers' LBs, weights pinned once per root sub-batch round (seed 002 §3.3.1), DRAM only
+across root T-cut children; and the emitter's split of DMA boxes over a tensor kept in pieces."""
+
+import numpy as np
+import pytest
+import tvm
+from tvm import relax
+
+import tvm_dsa
+from tvm_dsa import isa
+from tvm_dsa.codegen.emit import PROMOTE, Pieces, Region
+from tvm_dsa.codegen.kernel_ir import Access
+from tvm_dsa.driver import import_onnx
+from tvm_dsa.models import TINY, example_inputs, get_model
+from tvm_dsa.schedule.set import LayerGraph
+from tvm_dsa.schedule.set.layers import fused_module
+from tvm_dsa.schedule.set.scheduler import SetOptions
+
+BATCH = 4
+
+
+@pytest.fixture(scope="module")
+def resnet():
+    model = get_model("resnet18", batch=BATCH, **TINY["resnet18"])
+    mod = import_onnx(model)
+    x = example_inputs(model)["input"]
+    ref = relax.VirtualMachine(tvm.compile(mod, target="llvm"), tvm.cpu())["main"](tvm.runtime.tensor(x)).numpy()
+    graph = LayerGraph.from_relax(fused_module(get_model("resnet18", **TINY["resnet18"])))
+    return mod, x, ref, [lay.name for lay in graph.layers], graph
+
+
+def lowered(resnet, text):
+    """The tree compiled on set-edge16-fp16: (output, TreeProgram)."""
+    mod, x, *_ = resnet
+    ex = tvm.compile(mod, target="dsa/set-edge16-fp16",
+                     relax_pipeline=tvm_dsa.pipeline(schedule="set", options=SetOptions(tree=text)))
+    out = relax.VirtualMachine(ex, tvm.cpu())["main"](tvm.runtime.tensor(x)).numpy()
+    return out, tvm_dsa.pipeline_result().trees["set0"][1]
+
+
+def ddr_traffic(tp) -> tuple[dict, int, int]:
+    """(DDR bytes DMAs read from each argument, bytes read from and written to the DDR scratch
+    after the arguments, where intermediates spill)."""
+    program = tp.program
+    args = {a.name: a for a in program.args}
+    end = max(a.offset + a.nbytes for a in program.args)
+    reads, scratch_read, scratch_written = dict.fromkeys(args, 0), 0, 0
+    for ins in program.kernels[0].instructions:
+        if not isinstance(ins, isa.Dma):
+            continue
+        nbytes = int(np.prod(ins.shape)) * ins.dst.itemsize
+        for o, write in ((ins.src, False), (ins.dst, True)):
+            if o.mem != "ddr":
+                continue
+            if o.offset >= end:
+                scratch_written += nbytes if write else 0
+                scratch_read += 0 if write else nbytes
+            elif not write:
+                name = next(a.name for a in program.args if a.offset <= o.offset < a.offset + a.nbytes)
+                reads[name] += nbytes
+    return reads, scratch_read, scratch_written
+
+
+def weight_bytes(tp) -> tuple[int, int]:
+    """(bytes of the weight arguments, bytes DMAs read of them from DDR)."""
+    reads, _, _ = ddr_traffic(tp)
+    weights = [a for a in tp.program.args if a.role == "input" and a.name != "input"]
+    return sum(a.nbytes for a in weights), sum(reads[a.name] for a in weights)
+
+
+def spilled_bytes(graph, producers) -> int:
+    """fp16 bytes of the feature maps of ``producers`` at the batch."""
+    return sum(graph.layers[u].ofmap for u in producers) * BATCH * 2
+
+
+def pinned_bytes(tp) -> int:
+    """DDR bytes read by the copies that pin weights in the LBs (marked ``promote``)."""
+    kernel = tp.program.kernels[0]
+    return sum(int(np.prod(ins.shape)) * ins.src.itemsize for ins, mark in zip(kernel.instructions, kernel.layer_of_each())
+               if isinstance(ins, isa.Dma) and ins.src.mem == "ddr" and mark is not None and mark.name == PROMOTE)
+
+
+@pytest.fixture(scope="module")
+def one_segment(resnet):
+    _, _, _, names, _ = resnet
+    return lowered(resnet, f"T{BATCH}/1( T{BATCH}/1( {' '.join(names)} ) )")
+
+
+def test_one_segment_keeps_feature_maps_and_weights_on_chip(resnet, one_segment):
+    """Under one root child every edge is consumed at once: only the feature map the classifier
+    reads through a reshape (a view of DDR bytes) goes through DDR, every weight byte is read from
+    DDR exactly once, and the numbers are llvm's."""
+    _, _, ref, names, graph = resnet
+    out, tp = one_segment
+    assert float(np.abs(out - ref).max() / np.abs(ref).max()) < 2e-2
+    flattened = graph.preds[len(names) - 1]  # the classifier's input, flattened
+    _, scratch_read, scratch_written = ddr_traffic(tp)
+    assert scratch_written == scratch_read == spilled_bytes(graph, flattened)
+    total, read = weight_bytes(tp)
+    assert read == total
+    producers = {u for u, _ in graph.edges}
+    assert tp.residency["chunks on chip"] == len(producers) - len(flattened)
+    assert tp.residency["chunks through DDR"] == tp.residency["pins refused"] == 0 < tp.residency["pins"]
+
+
+def test_root_sub_batches_reload_pinned_weights_once_per_round(resnet, one_segment):
+    """§3.3.1: under a root T-cut of ``sb`` sub-batches each child's weights are loaded once per
+    sub-batch and pinned while it runs: two rounds pin twice what one round pins (a weight left
+    unpinned is read by its tiles, at most once per round)."""
+    _, _, ref, names, _ = resnet
+    out, tp = lowered(resnet, f"T{BATCH}/2( T{BATCH // 2}/1( {' '.join(names)} ) )")
+    assert float(np.abs(out - ref).max() / np.abs(ref).max()) < 2e-2
+    assert pinned_bytes(tp) == 2 * pinned_bytes(one_segment[1]) > 0
+    assert tp.residency["pins"] == 2 * one_segment[1].residency["pins"]
+    total, read = weight_bytes(tp)
+    assert total < read <= 2 * total
+
+
+def test_feature_maps_cross_root_t_cut_children_through_dram(resnet):
+    """Two root children: the feature maps from the first to the second are written to DDR once
+    and read back; the rest stay on chip (but the classifier's flattened input)."""
+    _, _, ref, names, graph = resnet
+    half = len(names) // 2
+    out, tp = lowered(resnet, f"T{BATCH}/1( T{BATCH}/1( {' '.join(names[:half])} ) "
+                              f"T{BATCH}/1( {' '.join(names[half:])} ) )")
+    assert float(np.abs(out - ref).max() / np.abs(ref).max()) < 2e-2
+    crossing = {u for u, v in graph.edges if u < half <= v}
+    flattened = set(graph.preds[len(names) - 1])
+    _, scratch_read, scratch_written = ddr_traffic(tp)
+    assert scratch_written == spilled_bytes(graph, crossing | flattened)
+    assert scratch_read >= scratch_written  # read back (a halo is read by two tiles)
+    assert tp.residency["chunks on chip"] == len({u for u, _ in graph.edges} - crossing - flattened)
+
+
+def test_pieces_split_a_dma_box_along_their_cuts():
+    """A box over a tensor kept in a 2 x 3 grid of pieces splits into sub-boxes each inside one
+    piece, together covering the box once; an access that indexes a cut dim by two loops is
+    refused."""
+    shape = (4, 12)
+    cells = {}
+    for i, (r0, r1) in enumerate(((0, 2), (2, 4))):
+        for j, (c0, c1) in enumerate(((0, 5), (5, 8), (8, 12))):
+            cells[(i, j)] = Region("lb", 3 * i + j, 0, (r0, c0), (r1 - r0, c1 - c0), "float16")
+    pieces = Pieces(shape, ((2,), (5, 8)), cells)
+    # box rows 1..3, columns 3..10: loop 0 walks the columns, loop 1 the rows
+    acc = Access("t", False, (1, 3), ((), ()), ((0, 1), (1, 0)))
+    parts = pieces.split(acc, [], [0, 0], [8, 3])
+    covered = np.zeros(shape, int)
+    for start, extent, region in parts:
+        rows = slice(1 + start[1], 1 + start[1] + extent[1])
+        cols = slice(3 + start[0], 3 + start[0] + extent[0])
+        covered[rows, cols] += 1
+        (r0, c0), (nr, nc) = region.origin, region.extents
+        assert r0 <= rows.start and rows.stop <= r0 + nr and c0 <= cols.start and cols.stop <= c0 + nc
+    expected = np.zeros(shape, int)
+    expected[1:4, 3:11] = 1
+    assert (covered == expected).all() and len(parts) == 6
+    with pytest.raises(Exception, match="not one loop with coefficient 1"):
+        pieces.split(Access("t", False, (0, 0), ((), ()), ((1, 1), (0, 1))), [], [0, 0], [2, 2])
