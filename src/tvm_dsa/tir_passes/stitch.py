@@ -125,8 +125,9 @@ class _Kernel:
         for i in cr.members:
             for k, L in enumerate(sg.layers):
                 if len(inst.rows[i][L.name]):
-                    for w in set(L.args.values()) & promote:
-                        uses.setdefault(w, []).append(step(cr.rnd[i], k))
+                    for w in dict.fromkeys(L.args.values()):  # argument order: hash order moved offsets
+                        if w in promote:
+                            uses.setdefault(w, []).append(step(cr.rnd[i], k))
         for w, u in uses.items():
             lives.append(Lifetime(("w", w, c), esize * math.prod(sg.tensors[w][0]), max(0, min(u) - ahead), max(u)))
         offsets, _ = allocate([x for x in lives if x.key not in ddr_scoped], gb_bytes, spill)
