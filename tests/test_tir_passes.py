@@ -109,6 +109,30 @@ def test_chosen_tiling_fits_and_simulates_exactly(rng):
     assert macs == 32 * 12 * 12 * 16 * 9
 
 
+def test_zero_init_folds_into_the_first_chunk_of_the_contraction(rng):
+    """The accumulator's zero fill is dropped: the MME overwrites on the first reduction chunk of
+    each tile and adds on the others, and the result is unchanged."""
+    hw = hardware.get("stcp920")
+    func = conv_bias_relu()
+    plan = TilePlan((1, 16, 4, 12), 8)
+    lowered = lower_with_plan(func, plan)
+    ir = read_kernel(lowered)
+    (mme,) = [st for st in ir.stages() if st.op == "mme"]
+    chunk_slots = [n.slot for n in ir.tile_loops()[-1].body if hasattr(n, "kind") and n.kind == "chunk"]
+    assert mme.overwrite == tuple(chunk_slots) and len(chunk_slots) == 1
+    assert not any(st.dst.buffer == mme.dst.buffer for st in ir.stages() if st is not mme and st.op == "dma")
+    program = build_program(lowered, hw, "k")
+    tiles = (32 // 16) * (12 // 4)
+    chunks = 16 // 8
+    mmes = [i for i in program.kernels[0].instructions if isinstance(i, isa.Mme)]
+    assert sum(not i.accumulate for i in mmes) == tiles
+    assert sum(i.accumulate for i in mmes) == tiles * (chunks - 1)
+    args = random_args(func, rng)
+    ref = run_llvm(func, args)
+    out = simulate(program, args[:-1]).outputs[0]
+    np.testing.assert_allclose(out, ref, rtol=2e-2, atol=2e-2 * np.abs(ref).max())
+
+
 def test_row_longer_than_the_lb_has_no_tiling():
     """A softmax row cannot be split (its reductions need the whole row), so on the smallest
     valid LB a 4096-wide row does not fit and the kernel stays on the host."""

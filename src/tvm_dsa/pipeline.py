@@ -8,6 +8,8 @@ per concrete shape at run time (``docs/sod2.md``)."""
 
 from __future__ import annotations
 
+import contextlib
+import gc
 import os
 
 import tvm
@@ -52,7 +54,7 @@ def pipeline(schedule: str = "layerwise", hw: hardware.Hardware | str | None = N
         if dynamic and schedule != "layerwise":
             raise ValueError(f"schedule {schedule!r} needs static shapes and no control flow; a dynamic "
                              "model compiles with schedule='layerwise'")
-        with host:
+        with host, _no_cyclic_gc():
             mod = fuse(mod, rdp_fusion)
             if memory_plan:
                 mod = ApplyExecutionPlan(mod)
@@ -69,6 +71,20 @@ def pipeline(schedule: str = "layerwise", hw: hardware.Hardware | str | None = N
         return mod
 
     return _pipeline
+
+
+@contextlib.contextmanager
+def _no_cyclic_gc():
+    """CPython's cycle collector off while compiling: code generation makes millions of small
+    acyclic objects (instructions, operands, tiles), which each full collection walks again
+    (2.2 s of a 13 s ResNet-50 batch-8 compile). Reference counting still frees them."""
+    enabled = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if enabled:
+            gc.enable()
 
 
 def _tuned_kernels(database, chip: hardware.Hardware):

@@ -396,10 +396,14 @@ class KernelEmitter:
         spans = [sum(abs(c) * (e - 1) for c, e in zip(row, stage.shape)) for row in acc.inner]
         return mem, dtype, isa.DTYPES[dtype], extents, estrides, strides, spans, region
 
+    def _adds(self, stage: Stage) -> bool:
+        """Whether a contraction adds to its destination this time (not its folded first pass)."""
+        return stage.overwrite is None or any(self.env[s] for s in stage.overwrite)
+
     def _start_lifetime(self, stage: Stage, core: int) -> None:
         acc = stage.dst
         b = self.cur.plan.buffers[acc.buffer]
-        if b.writer != stage.name:
+        if b.writer != stage.name or (stage.overwrite is not None and self._adds(stage)):
             return
         key = (core, acc.buffer)
         n = self.count.get(key, 0)
@@ -481,11 +485,11 @@ class KernelEmitter:
         elif stage.op == "mme":
             a, b = (self._operand(stage, r.access, core) for r in stage.value)
             mask = tuple(s == 0 for s in dst.strides)
-            self._push(isa.Mme(core, stage.shape, mask, dst, a, b, True), core)
+            self._push(isa.Mme(core, stage.shape, mask, dst, a, b, self._adds(stage)), core)
         elif stage.op == "reduce":
             src = self._expr(stage, stage.value, core, None)
             mask = tuple(s == 0 for s in dst.strides)
-            self._push(isa.Reduce(core, "vme", stage.reduce_op, stage.shape, mask, dst, src, True), core)
+            self._push(isa.Reduce(core, "vme", stage.reduce_op, stage.shape, mask, dst, src, self._adds(stage)), core)
         else:
             self._expr(stage, stage.value, core, dst)
 

@@ -126,14 +126,15 @@ def offload(mod: tvm.IRModule, hw: Hardware, schedule: str = "layerwise", run_id
             kernels.append((spec, programs[node.func], inputs, [node.output]))
             continue
         try:
-            sub = _subgraph(spec, nodes, graph, lowered)
+            bind = tvm.transform.Sequential([StitchBuffers(hw), BindCores(hw)])
+            sub = bind(_subgraph(spec, nodes, graph, lowered))
             # the LB level (Fig. 15's "L1") pays only where Algorithm 4 gives every instance one
             # core (it keeps the intermediates in that core's LB); elsewhere the tiles keep the LB
-            lb = stitch.lb_keep > 0 and all(
-                len(c) == 1 for c in tvm.transform.Sequential([StitchBuffers(hw), BindCores(hw)])(sub).attrs["dsa.cores"])
+            lb = stitch.lb_keep > 0 and all(len(c) == 1 for c in sub.attrs["dsa.cores"])
             if lb:
-                sub = _subgraph(spec, nodes, graph, {n.func: tiled_in_part(n.func) for n in nodes})
-            sub = stitch_passes(hw, stitch.order, stitch.spill, stitch.gb, stitch.prefetch, lb)(sub)
+                sub = bind(_subgraph(spec, nodes, graph, {n.func: tiled_in_part(n.func) for n in nodes}))
+            later = stitch_passes(hw, stitch.order, stitch.spill, stitch.gb, stitch.prefetch, lb).passes[2:]
+            sub = tvm.transform.Sequential(list(later))(sub)  # the passes after BindCores
             program, info = emit_stitched(sub, hw)
         except Unsupported as err:
             for n in nodes:
