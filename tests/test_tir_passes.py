@@ -8,11 +8,11 @@ from tvm import relax
 
 from tvm_dsa import hardware, isa
 from tvm_dsa.codegen.emit import build_program
-from tvm_dsa.codegen.kernel_ir import plan_lb, read_kernel
+from tvm_dsa.codegen.kernel_ir import CodegenError, plan_lb, read_kernel
 from tvm_dsa.runtime import simulate
 from tvm_dsa.tir_passes import (
     LB_SCOPE, AssignScopes, LowerToDSA, TileForLB, TilePlan, _fitting, anchor_info, candidate_plans, load_bytes,
-    lower_kernel, lower_with_plan,
+    lower_kernel, lower_with_plan, working_set_floor,
 )
 
 
@@ -250,3 +250,27 @@ def test_a_contraction_keeps_the_order_of_plans_that_loads_less():
         f, p = _fitting(func, info, list(candidate_plans(info, HW.mme.rows, HW.mme.cols, reuse)), HW, None, True)
         loads[p] = load_bytes(f, HW)
     assert len(loads) == 2 and plan == min(loads, key=loads.get)
+
+
+def test_plans_ruled_out_by_the_working_set_floor_do_not_fit():
+    """``working_set_floor`` never exceeds the bytes a lowered tile's buffers take, so skipping the
+    plans above the LB by it (and galloping from the first below) picks the plan a scan picks:
+    the first that fits."""
+    op = relax.op
+    func = fused_kernel(lambda: relax_graph([(2, 256, 14, 14), (128, 256, 3, 3)],
+                                            lambda x, w: op.nn.relu(op.nn.conv2d(x, w, padding=1))))
+    info = anchor_info(func)
+    for reuse in (False, True):
+        plans = list(candidate_plans(info, HW.mme.rows, HW.mme.cols, reuse))
+        fits = []
+        for p in plans:
+            ir = read_kernel(lower_with_plan(func, p))
+            single = sum(b.nbytes for b in plan_lb(ir, HW, 1 << 40).buffers.values())
+            assert working_set_floor(info, p, HW.storage_bytes, HW.accum_bytes) <= single
+            try:
+                fits.append(plan_lb(ir, HW) is not None)
+            except CodegenError:
+                fits.append(False)
+        assert any(fits) and not all(fits)
+        _, chosen = _fitting(func, info, plans, HW, None, False)
+        assert chosen == plans[fits.index(True)]

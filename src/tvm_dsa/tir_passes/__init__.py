@@ -17,7 +17,7 @@ from tvm import s_tir
 from .analysis import Unsupported, classify
 from .lower import lower_to_dsa
 from .scopes import GB_SCOPE, LB_SCOPE, assign_scopes
-from .tile import TilePlan, anchor_info, candidate_plans, parallel_plans, tile_schedule
+from .tile import TilePlan, anchor_info, candidate_plans, parallel_plans, tile_schedule, working_set_floor
 
 
 def _as_pass(name: str, fn):
@@ -76,7 +76,8 @@ def lower_kernel(func, hw, lb_bytes: int | None = None, parallel: bool = True, s
 def _lower_aligned(func, hw, lb_bytes: int | None, parallel: bool, simplify: bool):
     """``lower_kernel`` with one alignment (of the simplified indices or the indices as they are).
 
-    Candidate plans shrink monotonically, so both conditions are found by bisection. A
+    Candidate plans shrink monotonically, so both conditions are found by search (the first plan
+    that fits from the first within ``working_set_floor`` of the LB, probing forwards). A
     contraction tries both orders of ``candidate_plans`` and keeps the plan whose tiles load fewer
     bytes (``load_bytes``)."""
     info = anchor_info(func, simplify)
@@ -147,7 +148,12 @@ def _fitting(func, info, plans, hw, lb_bytes, parallel):
         clusters = min(info.spatial[0] // plan.tiles[0], hw.clusters)
         return tiles >= clusters * hw.cores_per_cluster
 
-    first = _bisect(len(plans), lambda i: lowered_if_fits(i) is not None)
+    # plans above the LB by the tile's least working set need no lowering; the first plan that
+    # fits is usually within a few of the first that passes that bound
+    capacity = hw.lb_bytes if lb_bytes is None else lb_bytes
+    floor = _bisect(len(plans), lambda i: working_set_floor(info, plans[i], hw.storage_bytes,
+                                                            hw.accum_bytes) <= capacity)
+    first = _gallop(floor, len(plans), lambda i: lowered_if_fits(i) is not None)
     # fitting is monotone along the plans, affine indices are not (a reshape wants tiles that
     # divide its factors): when the bisection lands on a failure, scan on for a plan that lowers
     while first < len(plans) and lowered_if_fits(first) is None:
@@ -167,9 +173,9 @@ def _fitting(func, info, plans, hw, lb_bytes, parallel):
         return lowered_if_fits(first), plans[first]
 
 
-def _bisect(n: int, pred) -> int:
-    """Smallest i in [0, n) with pred(i) for a monotone pred; n if none."""
-    lo, hi = 0, n
+def _bisect(n: int, pred, lo: int = 0) -> int:
+    """Smallest i in [lo, n) with pred(i) for a monotone pred; n if none."""
+    hi = n
     while lo < hi:
         mid = (lo + hi) // 2
         if pred(mid):
@@ -179,8 +185,20 @@ def _bisect(n: int, pred) -> int:
     return lo
 
 
+def _gallop(lo: int, n: int, pred) -> int:
+    """``_bisect`` for an answer likely near ``lo``: probes lo, lo + 2, lo + 6, ... (steps doubling),
+    then bisects the last step."""
+    step = 1
+    while lo < n:
+        hi = min(lo + step, n)
+        if pred(hi - 1):
+            return _bisect(hi - 1, pred, lo)
+        lo, step = hi, 2 * step
+    return n
+
+
 __all__ = [
     "Unsupported", "classify", "TilePlan", "anchor_info", "candidate_plans", "tile_schedule",
     "assign_scopes", "lower_to_dsa", "lower_with_plan", "lower_kernel", "load_bytes",
-    "TileForLB", "AssignScopes", "LowerToDSA", "LB_SCOPE", "GB_SCOPE",
+    "working_set_floor", "TileForLB", "AssignScopes", "LowerToDSA", "LB_SCOPE", "GB_SCOPE",
 ]

@@ -339,6 +339,21 @@ def candidate_plans(info: AnchorInfo, mme_rows: int, mme_cols: int, reuse: bool 
         yield TilePlan(tuple(tiles), chunk)
 
 
+def working_set_floor(info: AnchorInfo, plan: TilePlan, storage_bytes: int, accum_bytes: int) -> int:
+    """LB bytes a contraction's tile needs at the least, whatever else the kernel holds: its
+    accumulator (B·M·N in the accumulation type) and the boxes its operands cover at the least
+    (B·M and B·N, each by the chunk). 0 for other anchors. A plan above the LB by this bound is
+    ruled out without lowering it."""
+    if plan.chunk is None or not {"M", "N"} <= set(info.roles):
+        return 0
+    size = {"M": 1, "N": 1, "B": 1}
+    for t, r in zip(plan.tiles, info.roles):
+        if r in size:
+            size[r] *= t
+    b, m, n = size["B"], size["M"], size["N"]
+    return accum_bytes * b * m * n + storage_bytes * b * (m + n) * plan.chunk
+
+
 def parallel_plans(info: AnchorInfo, start: TilePlan, mme_rows: int, mme_cols: int):
     """From a plan that fits, plans with more tiles for more cores: spatial loops only (a smaller
     chunk adds no tiles), outer loops first, and never a contraction's M or N product below the
