@@ -181,6 +181,7 @@ class _Space:
 
     def __init__(self):
         self.ranges: list = []  # sorted (lo, hi, key)
+        self.owners: dict = {}  # offset -> key, cleared when a range is assigned
 
     def assign(self, lo: int, hi: int, key) -> list:
         """Give [lo, hi) to ``key``; returns the keys that owned part of it (they keep the rest
@@ -197,13 +198,16 @@ class _Space:
         keep.append((lo, hi, key))
         keep.sort(key=lambda r: (r[0], r[1]))
         self.ranges = keep
+        self.owners = {}
         return old
 
     def owner(self, offset: int):
-        i = bisect.bisect_right(self.ranges, (offset, float("inf"))) - 1
-        if i >= 0 and self.ranges[i][0] <= offset < self.ranges[i][1]:
-            return self.ranges[i][2]
-        return None
+        key = self.owners.get(offset, self)
+        if key is self:
+            i = bisect.bisect_right(self.ranges, (offset, float("inf"))) - 1
+            found = i >= 0 and self.ranges[i][0] <= offset < self.ranges[i][1]
+            key = self.owners[offset] = self.ranges[i][2] if found else None
+        return key
 
 
 def _prod(shape) -> int:
@@ -307,7 +311,9 @@ class KernelEmitter:
         if part is None:  # what the part depends on and touches, worked out once per part
             keys, inside = set(), True
             for ins in self.instructions[start:stop]:
-                inside = inside and all(start <= d < stop for d in ins.deps)
+                if ins.deps and (ins.deps[0] < start or ins.deps[-1] >= stop):  # deps are sorted
+                    inside = False
+                    break
                 srcs, dst = isa.operands(ins)
                 keys.update(ddr.owner(o.offset) for o in (dst, *srcs) if isinstance(o, isa.Operand) and o.mem == "ddr")
             cores_of = {ins.core for ins in self.instructions[start:stop]}
@@ -358,7 +364,7 @@ class KernelEmitter:
         view = self.views.get((id(acc), alias))
         if view is None:
             view = self.views[(id(acc), alias)] = self._view(stage, acc, alias)
-        mem, dtype, itemsize, extents, estrides, strides, spans, region = view
+        mem, dtype, itemsize, extents, estrides, strides, last, region = view
         if acc.lb and alias is None:
             origin = self.origin[(core, acc.buffer)]
             index, base = core, self.lb_base + self.slot[(core, acc.buffer)]
@@ -371,11 +377,11 @@ class KernelEmitter:
                 raise CodegenError(f"core {core} cannot reach {self.cur.args.get(acc.buffer)} "
                                    f"in {region.mem}[{region.index}]")
         if extent is not None and tuple(extent) != stage.shape:
-            spans = [sum(abs(c) * (e - 1) for c, e in zip(row, extent)) for row in acc.inner]
+            last = _last_points(acc, extents, extent)
         offset = 0
-        for p, o, n, span, st in zip(point, origin, extents, spans, estrides):
+        for p, o, top, st in zip(point, origin, last, estrides):
             p -= o
-            if p < 0 or p + span > n - 1:
+            if p < 0 or p > top:
                 raise CodegenError(f"stage {stage.name}: access to {acc.buffer} leaves its region")
             offset += p * st
         return isa.Operand(mem, index, base + itemsize * offset, dtype, strides)
@@ -393,8 +399,7 @@ class KernelEmitter:
                 raise CodegenError(f"buffer {acc.buffer} is neither in the LB nor placed in a memory")
             mem, dtype, extents, estrides = region.mem, region.dtype, region.extents, _row_major(region.extents)
         strides = tuple(sum(row[i] * s for row, s in zip(acc.inner, estrides)) for i in range(len(stage.shape)))
-        spans = [sum(abs(c) * (e - 1) for c, e in zip(row, stage.shape)) for row in acc.inner]
-        return mem, dtype, isa.DTYPES[dtype], extents, estrides, strides, spans, region
+        return mem, dtype, isa.DTYPES[dtype], extents, estrides, strides, _last_points(acc, extents, stage.shape), region
 
     def _adds(self, stage: Stage) -> bool:
         """Whether a contraction adds to its destination this time (not its folded first pass)."""
@@ -613,6 +618,12 @@ class KernelEmitter:
         if any(a >= b for a, b in zip(lo, hi)):
             return None
         return lo, hi
+
+
+def _last_points(acc: Access, extents, box) -> list[int]:
+    """Per dimension, the largest index an operand of ``acc`` over ``box`` may start at within
+    ``extents``."""
+    return [n - 1 - sum(abs(c) * (e - 1) for c, e in zip(row, box)) for row, n in zip(acc.inner, extents)]
 
 
 def _aliasable(ir: KernelIR) -> frozenset[str]:

@@ -415,8 +415,10 @@ def _children(e) -> list:
     return []
 
 
+@functools.lru_cache(maxsize=256)
 def read_kernel(func) -> KernelIR:
-    """The KernelIR of a lowered PrimFunc (one nest of tile loops)."""
+    """The KernelIR of a lowered PrimFunc (one nest of tile loops). Cached per function object
+    (immutable both): the tiling search, the load estimate and the stitcher read the same one."""
     root = func.body.block if isinstance(func.body, SBlockRealize) else None
     body = func.body if root is None else root.body
     double = None if root is None or DOUBLE_BUFFER not in root.annotations else bool(int(root.annotations[DOUBLE_BUFFER]))

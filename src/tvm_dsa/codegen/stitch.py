@@ -44,22 +44,6 @@ def _hull(boxes: Boxes, rows: np.ndarray) -> Box | None:
     return tuple(boxes[0][rows].min(0).tolist()), tuple(boxes[1][rows].max(0).tolist())
 
 
-def _union(a: Box | None, b: Box | None) -> Box | None:
-    if a is None or b is None:
-        return a or b
-    return tuple(map(min, a[0], b[0])), tuple(map(max, a[1], b[1]))
-
-
-def _meeting(boxes: Boxes, box: Box) -> np.ndarray:
-    """Rows of ``boxes`` that overlap ``box``."""
-    lo, hi = np.asarray(box[0]), np.asarray(box[1])
-    return np.flatnonzero(np.all((boxes[0] < hi) & (lo < boxes[1]), axis=1))
-
-
-def _inside(a: Box, b: Box) -> bool:
-    return all(lo2 <= lo1 and hi1 <= hi2 for lo1, hi1, lo2, hi2 in zip(a[0], a[1], b[0], b[1]))
-
-
 @dataclass(frozen=True)
 class Footprint:
     """Per tile (``tiles``: tile-loop values, row order of the arrays): the box of the output it
@@ -176,35 +160,60 @@ def plan_instances(layers: list[Layer], prints: dict, outputs: list[str], loop: 
 def _propagate(layers, prints, outputs, primary, seeds) -> Instances | None:
     """Instances from the ``seeds`` (rows of ``primary``'s tiles): every other layer's tiles whose
     output meets what the instance's later layers read; None where an instance would read past
-    what it computes or a second output would be split."""
+    what it computes or a second output would be split. All instances at once: a boolean matrix
+    (instance x tile) per layer, boxes as (instance x dim) corners."""
     out_of = {L.args[L.ir.params[-1][0]]: L for L in layers}
     total = sum(len(prints[L.name].tiles) * prints[L.name].work for L in layers)
-    all_rows, work = [], 0
-    for seed in seeds:
-        chosen = {primary.name: seed}
-        need: dict = {}  # tensor -> box read by this instance's chosen tiles
-        boxes: dict = {}
-        for L in reversed(layers):
-            fp = prints[L.name]
-            out = L.args[L.ir.params[-1][0]]
-            if L.name not in chosen:
-                if out in outputs and len(seeds) > 1:
-                    return None  # a second output: the instances could not split it exactly
-                box = need.get(out)
-                chosen[L.name] = (np.arange(len(fp.tiles)) if out in outputs else
-                                  _meeting(fp.write, box) if box else np.arange(0))
-            rows = chosen[L.name]
-            if out not in outputs:
-                boxes[out] = _union(boxes.get(out), _hull(fp.write, rows))
-            for param, reads in fp.reads.items():
-                tensor = L.args[param]
-                if tensor in out_of:
-                    need[tensor] = _union(need.get(tensor), _hull(reads, rows))
-            work += len(rows) * fp.work
-        if any(not _inside(need[t], boxes[t]) for t in need if boxes.get(t) and need[t]):
-            return None
-        all_rows.append(chosen)
-    return Instances.of(layers, prints, outputs, all_rows, work / max(total, 1))
+    n = len(seeds)
+    seed = np.zeros((n, len(prints[primary.name].tiles)), dtype=bool)
+    for k, rows in enumerate(seeds):
+        seed[k, rows] = True
+    chosen = {primary.name: seed}
+    need: dict = {}  # tensor -> corners read by each instance's chosen tiles (_Hulls)
+    boxes: dict = {}  # tensor -> corners each instance writes
+    work = 0
+    for L in reversed(layers):
+        fp = prints[L.name]
+        out = L.args[L.ir.params[-1][0]]
+        if L.name not in chosen:
+            if out in outputs and n > 1:
+                return None  # a second output: the instances could not split it exactly
+            tiles = len(fp.tiles)
+            if out in outputs:
+                chosen[L.name] = np.ones((n, tiles), dtype=bool)
+            elif out not in need:
+                chosen[L.name] = np.zeros((n, tiles), dtype=bool)
+            else:
+                lo, hi, some = need[out]
+                meets = (fp.write[0][None] < hi[:, None]) & (lo[:, None] < fp.write[1][None])
+                chosen[L.name] = meets.all(axis=2) & some[:, None]
+        mask = chosen[L.name]
+        if out not in outputs:
+            boxes[out] = _hulls(fp.write, mask, boxes.get(out))
+        for param, reads in fp.reads.items():
+            tensor = L.args[param]
+            if tensor in out_of:
+                need[tensor] = _hulls(reads, mask, need.get(tensor))
+        work += int(mask.sum()) * fp.work
+    for t, (lo, hi, some) in need.items():
+        if t in boxes:
+            blo, bhi, bsome = boxes[t]
+            if (some & bsome & ((lo < blo) | (hi > bhi)).any(axis=1)).any():
+                return None
+    rows = [{name: np.flatnonzero(m[k]) for name, m in chosen.items()} for k in range(n)]
+    return Instances.of(layers, prints, outputs, rows, work / max(total, 1))
+
+
+def _hulls(corners: Boxes, mask: np.ndarray, old=None):
+    """(low corners, high corners, non-empty) of the rows of ``corners`` each row of ``mask``
+    picks, united with ``old``'s."""
+    big = np.iinfo(np.int64).max
+    lo = np.where(mask[:, :, None], corners[0][None], big).min(axis=1)
+    hi = np.where(mask[:, :, None], corners[1][None], -big).max(axis=1)
+    some = mask.any(axis=1)
+    if old is not None:
+        lo, hi, some = np.minimum(lo, old[0]), np.maximum(hi, old[1]), some | old[2]
+    return lo, hi, some
 
 
 # --------------------------------------------------------------------------------------------
@@ -426,17 +435,18 @@ def cluster_rounds(cores: list, cpc: int) -> dict[int, ClusterRounds]:
 # --------------------------------------------------------------------------------------------
 # the stitched program
 def _translation(sg: SubGraphKernel, prints: dict, inst: Instances, pairs) -> dict | None:
-    """Per tensor, how many elements along its first (batch) dimension the second instance of
-    each pair in ``pairs`` is moved from the first: when every layer's tiles of the second read and
-    write exactly the first's boxes moved that way (weights not moved), tile for tile. None when
-    the instances are not translates of each other."""
+    """Per tensor, the vector of elements by which the second instance of each pair in ``pairs``
+    is moved from the first (along the batch, or along rows when the clusters take turns at row
+    blocks): when every layer's tiles of the second read and write exactly the first's boxes moved
+    that way (weights not moved), tile for tile. None when the instances are not translates."""
     delta: dict = {}
 
     def agree(tensor, a: Boxes, b: Boxes) -> bool:
         d = b[0] - a[0]
-        if not len(d) or (d != b[1] - a[1]).any() or d[:, 1:].any() or (d[:, 0] != d[0, 0]).any():
+        if not len(d) or (d != b[1] - a[1]).any() or (d != d[0]).any():
             return not len(d)
-        return delta.setdefault(tensor, int(d[0, 0])) == int(d[0, 0]) and not (tensor in sg.weights and d[0, 0])
+        move = tuple(int(v) for v in d[0])
+        return delta.setdefault(tensor, move) == move and not (tensor in sg.weights and any(move))
 
     for i, j in pairs:
         for L in sg.layers:
@@ -481,7 +491,8 @@ def _cluster_shift(sg, prints, inst, cores, cpc, ref: _Part, other: _Part, regio
         return None
     twin = dict(pairs)
     theirs = {b.key: b for b in other.buffers}
-    shift = {("ddr", t): delta.get(t, 0) * math.prod(r.extents[1:]) * esize for t, r in regions.items()}
+    shift = {("ddr", t): esize * sum(v * math.prod(r.extents[k + 1:]) for k, v in enumerate(delta.get(t, ())))
+             for t, r in regions.items()}
     for x in ref.buffers:
         key = (x.kind, x.tensor, twin[x.owner] if x.kind == "t" else other.cluster)
         y = theirs.get(key)
