@@ -11,6 +11,7 @@ from tvm import relax
 
 import tvm_dsa
 from tvm_dsa import hardware
+from tvm_dsa.codegen import stitch
 from tvm_dsa.codegen.emit import PROMOTE, Layer
 from tvm_dsa.isa import Program
 from tvm_dsa.codegen.stitch import (
@@ -88,7 +89,9 @@ def test_batch_instances_partition_without_recomputation():
         assert sorted(tiles) == sorted(prints[L.name].tiles)
 
 
-def test_row_instances_recompute_the_halo():
+@pytest.mark.parametrize("elements", [stitch.PROPAGATE_ELEMENTS, 1])  # all instances at once, one at a time
+def test_row_instances_recompute_the_halo(monkeypatch, elements):
+    monkeypatch.setattr(stitch, "PROPAGATE_ELEMENTS", elements)
     _, graph, layers = _fused_layers(lambda: conv_chain(batch=1, k=3, hw_=32))
     prints = {L.name: footprints(L) for L in layers}
     first, last = layers

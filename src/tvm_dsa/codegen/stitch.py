@@ -157,27 +157,46 @@ def plan_instances(layers: list[Layer], prints: dict, outputs: list[str], loop: 
     return _propagate(layers, prints, outputs, primary, [np.arange(len(grid))])
 
 
+PROPAGATE_ELEMENTS = 1 << 22  # instances x tiles x dims of the arrays ``_propagate`` works on at once
+
+
 def _propagate(layers, prints, outputs, primary, seeds) -> Instances | None:
     """Instances from the ``seeds`` (rows of ``primary``'s tiles): every other layer's tiles whose
     output meets what the instance's later layers read; None where an instance would read past
-    what it computes or a second output would be split. All instances at once: a boolean matrix
-    (instance x tile) per layer, boxes as (instance x dim) corners."""
-    out_of = {L.args[L.ir.params[-1][0]]: L for L in layers}
+    what it computes or a second output would be split. Instances in batches, each at once."""
+    if len(seeds) > 1 and any(L.args[L.ir.params[-1][0]] in outputs for L in layers if L is not primary):
+        return None  # a second output: the instances could not split it exactly
+    widest = max(len(fp.tiles) * max(b[0].shape[1] for b in (fp.write, *fp.reads.values()))
+                 for fp in (prints[L.name] for L in layers))
+    batch = max(1, PROPAGATE_ELEMENTS // widest)
+    rows, work = [], 0
+    for k in range(0, len(seeds), batch):
+        part = _chosen(layers, prints, outputs, primary, seeds[k:k + batch])
+        if part is None:
+            return None
+        rows += part[0]
+        work += part[1]
     total = sum(len(prints[L.name].tiles) * prints[L.name].work for L in layers)
+    return Instances.of(layers, prints, outputs, rows, work / max(total, 1))
+
+
+def _chosen(layers, prints, outputs, primary, seeds):
+    """(rows of each layer's tiles per seed, their work) for ``_propagate``, all seeds at once: a
+    boolean matrix (seed x tile) per layer, boxes as (seed x dim) corners; None where an instance
+    would read past what it computes."""
+    out_of = {L.args[L.ir.params[-1][0]]: L for L in layers}
     n = len(seeds)
     seed = np.zeros((n, len(prints[primary.name].tiles)), dtype=bool)
     for k, rows in enumerate(seeds):
         seed[k, rows] = True
     chosen = {primary.name: seed}
-    need: dict = {}  # tensor -> corners read by each instance's chosen tiles (_Hulls)
+    need: dict = {}  # tensor -> corners read by each instance's chosen tiles (``_hulls``)
     boxes: dict = {}  # tensor -> corners each instance writes
     work = 0
     for L in reversed(layers):
         fp = prints[L.name]
         out = L.args[L.ir.params[-1][0]]
         if L.name not in chosen:
-            if out in outputs and n > 1:
-                return None  # a second output: the instances could not split it exactly
             tiles = len(fp.tiles)
             if out in outputs:
                 chosen[L.name] = np.ones((n, tiles), dtype=bool)
@@ -200,8 +219,7 @@ def _propagate(layers, prints, outputs, primary, seeds) -> Instances | None:
             blo, bhi, bsome = boxes[t]
             if (some & bsome & ((lo < blo) | (hi > bhi)).any(axis=1)).any():
                 return None
-    rows = [{name: np.flatnonzero(m[k]) for name, m in chosen.items()} for k in range(n)]
-    return Instances.of(layers, prints, outputs, rows, work / max(total, 1))
+    return [{name: np.flatnonzero(m[k]) for name, m in chosen.items()} for k in range(n)], work
 
 
 def _hulls(corners: Boxes, mask: np.ndarray, old=None):
