@@ -29,7 +29,7 @@ def constant_calls(mod) -> list[str]:
     return left
 
 
-@pytest.mark.parametrize("model", ["resnet50", "mobilenet_v2", "bert_base"])
+@pytest.mark.parametrize("model", ["resnet50", "mobilenet_v2", "bert_base", "dlrm"])
 def test_fold_weights_equals_tvm_fold_constant(model):
     mod = PREPARE(import_onnx(load_model(model, tiny=True, batch=1)))
     with tvm.target.Target("llvm"):

@@ -1,5 +1,6 @@
 """FoldWeights: evaluate the weight pre-computation (batch-norm folding's scales and shifts,
-layout changes of constants) in numpy.
+layout changes of constants) and index arithmetic on static shapes (an ONNX Gather's index
+normalisation) in numpy.
 
 TVM's ``FoldConstant`` compiles each constant call with LLVM to run it once: ~17 ms a call, which
 for ResNet-50's 270 folded batch-norm ops was half of the whole compilation. Elementwise and
@@ -15,6 +16,8 @@ from tvm import relax
 _BINARY = {"relax.add": np.add, "relax.subtract": np.subtract, "relax.multiply": np.multiply,
            "relax.divide": np.divide, "relax.power": np.power, "relax.maximum": np.maximum,
            "relax.minimum": np.minimum}
+_COMPARE = {"relax.less": np.less, "relax.less_equal": np.less_equal, "relax.greater": np.greater,
+            "relax.greater_equal": np.greater_equal, "relax.equal": np.equal, "relax.not_equal": np.not_equal}
 _UNARY = {"relax.sqrt": np.sqrt, "relax.rsqrt": lambda a: 1 / np.sqrt(a), "relax.negative": np.negative,
           "relax.exp": np.exp, "relax.abs": np.abs}
 
@@ -57,9 +60,18 @@ def _axes(value):
     return None if value is None else tuple(int(a) for a in value)
 
 
+def _take(call, a, indices):
+    """``take`` with indices in range (relax's fast mode leaves the others undefined)."""
+    axis = None if call.attrs.axis is None else int(call.attrs.axis)
+    n = a.size if axis is None else a.shape[axis]
+    return np.take(a, indices, axis=axis) if np.all((indices >= 0) & (indices < n)) else None
+
+
 # op name -> numpy evaluation (call, *operands), None where the call cannot be folded here
 EVALUATORS = {
-    **{name: _elementwise(fn) for name, fn in {**_BINARY, **_UNARY}.items()},
+    **{name: _elementwise(fn) for name, fn in {**_BINARY, **_COMPARE, **_UNARY}.items()},
+    "relax.where": _elementwise(np.where),
+    "relax.take": _take,
     "relax.permute_dims": lambda call, a: np.transpose(a, _axes(call.attrs.axes)),
     "relax.expand_dims": lambda call, a: np.expand_dims(a, _axes(call.attrs.axis)),
     "relax.squeeze": lambda call, a: np.squeeze(a, _axes(call.attrs.axis)),
@@ -69,11 +81,25 @@ EVALUATORS = {
 }
 
 
-def _fold_block(block, values: dict) -> list:
+def _fold_block(block, values: dict, shapes: dict) -> list:
     bindings = []
     for b in block.bindings:
         value = b.value
-        if isinstance(value, relax.Call) and isinstance(value.op, tvm.ir.Op):
+        name = value.op.name if isinstance(value, relax.Call) and isinstance(value.op, tvm.ir.Op) else None
+        if isinstance(value, tvm.ir.expr.Constant):  # a constant bound to a name (the importer's index constants)
+            values[b.var] = _constant(value)
+        elif isinstance(value, relax.Var):  # an alias
+            for known in (values, shapes):
+                if value in known:
+                    known[b.var] = known[value]
+        elif name == "relax.shape_of" and _static(value.args[0].ty) is not None:
+            shapes[b.var] = _static(value.args[0].ty)  # a static shape: the index arithmetic on it folds
+            value = relax.ShapeExpr(list(shapes[b.var]))
+        elif name == "relax.shape_to_tensor" and (shapes.get(value.args[0]) or _shape(value.args[0])) is not None:
+            out = np.array(shapes.get(value.args[0]) or _shape(value.args[0]), dtype=str(value.ty.dtype))
+            values[b.var] = out
+            value = relax.const(out, str(value.ty.dtype))
+        elif name is not None:
             tensor_args = [a for a in value.args if not isinstance(a, relax.ShapeExpr)]
             consts = [_constant(a) if isinstance(a, tvm.ir.expr.Constant) else values.get(a)
                       for a in tensor_args]
@@ -81,7 +107,7 @@ def _fold_block(block, values: dict) -> list:
             if fold and tensor_args and all(c is not None for c in consts):
                 out = fold(value, *consts)
                 if out is not None:
-                    out = np.ascontiguousarray(out, dtype=str(value.ty.dtype))
+                    out = np.array(out, dtype=str(value.ty.dtype), order="C")  # ascontiguousarray makes 0-d 1-d
                     if _static(value.ty) == tuple(out.shape):
                         values[b.var] = out
                         value = relax.const(out, str(value.ty.dtype))
@@ -96,7 +122,8 @@ def FoldWeights(mod: tvm.IRModule, _ctx) -> tvm.IRModule:  # noqa: N802 - TVM pa
         if not isinstance(func, relax.Function) or not isinstance(func.body, relax.SeqExpr):
             continue
         values: dict = {}
-        blocks = [type(block)(_fold_block(block, values)) for block in func.body.blocks]
+        shapes: dict = {}
+        blocks = [type(block)(_fold_block(block, values, shapes)) for block in func.body.blocks]
         mod[gv] = relax.Function(func.params, relax.SeqExpr(blocks, func.body.body), func.ret_ty,
                                  func.is_pure, func.attrs)
     return relax.transform.CanonicalizeBindings()(mod)
