@@ -208,6 +208,41 @@ def test_merge_heads_alignment_from_simplified_indices_where_it_is_faster(rng):
     np.testing.assert_array_equal(out, args[0].astype(np.float16).transpose(0, 2, 1, 3).reshape(2, 16, 64))
 
 
+def test_patch_embedding_merge_tiles_rows_and_skips_guarded_stages(rng):
+    """ViT's patch merge: conv output (2, 64, 4, 4) -> reshape (2, 64, 16) -> transpose -> concat
+    after a class token -> add positions (17 rows, prime). Whole tiles need the reshape's
+    ``p // 4, p % 4`` over a loop (not affine), so rows are tiled one at a time; the row-0 tile
+    takes the class token and compute_at guards the reshape and transpose stages off there
+    (``T.where(1 <= row)``). With the simplified indices a row tile is a whole row of 64 channels;
+    the raw ones (``((p - 1) // 16 + c) // 64 ...``, not affine for row 0's p = -1) need one element
+    per tile. The guarded stages are skipped in that tile (their reads would leave the input), and
+    the result matches numpy."""
+    from tvm_dsa.codegen.kernel_ir import Bound
+    from tvm_dsa.tir_passes import _lower_aligned
+
+    hw = HW
+    op = relax.op
+
+    def merge(x, cls, pos):
+        return op.add(op.concat([cls, op.permute_dims(op.reshape(x, (2, 64, 16)), [0, 2, 1])], axis=1), pos)
+
+    func = fused_kernel(lambda: relax_graph([(2, 64, 4, 4), (2, 1, 64), (1, 17, 64)], merge))
+    plans = {s: _lower_aligned(func, hw, None, True, s)[1] for s in (False, True)}
+    assert plans[False].tiles == (1, 1, 1) and plans[True].tiles == (1, 1, 64)
+    lowered, plan = lower_kernel(func, hw)
+    assert plan.tiles == (1, 1, 64)
+    ir = read_kernel(lowered)
+    guarded = {s.name: s.guard for s in ir.stages() if s.guard}
+    assert set(guarded) == {"T_reshape", "T_transpose"}
+    row_slot = ir.tile_loops()[1].slot
+    assert all(g == (Bound("le", 1, ((row_slot, -1),), ()),) for g in guarded.values())  # 1 - row <= 0
+    x, cls, pos = [rng.standard_normal([int(s) for s in p.shape]).astype("float32") for p in func.params[:3]]
+    out = simulate(build_program(lowered, hw, "merge"), [x, cls, pos]).outputs[0]
+    h = lambda a: a.astype(np.float16).astype(np.float32)  # noqa: E731 - the DSA stores fp16
+    want = np.concatenate([h(cls), h(x).reshape(2, 64, 16).transpose(0, 2, 1)], axis=1) + h(pos)
+    np.testing.assert_allclose(out, want, rtol=1e-3, atol=1e-3)
+
+
 @pytest.mark.parametrize("batch,clusters", [(1, 1), (2, 2), (4, 4), (8, 4)])
 def test_batch_splits_across_clusters(batch, clusters):
     """Layerwise: the batch goes to min(batch, clusters) clusters, a tile per core within each."""

@@ -350,7 +350,7 @@ class KernelEmitter:
                 for v in range(n.extent):
                     self.env[n.slot] = v
                     self._nodes(n.body, core)
-            else:
+            elif all(b.holds(self.env) for b in n.guard):
                 self._stage(n, core)
 
     # -- operands --------------------------------------------------------------------------------

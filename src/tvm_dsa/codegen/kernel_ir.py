@@ -10,6 +10,7 @@ Emitting a tile is then integer arithmetic only.
 from __future__ import annotations
 
 import functools
+import operator
 from dataclasses import dataclass, replace
 
 import numpy as np  # noqa: F401 - generated index functions call np.minimum/np.maximum
@@ -127,6 +128,14 @@ class Bound:
     outer: tuple[tuple[int, int], ...]
     inner: tuple[int, ...]
 
+    def holds(self, env):
+        """Whether a bound on the tile loops alone (no ``inner`` terms) holds at slot values
+        ``env``; arrays of slot values (all tiles at once) give an array."""
+        return _COMPARE[self.op](self.const + sum(c * env[slot] for slot, c in self.outer), 0)
+
+
+_COMPARE = {"le": operator.le, "lt": operator.lt, "ge": operator.ge, "gt": operator.gt}
+
 
 @dataclass(frozen=True)
 class Select:
@@ -146,6 +155,10 @@ class Stage:
     # mme / sum-reduce whose zero-init was folded in (``fold_zero_init``): it overwrites its
     # destination where these loop slots are all 0 and accumulates elsewhere; None: always adds
     overwrite: tuple[int, ...] | None = None
+    # the block's predicate, a conjunction of bounds on the tile loops: the stage runs only in the
+    # tiles where it holds (compute_at guards a producer whose region a tile does not need, e.g.
+    # a concatenation's other operand at the first row); () runs it in every tile
+    guard: tuple[Bound, ...] = ()
 
     def reads(self) -> list[Access]:
         out = []
@@ -295,7 +308,7 @@ class _Reader:
             if isinstance(e, Load):
                 return Read(access(e.source, list(e.indices)))
             if isinstance(e, Call) and call_name(e) == "if_then_else":
-                bounds = tuple(bound(c) for c in _conjuncts(e.args[0]))
+                bounds = tuple(b for c in _conjuncts(e.args[0]) for b in bounds_of(c))
                 return Select(bounds, value(e.args[1]), value(e.args[2]))
             kids = _children(e)
             if not kids:
@@ -307,15 +320,16 @@ class _Reader:
             dims = frozenset().union(*[_dims(v) for v in vals])
             return Op(name, vals, dims)
 
-        def bound(c) -> Bound:
-            ops = {tirx.LE: "le", tirx.LT: "lt", tirx.GE: "ge", tirx.GT: "gt"}
-            if type(c) not in ops:
-                raise CodegenError(f"stage {block.name_hint}: condition {c} is not a bound")
-            k, outer, row, fn = form(c.a - c.b)
-            if fn is not None:
-                raise CodegenError(f"stage {block.name_hint}: condition {c} is not a box bound")
-            return Bound(ops[type(c)], k, outer, row)
+        def bounds_of(c) -> list[Bound]:
+            out = []
+            for op, diff in _comparisons(c, block.name_hint):
+                k, outer, row, fn = form(diff)
+                if fn is not None:
+                    raise CodegenError(f"stage {block.name_hint}: condition {c} is not a box bound")
+                out.append(Bound(op, k, outer, row))
+            return out
 
+        guard = self.guard(realize, block.name_hint, loop_vars, position)
         store = block.body
         dst = access(store.buffer, list(store.indices))
         shape = tuple(e for _, e in inner) or (1,)
@@ -326,8 +340,24 @@ class _Reader:
                 val = tuple(value(ld) for ld in contraction(block))
             else:
                 val = value(reduction_update(block)[1])
-            return Stage(block.name_hint, op, shape, dst, val, str(block.annotations.get("dsa.reduce", "")))
-        return Stage(block.name_hint, op, shape, dst, value(store.value))
+            return Stage(block.name_hint, op, shape, dst, val, str(block.annotations.get("dsa.reduce", "")),
+                         guard=guard)
+        return Stage(block.name_hint, op, shape, dst, value(store.value), guard=guard)
+
+    def guard(self, realize, name, loop_vars, position) -> tuple[Bound, ...]:
+        """The block predicate as bounds on the tile loops; a predicate on the stage's own loops
+        (a partial tile) is not supported."""
+        pred = realize.predicate
+        if isinstance(pred, tirx.IntImm) and pred.value:
+            return ()
+        out = []
+        for c in _conjuncts(pred):
+            for op, diff in _comparisons(c, name):
+                coeffs, const = linear_form(diff, loop_vars)
+                if any(v in position for v in coeffs):
+                    raise Unsupported(f"stage {name}: predicate {c} bounds the stage's own loops (a partial tile)")
+                out.append(Bound(op, const, tuple((self.slot_of[v], k) for v, k in coeffs.items()), ()))
+        return tuple(out)
 
 
 def _split_form(reader: _Reader, expr, realize, inner, position):
@@ -399,6 +429,17 @@ def _dims(v) -> frozenset:
     if isinstance(v, Op):
         return v.dims
     return frozenset()
+
+
+def _comparisons(c, stage: str) -> list:
+    """``c`` as (op, expr) pairs meaning ``expr (op) 0``, op one of le lt ge gt; an equality
+    (what ``StmtSimplify`` makes of ``4 <= v`` when ``v < 5``) is two of them."""
+    ops = {tirx.LE: "le", tirx.LT: "lt", tirx.GE: "ge", tirx.GT: "gt"}
+    if type(c) in ops:
+        return [(ops[type(c)], c.a - c.b)]
+    if isinstance(c, tirx.EQ):
+        return [("le", c.a - c.b), ("ge", c.a - c.b)]
+    raise CodegenError(f"stage {stage}: condition {c} is not a bound")
 
 
 def _conjuncts(cond) -> list:

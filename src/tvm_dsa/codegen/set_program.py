@@ -119,7 +119,7 @@ def _assign(k: TreeKernel, batch: int, fps: list) -> tuple[dict, dict]:
         done = [-1] * batch
         for row, tile in enumerate(fp.tiles):
             first, last = _samples(int(fp.write[0][row][0]), int(fp.write[1][row][0]), dim0(out), batch)
-            need = max((max(ready[u][a:b + 1]) for (lo, hi), u, d in reads
+            need = max((max(ready[u][a:b + 1]) for (lo, hi), u, d in reads if lo[row][0] < hi[row][0]
                         for a, b in [_samples(int(lo[row][0]), int(hi[row][0]), d, batch)]), default=-1)
             q = last // bv
             while q < n and position[(v, q)] < need:
@@ -130,6 +130,8 @@ def _assign(k: TreeKernel, batch: int, fps: list) -> tuple[dict, dict]:
             work.setdefault((v, q), []).append(tile)
             done[first:last + 1] = [max(x, position[(v, q)]) for x in done[first:last + 1]]
             for (lo, hi), u, d in reads:
+                if lo[row][0] >= hi[row][0]:
+                    continue  # a stage the tile skips (``Stage.guard``)
                 a, b = _samples(int(lo[row][0]), int(hi[row][0]), d, batch)
                 for sample in range(a, b + 1):
                     last_read[(u, sample)] = max(last_read.get((u, sample), -1), position[(v, q)])

@@ -63,7 +63,7 @@ def footprints(layer: Layer) -> Footprint:
     shapes = {name: shape for name, shape, _ in ir.params}
     out = ir.params[-1][0]
     tile_loops = ir.tile_loops()
-    accesses, work = [], 0  # (param, access, is_write, stage shape, enclosing chunk loops)
+    accesses, work = [], 0  # (param, access, is_write, stage, enclosing chunk loops)
 
     def walk(nodes, chunks):
         nonlocal work
@@ -74,7 +74,7 @@ def footprints(layer: Layer) -> Footprint:
             work += math.prod(n.shape) * math.prod(e for _, e in chunks)
             for acc, w in [(n.dst, True)] + [(a, False) for a in n.reads()]:
                 if not acc.lb and (acc.buffer == out or not w):
-                    accesses.append((acc.buffer, acc, w, n.shape, chunks))
+                    accesses.append((acc.buffer, acc, w, n, chunks))
 
     walk(tile_loops[-1].body, [])
     grid = np.indices([lp.extent for lp in tile_loops]).reshape(len(tile_loops), -1)
@@ -83,15 +83,20 @@ def footprints(layer: Layer) -> Footprint:
     for lp, values in zip(tile_loops, grid):
         env[lp.slot] = values
     boxes: dict = {}  # (param, is_write) -> Boxes
-    for name, acc, is_write, shape, chunks in accesses:
-        ext = np.asarray(acc.extents(shape), dtype=np.int64)
+    for name, acc, is_write, stage, chunks in accesses:
+        ext = np.asarray(acc.extents(stage.shape), dtype=np.int64)
+        limit = np.asarray(shapes[name], dtype=np.int64).reshape(-1, 1)
         for corner in itertools.product(*((0, e - 1) for _, e in chunks)):
             for (slot, _), v in zip(chunks, corner):
                 env[slot] = v
-            low = np.array([np.broadcast_to(x, (count,)) for x in acc.low_corner(env, shape)],
+            low = np.array([np.broadcast_to(x, (count,)) for x in acc.low_corner(env, stage.shape)],
                            dtype=np.int64).reshape(len(acc.const), count)
-            high = np.minimum(low + ext.reshape(-1, 1), np.asarray(shapes[name], dtype=np.int64).reshape(-1, 1))
-            box = (np.maximum(low, 0).T, high.T)
+            high = np.minimum(low + ext.reshape(-1, 1), limit)
+            low = np.maximum(low, 0)
+            if stage.guard:  # tiles the stage skips: an empty box (high < low) that unions ignore
+                skip = ~np.broadcast_to(np.logical_and.reduce([b.holds(env) for b in stage.guard]), (count,))
+                low, high = np.where(skip, limit, low), np.where(skip, 0, high)
+            box = (low.T, high.T)
             old = boxes.get((name, is_write))
             boxes[(name, is_write)] = box if old is None else (np.minimum(old[0], box[0]), np.maximum(old[1], box[1]))
     tiles = [tuple(t) for t in grid.T.tolist()]

@@ -90,15 +90,14 @@ def offload(mod: tvm.IRModule, hw: Hardware, schedule: str = "layerwise", run_id
                 lowered[name] = (record, None)
                 result.tuned.append(name)
             else:
-                lowered[name] = _lower(func, hw, working_set_bytes(hw) if schedule == "set" else None,
-                                       simplify=schedule != "graphturbo")
+                lowered[name] = _lower(func, hw, working_set_bytes(hw) if schedule == "set" else None)
         except Unsupported as err:
             result.host[name] = str(err)
     in_part: dict = {}  # PrimFunc name -> lowered within the LB share StitchOptions leaves to tiles
 
     def tiled_in_part(name):
         if name not in in_part:
-            in_part[name] = _lower(mod[name], hw, stitch.lb_budget(hw), simplify=False)
+            in_part[name] = _lower(mod[name], hw, stitch.lb_budget(hw))
         return in_part[name]
     specs = schedules.get(schedule)(mod, hw, set(lowered), options)
     node_of = {n.name: n for n in graph.nodes}
@@ -156,17 +155,15 @@ def offload(mod: tvm.IRModule, hw: Hardware, schedule: str = "layerwise", run_id
     return _rewrite(mod, kernels, graph, run_id), result
 
 
-def _lower(func, hw, lb_bytes, simplify: bool = True):
+def _lower(func, hw, lb_bytes):
     """(lowered PrimFunc, LB budget it was tiled to): within ``lb_bytes`` where it fits (graphturbo
-    leaves the rest of the LB to stitched intermediates), else within the whole LB. ``simplify``:
-    ``lower_kernel``'s; graphturbo keeps the unsimplified alignment (with the coarser tiles of a
-    fused transpose -> reshape, its stitched ViT-tiny takes 3.5x the cycles: docs/sod2.md)."""
+    leaves the rest of the LB to stitched intermediates), else within the whole LB."""
     if lb_bytes is not None:
         try:
-            return lower_kernel(func, hw, lb_bytes, simplify=simplify)[0], lb_bytes
+            return lower_kernel(func, hw, lb_bytes)[0], lb_bytes
         except Unsupported:
             pass
-    return lower_kernel(func, hw, simplify=simplify)[0], None
+    return lower_kernel(func, hw)[0], None
 
 
 def _boundary(nodes, graph) -> tuple[list[str], list[str]]:

@@ -17,7 +17,9 @@ from tvm import s_tir
 from .analysis import Unsupported, classify
 from .lower import lower_to_dsa
 from .scopes import GB_SCOPE, LB_SCOPE, assign_scopes
-from .tile import TilePlan, anchor_info, candidate_plans, parallel_plans, tile_schedule, working_set_floor
+from .tile import (
+    TilePlan, anchor_info, candidate_plans, parallel_plans, simplify_indices, tile_schedule, working_set_floor,
+)
 
 
 def _as_pass(name: str, fn):
@@ -53,10 +55,12 @@ def lower_kernel(func, hw, lb_bytes: int | None = None, parallel: bool = True, s
     ``lb_bytes`` if given) and — unless ``parallel`` is False — that gives the cluster's cores a
     tile each where the kernel has that many. Returns (lowered, plan).
 
-    Tiles are aligned to the divisors of the kernel's indices; with ``simplify`` (the default),
-    where the indices simplified under the iterators' ranges allow other tiles (a fused
-    transpose -> reshape: ``tile.simplify_indices``), both alignments are lowered and the one
-    with fewer cycles in a timing simulation is kept (coarser tiles are not always faster)."""
+    With ``simplify`` (the default) the kernel is lowered with its indices simplified under the
+    iterators' ranges (``tile.simplify_indices``: a legalized reshape's index chains become
+    affine in more tilings). Tiles are aligned to the divisors of the kernel's indices; where the
+    simplified indices allow other tiles than the raw ones (a fused transpose -> reshape), both
+    alignments are lowered and the one with fewer cycles in a timing simulation is kept (coarser
+    tiles are not always faster)."""
     if simplify and anchor_info(func, True).align != anchor_info(func, False).align:
         from ..codegen.emit import build_program
         from ..codegen.specialize import timing_cycles
@@ -64,23 +68,26 @@ def lower_kernel(func, hw, lb_bytes: int | None = None, parallel: bool = True, s
         lowerings, error = [], None
         for aligned in (False, True):
             try:
-                lowerings.append(_lower_aligned(func, hw, lb_bytes, parallel, aligned))
+                lowerings.append(_lower_aligned(func, hw, lb_bytes, parallel, True, aligned))
             except Unsupported as err:
                 error = err
         if not lowerings:
             raise error
         return min(lowerings, key=lambda lp: timing_cycles(build_program(lp[0], hw, "kernel")))
-    return _lower_aligned(func, hw, lb_bytes, parallel, False)
+    return _lower_aligned(func, hw, lb_bytes, parallel, simplify)
 
 
-def _lower_aligned(func, hw, lb_bytes: int | None, parallel: bool, simplify: bool):
-    """``lower_kernel`` with one alignment (of the simplified indices or the indices as they are).
+def _lower_aligned(func, hw, lb_bytes: int | None, parallel: bool, simplify: bool, aligned: bool | None = None):
+    """``lower_kernel`` with one alignment: of the simplified indices or of the indices as they are
+    (``aligned``, by default ``simplify``); the simplified kernel is lowered if ``simplify``.
 
     Candidate plans shrink monotonically, so both conditions are found by search (the first plan
     that fits from the first within ``working_set_floor`` of the LB, probing forwards). A
     contraction tries both orders of ``candidate_plans`` and keeps the plan whose tiles load fewer
     bytes (``load_bytes``)."""
-    info = anchor_info(func, simplify)
+    info = anchor_info(func, simplify if aligned is None else aligned)
+    if simplify:
+        func = simplify_indices(func)
     orders = (False, True) if "N" in info.roles else (False,)
     chosen = []
     for reuse in orders:
@@ -113,7 +120,7 @@ def load_bytes(lowered, hw, lb_bytes: int | None = None) -> int:
     chunked = any(isinstance(n, Loop) and n.extent > 1 for n in layer.ir.tile_loops()[-1].body)
     total = 0
     for lo, hi in fp.reads.values():
-        vol = np.prod(hi - lo, axis=1)
+        vol = np.prod(np.maximum(hi - lo, 0), axis=1)
         if not chunked and tiles > cores:
             same = np.all(lo[cores:] == lo[:-cores], axis=1) & np.all(hi[cores:] == hi[:-cores], axis=1)
             vol[cores:][same] = 0

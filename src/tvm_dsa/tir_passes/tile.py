@@ -88,9 +88,10 @@ def simplify_indices(func):
     """``func`` with its index expressions simplified under the block iterators' ranges: a
     legalized reshape reads ``T[((v2 // 64 + v1) // 16 + v0) % 2, (v2 // 64 + v1) % 16, ...]``,
     which is ``T[v0, v1, ...]`` when ``v2 < 64, v1 < 16, v0 < 2``; the alignment rule below would
-    otherwise see divisors that are not there (and tile a fused transpose -> reshape by 2). The
-    kernel itself is scheduled as it is: only the alignment is taken from the simplified form.
-    Returns a copy: a schedule of a module that shares ``func``'s body would rewrite it in place."""
+    otherwise see divisors that are not there (and tile a fused transpose -> reshape by 2), and
+    the tiled indices would stay non-affine where they are affine (``lower_kernel`` lowers this
+    form). Returns a copy: a schedule of a module that shares ``func``'s body would rewrite it in
+    place."""
     copy = tvm.ir.load_json(tvm.ir.save_json(func))
     return s_tir.transform.StmtSimplify()(tvm.IRModule({"main": copy}))["main"]
 
@@ -98,7 +99,7 @@ def simplify_indices(func):
 def anchor_info(func, simplify: bool = True) -> AnchorInfo:
     """Describe the anchor of ``func`` (raises ``Unsupported`` for kernels the DSA cannot run);
     its alignment from the indices simplified under the iterators' ranges unless ``simplify`` is
-    False (the stitched schedule's instance planning is tuned to the finer, unsimplified one)."""
+    False (the raw indices' divisors, finer for a fused transpose -> reshape)."""
     sch = s_tir.Schedule(func)
     idx, kinds = find_anchor(sch)
     anchor = leaf_blocks(sch)[idx]
