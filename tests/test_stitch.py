@@ -110,6 +110,41 @@ def test_row_instances_recompute_the_halo(monkeypatch, elements):
     assert (3 + 4 + 4 + 3 + 8) / 16 > RECOMPUTE_LIMIT and four.count == 2 and four.recompute == two.recompute
 
 
+def test_a_split_whose_sample_recomputes_too_much_is_not_propagated_in_full(monkeypatch):
+    """conv 3x3 (16 row tiles) -> transpose H/W (8 channel tiles): every instance of a channel
+    split needs all of the conv's rows, so n instances compute the conv n times. With
+    SAMPLE_SEEDS = 2, the 8-instance split is judged from 2 of its instances (each recomputing the
+    whole conv: their work scaled by 8 / 2 is over twice RECOMPUTE_LIMIT) and never propagated in
+    full; splits of 4 and 2 are propagated (too few to sample) and fail; the instances chosen are
+    those of the search without sampling."""
+    op = relax.op
+    _, graph, layers = _fused_layers(lambda: relax_graph(
+        [(1, 16, 64, 64), (16, 16, 3, 3)],
+        lambda x, w: op.permute_dims(op.nn.relu(op.nn.conv2d(x, w, padding=1)), [0, 1, 3, 2])))
+    prints = {L.name: footprints(L) for L in layers}
+    assert [len(prints[L.name].tiles) for L in layers] == [16, 8]
+    real, sizes = stitch._propagate, []
+
+    def spy(*args):
+        out = real(*args)
+        sizes.append((len(args[-1]), None if out is None else out.recompute))
+        return out
+
+    def plan():
+        sizes.clear()
+        return plan_instances(layers, prints, [graph.outputs[0]], loop=1, groups=8)
+
+    monkeypatch.setattr(stitch, "_propagate", spy)
+    monkeypatch.setattr(stitch, "SAMPLE_SEEDS", 1000)
+    full = plan()
+    assert [n for n, _ in sizes] == [8, 4, 2, 1] and sizes[0][1] > 2 * RECOMPUTE_LIMIT
+    monkeypatch.setattr(stitch, "SAMPLE_SEEDS", 2)
+    sampled = plan()
+    assert [n for n, _ in sizes] == [2, 4, 2, 1]  # the first: the sample of the 8-instance split
+    assert sizes[0][1] * 8 / 2 > 2 * RECOMPUTE_LIMIT
+    assert sampled.count == full.count == 1 and sampled.recompute == full.recompute == 1.0
+
+
 # -- whole sub-graphs against llvm -------------------------------------------------------------
 def residual_block():
     op = relax.op

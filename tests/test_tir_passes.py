@@ -1,6 +1,8 @@
 """TIR passes on small kernels: each keeps the kernel's meaning (checked by running the TIR on
 llvm) and produces the structure the next stage relies on; the codegen + simulator reproduce it."""
 
+import math
+
 import numpy as np
 import pytest
 import tvm
@@ -206,6 +208,31 @@ def test_merge_heads_alignment_from_simplified_indices_where_it_is_faster(rng):
     args = random_args(func, rng)
     out = simulate(programs[True], args[:-1]).outputs[0]
     np.testing.assert_array_equal(out, args[0].astype(np.float16).transpose(0, 2, 1, 3).reshape(2, 16, 64))
+
+
+@pytest.mark.parametrize("shape", [(4, 4, 32, 16), (2, 4, 128, 16)])
+def test_alignments_are_timed_only_when_their_tile_counts_are_close(shape, monkeypatch):
+    """Merge heads (b, 4, s, 16) -> (b, s, 64): both alignments are lowered; the timing simulation
+    decides only when neither has TIMED_TILES_RATIO times the other's tiles (else the one with
+    fewer tiles is kept unsimulated: ViT-B/16's 1.2M one-element tiles took minutes to time)."""
+    import tvm_dsa.codegen.specialize as specialize
+    from tvm_dsa.tir_passes import TIMED_TILES_RATIO, _lower_aligned
+
+    b, h, s, d = shape
+    func = fused_kernel(lambda: relax_graph(
+        [shape], lambda x: relax.op.reshape(relax.op.permute_dims(x, [0, 2, 1, 3]), (b, s, h * d))))
+    info = anchor_info(func)
+    counts = {a: math.prod(e // t for e, t in zip(info.spatial, _lower_aligned(func, HW, None, True, True, a)[1].tiles))
+              for a in (False, True)}
+    timed = []
+    real = specialize.timing_cycles
+    monkeypatch.setattr(specialize, "timing_cycles", lambda p: timed.append(p) or real(p))
+    _, plan = lower_kernel(func, HW)
+    close = max(counts.values()) < TIMED_TILES_RATIO * min(counts.values())
+    assert close == (shape == (4, 4, 32, 16))  # 128 against 32 tiles; 2048 against 16
+    assert len(timed) == (2 if close else 0)
+    if not close:
+        assert math.prod(e // t for e, t in zip(info.spatial, plan.tiles)) == min(counts.values())
 
 
 def test_patch_embedding_merge_tiles_rows_and_skips_guarded_stages(rng):
