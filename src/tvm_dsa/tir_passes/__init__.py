@@ -62,7 +62,7 @@ def lower_kernel(func, hw, lb_bytes: int | None = None, parallel: bool = True, s
     alignments are lowered and the one with fewer cycles in a timing simulation is kept (coarser
     tiles are not always faster), unless one has ``TIMED_TILES_RATIO`` times the other's tiles or
     more (it is then not simulated: ViT-B/16's head merge at batch 8 has 1.2M one-element tiles
-    under the raw alignment, 12 under the other)."""
+    under the raw alignment, 48 under the other)."""
     if simplify and anchor_info(func, True).align != anchor_info(func, False).align:
         from ..codegen.emit import build_program
         from ..codegen.specialize import timing_cycles
