@@ -63,7 +63,8 @@ def lower_kernel(func, hw, lb_bytes: int | None = None, parallel: bool = True, s
     tiles are not always faster), unless one has ``TIMED_TILES_RATIO`` times the other's tiles or
     more (it is then not simulated: ViT-B/16's head merge at batch 8 has 1.2M one-element tiles
     under the raw alignment, 48 under the other)."""
-    if simplify and anchor_info(func, True).align != anchor_info(func, False).align:
+    info = anchor_info(func, simplify)
+    if simplify and info.align != anchor_info(func, False).align:
         from ..codegen.emit import build_program
         from ..codegen.specialize import timing_cycles
 
@@ -75,7 +76,6 @@ def lower_kernel(func, hw, lb_bytes: int | None = None, parallel: bool = True, s
                 error = err
         if not lowerings:
             raise error
-        info = anchor_info(func)
         fewest = min(_tiles(info, plan) for _, plan in lowerings)
         lowerings = [lp for lp in lowerings if _tiles(info, lp[1]) < TIMED_TILES_RATIO * fewest]
         if len(lowerings) == 1:
