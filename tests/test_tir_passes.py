@@ -210,7 +210,7 @@ def test_merge_heads_alignment_from_simplified_indices_where_it_is_faster(rng):
     np.testing.assert_array_equal(out, args[0].astype(np.float16).transpose(0, 2, 1, 3).reshape(2, 16, 64))
 
 
-@pytest.mark.parametrize("shape", [(4, 4, 32, 16), (2, 4, 128, 16)])
+@pytest.mark.parametrize("shape", [(8, 4, 32, 16), (2, 4, 128, 16)])
 def test_alignments_are_timed_only_when_their_tile_counts_are_close(shape, monkeypatch):
     """Merge heads (b, 4, s, 16) -> (b, s, 64): both alignments are lowered; the timing simulation
     decides only when neither has TIMED_TILES_RATIO times the other's tiles (else the one with
@@ -229,7 +229,7 @@ def test_alignments_are_timed_only_when_their_tile_counts_are_close(shape, monke
     monkeypatch.setattr(specialize, "timing_cycles", lambda p: timed.append(p) or real(p))
     _, plan = lower_kernel(func, HW)
     close = max(counts.values()) < TIMED_TILES_RATIO * min(counts.values())
-    assert close == (shape == (4, 4, 32, 16))  # 128 against 32 tiles; 2048 against 16
+    assert close == (shape == (8, 4, 32, 16))  # 128 against 32 tiles; 4096 against 16
     assert len(timed) == (2 if close else 0)
     if not close:
         assert math.prod(e // t for e, t in zip(info.spatial, plan.tiles)) == min(counts.values())
@@ -280,6 +280,27 @@ def test_batch_splits_across_clusters(batch, clusters):
     cores = build_program(lowered, hw, "k").kernels[0].cores
     assert {c // hw.cores_per_cluster for c in cores} == set(range(clusters))
     assert len(cores) == clusters * hw.cores_per_cluster  # every core of a used cluster has a tile
+
+
+def test_a_tile_holding_more_samples_than_a_cluster_takes_is_split_for_every_cluster(rng):
+    """BERT's head merge at batch 8, (8, 12, 128, 64) -> (8, 128, 768): the largest tiles that fit
+    the LB hold 4 samples, and their 24 tiles already give 2 clusters' 16 cores one each; but the
+    first tile loop picks the cluster, so only 2 of the 4 would run (and a stitched sub-graph could
+    not be split into more instances than that loop has values). The sample tile is split until
+    every cluster has samples."""
+    hw = HW
+    func = fused_kernel(lambda: relax_graph(
+        [(8, 12, 128, 64)], lambda x: relax.op.reshape(relax.op.permute_dims(x, [0, 2, 1, 3]), (8, 128, 768))))
+    _, largest = lower_kernel(func, hw, parallel=False)
+    used = 8 // largest.tiles[0]  # clusters the first tile loop reaches
+    assert used < hw.clusters and math.prod(e // t for e, t in zip((8, 128, 768), largest.tiles)) >= used * 8
+    lowered, plan = lower_kernel(func, hw)
+    assert 8 // plan.tiles[0] >= hw.clusters
+    program = build_program(lowered, hw, "merge")
+    assert len(program.kernels[0].cores) == hw.clusters * hw.cores_per_cluster
+    args = random_args(func, rng)
+    out = simulate(program, args[:-1]).outputs[0]
+    np.testing.assert_array_equal(out, args[0].astype(np.float16).transpose(0, 2, 1, 3).reshape(8, 128, 768))
 
 
 HW = hardware.get("stcp920")

@@ -164,10 +164,11 @@ def _fitting(func, info, plans, hw, lb_bytes, parallel):
         return tried[i]
 
     def spread(plan):
-        """Every core of each cluster the kernel uses (the first tile loop picks the cluster)
-        gets a tile."""
-        clusters = min(info.spatial[0] // plan.tiles[0], hw.clusters)
-        return _tiles(info, plan) >= clusters * hw.cores_per_cluster
+        """Every cluster the first loop can feed gets a value of the first tile loop (it picks the
+        cluster: the batch split) and each of its cores a tile."""
+        clusters = min(info.spatial[0], hw.clusters)
+        return (info.spatial[0] // plan.tiles[0] >= clusters
+                and _tiles(info, plan) >= clusters * hw.cores_per_cluster)
 
     # plans above the LB by the tile's least working set need no lowering; the first plan that
     # fits is usually within a few of the first that passes that bound
