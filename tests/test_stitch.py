@@ -310,6 +310,55 @@ def test_lb_level_only_where_instances_have_a_core_each(rng):
     assert cycles[0.5] == cycles[0.0]
 
 
+def residual_blocks(n: int):
+    op = relax.op
+
+    def block(x, w1, w2, b):
+        return op.nn.relu(op.add(op.add(op.nn.conv2d(op.nn.relu(op.nn.conv2d(x, w1, padding=1)), w2), b), x))
+
+    def chain(x, *ws):
+        for k in range(n):
+            x = block(x, *ws[3 * k:3 * k + 3])
+        return x
+
+    return relax_graph([(4, 16, 8, 8)] + [(16, 16, 3, 3), (16, 16, 1, 1), (1, 16, 1, 1)] * n, chain)
+
+
+def test_a_block_like_the_one_before_is_replayed_as_emitting_it_gives(monkeypatch, rng):
+    """Four residual blocks of one shape (two layers each) in one stitched kernel. A layer of block
+    3 or 4 is block 2's with other weights and intermediates, so it is replayed from it (block 2's
+    instructions, operands moved, dependencies worked out anew); block 1 reads the input from DDR
+    and block 4's last layer writes the output there, so they are emitted. The program is the one
+    emitting every layer gives, instruction for instruction, and computes what llvm does."""
+    import importlib
+
+    from tvm_dsa.codegen import emit
+
+    offload = importlib.import_module("tvm_dsa.relax_passes.offload")
+    seen = []
+    monkeypatch.setattr(offload, "emit_stitched", lambda mod, *a, **k: seen.append(mod) or stitch.emit_stitched(mod, *a, **k))
+    mod = residual_blocks(4)
+    args = [rng.standard_normal([int(s) for s in p.ty.shape]).astype("float32") * 0.3 for p in mod["main"].params]
+    vm, _ = _run(mod, "graphturbo")
+    out = vm["main"](*[tvm.runtime.tensor(a) for a in args]).numpy()
+    ref = _llvm(mod, args)
+    assert np.abs(out - ref).max() / np.abs(ref).max() < 5e-3
+    (sub,) = seen
+    layers = stitch.read_subgraph(sub, HW)[0].layers
+    replays = []
+    replay = emit.KernelEmitter._replay
+    monkeypatch.setattr(emit.KernelEmitter, "_replay", lambda self, call, L, *a: replays.append((call.layer.name, L.name))
+                        or replay(self, call, L, *a))
+    emitted, _ = stitch.emit_stitched(sub, HW, replay=False)
+    assert replays == []
+    replayed, _ = stitch.emit_stitched(sub, HW)
+    names = [L.name for L in layers]
+    assert len(names) == 8
+    assert replays == [(names[2], names[4]), (names[3], names[5]), (names[2], names[6])]  # cluster 0's layers
+    (a,), (b,) = emitted.kernels, replayed.kernels
+    assert a == b and a.layers == b.layers  # instructions with their deps, cores, replicas; layer marks
+
+
 def test_clusters_copy_the_first_clusters_instructions(monkeypatch):
     """Four clusters, one sample each: clusters 1-3 run cluster 0's instructions moved to their
     cores, their GB and their samples. The copy is what emitting them gives, less the dependencies

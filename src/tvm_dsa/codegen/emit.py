@@ -229,15 +229,35 @@ PROMOTE = "promote"
 FANOUT = 4  # copies a core sends of a box it holds before a copy of it is asked to (``_holder``)  # layer mark of whole-tensor copies between memories (weight promotion)
 
 
+@dataclass(frozen=True)
+class _Call:
+    """A layer as emitted: where its tensors were, its instructions [start, stop) and their units."""
+
+    layer: Layer
+    placed: dict  # parameter -> Region (None: not placed, an LB-only buffer)
+    start: int
+    stop: int
+    log: list
+
+
+_OPERAND_FIELDS = {isa.Dma: ("dst", "src"), isa.Fill: ("dst",), isa.Mme: ("dst", "a", "b"), isa.Vector: ("dst",),
+                   isa.Reduce: ("dst", "src")}
+
+
 class KernelEmitter:
     """Emits one kernel: layers, each over a list of (tile, core), with the regions of its tensors.
 
     The caller decides which tiles run where and where tensors live (``layer``), and moves whole
     tensors between memories (``move``). Dependency tokens follow from the memory every
-    instruction touches, including memory reused by a later tensor or another layer's buffers."""
+    instruction touches, including memory reused by a later tensor or another layer's buffers.
 
-    def __init__(self, hw: Hardware, name: str):
-        self.hw, self.name = hw, name
+    A layer emitted like an earlier one (the same kernel IR, tiles, cores and placement but for
+    the regions' bases: the next block of a transformer) is replayed: the earlier layer's
+    instructions with their operands moved to the new regions and their dependencies worked out
+    anew, without walking the IR again (``replay``; False emits every layer, for tests)."""
+
+    def __init__(self, hw: Hardware, name: str, replay: bool = True):
+        self.hw, self.name, self.replay = hw, name, replay
         self.instructions: list = []
         self.deps = _Deps()
         self.spaces: dict = {}  # (mem, index) -> _Space
@@ -253,6 +273,8 @@ class KernelEmitter:
         self.replicas: list = []  # isa.Replica: parts run again by other clusters, after the instructions
         self._parts: dict = {}  # (start, stop) -> (deps inside, DDR objects touched, cores) of a replicated part
         self.scratch_top = 0
+        self.calls: dict = {}  # signature (``_signature``) -> [_Call]: layers a later one may replay
+        self.log: list | None = None  # (reads, writes, unit) per instruction pushed, while a call is recorded
 
     def kernel(self) -> isa.Kernel:
         return isa.Kernel(self.name, tuple(sorted(self.cores_used)), tuple(self.instructions), tuple(self.marks),
@@ -329,8 +351,73 @@ class KernelEmitter:
     def layer(self, layer: Layer, work, regions: dict, lb_base: int = 0) -> None:
         """Emit ``layer``'s tiles: ``work`` is a list of (tile loop values, core); ``regions``
         maps each parameter's tensor to where it lives for these tiles."""
-        self.cur, self.regions, self.lb_base = layer, regions, lb_base
         self._mark(layer.name, layer.ir.params[-1][1])
+        sig = self._signature(layer, work, regions, lb_base)
+        if sig is not None:
+            for call in self.calls.get(sig, ()):
+                if (call.layer.ir, call.layer.plan) == (layer.ir, layer.plan):
+                    return self._replay(call, layer, work, regions, lb_base)
+            self.log, start = [], len(self.instructions)
+        self._emit(layer, work, regions, lb_base)
+        if sig is not None:
+            placed = {p: regions.get(layer.args.get(p)) for p, *_ in layer.ir.params}
+            self.calls.setdefault(sig, []).append(_Call(layer, placed, start, len(self.instructions), self.log))
+            self.log = None
+
+    def _signature(self, layer: Layer, work, regions: dict, lb_base: int):
+        """What emitting ``layer`` depends on, bar the kernel IR and the bases of its tensors'
+        regions; None where it depends on more, which a replay would not reproduce: a core already
+        holding the layer's tile buffers (its tiles would reuse what they hold), a tensor in
+        pieces, a mesh's multicast of tiles between cores."""
+        if not self.replay or self.hw.interconnect == "mesh":
+            return None
+        if any(self.on_core.get(core) == (layer.name, lb_base) for _, core in work):
+            return None
+        placed, first = [], {}
+        for p, *_ in layer.ir.params:
+            tensor = layer.args.get(p)
+            r = regions.get(tensor)
+            if isinstance(r, Pieces):
+                return None
+            placed.append((first.setdefault(tensor, len(first)),
+                           r and (r.mem, r.index, r.origin, r.extents, r.dtype)))
+        return lb_base, tuple((tuple(v), core) for v, core in work), tuple(placed)
+
+    def _replay(self, call: _Call, layer: Layer, work, regions: dict, lb_base: int) -> None:
+        """Emit ``layer`` as ``call``'s instructions, each operand in one of ``call``'s tensor
+        regions moved to the same place in ``layer``'s, the rest (tile buffers, scratch) kept."""
+        moves: dict = {}  # (mem, index) -> [(lo, hi, shift)]
+        for p, old in call.placed.items():
+            new = regions.get(layer.args.get(p))
+            if old is not None:
+                moves.setdefault((old.mem, old.index), []).append((old.base, old.base + old.nbytes, new.base - old.base))
+        for ranges in moves.values():
+            ranges.sort()
+            if any(b[0] < a[1] and b[2] != a[2] for a, b in itertools.pairwise(ranges)):
+                return self._emit(layer, work, regions, lb_base)  # two tensors at once in one place
+
+        def move(o):
+            if not isinstance(o, isa.Operand):
+                return o
+            for lo, hi, shift in moves.get((o.mem, o.index), ()):
+                if lo <= o.offset < hi:
+                    return _with(o, offset=o.offset + shift) if shift else o
+            return o
+
+        for _, core in work:
+            self.cores_used.add(core)
+            self._enter(layer, core, lb_base)
+        for ins, unit in zip(self.instructions[call.start:call.stop], call.log):
+            fields = {f: move(getattr(ins, f)) for f in _OPERAND_FIELDS[type(ins)]}
+            if isinstance(ins, isa.Vector):
+                fields["srcs"] = tuple(move(o) for o in ins.srcs)
+            self.cores_used.add(ins.core)
+            self._push(_with(ins, **fields), ins.core, unit)
+        for _, core in work:
+            self.on_core[core] = None  # a later call of this layer re-enters: nothing carried over
+
+    def _emit(self, layer: Layer, work, regions: dict, lb_base: int) -> None:
+        self.cur, self.regions, self.lb_base = layer, regions, lb_base
         self.views: dict = {}  # (id(access), aliased region) -> _view
         self.aliasable = _aliasable(layer.ir)
         self.lb_strides = {n: _row_major(b.extents) for n, b in layer.plan.buffers.items()}
@@ -431,9 +518,9 @@ class KernelEmitter:
         return isa.Operand("lb", core, offset, dtype, tuple(strides))
 
     # -- instructions ----------------------------------------------------------------------------
-    def _push(self, ins, core: int) -> None:
+    def _push(self, ins, core: int, unit=None) -> None:
         srcs, dst = isa.operands(ins)
-        unit = isa.unit_of(ins, self.hw.cores_per_cluster)
+        unit = unit or isa.unit_of(ins, self.hw.cores_per_cluster)
         reads = [self._key(o) for o in srcs]
         writes = [self._key(dst)]
         idx = len(self.instructions)
@@ -442,6 +529,8 @@ class KernelEmitter:
         object.__setattr__(ins, "deps", tuple(sorted(self.deps.deps(reads, writes, unit))))
         self.instructions.append(ins)
         self.deps.record(idx, reads, writes, unit)
+        if self.log is not None:
+            self.log.append(unit)
 
     def _key(self, o: isa.Operand):
         """The memory object an operand touches: a tensor's region, a tile buffer copy, scratch."""

@@ -551,14 +551,15 @@ def _cluster_shift(sg, prints, inst, cores, cpc, ref: _Part, other: _Part, regio
     return shift
 
 
-def emit_stitched(mod: tvm.IRModule, hw, replicate: bool = True):
+def emit_stitched(mod: tvm.IRModule, hw, replicate: bool = True, replay: bool = True):
     """(Program, StitchInfo) of a sub-graph module annotated by the passes of
     ``tir_passes.stitch``: each cluster's steps in the chosen order, at each step the buffers that
     start there claimed (a weight's promotion DDR -> GB issued), then every layer's tiles of the
     step's instances on the instances' cores, each tensor read and written where it was placed.
 
     A cluster whose instances are the first cluster's moved along the batch, placed alike, gets a
-    copy of its instructions (``replicate``; False emits every cluster, for tests)."""
+    copy of its instructions (``replicate``; False emits every cluster, for tests). A layer like
+    an earlier one is replayed from it (``replay``, ``KernelEmitter``)."""
     from .. import isa
     from .emit import KernelEmitter, Region, place_arguments
     from .kernel_ir import ALIGN
@@ -581,7 +582,7 @@ def emit_stitched(mod: tvm.IRModule, hw, replicate: bool = True):
         base = scratch + b.offset if b.level == "ddr" else b.offset
         return Region(b.level, b.unit, base, box[0], extents, hw.storage_dtype)
 
-    emitter = KernelEmitter(hw, sg.name)
+    emitter = KernelEmitter(hw, sg.name, replay)
     for t, r in regions.items():
         emitter.claim(r, ("ddr", t))
     reference, span = None, [0, 0]  # the first cluster's part, and [first, end) of its instructions
