@@ -76,16 +76,24 @@ def peak_bytes(sgs: SubGraphs, g: int, element_bytes: int) -> int:
     that this or a later layer still reads or that leave the SG, plus this layer's output."""
     graph, order = sgs.graph, sorted(sgs.groups[g])
     inputs, _, outputs = sg_tensors(sgs, g)
+    last = {t: k for k, n in enumerate(order) for t in graph.nodes[n].inputs}  # a tensor's last reader
+    last.update((t, len(order)) for t in outputs)
+    expiring: dict = {}  # layer -> bytes no longer live from it on
+    live = peak = 0
 
-    def last_use(t):
-        readers = [k for k, n in enumerate(order) if t in graph.nodes[n].inputs]
-        return len(order) if t in outputs else max(readers, default=-1)
+    def arrives(t, k):
+        nonlocal live
+        if last.get(t, -1) >= k:
+            nbytes = math.prod(graph.tensors[t].shape) * element_bytes
+            live += nbytes
+            expiring[last[t] + 1] = expiring.get(last[t] + 1, 0) + nbytes
 
-    available, peak = list(inputs), 0
+    for t in inputs:
+        arrives(t, 0)
     for k, n in enumerate(order):
-        available.append(graph.nodes[n].output)
-        live = [t for t in available if last_use(t) >= k]
-        peak = max(peak, sum(math.prod(graph.tensors[t].shape) * element_bytes for t in live))
+        live -= expiring.pop(k, 0)
+        arrives(graph.nodes[n].output, k)
+        peak = max(peak, live)
     return peak
 
 
