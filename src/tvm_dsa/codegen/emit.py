@@ -274,7 +274,7 @@ class KernelEmitter:
         self._parts: dict = {}  # (start, stop) -> (deps inside, DDR objects touched, cores) of a replicated part
         self.scratch_top = 0
         self.calls: dict = {}  # signature (``_signature``) -> [_Call]: layers a later one may replay
-        self.log: list | None = None  # (reads, writes, unit) per instruction pushed, while a call is recorded
+        self.log: list | None = None  # the unit of each instruction pushed, while a call is recorded
 
     def kernel(self) -> isa.Kernel:
         return isa.Kernel(self.name, tuple(sorted(self.cores_used)), tuple(self.instructions), tuple(self.marks),
