@@ -219,18 +219,19 @@ def test_malformed_fields_get_a_message_not_a_crash():
 
 # -- replicas: a range of the stream again, moved ----------------------------------------------------
 
-def _replicated(replica) -> Program:
-    """Core 0 loads 64 fp16 from DDR 0 into its LB, adds, stores to DDR 4096; the replica runs it on
-    core 8 (cluster 1) over DDR 128 -> 4224."""
+def _replicated(*replicas, tail=()) -> Program:
+    """Core 0 loads 64 fp16 from DDR 0 into its LB, adds, stores to DDR 4096, then runs ``tail``;
+    ``replicas`` go among them where they say."""
     load = Dma(0, (64,), lb(0), ddr(0))
     add = Vector(0, "vme", "add", (64,), lb(128), (lb(0), 1.0), (0,))
     store = Dma(0, (64,), ddr(4096), lb(128), (1,))
-    kernel = Kernel("k", (0,), (load, add, store), replicas=(replica,))
+    kernel = Kernel("k", (0,), (load, add, store, *tail), replicas=replicas)
     return Program(HW, 1 << 16, (), (kernel,), name="t")
 
 
-def test_a_replica_is_the_range_moved():
-    compact = _replicated(Replica(0, 3, 8, 1, ((0, 128, 128), (4096, 4224, 128))))
+def test_a_replica_at_the_end_is_the_range_moved_to_another_cluster():
+    """Cores +8 (cluster 1): the LB operands go with the core; DDR by the ranges."""
+    compact = _replicated(Replica(0, 3, 3, 8, (("ddr", 0, 0, 128, 0, 128), ("ddr", 0, 4096, 4224, 0, 128))))
     (k,) = Program.deserialize(compact.serialize()).kernels
     assert k.cores == (0, 8) and len(k.instructions) == 6 and k.replicas == ()
     load, add, store = k.instructions[3:]
@@ -241,11 +242,30 @@ def test_a_replica_is_the_range_moved():
     validate(compact)  # the copies are checked too
 
 
-@pytest.mark.parametrize("replica, message", [
-    (Replica(0, 3, 8, 1, ((0, 128, 128),)), "DDR offset 4096, which none of its ranges covers"),
-    (Replica(1, 3, 8, 1, ((0, 8192, 128),)), r"replica \[1, 3\) copies an instruction that depends on one outside it"),
-    (Replica(0, 4, 8, 1, ()), r"replica \[0, 4\) outside the kernel's 3 instructions"),
+def test_a_replica_goes_where_it_says_and_its_dependencies_follow_it():
+    """The add and store again at position 3, on other LB bytes and DDR, before the kernel's own
+    fourth instruction: the copy's dependencies (on the load and the add) move by 3 - 1 = 2, so
+    the copied add waits for the stream's instruction 2, the first store; the kernel's own
+    instruction after the copy is at position 5."""
+    tail = (Dma(0, (64,), ddr(8192), lb(256), (4,)),)
+    moves = (("lb", 0, 128, 256, 0, 128), ("ddr", 0, 4096, 4224, 0, 4096))
+    compact = _replicated(Replica(1, 3, 3, 0, moves), tail=tail)
+    (k,) = compact.expanded().kernels
+    assert len(k.instructions) == 6 and k.cores == (0,)
+    add, store = k.instructions[3:5]
+    assert (add.deps, add.dst, add.srcs) == ((2,), lb(256), (lb(0), 1.0))  # lb(0) is not in a move
+    assert (store.deps, store.dst, store.src) == ((3,), ddr(8192), lb(256))
+    assert k.instructions[5] == tail[0]
+    validate(compact)
+
+
+@pytest.mark.parametrize("replicas, message", [
+    ((Replica(1, 3, 2, 0, ()),), r"replica \[1, 3\) at 2: must copy a range before where it goes"),
+    ((Replica(0, 3, 4, 0, ()),), "replica at 4 lies beyond the kernel's stream"),
+    ((Replica(0, 1, 3, 0, ()), Replica(0, 1, 2, 0, ())), "replicas must go in increasing order"),
+    ((Replica(0, 3, 3, 0, (("ddr", 0, 0, 128, 0, 64), ("ddr", 0, 64, 256, 0, 0))),),
+     r"moves of ddr\[0\] overlap at offset 64"),
 ])
-def test_a_malformed_replica_is_refused(replica, message):
+def test_a_malformed_replica_is_refused(replicas, message):
     with pytest.raises(ProgramError, match=message):
-        Program.deserialize(_replicated(replica).serialize())
+        Program.deserialize(_replicated(*replicas).serialize())

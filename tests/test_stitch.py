@@ -324,12 +324,17 @@ def residual_blocks(n: int):
     return relax_graph([(4, 16, 8, 8)] + [(16, 16, 3, 3), (16, 16, 1, 1), (1, 16, 1, 1)] * n, chain)
 
 
-def test_a_block_like_the_one_before_is_replayed_as_emitting_it_gives(monkeypatch, rng):
-    """Four residual blocks of one shape (two layers each) in one stitched kernel. A layer of block
-    3 or 4 is block 2's with other weights and intermediates, so it is replayed from it (block 2's
-    instructions, operands moved, dependencies worked out anew); block 1 reads the input from DDR
-    and block 4's last layer writes the output there, so they are emitted. The program is the one
-    emitting every layer gives, instruction for instruction, and computes what llvm does."""
+def test_a_block_like_the_one_before_is_replayed_or_copied_as_emitting_it_gives(monkeypatch, rng):
+    """Eight residual blocks of one shape (two layers each) in one stitched kernel. A layer of a
+    later block is the previous block's with other weights and intermediates. Block 1 reads the
+    input from DDR, so block 2 has nothing like it before, and block 8's last layer writes the
+    output there: these are emitted; every other layer is the previous block's same layer again. The first later blocks find memory their
+    predecessors found fresh (the intermediates' memory is reused from block to block), so their
+    layers are pushed again (replayed) with dependencies worked out anew; once the dependency
+    tracker holds for a layer's objects what it held for the previous block's, one block on, the
+    layer is a copy record (``isa.Replica``), from then to the end. Written out, the program is
+    the one emitting every layer gives, instruction for instruction, dependencies included, and
+    computes what llvm does (the run checks every hazard)."""
     import importlib
 
     from tvm_dsa.codegen import emit
@@ -337,7 +342,7 @@ def test_a_block_like_the_one_before_is_replayed_as_emitting_it_gives(monkeypatc
     offload = importlib.import_module("tvm_dsa.relax_passes.offload")
     seen = []
     monkeypatch.setattr(offload, "emit_stitched", lambda mod, *a, **k: seen.append(mod) or stitch.emit_stitched(mod, *a, **k))
-    mod = residual_blocks(4)
+    mod = residual_blocks(8)
     args = [rng.standard_normal([int(s) for s in p.ty.shape]).astype("float32") * 0.3 for p in mod["main"].params]
     vm, _ = _run(mod, "graphturbo")
     out = vm["main"](*[tvm.runtime.tensor(a) for a in args]).numpy()
@@ -345,18 +350,44 @@ def test_a_block_like_the_one_before_is_replayed_as_emitting_it_gives(monkeypatc
     assert np.abs(out - ref).max() / np.abs(ref).max() < 5e-3
     (sub,) = seen
     layers = stitch.read_subgraph(sub, HW)[0].layers
-    replays = []
-    replay = emit.KernelEmitter._replay
+    replays, copies = [], []
+    replay, as_copy = emit.KernelEmitter._replay, emit.KernelEmitter._as_copy
     monkeypatch.setattr(emit.KernelEmitter, "_replay", lambda self, call, L, *a: replays.append((call.layer.name, L.name))
                         or replay(self, call, L, *a))
+
+    def copy(self, call, L, *a):
+        made = as_copy(self, call, L, *a)
+        if made is not None:
+            copies.append((call.layer.name, L.name, made.stop - made.start))
+        return made
+
+    monkeypatch.setattr(emit.KernelEmitter, "_as_copy", copy)
     emitted, _ = stitch.emit_stitched(sub, HW, replay=False)
-    assert replays == []
-    replayed, _ = stitch.emit_stitched(sub, HW)
+    assert replays == copies == []
+    compact, _ = stitch.emit_stitched(sub, HW)
     names = [L.name for L in layers]
-    assert len(names) == 8
-    assert replays == [(names[2], names[4]), (names[3], names[5]), (names[2], names[6])]  # cluster 0's layers
-    (a,), (b,) = emitted.kernels, replayed.kernels
-    assert a == b and a.layers == b.layers  # instructions with their deps, cores, replicas; layer marks
+    assert len(names) == 16
+    again = [(names[k - 2], names[k]) for k in range(4, 15)]  # cluster 0's layers of blocks 3-8 but the last
+    assert copies and replays + [c[:2] for c in copies] == again
+    (a,), (b,) = emitted.expanded().kernels, compact.expanded().kernels
+    assert a == b and a.layers == b.layers  # instructions with their deps, cores; layer marks
+    assert len(compact.kernels[0].instructions) + sum(n for *_, n in copies) == len(emitted.kernels[0].instructions)
+
+
+def test_a_copy_waits_for_the_same_units_no_earlier_than_emission_would():
+    """``_covers``: a tracker entry of the earlier layer, shifted, stands for the current one when
+    each shifted position holds an instruction of the entry's unit, and no unit of the current
+    entry is missing or named at a later position than the shifted one."""
+    from tvm_dsa.codegen.emit import KernelEmitter
+
+    e = KernelEmitter(HW, "k")
+    e.units = [("dma", 0)] * 10 + [("mme", 0)] * 10
+    dma, mme = ("dma", 0), ("mme", 0)
+    assert e._covers({dma: 3}, 5, {dma: 8}) and e._covers({dma: 3}, 5, {dma: 6}) and e._covers({dma: 3}, 5, None)
+    assert not e._covers({dma: 3}, 5, {dma: 9})  # the copy would wait for an earlier instruction
+    assert not e._covers({dma: 3}, 5, {mme: 12})  # a unit the copy would not wait for
+    assert not e._covers({dma: 3}, 10, {dma: 8})  # position 13 is the MME's
+    assert e._covers({dma: 3, mme: 12}, 5, {dma: 8})  # waiting for more is allowed
 
 
 def test_clusters_copy_the_first_clusters_instructions(monkeypatch):

@@ -201,6 +201,11 @@ class _Space:
         self.owners = {}
         return old
 
+    def whole_owner(self, lo: int, hi: int):
+        """The key owning all of [lo, hi), or None."""
+        i = bisect.bisect_right(self.ranges, (lo, float("inf"))) - 1
+        return self.ranges[i][2] if i >= 0 and self.ranges[i][0] <= lo and hi <= self.ranges[i][1] else None
+
     def owner(self, offset: int):
         key = self.owners.get(offset, self)
         if key is self:
@@ -231,13 +236,23 @@ FANOUT = 4  # copies a core sends of a box it holds before a copy of it is asked
 
 @dataclass(frozen=True)
 class _Call:
-    """A layer as emitted: where its tensors were, its instructions [start, stop) and their units."""
+    """A layer as emitted: where its tensors were and which memory object owned each region, its
+    stream positions [start, stop), where its instructions begin among the kernel's own
+    (``literal``; None for a recorded copy) and their units, the state of the dependency tracker
+    for each object it touched when it first touched it (``before``: writers, readers, ssa) and at
+    its end (``after``), its lowest dependency and its cores."""
 
     layer: Layer
     placed: dict  # parameter -> Region (None: not placed, an LB-only buffer)
+    owners: dict | None  # parameter -> key of the object owning the whole region (None: not one)
     start: int
     stop: int
-    log: list
+    literal: int | None
+    log: list | None
+    before: dict
+    after: dict
+    low: int
+    cores: frozenset
 
 
 _OPERAND_FIELDS = {isa.Dma: ("dst", "src"), isa.Fill: ("dst",), isa.Mme: ("dst", "a", "b"), isa.Vector: ("dst",),
@@ -252,15 +267,24 @@ class KernelEmitter:
     instruction touches, including memory reused by a later tensor or another layer's buffers.
 
     A layer emitted like an earlier one (the same kernel IR, tiles, cores and placement but for
-    the regions' bases: the next block of a transformer) is replayed: the earlier layer's
-    instructions with their operands moved to the new regions and their dependencies worked out
-    anew, without walking the IR again (``replay``; False emits every layer, for tests)."""
+    the regions' bases: the next block of a transformer) is replayed (``replay``; False emits
+    every layer, for tests). Where the dependency tracker's entry for every object the layer
+    touches is the earlier layer's shifted along the stream by the distance between the two, or
+    names the same units no later than that (``_covers``), the earlier instructions moved, every
+    dependency shifted alike, wait for everything emission would wait for: the layer is recorded
+    as a copy (``isa.Replica``), in time independent of its size. Otherwise the earlier
+    instructions are pushed again, moved, their dependencies worked out anew, without walking
+    the IR."""
 
     def __init__(self, hw: Hardware, name: str, replay: bool = True):
         self.hw, self.name, self.replay = hw, name, replay
-        self.instructions: list = []
+        self.instructions: list = []  # the kernel's own; the stream also holds the replicas' copies
+        self.size = 0  # instructions in the stream so far
+        self.literal_at: list = []  # stream position of each of ``instructions``
+        self.units: list = []  # the unit of each instruction in the stream (None: not known here)
         self.deps = _Deps()
         self.spaces: dict = {}  # (mem, index) -> _Space
+        self.claimed: dict = {}  # key -> (mem, index, lo, hi) it was claimed with
         self.cores_used: set[int] = set()
         self.on_core: dict = {}  # core -> layer whose tile buffers occupy its LB
         self.origin: dict = {}  # (core, buffer) -> origin indices
@@ -270,11 +294,14 @@ class KernelEmitter:
         self.content: dict = {}  # (core, buffer) -> (tensor, region, box origin) it was loaded with
         self.holders: dict = {}  # (layer, buffer, content) -> {core holding it: copies it has sent}
         self.marks: list = []  # isa.LayerMark per run of instructions of one layer
-        self.replicas: list = []  # isa.Replica: parts run again by other clusters, after the instructions
-        self._parts: dict = {}  # (start, stop) -> (deps inside, DDR objects touched, cores) of a replicated part
+        self.replicas: list = []  # isa.Replica: parts of the stream run again, moved
+        self.copies: list = []  # _Call of each layer recorded as a copy
+        self._parts: dict = {}  # (start, stop) -> ``_part`` of a cluster's part
         self.scratch_top = 0
-        self.calls: dict = {}  # signature (``_signature``) -> [_Call]: layers a later one may replay
+        self.calls: dict = {}  # signature (``_signature``) -> [_Call]: layers a later one may replay or copy
         self.log: list | None = None  # the unit of each instruction pushed, while a call is recorded
+        self.seen: dict = {}  # key -> tracker state when the recorded call first touched it
+        self.low = 0  # lowest dependency of the recorded call
 
     def kernel(self) -> isa.Kernel:
         return isa.Kernel(self.name, tuple(sorted(self.cores_used)), tuple(self.instructions), tuple(self.marks),
@@ -282,7 +309,7 @@ class KernelEmitter:
 
     def _mark(self, name: str, shape) -> None:
         """The instructions from here on compute layer ``name`` (for reports and traces)."""
-        first = len(self.instructions)
+        first = self.size
         if self.marks and self.marks[-1].first == first:
             self.marks.pop()  # the previous mark got no instructions
         if not self.marks or self.marks[-1].name != name:
@@ -294,6 +321,7 @@ class KernelEmitter:
         lo = region.base
         space = self.spaces.setdefault((region.mem, region.index), _Space())
         old = space.assign(lo, lo + align(region.nbytes), key)
+        self.claimed[key] = (region.mem, region.index, lo, lo + align(region.nbytes))
         self.deps.inherit(key, old, ssa)
 
     def _enter(self, layer: Layer, core: int, lb_base: int) -> None:
@@ -321,48 +349,96 @@ class KernelEmitter:
         self._push(isa.Dma(core, dst.extents, _whole_operand(dst), _whole_operand(src, dst.origin)), core)
 
     def replicate(self, start: int, stop: int, cores: int, cluster: int, ddr_shift: dict) -> bool:
-        """Record that instructions [start, stop) — one cluster's part of a kernel — run again for
-        the cluster ``cluster`` whose part is the same translated: cores moved by ``cores``, its
-        own GB, each DDR object (keyed as when claimed) moved by ``ddr_shift[key]`` bytes
-        (``isa.Replica``; the copy follows the kernel's instructions). False (nothing recorded)
-        when the part depends on instructions outside it or touches DDR objects ``ddr_shift``
-        does not name. What the copy runs is what emitting the cluster would give, without the
-        false dependencies emission adds between clusters' disjoint pieces of one DDR tensor."""
-        ddr = self.spaces.get(("ddr", 0))
+        """Record that stream positions [start, stop) — one cluster's part of a kernel — run again
+        for the cluster ``cluster`` whose part is the same translated: cores moved by ``cores``,
+        its own GB, each DDR object (keyed as when claimed) moved by ``ddr_shift[key]`` bytes
+        (``isa.Replica``, at the end of the stream). False (nothing recorded) when the part
+        depends on instructions outside it, touches DDR objects ``ddr_shift`` does not name, or
+        objects whose DDR ranges overlap. What the copy runs is what emitting the cluster would
+        give, without the false dependencies emission adds between clusters' disjoint pieces of
+        one DDR tensor."""
         part = self._parts.get((start, stop))
-        if part is None:  # what the part depends on and touches, worked out once per part
-            keys, inside = set(), True
-            for ins in self.instructions[start:stop]:
-                if ins.deps and (ins.deps[0] < start or ins.deps[-1] >= stop):  # deps are sorted
-                    inside = False
-                    break
-                srcs, dst = isa.operands(ins)
-                keys.update(ddr.owner(o.offset) for o in (dst, *srcs) if isinstance(o, isa.Operand) and o.mem == "ddr")
-            cores_of = {ins.core for ins in self.instructions[start:stop]}
-            part = self._parts[(start, stop)] = (inside, keys, cores_of)
-        inside, keys, cores_of = part
-        if not inside or not keys <= set(ddr_shift):
+        if part is None:  # worked out once per part
+            part = self._parts[(start, stop)] = self._part(start, stop)
+        low, keys, places, cores_of = part
+        if low < start or not keys <= set(ddr_shift):
             return False
-        ranges = tuple((lo, hi, ddr_shift[key]) for lo, hi, key in ddr.ranges if key in keys)
-        self.replicas.append(isa.Replica(start, stop, cores, cluster, ranges))
+        ddr = sorted((*self.claimed[key][2:], key) for key in keys)
+        if any(b[0] < a[1] for a, b in itertools.pairwise(ddr)):
+            return False
+        moves = [(mem, index, 0, self.hw.gb_bytes, cluster, 0) for mem, index in sorted(places) if mem == "gb"]
+        moves += [("ddr", 0, lo, hi, 0, ddr_shift[key]) for lo, hi, key in ddr]
+        at = self.size
+        self.replicas.append(isa.Replica(start, stop, at, cores, tuple(moves)))
+        for m in [m for m in self.marks if m.first <= start][-1:] + [m for m in self.marks if start < m.first < stop]:
+            self.size = at + max(m.first, start) - start
+            self._mark(m.name, m.shape)
+        self.size = at + stop - start
+        self.units += [None] * (stop - start)
         self.cores_used.update(c + cores for c in cores_of)
         return True
+
+    def _part(self, start: int, stop: int) -> tuple:
+        """(lowest dependency, DDR objects touched, (mem, index) touched, cores) of stream
+        positions [start, stop)."""
+        low, keys, places, cores = stop, set(), set(), set()
+        ddr = self.spaces.get(("ddr", 0))
+        lo, hi = bisect.bisect_left(self.literal_at, start), bisect.bisect_left(self.literal_at, stop)
+        for ins in self.instructions[lo:hi]:
+            if ins.deps:
+                low = min(low, ins.deps[0])  # deps are sorted
+            srcs, dst = isa.operands(ins)
+            for o in (dst, *srcs):
+                if isinstance(o, isa.Operand):
+                    places.add((o.mem, o.index))
+                    if o.mem == "ddr":
+                        keys.add(ddr.owner(o.offset))
+            cores.add(ins.core)
+        for call in self.copies:
+            if start <= call.start and call.stop <= stop:
+                low = min(low, call.low)
+                for key in call.before:
+                    mem, index = self.claimed[key][:2]
+                    places.add((mem, index))
+                    if mem == "ddr":
+                        keys.add(key)
+                cores |= call.cores
+        return low, keys, places, cores
 
     def layer(self, layer: Layer, work, regions: dict, lb_base: int = 0) -> None:
         """Emit ``layer``'s tiles: ``work`` is a list of (tile loop values, core); ``regions``
         maps each parameter's tensor to where it lives for these tiles."""
         self._mark(layer.name, layer.ir.params[-1][1])
         sig = self._signature(layer, work, regions, lb_base)
-        if sig is not None:
-            for call in self.calls.get(sig, ()):
-                if (call.layer.ir, call.layer.plan) == (layer.ir, layer.plan):
-                    return self._replay(call, layer, work, regions, lb_base)
-            self.log, start = [], len(self.instructions)
-        self._emit(layer, work, regions, lb_base)
-        if sig is not None:
-            placed = {p: regions.get(layer.args.get(p)) for p, *_ in layer.ir.params}
-            self.calls.setdefault(sig, []).append(_Call(layer, placed, start, len(self.instructions), self.log))
-            self.log = None
+        if sig is None:
+            return self._emit(layer, work, regions, lb_base)
+        placed = {p: regions.get(layer.args.get(p)) for p, *_ in layer.ir.params}
+        owners = self._owners(placed)
+        earlier = [c for c in self.calls.get(sig, ()) if (c.layer.ir, c.layer.plan) == (layer.ir, layer.plan)]
+        if earlier:
+            for _, core in work:
+                self.cores_used.add(core)
+                self._enter(layer, core, lb_base)
+            for call in reversed(earlier):
+                copy = self._as_copy(call, layer, placed, owners)
+                if copy is not None:
+                    self.calls[sig].append(copy)
+                    for _, core in work:
+                        self.on_core[core] = None  # a later call of this layer re-enters
+                    return
+        start, literal = self.size, len(self.instructions)
+        self.log, self.seen, self.low = [], {}, start
+        source = next((c for c in reversed(earlier) if c.literal is not None), None)
+        if source is not None:
+            self._replay(source, layer, work, regions, lb_base)
+        else:
+            self._emit(layer, work, regions, lb_base)
+        writers, readers = self.deps.writers, self.deps.readers
+        after = {k: (dict(writers.get(k) or {}), dict(readers.get(k) or {})) for k in self.seen}
+        cores = frozenset(ins.core for ins in self.instructions[literal:])
+        self.calls.setdefault(sig, []).append(_Call(layer, placed, owners, start, self.size, literal, self.log,
+                                                    self.seen, after, self.low, cores))
+        self.log, self.seen = None, {}
 
     def _signature(self, layer: Layer, work, regions: dict, lb_base: int):
         """What emitting ``layer`` depends on, bar the kernel IR and the bases of its tensors'
@@ -383,18 +459,81 @@ class KernelEmitter:
                            r and (r.mem, r.index, r.origin, r.extents, r.dtype)))
         return lb_base, tuple((tuple(v), core) for v, core in work), tuple(placed)
 
+    def _owners(self, placed: dict) -> dict | None:
+        """The key of the object owning each placed region whole; None if one is not owned so."""
+        out = {}
+        for p, r in placed.items():
+            if r is not None:
+                space = self.spaces.get((r.mem, r.index))
+                found = space and space.whole_owner(r.base, r.base + r.nbytes)
+                if found is None:
+                    return None
+                out[p] = found
+        return out
+
+    def _as_copy(self, call: _Call, layer: Layer, placed: dict, owners: dict | None) -> _Call | None:
+        """Record ``layer`` as a copy of ``call`` (``isa.Replica``) if the copy waits for all
+        that emitting the layer would wait for: every object ``call`` touched maps to one the
+        layer touches (its tensors' objects, its own tile buffers and scratch), one to one, and
+        the tracker's entry for each is covered by ``call``'s, shifted by the distance between
+        the two (``_covers``). The tracker then takes ``call``'s end state, shifted. None if not."""
+        if owners is None or call.owners is None:
+            return None
+        keys: dict = {}
+        for p, key in call.owners.items():
+            if keys.setdefault(key, owners[p]) != owners[p]:
+                return None
+        old, new = call.layer.name, layer.name
+        for key in call.before:
+            if key not in keys:
+                if key[0] not in ("lb", "scratch") or key[2] != old:
+                    return None
+                keys[key] = (key[0], key[1], new, *key[3:])
+        if len(set(keys.values())) != len(keys):
+            return None
+        shift = self.size - call.start
+        writers, readers, ssa = self.deps.writers, self.deps.readers, self.deps.ssa
+        for key, (w, r, is_ssa) in call.before.items():
+            k = keys[key]
+            if (k in ssa) != is_ssa or not self._covers(w, shift, writers.get(k)) or \
+                    not self._covers(r, shift, readers.get(k)):
+                return None
+        moves = _moves(call.placed, placed)
+        if moves is None:
+            return None
+        self.replicas.append(isa.Replica(call.start, call.stop, self.size, 0, tuple(
+            (mem, index, lo, hi, index, sh) for (mem, index), ranges in sorted(moves.items())
+            for lo, hi, sh in ranges if sh)))
+        before = {keys[key]: (_shifted(w, shift), _shifted(r, shift), is_ssa)
+                  for key, (w, r, is_ssa) in call.before.items()}
+        after = {}
+        for key, (w, r) in call.after.items():
+            k = keys[key]
+            writers[k], readers[k] = _shifted(w, shift), _shifted(r, shift)
+            after[k] = (dict(writers[k]), dict(readers[k]))
+        copy = _Call(layer, placed, owners, self.size, call.stop + shift, None, None, before, after,
+                     call.low + shift, call.cores)
+        self.copies.append(copy)
+        self.units += self.units[call.start:call.stop]
+        self.size = copy.stop
+        self.cores_used |= call.cores
+        return copy
+
+    def _covers(self, entry: dict, shift: int, now: dict | None) -> bool:
+        """Whether waiting for ``entry``'s instructions ``shift`` positions on (a tracker entry:
+        unit -> position) waits for everything ``now`` names: each is its unit's, and no earlier
+        in that unit's queue than what ``now`` names for the unit."""
+        units, n = self.units, len(self.units)
+        if any(i + shift >= n or units[i + shift] != u for u, i in entry.items()):
+            return False
+        return all(u in entry and entry[u] + shift >= i for u, i in (now or {}).items())
+
     def _replay(self, call: _Call, layer: Layer, work, regions: dict, lb_base: int) -> None:
         """Emit ``layer`` as ``call``'s instructions, each operand in one of ``call``'s tensor
         regions moved to the same place in ``layer``'s, the rest (tile buffers, scratch) kept."""
-        moves: dict = {}  # (mem, index) -> [(lo, hi, shift)]
-        for p, old in call.placed.items():
-            new = regions.get(layer.args.get(p))
-            if old is not None:
-                moves.setdefault((old.mem, old.index), []).append((old.base, old.base + old.nbytes, new.base - old.base))
-        for ranges in moves.values():
-            ranges.sort()
-            if any(b[0] < a[1] and b[2] != a[2] for a, b in itertools.pairwise(ranges)):
-                return self._emit(layer, work, regions, lb_base)  # two tensors at once in one place
+        moves = _moves(call.placed, {p: regions.get(layer.args.get(p)) for p in call.placed})
+        if moves is None:
+            return self._emit(layer, work, regions, lb_base)  # two tensors at once in one place
 
         def move(o):
             if not isinstance(o, isa.Operand):
@@ -407,7 +546,8 @@ class KernelEmitter:
         for _, core in work:
             self.cores_used.add(core)
             self._enter(layer, core, lb_base)
-        for ins, unit in zip(self.instructions[call.start:call.stop], call.log):
+        n = call.stop - call.start
+        for ins, unit in zip(self.instructions[call.literal:call.literal + n], call.log):
             fields = {f: move(getattr(ins, f)) for f in _OPERAND_FIELDS[type(ins)]}
             if isinstance(ins, isa.Vector):
                 fields["srcs"] = tuple(move(o) for o in ins.srcs)
@@ -523,14 +663,24 @@ class KernelEmitter:
         unit = unit or isa.unit_of(ins, self.hw.cores_per_cluster)
         reads = [self._key(o) for o in srcs]
         writes = [self._key(dst)]
-        idx = len(self.instructions)
-        # the instruction was made here and nothing else holds it yet: its deps are set in place
-        # (``dataclasses.replace`` cost more than the rest of the emission)
-        object.__setattr__(ins, "deps", tuple(sorted(self.deps.deps(reads, writes, unit))))
-        self.instructions.append(ins)
-        self.deps.record(idx, reads, writes, unit)
+        idx = self.size
         if self.log is not None:
             self.log.append(unit)
+            for key in (*reads, *writes):
+                if key not in self.seen:
+                    self.seen[key] = (dict(self.deps.writers.get(key) or {}), dict(self.deps.readers.get(key) or {}),
+                                      key in self.deps.ssa)
+        deps = tuple(sorted(self.deps.deps(reads, writes, unit)))
+        if deps and self.log is not None:
+            self.low = min(self.low, deps[0])
+        # the instruction was made here and nothing else holds it yet: its deps are set in place
+        # (``dataclasses.replace`` cost more than the rest of the emission)
+        object.__setattr__(ins, "deps", deps)
+        self.instructions.append(ins)
+        self.literal_at.append(idx)
+        self.units.append(unit)
+        self.size += 1
+        self.deps.record(idx, reads, writes, unit)
 
     def _key(self, o: isa.Operand):
         """The memory object an operand touches: a tensor's region, a tile buffer copy, scratch."""
@@ -751,6 +901,26 @@ def _split_box(start, extent, lo, hi):
             cur_hi[d] = hi[d]
     pieces.append((cur_lo, [b - a for a, b in zip(cur_lo, cur_hi)], True))
     return pieces
+
+
+def _shifted(d: dict, shift: int) -> dict:
+    """A tracker entry (unit -> stream position) ``shift`` positions on."""
+    return {u: i + shift for u, i in d.items()}
+
+
+def _moves(old: dict, new: dict) -> dict | None:
+    """(mem, index) -> sorted [(lo, hi, shift)]: each old placed region's bytes and how far the
+    new one lies from it; None where two regions in one place move differently."""
+    moves: dict = {}
+    for p, a in old.items():
+        if a is not None:
+            b = new[p]
+            moves.setdefault((a.mem, a.index), []).append((a.base, a.base + a.nbytes, b.base - a.base))
+    for ranges in moves.values():
+        ranges.sort()
+        if any(y[0] < x[1] and y[2] != x[2] for x, y in itertools.pairwise(ranges)):
+            return None
+    return moves
 
 
 def _with(obj, **changes):

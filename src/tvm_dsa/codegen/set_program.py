@@ -406,10 +406,10 @@ def build_tree_program(k: TreeKernel, hw) -> TreeProgram:
         tiles = work.get((v, q), [])
         lo, hi = sched.leaves[v].used
         group = tuple(cores[i] for i in range(lo, hi))
-        first = len(emitter.instructions)
+        first = emitter.size
         if tiles:
             emitter.layer(k.layers[v], [(t, group[n % len(group)]) for n, t in enumerate(tiles)], regions)
-        spans.append(Span(v, q, first, len(emitter.instructions), group))
+        spans.append(Span(v, q, first, emitter.size, group))
         keep.after(pos)
     program = isa.Program(hw.to_dict(), max(offset, ALIGN), tuple(args), (emitter.kernel(),), k.name)
     return TreeProgram(program, tuple(spans), sched, keep.stats)

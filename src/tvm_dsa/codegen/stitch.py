@@ -590,7 +590,7 @@ def emit_stitched(mod: tvm.IRModule, hw, replicate: bool = True, replay: bool = 
         mine = [b for b in buffers if b.cluster == c]
         part = _Part(c, cr, mine, {b.key: region(b) for b in mine if b.offset >= 0})
         if reference is None:
-            reference, span[0] = part, len(emitter.instructions)
+            reference, span[0] = part, emitter.size
         elif replicate:
             shift = _cluster_shift(sg, prints, inst, cores, cpc, reference, part, regions, esize)
             if shift is not None and emitter.replicate(*span, (c - reference.cluster) * cpc, c, shift):
@@ -620,7 +620,7 @@ def emit_stitched(mod: tvm.IRModule, hw, replicate: bool = True, replay: bool = 
                     work = [(t, cores[i][n % len(cores[i])]) for n, t in enumerate(tiles)]
                     emitter.layer(L, work, local, lb_bytes)
         if reference is part:
-            span[1] = len(emitter.instructions)
+            span[1] = emitter.size
     top = max((scratch + b.offset + align(b.nbytes) for b in buffers if b.level == "ddr" and b.offset >= 0),
               default=scratch)
     program = isa.Program(hw.to_dict(), max(top, ALIGN), tuple(args), (emitter.kernel(),), sg.name)

@@ -30,8 +30,8 @@ from .instructions import (
     Vector,
 )
 
-VERSION = 2  # 2: kernels may carry replicas
-READS = (1, 2)  # versions this runtime reads
+VERSION = 3  # 2: kernels may carry replicas; 3: a replica goes where it says, moved by ranges
+READS = (1, 3)  # versions this runtime reads
 MAGIC = "DSAP"
 
 
@@ -72,24 +72,28 @@ class LayerMark:
 
 @dataclass(frozen=True)
 class Replica:
-    """Instructions ``start``..``stop`` (exclusive) of the kernel once more, moved: cores and LB
-    indices by ``cores``, GB operands into cluster ``cluster``'s GB, a DDR operand whose offset is
-    in ``[lo, hi)`` of a ``ddr`` entry ``(lo, hi, shift)`` by ``shift`` bytes, dependencies along
-    with the copy. A kernel's instruction stream is its instructions, then each replica's copy in
-    order: a cluster that runs another's part on its own data costs one record, not a copy."""
+    """Instructions ``start``..``stop`` (exclusive) of the kernel's stream once more, inserted at
+    position ``at`` of the stream (``stop <= at``), moved: cores by ``cores``; an operand in
+    ``mem[index]`` at an offset in ``[lo, hi)`` of a ``moves`` entry ``(mem, index, lo, hi,
+    to_index, shift)`` goes to ``mem[to_index]``, ``shift`` bytes on; any other LB operand to the
+    LB of its core moved by ``cores``, the rest stays; every dependency ``at - start`` further on.
+    A cluster that runs another's part on its own data, or a layer that repeats an earlier one on
+    other tensors, costs one record, not a copy."""
 
     start: int
     stop: int
+    at: int
     cores: int
-    cluster: int
-    ddr: tuple[tuple[int, int, int], ...]
+    moves: tuple[tuple[str, int, int, int, int, int], ...]
 
 
 @dataclass(frozen=True)
 class Kernel:
     """Instructions launched together on ``cores`` (global core ids); list order is their meaning.
-    ``layers``: which layer each run of instructions computes (marks by increasing ``first``).
-    ``replicas`` extend the stream; loading a program expands them (``Program.expanded``)."""
+    ``replicas`` are inserted among the ``instructions`` where they say: the kernel's stream is
+    the instructions with the copies in place, and loading a program writes it out
+    (``Program.expanded``). ``layers``: which layer each run of the stream computes (marks by
+    increasing ``first``, positions in the stream)."""
 
     name: str
     cores: tuple[int, ...]
@@ -128,7 +132,7 @@ class Program:
                 {"name": k.name, "cores": list(k.cores),
                  "layers": [[m.first, m.name, list(m.shape)] for m in k.layers],
                  "instructions": [_ins_to_list(i) for i in k.instructions],
-                 **({"replicas": [[r.start, r.stop, r.cores, r.cluster, [list(d) for d in r.ddr]]
+                 **({"replicas": [[r.start, r.stop, r.at, r.cores, [list(m) for m in r.moves]]
                                   for r in k.replicas]} if k.replicas else {})}
                 for k in self.kernels
             ],
@@ -145,8 +149,8 @@ class Program:
             kernels = []
             for k in d["kernels"]:
                 marks = [LayerMark(int(m[0]), str(m[1]), tuple(int(e) for e in m[2])) for m in k.get("layers", ())]
-                listed = _expand(k["instructions"], marks, k.get("replicas", ()))
-                cores = set(k["cores"]) | {int(i[1]) for i in listed[len(k["instructions"]):]}
+                listed = _expand(k["instructions"], k.get("replicas", ()))
+                cores = set(k["cores"]) | {int(i[1]) for i in listed}
                 kernels.append(Kernel(k["name"], tuple(sorted(cores)), tuple(_ins_from_list(i) for i in listed),
                                       tuple(marks)))
             return cls(d["hardware"], int(d["ddr_bytes"]), args, tuple(kernels), d.get("name", "program"), VERSION)
@@ -199,45 +203,47 @@ class Program:
 _OPERANDS = {"dma": (0, 1), "fill": (0,), "mme": (1, 2, 3), "vector": (2,), "reduce": (3, 4)}  # in JSON
 
 
-def _expand(listed: list, marks: list, replicas) -> list:
-    """A kernel's instructions in JSON form followed by its replicas' copies; ``marks`` extended
-    with the copies' layer runs."""
-    out = list(listed)
-    for start, stop, cores, cluster, ddr in replicas:
-        if not 0 <= start <= stop <= len(listed):
-            raise ValueError(f"replica [{start}, {stop}) outside the kernel's {len(listed)} instructions")
-        ranges = sorted((int(lo), int(hi), int(sh)) for lo, hi, sh in ddr)
-        lows = [r[0] for r in ranges]
+def _expand(listed: list, replicas) -> list:
+    """A kernel's stream in JSON form: its instructions with each replica's copy inserted."""
+    out, taken = [], 0
+    for start, stop, at, cores, moves in replicas:
+        if not 0 <= start <= stop <= at:
+            raise ValueError(f"replica [{start}, {stop}) at {at}: must copy a range before where it goes")
+        need = at - len(out)  # the kernel's own instructions before the copy
+        if need < 0:
+            raise ValueError(f"replica at {at}: replicas must go in increasing order, after the last copy")
+        if need > len(listed) - taken:
+            raise ValueError(f"replica at {at} lies beyond the kernel's stream")
+        out += listed[taken:taken + need]
+        taken += need
+        table: dict = {}
+        for mem, index, lo, hi, to, shift in sorted(tuple(m) for m in moves):
+            ranges = table.setdefault((mem, int(index)), ([], []))
+            if ranges[0] and int(lo) < ranges[0][-1][1]:
+                raise ValueError(f"replica at {at}: moves of {mem}[{index}] overlap at offset {lo}")
+            ranges[0].append((int(lo), int(hi), int(to), int(shift)))
+            ranges[1].append(int(lo))
 
         def move(o):
             if not isinstance(o, list):
                 return o  # an immediate
-            if o[0] == "lb":
-                return ["lb", o[1] + cores, *o[2:]]
-            if o[0] == "gb":
-                return ["gb", cluster, *o[2:]]
-            r = bisect.bisect_right(lows, o[2]) - 1
-            if r < 0 or o[2] >= ranges[r][1]:
-                raise ValueError(f"a replica moves DDR offset {o[2]}, which none of its ranges covers")
-            return [o[0], o[1], o[2] + ranges[r][2], *o[3:]]
+            ranges = table.get((o[0], o[1]))
+            if ranges:
+                r = bisect.bisect_right(ranges[1], o[2]) - 1
+                if r >= 0 and o[2] < ranges[0][r][1]:
+                    _, _, to, shift = ranges[0][r]
+                    return [o[0], to, o[2] + shift, *o[3:]]
+            return ["lb", o[1] + cores, *o[2:]] if o[0] == "lb" else o
 
-        for m in [m for m in marks if m.first <= start][-1:] + [m for m in marks if start < m.first < stop]:
-            first = len(out) + max(m.first, start) - start
-            if marks and marks[-1].first == first:
-                marks.pop()  # the previous run got no instructions
-            if not marks or marks[-1].name != m.name:
-                marks.append(LayerMark(first, m.name, m.shape))
-        shift = len(out) - start
-        for ins in listed[start:stop]:
-            if any(not start <= d < stop for d in ins[2]):
-                raise ValueError(f"replica [{start}, {stop}) copies an instruction that depends on one outside it")
+        dep = at - start
+        for ins in out[start:stop]:
             rest = list(ins[4:])
             for k in _OPERANDS[ins[0]]:
                 rest[k] = move(rest[k])
             if ins[0] == "vector":
                 rest[3] = [move(x) for x in rest[3]]
-            out.append([ins[0], ins[1] + cores, [d + shift for d in ins[2]], ins[3], *rest])
-    return out
+            out.append([ins[0], ins[1] + cores, [d + dep for d in ins[2]], ins[3], *rest])
+    return out + listed[taken:]
 
 
 def _op_to_list(o: Operand | float):
