@@ -71,10 +71,11 @@ def place(lifetimes: Sequence[Lifetime], order: Sequence[int]) -> Plan:
     if sorted(order) != list(range(len(lifetimes))):
         raise ValueError("order must list every tensor exactly once")
     offsets: list[int | None] = [None] * len(lifetimes)
+    placed = []  # (first, last, offset, end) of the tensors placed so far that take bytes
     for i in order:
         t = lifetimes[i]
-        busy = sorted((offsets[j], offsets[j] + lifetimes[j].size) for j in range(len(lifetimes))
-                      if offsets[j] is not None and lifetimes[j].size and lifetimes[j].overlaps(t))
+        first, last = t.first, t.last
+        busy = sorted((lo, hi) for f, l, lo, hi in placed if f <= last and first <= l)
         best, top = None, 0
         for start, end in busy:
             gap = start - top
@@ -82,6 +83,8 @@ def place(lifetimes: Sequence[Lifetime], order: Sequence[int]) -> Plan:
                 best = (gap, top)
             top = max(top, end)
         offsets[i] = best[1] if best is not None else top
+        if t.size:
+            placed.append((first, last, offsets[i], offsets[i] + t.size))
     done = tuple(offsets)
     return Plan(done, max((o + t.size for o, t in zip(done, lifetimes)), default=0))
 
@@ -96,14 +99,18 @@ def peak_first_order(lifetimes: Sequence[Lifetime]) -> list[int]:
         return []
     peak = live.index(max(live))
     order = _by_size([i for i, t in enumerate(lifetimes) if t.first <= peak <= t.last], lifetimes)
+    starting, ending = [[] for _ in live], [[] for _ in live]  # tensors by first / last step
+    for i, t in enumerate(lifetimes):
+        starting[t.first].append(i)
+        ending[t.last].append(i)
     after, before = peak + 1, peak - 1
     while after < len(live) or before >= 0:
         forward = before < 0 or (after < len(live) and live[after] >= live[before])
         if forward:
-            order += _by_size([i for i, t in enumerate(lifetimes) if t.first == after], lifetimes)
+            order += _by_size(starting[after], lifetimes)
             after += 1
         else:
-            order += _by_size([i for i, t in enumerate(lifetimes) if t.last == before], lifetimes)
+            order += _by_size(ending[before], lifetimes)
             before -= 1
     return order
 

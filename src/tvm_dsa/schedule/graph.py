@@ -11,6 +11,7 @@ the three merge patterns of GraphTurbo's grouping (seed 000 §3.2, Fig. 4) as qu
 
 from __future__ import annotations
 
+import functools
 import math
 from dataclasses import dataclass, field
 
@@ -53,8 +54,16 @@ class OpGraph:
         return {self.tensors[t].producer for t in self.nodes[i].inputs if self.tensors[t].producer is not None}
 
     def consumers(self, i: int) -> set[int]:
-        out = self.nodes[i].output
-        return {n.index for n in self.nodes if out in n.inputs}
+        return set(self._readers.get(self.nodes[i].output, ()))
+
+    @functools.cached_property
+    def _readers(self) -> dict:
+        """Tensor -> indices of the nodes that read it."""
+        out: dict = {}
+        for n in self.nodes:
+            for t in n.inputs:
+                out.setdefault(t, set()).add(n.index)
+        return out
 
     @classmethod
     def from_relax(cls, mod: tvm.IRModule, func: str = "main") -> "OpGraph":
