@@ -269,3 +269,13 @@ def test_a_replica_goes_where_it_says_and_its_dependencies_follow_it():
 def test_a_malformed_replica_is_refused(replicas, message):
     with pytest.raises(ProgramError, match=message):
         Program.deserialize(_replicated(*replicas).serialize())
+
+
+def test_programs_that_share_instructions_serialize_as_each_alone():
+    """``serialize(encoded)`` encodes a kernel's instructions once per tuple for programs that
+    share them (sub-graphs of one form), and gives each the text it gives alone."""
+    a = _replicated(Replica(0, 3, 3, 8, (("ddr", 0, 0, 128, 0, 128), ("ddr", 0, 4096, 4224, 0, 128))))
+    b = replace(a, name="other", kernels=(replace(a.kernels[0], name="other"),))
+    encoded: dict = {}
+    assert a.serialize(encoded) == a.serialize() and b.serialize(encoded) == b.serialize() and len(encoded) == 1
+    assert Program.deserialize(b.serialize(encoded)).kernels[0].name == "other"

@@ -390,6 +390,44 @@ def test_a_copy_waits_for_the_same_units_no_earlier_than_emission_would():
     assert e._covers({dma: 3, mme: 12}, 5, {dma: 8})  # waiting for more is allowed
 
 
+def test_sub_graphs_of_one_form_share_one_program(monkeypatch, rng):
+    """Three residual blocks with a cumulative sum between them (host-only TIR: it cuts the
+    graph) are three stitched kernels of one form: the same PrimFuncs over tensors of the same
+    shapes, wired alike. The first is generated; the other two get its program under their own
+    tensor, layer and kernel names, which is the program generating them gives, and the model
+    computes what llvm does."""
+    import importlib
+
+    offload = importlib.import_module("tvm_dsa.relax_passes.offload")
+    forms, made, renamed = [], [], []
+    form, stitched, rename = offload._form, offload._stitched, offload._renamed
+    monkeypatch.setattr(offload, "_form", lambda spec, nodes, graph: forms.append((spec, nodes, graph))
+                        or form(spec, nodes, graph))
+    monkeypatch.setattr(offload, "_stitched", lambda *a: made.append(a) or stitched(*a))
+    monkeypatch.setattr(offload, "_renamed", lambda *a: renamed.append(rename(*a)) or renamed[-1])
+    op = relax.op
+
+    def chain(x, *ws):
+        for k in range(3):
+            w1, w2, b = ws[3 * k:3 * k + 3]
+            x = op.nn.relu(op.add(op.add(op.nn.conv2d(op.nn.relu(op.nn.conv2d(x, w1, padding=1)), w2), b), x))
+            x = op.cumsum(x, axis=3) if k < 2 else x
+        return x
+
+    mod = relax_graph([(4, 16, 8, 8)] + [(16, 16, 3, 3), (16, 16, 1, 1), (1, 16, 1, 1)] * 3, chain)
+    args = [rng.standard_normal([int(s) for s in p.ty.shape]).astype("float32") * 0.3 for p in mod["main"].params]
+    vm, result = _run(mod, "graphturbo")
+    out = vm["main"](*[tvm.runtime.tensor(a) for a in args]).numpy()
+    ref = _llvm(mod, args)
+    assert np.abs(out - ref).max() / np.abs(ref).max() < 5e-3
+    assert len(result.stitched) == 3 and len(forms) == 3 and len(made) == 1 and len(renamed) == 2
+    rest = made[0][3:]  # lowered, tiled_in_part, hardware, options
+    for (spec, nodes, graph), (program, info) in zip(forms[1:], renamed):
+        own, own_info = stitched(spec, nodes, graph, *rest)
+        assert program.name == spec.name and {a.name for a in program.args} >= {n.output for n in nodes[-1:]}
+        assert (program, info) == (own, own_info) and program.kernels[0].layers == own.kernels[0].layers
+
+
 def test_clusters_copy_the_first_clusters_instructions(monkeypatch):
     """Four clusters, one sample each: clusters 1-3 run cluster 0's instructions moved to their
     cores, their GB and their samples. The copy is what emitting them gives, less the dependencies

@@ -13,7 +13,7 @@ cannot run keeps its ``call_tir`` and runs on the host; the reason is recorded.
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import tvm
 from tvm import relax, tirx
@@ -103,6 +103,8 @@ def offload(mod: tvm.IRModule, hw: Hardware, schedule: str = "layerwise", run_id
     node_of = {n.name: n for n in graph.nodes}
     kernels = []  # (spec, program text, input exprs, output vars)
     programs: dict = {}  # PrimFunc name -> program text of its one-layer kernel
+    generated: dict = {}  # a stitched sub-graph's form (``_form``) -> (names, program, info) of the first
+    encoded: dict = {}  # their instructions' JSON (``Program.serialize``)
     for spec in specs:
         nodes = [node_of[c] for c in spec.calls]
         if spec.plan is not None:  # a SET schedule
@@ -124,26 +126,22 @@ def offload(mod: tvm.IRModule, hw: Hardware, schedule: str = "layerwise", run_id
             inputs = [graph.tensors[t] for t in node.inputs]
             kernels.append((spec, programs[node.func], inputs, [node.output]))
             continue
-        try:
-            bind = tvm.transform.Sequential([StitchBuffers(hw), BindCores(hw)])
-            sub = bind(_subgraph(spec, nodes, graph, lowered))
-            # the LB level (Fig. 15's "L1") pays only where Algorithm 4 gives every instance one
-            # core (it keeps the intermediates in that core's LB); elsewhere the tiles keep the LB
-            lb = stitch.lb_keep > 0 and all(len(c) == 1 for c in sub.attrs["dsa.cores"])
-            if lb:
-                sub = bind(_subgraph(spec, nodes, graph, {n.func: tiled_in_part(n.func) for n in nodes}))
-            later = stitch_passes(hw, stitch.order, stitch.spill, stitch.gb, stitch.prefetch, lb).passes[2:]
-            sub = tvm.transform.Sequential(list(later))(sub)  # the passes after BindCores
-            program, info = emit_stitched(sub, hw)
-        except Unsupported as err:
-            for n in nodes:
-                result.host[n.func] = f"in {spec.name}: {err}"
-            continue
+        form, names = _form(spec, nodes, graph)
+        if form in generated:  # like an earlier sub-graph (the next transformer block): its program
+            first, program, info = generated[form]
+            program, info = _renamed(program, info, dict(zip(first, names)), spec.name)
+        else:
+            try:
+                program, info = _stitched(spec, nodes, graph, lowered, tiled_in_part, hw, stitch)
+            except Unsupported as err:
+                for n in nodes:
+                    result.host[n.func] = f"in {spec.name}: {err}"
+                continue
+            generated[form] = (names, program, info)
         result.dsa.append(spec.name)
         result.stitched[spec.name] = info
-        boundary = sub.attrs["dsa.subgraph"]
-        kernels.append((spec, program.serialize(), [graph.tensors[t] for t in boundary["inputs"]],
-                        list(boundary["outputs"])))
+        kernels.append((spec, program.serialize(encoded), [graph.tensors[a.name] for a in program.args if a.role == "input"],
+                        [a.name for a in program.args if a.role == "output"]))
     on_dsa = {c for spec, *_ in kernels for c in spec.calls}
     for node in graph.nodes:
         macs = kernel_macs(mod[node.func])
@@ -179,6 +177,46 @@ def _boundary(nodes, graph) -> tuple[list[str], list[str]]:
         if consumers or n.output in graph.outputs:
             outputs.append(n.output)
     return inputs, outputs
+
+
+def _stitched(spec, nodes, graph, lowered, tiled_in_part, hw, stitch) -> tuple:
+    """(Program, StitchInfo) of a stitched kernel: its sub-graph module through the §4 passes."""
+    bind = tvm.transform.Sequential([StitchBuffers(hw), BindCores(hw)])
+    sub = bind(_subgraph(spec, nodes, graph, lowered))
+    # the LB level (Fig. 15's "L1") pays only where Algorithm 4 gives every instance one
+    # core (it keeps the intermediates in that core's LB); elsewhere the tiles keep the LB
+    lb = stitch.lb_keep > 0 and all(len(c) == 1 for c in sub.attrs["dsa.cores"])
+    if lb:
+        sub = bind(_subgraph(spec, nodes, graph, {n.func: tiled_in_part(n.func) for n in nodes}))
+    later = stitch_passes(hw, stitch.order, stitch.spill, stitch.gb, stitch.prefetch, lb).passes[2:]
+    sub = tvm.transform.Sequential(list(later))(sub)  # the passes after BindCores
+    return emit_stitched(sub, hw)
+
+
+def _form(spec, nodes, graph) -> tuple:
+    """(form, names) of a stitched sub-graph: all that kernel generation reads of it but the
+    names — its split, its layers' PrimFuncs and the tensors they read and write, numbered by
+    first appearance, with their shapes and dtypes, which of them are weights and which leave —
+    and the names of those tensors and layers in that order. Sub-graphs of one form get one
+    program, their names aside."""
+    inputs, outputs = _boundary(nodes, graph)
+    ids: dict = {}
+    for t in [*inputs, *(t for n in nodes for t in (*n.inputs, n.output))]:
+        ids.setdefault(t, len(ids))
+    tensors = tuple((graph.tensors[t].shape, graph.tensors[t].dtype, graph.tensors[t].constant) for t in ids)
+    layers = tuple((n.func, tuple(ids[t] for t in n.inputs), ids[n.output]) for n in nodes)
+    form = (spec.split, layers, tensors, tuple(ids[t] for t in inputs), tuple(ids[t] for t in outputs))
+    return form, [*ids, *(n.name for n in nodes)]
+
+
+def _renamed(program, info, names: dict, name: str) -> tuple:
+    """``program`` and ``info`` made for a sub-graph of the same form, named after another one
+    (``names``: its tensor and layer names -> the other's; ``name``: the other kernel's)."""
+    kernels = tuple(replace(k, name=name, layers=tuple(replace(m, name=names.get(m.name, m.name)) for m in k.layers))
+                    for k in program.kernels)
+    program = replace(program, name=name, args=tuple(replace(a, name=names[a.name]) for a in program.args),
+                      kernels=kernels)
+    return program, replace(info, spilled=tuple((kind, names[t], owner) for kind, t, owner in info.spilled))
 
 
 def _subgraph(spec, nodes, graph, lowered) -> tvm.IRModule:
