@@ -370,6 +370,7 @@ class KernelEmitter:
         moves += [("ddr", 0, lo, hi, 0, ddr_shift[key]) for lo, hi, key in ddr]
         at = self.size
         self.replicas.append(isa.Replica(start, stop, at, cores, tuple(moves)))
+        # the copy's layer marks, each where its run begins in the copy (``_mark`` puts it at ``size``)
         for m in [m for m in self.marks if m.first <= start][-1:] + [m for m in self.marks if start < m.first < stop]:
             self.size = at + max(m.first, start) - start
             self._mark(m.name, m.shape)
