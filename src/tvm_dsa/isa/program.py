@@ -102,7 +102,8 @@ class Kernel:
     replicas: tuple[Replica, ...] = ()
 
     def layer_of_each(self) -> list[LayerMark | None]:
-        """The mark of every instruction (None before the first mark)."""
+        """The mark of every instruction (None before the first mark); marks are stream
+        positions, so a kernel with replicas is written out first (``Program.expanded``)."""
         out: list = [None] * len(self.instructions)
         for m, nxt in zip(self.layers, self.layers[1:] + (None,)):
             end = nxt.first if nxt else len(out)
@@ -202,6 +203,7 @@ class Program:
 
     @property
     def num_instructions(self) -> int:
+        """Instructions stored: the stream's length once replicas are written out (``expanded``)."""
         return sum(len(k.instructions) for k in self.kernels)
 
 
