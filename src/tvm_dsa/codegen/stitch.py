@@ -33,15 +33,7 @@ from .kernel_ir import Loop, align
 
 RECOMPUTE_LIMIT = 1.25  # assumed (the seed gives no number): at most 25 % of the work computed twice
 
-Box = tuple[tuple[int, ...], tuple[int, ...]]  # (low corner, high corner exclusive)
 Boxes = tuple[np.ndarray, np.ndarray]  # low and high corners, one row per tile
-
-
-def _hull(boxes: Boxes, rows: np.ndarray) -> Box | None:
-    """The smallest box holding the ``rows`` of ``boxes``."""
-    if not len(rows):
-        return None
-    return tuple(boxes[0][rows].min(0).tolist()), tuple(boxes[1][rows].max(0).tolist())
 
 
 @dataclass(frozen=True)
@@ -117,15 +109,22 @@ class Instances:
     @classmethod
     def of(cls, layers, prints: dict, outputs, rows: list, recompute: float) -> "Instances":
         """The instances computing ``rows``: their tiles and the boxes they write."""
-        boxes = []
-        for chosen in rows:
-            mine = {}
-            for L in reversed(layers):  # the order lifetimes are listed in (it breaks placement ties)
-                out = L.args[L.ir.params[-1][0]]
-                box = _hull(prints[L.name].write, chosen[L.name])
-                if out not in outputs and box is not None:
-                    mine[out] = box
-            boxes.append(mine)
+        boxes = [{} for _ in rows]
+        for L in reversed(layers):  # the order lifetimes are listed in (it breaks placement ties)
+            out = L.args[L.ir.params[-1][0]]
+            if out in outputs:
+                continue
+            which = [k for k, chosen in enumerate(rows) if len(chosen[L.name])]
+            if not which:
+                continue
+            picked = [rows[k][L.name] for k in which]
+            starts = np.cumsum([0] + [len(r) for r in picked[:-1]])
+            at = np.concatenate(picked)
+            write = prints[L.name].write
+            low = np.minimum.reduceat(write[0][at], starts, axis=0).tolist()
+            high = np.maximum.reduceat(write[1][at], starts, axis=0).tolist()
+            for k, lo, hi in zip(which, low, high):
+                boxes[k][out] = (tuple(lo), tuple(hi))
         tiles = [{name: [prints[name].tiles[r] for r in r_.tolist()] for name, r_ in chosen.items()} for chosen in rows]
         return cls(rows, tiles, boxes, recompute)
 
@@ -284,13 +283,12 @@ def allocate(lives: list[Lifetime], capacity: int, policy: str = "longest") -> t
     while True:
         kept = [x for x in lives if x.key not in spilled]
         spans = [memory_plan.Lifetime(align(x.nbytes), x.first, x.last) for x in kept]
-        plan = memory_plan.peak_first(spans)
-        if plan.peak <= capacity:
-            return ({x.key: o for x, o in zip(kept, plan.offsets)},
-                    [x.key for x in lives if x.key in spilled])
-        live = memory_plan.live_bytes(spans)
-        at = next((s for s, n in enumerate(live) if n > capacity), None)
-        if at is None:
+        at = next((s for s, n in enumerate(memory_plan.live_bytes(spans)) if n > capacity), None)
+        if at is None:  # no step has more live bytes than fit: plan, unless no plan fits either
+            plan = memory_plan.peak_first(spans)
+            if plan.peak <= capacity:
+                return ({x.key: o for x, o in zip(kept, plan.offsets)},
+                        [x.key for x in lives if x.key in spilled])
             at = min(x.first for x, o, t in zip(kept, plan.offsets, spans) if o + t.size > capacity)
         candidates = [x for x in kept if x.first <= at <= x.last]
         if policy == "longest":  # the seed: the tensor that stays longest (remaining lifetime)

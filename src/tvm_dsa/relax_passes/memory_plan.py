@@ -20,6 +20,7 @@ for instances small enough; ``lower_bound`` is the most bytes live at one step.
 
 from __future__ import annotations
 
+import bisect
 import numbers
 from dataclasses import dataclass
 from typing import Callable, Sequence
@@ -71,20 +72,21 @@ def place(lifetimes: Sequence[Lifetime], order: Sequence[int]) -> Plan:
     if sorted(order) != list(range(len(lifetimes))):
         raise ValueError("order must list every tensor exactly once")
     offsets: list[int | None] = [None] * len(lifetimes)
-    placed = []  # (first, last, offset, end) of the tensors placed so far that take bytes
+    placed: list = []  # (offset, end, first, last) of the tensors placed so far that take bytes, by offset
     for i in order:
         t = lifetimes[i]
-        first, last = t.first, t.last
-        busy = sorted((lo, hi) for f, l, lo, hi in placed if f <= last and first <= l)
+        first, last, size = t.first, t.last, t.size
         best, top = None, 0
-        for start, end in busy:
-            gap = start - top
-            if gap >= t.size and (best is None or gap < best[0]):
-                best = (gap, top)
-            top = max(top, end)
+        for lo, hi, f, l in placed:
+            if f <= last and first <= l:
+                gap = lo - top
+                if gap >= size and (best is None or gap < best[0]):
+                    best = (gap, top)
+                if hi > top:
+                    top = hi
         offsets[i] = best[1] if best is not None else top
-        if t.size:
-            placed.append((first, last, offsets[i], offsets[i] + t.size))
+        if size:
+            bisect.insort(placed, (offsets[i], offsets[i] + size, first, last))
     done = tuple(offsets)
     return Plan(done, max((o + t.size for o, t in zip(done, lifetimes)), default=0))
 
