@@ -259,7 +259,25 @@ def test_a_replica_goes_where_it_says_and_its_dependencies_follow_it():
     validate(compact)
 
 
+def test_a_replica_remaps_the_dependencies_it_lists():
+    """A second load (into LB 512) and a fill follow the kernel's store; the add and store again
+    at position 5 read the second load's data. Shifted by 5 - 1 = 4, the add's dependency on the
+    first load would go to the fill; the remap sends it to the second load instead (what emitting
+    the copy would wait for); the store's dependency on the add, inside the range, shifts."""
+    tail = (Dma(0, (64,), lb(512), ddr(8192), (2,)), Fill(0, (64,), lb(1024), 0.0))
+    moves = (("lb", 0, 0, 128, 0, 512), ("lb", 0, 128, 256, 0, 128), ("ddr", 0, 4096, 4224, 0, 4096))
+    compact = _replicated(Replica(1, 3, 5, 0, moves, ((0, 3),)), tail=tail)
+    (k,) = Program.deserialize(compact.serialize()).kernels
+    add, store = k.instructions[5:]
+    assert (add.deps, add.srcs, add.dst) == ((3,), (lb(512), 1.0), lb(256))
+    assert (store.deps, store.src) == ((5,), lb(256))
+    assert compact.expanded().kernels == (k,)
+    validate(compact)
+
+
 @pytest.mark.parametrize("replicas, message", [
+    ((Replica(1, 3, 3, 0, (), ((1, 0),)),), "a remapped dependency must go from before 1 to before 3"),
+    ((Replica(1, 3, 3, 0, (), ((0, 3),)),), "a remapped dependency must go from before 1 to before 3"),
     ((Replica(1, 3, 2, 0, ()),), r"replica \[1, 3\) at 2: must copy a range before where it goes"),
     ((Replica(0, 3, 4, 0, ()),), "replica at 4 lies beyond the kernel's stream"),
     ((Replica(0, 1, 3, 0, ()), Replica(0, 1, 2, 0, ())), "replicas must go in increasing order"),

@@ -328,13 +328,14 @@ def test_a_block_like_the_one_before_is_replayed_or_copied_as_emitting_it_gives(
     """Eight residual blocks of one shape (two layers each) in one stitched kernel. A layer of a
     later block is the previous block's with other weights and intermediates. Block 1 reads the
     input from DDR, so block 2 has nothing like it before, and block 8's last layer writes the
-    output there: these are emitted; every other layer is the previous block's same layer again. The first later blocks find memory their
-    predecessors found fresh (the intermediates' memory is reused from block to block), so their
-    layers are pushed again (replayed) with dependencies worked out anew; once the dependency
-    tracker holds for a layer's objects what it held for the previous block's, one block on, the
-    layer is a copy record (``isa.Replica``), from then to the end. Written out, the program is
-    the one emitting every layer gives, instruction for instruction, dependencies included, and
-    computes what llvm does (the run checks every hazard)."""
+    output there: these are emitted; every other layer is an earlier block's same layer again.
+    Some of the first later blocks find memory their predecessors found fresh (the intermediates'
+    memory is reused from block to block), so those layers are pushed again (replayed) with
+    dependencies worked out anew; where the dependency tracker holds for a layer's objects what
+    it held for an earlier block's, unit for unit, the layer is a copy record (``isa.Replica``),
+    from block 5 on always. Written out, the program is the one emitting every layer gives,
+    instruction for instruction, dependencies included, and computes what llvm does (the run
+    checks every hazard)."""
     import importlib
 
     from tvm_dsa.codegen import emit
@@ -367,27 +368,46 @@ def test_a_block_like_the_one_before_is_replayed_or_copied_as_emitting_it_gives(
     compact, _ = stitch.emit_stitched(sub, HW)
     names = [L.name for L in layers]
     assert len(names) == 16
-    again = [(names[k - 2], names[k]) for k in range(4, 15)]  # cluster 0's layers of blocks 3-8 but the last
-    assert copies and replays + [c[:2] for c in copies] == again
+    again = {names.index(b): names.index(a) for a, b, *_ in replays + copies}
+    assert sorted(again) == list(range(4, 15))  # cluster 0's layers of blocks 3-8 but the last, each once
+    assert all(a < b and a % 2 == b % 2 for b, a in again.items())  # from the same layer of an earlier block
+    assert set(range(8, 15)) <= {names.index(b) for _, b, _ in copies}  # copies from block 5 on
     (a,), (b,) = emitted.expanded().kernels, compact.expanded().kernels
     assert a == b and a.layers == b.layers  # instructions with their deps, cores; layer marks
     assert len(compact.kernels[0].instructions) + sum(n for *_, n in copies) == len(emitted.kernels[0].instructions)
 
 
-def test_a_copy_waits_for_the_same_units_no_earlier_than_emission_would():
-    """``_covers``: a tracker entry of the earlier layer, shifted, stands for the current one when
-    each shifted position holds an instruction of the entry's unit, and no unit of the current
-    entry is missing or named at a later position than the shifted one."""
+def test_a_copy_waits_for_what_emission_would_unit_for_unit():
+    """``_remap``: a dependency of the earlier layer on an instruction before it goes where the
+    tracker now names the same object's entry for the copy's unit (cores moved: ``unit``), the
+    latest such where one instruction stood for several; with no entry for that unit now, to the
+    position the copy's shift gives if that runs on the unit. No copy where the tracker now names
+    a unit the earlier entry did not (the copy would not wait for it), where a shifted position
+    runs on another unit, or where an object's ssa-ness differs."""
+    from types import SimpleNamespace
+
     from tvm_dsa.codegen.emit import KernelEmitter
 
     e = KernelEmitter(HW, "k")
-    e.units = [("dma", 0)] * 10 + [("mme", 0)] * 10
-    dma, mme = ("dma", 0), ("mme", 0)
-    assert e._covers({dma: 3}, 5, {dma: 8}) and e._covers({dma: 3}, 5, {dma: 6}) and e._covers({dma: 3}, 5, None)
-    assert not e._covers({dma: 3}, 5, {dma: 9})  # the copy would wait for an earlier instruction
-    assert not e._covers({dma: 3}, 5, {mme: 12})  # a unit the copy would not wait for
-    assert not e._covers({dma: 3}, 10, {dma: 8})  # position 13 is the MME's
-    assert e._covers({dma: 3, mme: 12}, 5, {dma: 8})  # waiting for more is allowed
+    e.units = [("dma", 4)] * 10 + [("mme", 4)] * 10
+    a, b = ("gb", "a"), ("gb", "b")
+    keys = {a: a, b: b}
+    dma0, mme0, dma4, mme4 = ("dma", 0), ("mme", 0), ("dma", 4), ("mme", 4)
+
+    def unit(u):  # cores moved by 4
+        return (u[0], u[1] + 4)
+
+    def remap(before, writers, readers=None, ssa=()):
+        e.deps.writers, e.deps.readers, e.deps.ssa = writers, readers or {}, set(ssa)
+        return e._remap(SimpleNamespace(before=before), keys, unit, 5)
+
+    # position 3 was the last writer of a and of b; now a's is 6 and b's 8: the copy waits for 8
+    assert remap({a: ({dma0: 3}, {}, False), b: ({dma0: 3}, {}, False)}, {a: {dma4: 6}, b: {dma4: 8}}) == {3: 8}
+    assert remap({a: ({dma0: 3}, {mme0: 12}, False)}, {a: {dma4: 6}}, {a: {mme4: 15}}) == {3: 6, 12: 15}
+    assert remap({a: ({dma0: 3}, {}, False)}, {}) == {3: 8}  # no entry now: 3 + 5 is a DMA of core 4
+    assert remap({a: ({dma0: 7}, {}, False)}, {}) is None  # 7 + 5 is an MME
+    assert remap({a: ({dma0: 3}, {}, False)}, {a: {dma4: 6, mme4: 12}}) is None  # emission would wait for the MME
+    assert remap({a: ({dma0: 3}, {}, False)}, {a: {dma4: 6}}, ssa=[a]) is None
 
 
 def test_sub_graphs_of_one_form_share_one_program(monkeypatch, rng):

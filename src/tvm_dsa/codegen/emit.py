@@ -240,7 +240,8 @@ class _Call:
     stream positions [start, stop), where its instructions begin among the kernel's own
     (``literal``; None for a recorded copy) and their units, the state of the dependency tracker
     for each object it touched when it first touched it (``before``: writers, readers, ssa) and at
-    its end (``after``), its lowest dependency and its cores."""
+    its end (``after``), its lowest dependency, its cores, its tiles and the exact placement
+    (``exact``: a replay needs the same)."""
 
     layer: Layer
     placed: dict  # parameter -> Region (None: not placed, an LB-only buffer)
@@ -253,6 +254,8 @@ class _Call:
     after: dict
     low: int
     cores: frozenset
+    work: list
+    exact: tuple
 
 
 _OPERAND_FIELDS = {isa.Dma: ("dst", "src"), isa.Fill: ("dst",), isa.Mme: ("dst", "a", "b"), isa.Vector: ("dst",),
@@ -266,15 +269,17 @@ class KernelEmitter:
     tensors between memories (``move``). Dependency tokens follow from the memory every
     instruction touches, including memory reused by a later tensor or another layer's buffers.
 
-    A layer emitted like an earlier one (the same kernel IR, tiles, cores and placement but for
-    the regions' bases: the next block of a transformer) is replayed (``replay``; False emits
-    every layer, for tests). Where the dependency tracker's entry for every object the layer
-    touches is the earlier layer's shifted along the stream by the distance between the two, or
-    names the same units no later than that (``_covers``), the earlier instructions moved, every
-    dependency shifted alike, wait for everything emission would wait for: the layer is recorded
-    as a copy (``isa.Replica``), in time independent of its size. Otherwise the earlier
-    instructions are pushed again, moved, their dependencies worked out anew, without walking
-    the IR."""
+    A layer emitted like an earlier one is not emitted again (``replay``; False emits every
+    layer, for tests). Like means the same kernel IR and LB plan over the earlier one's tiles
+    and cores translated (``_signature``: the next block of a transformer, the next instance of
+    a sub-graph on the cluster's other cores), its tensors' regions of the same shapes wherever
+    they are, and nothing in the IR that would tell the translated tiles apart
+    (``KernelIR.moves``). Where the dependency tracker's entries for the objects the layer touches
+    correspond to the earlier layer's, unit for unit (``_remap``), the layer is recorded as a
+    copy (``isa.Replica``): the earlier instructions moved, each dependency where emission would
+    put it, in time independent of the layer's size. Otherwise a layer placed exactly like the
+    earlier one but for the regions' bases is replayed: the earlier instructions pushed again,
+    moved, their dependencies worked out anew, without walking the IR."""
 
     def __init__(self, hw: Hardware, name: str, replay: bool = True):
         self.hw, self.name, self.replay = hw, name, replay
@@ -291,7 +296,7 @@ class KernelEmitter:
         self.slot: dict = {}  # (core, buffer) -> byte offset of the current copy
         self.count: dict = {}  # (core, buffer) -> lifetimes started
         self.alias: dict = {}  # (core, buffer) -> Region the tile buffer reads in place
-        self.content: dict = {}  # (core, buffer) -> (tensor, region, box origin) it was loaded with
+        self.content: dict = {}  # (core, buffer) -> (parameter, region, box origin) it was loaded with
         self.holders: dict = {}  # (layer, buffer, content) -> {core holding it: copies it has sent}
         self.marks: list = []  # isa.LayerMark per run of instructions of one layer
         self.replicas: list = []  # isa.Replica: parts of the stream run again, moved
@@ -413,6 +418,7 @@ class KernelEmitter:
         sig = self._signature(layer, work, regions, lb_base)
         if sig is None:
             return self._emit(layer, work, regions, lb_base)
+        sig, exact = sig
         placed = {p: regions.get(layer.args.get(p)) for p, *_ in layer.ir.params}
         owners = self._owners(placed)
         earlier = [c for c in self.calls.get(sig, ()) if (c.layer.ir, c.layer.plan) == (layer.ir, layer.plan)]
@@ -421,44 +427,49 @@ class KernelEmitter:
                 self.cores_used.add(core)
                 self._enter(layer, core, lb_base)
             for call in reversed(earlier):
-                copy = self._as_copy(call, layer, placed, owners)
+                copy = self._as_copy(call, layer, work, placed, owners, exact)
                 if copy is not None:
                     self.calls[sig].append(copy)
                     for _, core in work:
                         self.on_core[core] = None  # a later call of this layer re-enters
                     return
-        start, literal = self.size, len(self.instructions)
+        start, literal, copies = self.size, len(self.instructions), len(self.copies)
+        first = literal
         self.log, self.seen, self.low = [], {}, start
-        source = next((c for c in reversed(earlier) if c.literal is not None), None)
+        source = next((c for c in reversed(earlier) if c.literal is not None and c.exact == exact), None)
         if source is not None:
             self._replay(source, layer, work, regions, lb_base)
-        else:
-            self._emit(layer, work, regions, lb_base)
+        elif not self._emit(layer, work, regions, lb_base, placed, owners):
+            literal = None  # some rounds are copies: nothing to replay from
         writers, readers = self.deps.writers, self.deps.readers
         after = {k: (dict(writers.get(k) or {}), dict(readers.get(k) or {})) for k in self.seen}
-        cores = frozenset(ins.core for ins in self.instructions[literal:])
+        cores = frozenset(ins.core for ins in self.instructions[first:]).union(
+            *(copy.cores for copy in self.copies[copies:]))
         self.calls.setdefault(sig, []).append(_Call(layer, placed, owners, start, self.size, literal, self.log,
-                                                    self.seen, after, self.low, cores))
+                                                    self.seen, after, self.low, cores, work, exact))
         self.log, self.seen = None, {}
 
     def _signature(self, layer: Layer, work, regions: dict, lb_base: int):
-        """What emitting ``layer`` depends on, bar the kernel IR and the bases of its tensors'
-        regions; None where it depends on more, which a replay would not reproduce: a core already
-        holding the layer's tile buffers (its tiles would reuse what they hold), a tensor in
-        pieces, a mesh's multicast of tiles between cores."""
+        """(what emitting ``layer`` depends on up to translating its tiles and cores and moving its
+        tensors' regions; the tiles, cores and regions' places and origins themselves). None where
+        it depends on more, which a copy or replay would not reproduce: a core already holding the
+        layer's tile buffers (its tiles would reuse what they hold), a tensor in pieces, a mesh's
+        multicast of tiles between cores."""
         if not self.replay or self.hw.interconnect == "mesh":
             return None
         if any(self.on_core.get(core) == (layer.name, lb_base) for _, core in work):
             return None
-        placed, first = [], {}
+        shapes, places, first = [], [], {}
         for p, *_ in layer.ir.params:
             tensor = layer.args.get(p)
             r = regions.get(tensor)
             if isinstance(r, Pieces):
                 return None
-            placed.append((first.setdefault(tensor, len(first)),
-                           r and (r.mem, r.index, r.origin, r.extents, r.dtype)))
-        return lb_base, tuple((tuple(v), core) for v, core in work), tuple(placed)
+            shapes.append((first.setdefault(tensor, len(first)), r and (r.mem, r.extents, r.dtype)))
+            places.append(r and (r.index, r.origin))
+        v0, c0 = work[0]
+        moved = tuple((tuple(a - b for a, b in zip(v, v0)), core - c0) for v, core in work)
+        return (lb_base, moved, tuple(shapes)), (tuple((tuple(v), core) for v, core in work), tuple(places))
 
     def _owners(self, placed: dict) -> dict | None:
         """The key of the object owning each placed region whole; None if one is not owned so."""
@@ -472,14 +483,19 @@ class KernelEmitter:
                 out[p] = found
         return out
 
-    def _as_copy(self, call: _Call, layer: Layer, placed: dict, owners: dict | None) -> _Call | None:
+    def _as_copy(self, call: _Call, layer: Layer, work, placed: dict, owners: dict | None, exact) -> _Call | None:
         """Record ``layer`` as a copy of ``call`` (``isa.Replica``) if the copy waits for all
-        that emitting the layer would wait for: every object ``call`` touched maps to one the
-        layer touches (its tensors' objects, its own tile buffers and scratch), one to one, and
-        the tracker's entry for each is covered by ``call``'s, shifted by the distance between
-        the two (``_covers``). The tracker then takes ``call``'s end state, shifted. None if not."""
+        that emitting the layer would wait for: ``call``'s tiles translate to ``layer``'s
+        (``_translation``); every object ``call`` touched maps to one the layer touches (its
+        tensors' objects, its own tile buffers and scratch on the cores moved alike), one to one;
+        and the tracker's entries for them correspond (``_remap``). The tracker then takes
+        ``call``'s end state, moved. None if not."""
         if owners is None or call.owners is None:
             return None
+        moved = self._translation(call, layer, work, placed)
+        if moved is None:
+            return None
+        cores, moves = moved
         keys: dict = {}
         for p, key in call.owners.items():
             if keys.setdefault(key, owners[p]) != owners[p]:
@@ -489,57 +505,121 @@ class KernelEmitter:
             if key not in keys:
                 if key[0] not in ("lb", "scratch") or key[2] != old:
                     return None
-                keys[key] = (key[0], key[1], new, *key[3:])
+                keys[key] = (key[0], key[1] + cores, new, *key[3:])
         if len(set(keys.values())) != len(keys):
             return None
+        clusters = (call.work[0][1] + cores) // self.hw.cores_per_cluster - call.work[0][1] // self.hw.cores_per_cluster
+
+        def unit(u):
+            return u and (u[0], u[1] + (clusters if u[0] == "cdma" else cores))
+
         shift = self.size - call.start
-        writers, readers, ssa = self.deps.writers, self.deps.readers, self.deps.ssa
-        for key, (w, r, is_ssa) in call.before.items():
-            k = keys[key]
-            if (k in ssa) != is_ssa or not self._covers(w, shift, writers.get(k)) or \
-                    not self._covers(r, shift, readers.get(k)):
-                return None
-        moves = _moves(call.placed, placed)
-        if moves is None:
+        remap = self._remap(call, keys, unit, shift)
+        if remap is None:
             return None
-        self.replicas.append(isa.Replica(call.start, call.stop, self.size, 0, tuple(
-            (mem, index, lo, hi, index, sh) for (mem, index), ranges in sorted(moves.items())
-            for lo, hi, sh in ranges if sh)))
-        before = {keys[key]: (_shifted(w, shift), _shifted(r, shift), is_ssa)
-                  for key, (w, r, is_ssa) in call.before.items()}
-        after = {}
-        for key, (w, r) in call.after.items():
-            k = keys[key]
-            writers[k], readers[k] = _shifted(w, shift), _shifted(r, shift)
-            after[k] = (dict(writers[k]), dict(readers[k]))
+        writers, readers, ssa = self.deps.writers, self.deps.readers, self.deps.ssa
+        self.replicas.append(isa.Replica(call.start, call.stop, self.size, cores, tuple(
+            (mem, index, lo, hi, to, by) for (mem, index), ranges in sorted(moves.items())
+            for lo, hi, to, by in ranges if by or (to != index and mem != "lb") or (mem == "lb" and to != index + cores)),
+            tuple(sorted((q, p) for q, p in remap.items() if p != q + shift))))
+        # the tracker as the copy's instructions see it, before and after them: entries moved as
+        # their dependencies were (remapped, or shifted inside the copy)
+        before = {keys[key]: ({unit(u): remap[i] for u, i in w.items()}, {unit(u): remap[i] for u, i in r.items()}, s)
+                  for key, (w, r, s) in call.before.items()}
+        after = {keys[key]: tuple({unit(u): i + shift if i >= call.start else remap[i] for u, i in d.items()}
+                                  for d in entries) for key, entries in call.after.items()}
+        for k, (w, r) in after.items():
+            writers[k], readers[k] = dict(w), dict(r)
         copy = _Call(layer, placed, owners, self.size, call.stop + shift, None, None, before, after,
-                     call.low + shift, call.cores)
+                     min(remap.values(), default=self.size), frozenset(c + cores for c in call.cores), work, exact)
         self.copies.append(copy)
-        self.units += self.units[call.start:call.stop]
+        self.units += [unit(u) for u in self.units[call.start:call.stop]]
         self.size = copy.stop
-        self.cores_used |= call.cores
+        self.cores_used |= copy.cores
         return copy
 
-    def _covers(self, entry: dict, shift: int, now: dict | None) -> bool:
-        """Whether waiting for ``entry``'s instructions ``shift`` positions on (a tracker entry:
-        unit -> position) waits for everything ``now`` names: each is its unit's, and no earlier
-        in that unit's queue than what ``now`` names for the unit."""
-        units, n = self.units, len(self.units)
-        if any(i + shift >= n or units[i + shift] != u for u, i in entry.items()):
-            return False
-        return all(u in entry and entry[u] + shift >= i for u, i in (now or {}).items())
+    def _translation(self, call: _Call, layer: Layer, work, placed: dict):
+        """(cores moved, (mem, index) -> sorted [(lo, hi, to_index, shift)]: where each byte range
+        of ``call``'s regions goes) taking ``call``'s instructions to ``layer``'s over ``work``, the
+        same tiles and cores translated (``_signature``): each region in the memory of the moved
+        cores, the offset of an access in it moved by how far the access moves
+        (``KernelIR.moves``) less how far the region's box does. (That the moved tiles stay in
+        their regions is what planning the regions made sure of.) None where that does not hold
+        or two ranges in one place would move differently."""
+        (v0, c0), (v1, c1) = call.work[0], work[0]
+        cores, cpc = c1 - c0, self.hw.cores_per_cluster
+        clusters = {(c + cores) // cpc - c // cpc for _, c in call.work}
+        if len(clusters) != 1:
+            return None
+        clusters = clusters.pop()
+        tile_shift = {lp.slot: b - a for lp, a, b in zip(layer.ir.tile_loops(), v0, v1) if a != b}
+        accesses = layer.ir.moves(tile_shift) if tile_shift else {}
+        if accesses is None:
+            return None
+        moves: dict = {}
+        for p, a in call.placed.items():
+            if a is None:
+                continue
+            b = placed[p]
+            to = a.index + (cores if a.mem == "lb" else clusters if a.mem == "gb" else 0)
+            moved = accesses.get(p, (0,) * len(a.origin))
+            box = tuple(y - x for x, y in zip(a.origin, b.origin))
+            if b.index != to:
+                return None
+            by = b.base - a.base + isa.DTYPES[a.dtype] * sum(
+                (m - o) * st for m, o, st in zip(moved, box, _row_major(a.extents)))
+            moves.setdefault((a.mem, a.index), []).append((a.base, a.base + a.nbytes, to, by))
+        for ranges in moves.values():
+            ranges.sort()
+            if any(y[0] < x[1] and y[2:] != x[2:] for x, y in itertools.pairwise(ranges)):
+                return None
+        return cores, moves
+
+    def _remap(self, call: _Call, keys: dict, unit, shift: int) -> dict | None:
+        """Where each dependency of ``call`` on an instruction before it goes in a copy ``shift``
+        positions on (old position -> new): to what emission would wait for instead, read off
+        the tracker's entries for the objects ``keys`` maps ``call``'s to, unit by unit (``unit``
+        maps ``call``'s units to the copy's) — the latest of them where one instruction stands
+        for several (waiting for the later instruction of a unit waits for the earlier); else
+        ``shift`` on when that position runs on the mapped unit. None where the entries differ
+        in their units, an object's ssa-ness differs, or a dependency has no place."""
+        writers, readers, ssa = self.deps.writers, self.deps.readers, self.deps.ssa
+        need: dict = {}  # old position -> latest position emission waits for instead
+        units: dict = {}  # old position -> the copy's unit for it
+        for key, (w, r, is_ssa) in call.before.items():
+            k = keys[key]
+            if (k in ssa) != is_ssa:
+                return None
+            for old, now in ((w, writers.get(k) or {}), (r, readers.get(k) or {})):
+                mapped = {unit(u): i for u, i in old.items()}
+                if any(u not in mapped for u in now):
+                    return None  # emission would wait for a unit the copy does not
+                for u, i in mapped.items():
+                    units[i] = u
+                    if u in now:
+                        need[i] = max(need.get(i, -1), now[u])
+        out, n = {}, len(self.units)
+        for i, u in units.items():
+            p = need.get(i)
+            if p is None:
+                p = i + shift
+                if p >= n or self.units[p] != u:
+                    return None
+            out[i] = p
+        return out
 
     def _replay(self, call: _Call, layer: Layer, work, regions: dict, lb_base: int) -> None:
         """Emit ``layer`` as ``call``'s instructions, each operand in one of ``call``'s tensor
         regions moved to the same place in ``layer``'s, the rest (tile buffers, scratch) kept."""
-        moves = _moves(call.placed, {p: regions.get(layer.args.get(p)) for p in call.placed})
-        if moves is None:
+        moved = self._translation(call, layer, work, {p: regions.get(layer.args.get(p)) for p in call.placed})
+        if moved is None:
             return self._emit(layer, work, regions, lb_base)  # two tensors at once in one place
+        moves = moved[1]
 
         def move(o):
             if not isinstance(o, isa.Operand):
                 return o
-            for lo, hi, shift in moves.get((o.mem, o.index), ()):
+            for lo, hi, _, shift in moves.get((o.mem, o.index), ()):
                 if lo <= o.offset < hi:
                     return _with(o, offset=o.offset + shift) if shift else o
             return o
@@ -557,7 +637,11 @@ class KernelEmitter:
         for _, core in work:
             self.on_core[core] = None  # a later call of this layer re-enters: nothing carried over
 
-    def _emit(self, layer: Layer, work, regions: dict, lb_base: int) -> None:
+    def _emit(self, layer: Layer, work, regions: dict, lb_base: int, placed=None, owners=None) -> bool:
+        """Emit ``layer``'s tiles, round by round (``_rounds``). While the layer is recorded (a
+        call of ``layer``: ``placed``, ``owners``), a round whose tiles are an earlier round's
+        of the call translated, the tile buffers in the same state translated, is recorded as a
+        copy of it (``_as_copy``) where the dependencies allow. False if a round was."""
         self.cur, self.regions, self.lb_base = layer, regions, lb_base
         self.views: dict = {}  # (id(access), aliased region) -> _view
         self.aliasable = _aliasable(layer.ir)
@@ -565,12 +649,91 @@ class KernelEmitter:
         self.env = [0] * layer.ir.slots
         tile_loops = layer.ir.tile_loops()
         body = tile_loops[-1].body
-        for values, core in work:
-            self.cores_used.add(core)
-            self._enter(layer, core, lb_base)
-            for lp, v in zip(tile_loops, values):
-                self.env[lp.slot] = v
-            self._nodes(body, core)
+        recorded = self.log is not None and placed is not None
+        done: list = []  # per round so far: (_Call, tile state before, tile state after)
+        literal = True
+        for part in _rounds(work) if recorded else [work]:
+            for _, core in part:
+                self.cores_used.add(core)
+                self._enter(layer, core, lb_base)
+            copy = recorded and next(filter(None, (self._round_copy(e, part, placed, owners) for e in done[-1:-3:-1])), None)
+            if copy:
+                done.append(copy)
+                literal = False
+                continue
+            if recorded:
+                outer, (self.log, self.seen, self.low) = (self.log, self.seen, self.low), ([], {}, self.size)
+                start, first, state = self.size, len(self.instructions), self._tile_state(part)
+            for values, core in part:
+                for lp, v in zip(tile_loops, values):
+                    self.env[lp.slot] = v
+                self._nodes(body, core)
+            if recorded:
+                writers, readers = self.deps.writers, self.deps.readers
+                after = {k: (dict(writers.get(k) or {}), dict(readers.get(k) or {})) for k in self.seen}
+                cores = frozenset(ins.core for ins in self.instructions[first:])
+                done.append((_Call(layer, placed, owners, start, self.size, first, self.log, self.seen, after,
+                                   self.low, cores, part, ()), state, self._tile_state(part)))
+                self._merge(outer, self.seen, self.low, self.log)
+        return literal
+
+    def _merge(self, outer, seen: dict, low: int, units: list) -> None:
+        """Make a round's record part of its call's (``outer``: the call's log, seen, low)."""
+        log, call_seen, call_low = outer
+        log += units
+        for k, v in seen.items():
+            call_seen.setdefault(k, v)
+        self.log, self.seen, self.low = log, call_seen, min(call_low, low)
+
+    def _tile_state(self, part) -> dict:
+        """Per (core, tile buffer) of the cores in ``part``: (lifetimes started, slot, origin,
+        content, alias) — what emitting a tile reads besides the tile itself."""
+        return {(core, b): (self.count.get((core, b), 0), self.slot.get((core, b)), self.origin.get((core, b)),
+                            self.content.get((core, b)), self.alias.get((core, b)))
+                for core in dict.fromkeys(c for _, c in part) for b in self.cur.plan.buffers}
+
+    def _round_copy(self, earlier, part, placed: dict, owners):
+        """Record the round ``part`` as a copy of ``earlier`` (a round of the same call: its
+        ``_Call``, tile state before and after) when its tiles are ``earlier``'s translated, the
+        tile buffers now in ``earlier``'s state before it translated alike (the same slots) and
+        ``_as_copy`` agrees; then the tile buffers take ``earlier``'s state after it,
+        translated, and the copy's record (like ``earlier``) is returned. None if not."""
+        call, before, after = earlier
+        if len(call.work) != len(part) or call.work[0][1] != part[0][1]:
+            return None
+        v0, v1 = call.work[0][0], part[0][0]
+        if any(tuple(a - b for a, b in zip(v, v0)) != tuple(a - b for a, b in zip(w, v1)) or c != d
+               for (v, c), (w, d) in zip(call.work, part)):
+            return None
+        shift = {lp.slot: b - a for lp, a, b in zip(self.cur.ir.tile_loops(), v0, v1) if a != b}
+        moved = self.cur.ir.moves(shift)
+        if moved is None:
+            return None
+
+        def translated(buffer, state):
+            _, slot, origin, content, alias = state
+            origin = origin and [o + m for o, m in zip(origin, moved[buffer])]
+            content = content and (content[0], content[1], tuple(x + m for x, m in zip(content[2], moved[content[0]])))
+            return slot, origin, content, alias
+
+        now = self._tile_state(part)
+        for key, state in before.items():
+            slots = len(self.cur.plan.buffers[key[1]].slots)
+            if (now[key][0] - state[0]) % slots or now[key][1:] != translated(key[1], state):
+                return None
+        copy = self._as_copy(call, self.cur, part, placed, owners, ())
+        if copy is None:
+            return None
+        for key, state in after.items():
+            n = now[key][0] + state[0] - before[key][0]
+            for table, value in zip((self.count, self.slot, self.origin, self.content, self.alias),
+                                    (n, *translated(key[1], state))):
+                if value is None:
+                    table.pop(key, None)
+                else:
+                    table[key] = value
+        self._merge((self.log, self.seen, self.low), copy.before, copy.low, [None] * (copy.stop - copy.start))
+        return copy, now, self._tile_state(part)
 
     def _nodes(self, nodes, core) -> None:
         for n in nodes:
@@ -707,7 +870,7 @@ class KernelEmitter:
                 self.content.pop(key, None)
                 return
             self.alias.pop(key, None)
-            content = (tensor, source, tuple(stage.value.access.point(self.env)))
+            content = (stage.value.access.buffer, source, tuple(stage.value.access.point(self.env)))
             if self.content.get(key) == content:
                 return  # the buffer still holds this box (e.g. the weights of the previous tile)
             self.content[key] = content
@@ -904,24 +1067,16 @@ def _split_box(start, extent, lo, hi):
     return pieces
 
 
-def _shifted(d: dict, shift: int) -> dict:
-    """A tracker entry (unit -> stream position) ``shift`` positions on."""
-    return {u: i + shift for u, i in d.items()}
-
-
-def _moves(old: dict, new: dict) -> dict | None:
-    """(mem, index) -> sorted [(lo, hi, shift)]: each old placed region's bytes and how far the
-    new one lies from it; None where two regions in one place move differently."""
-    moves: dict = {}
-    for p, a in old.items():
-        if a is not None:
-            b = new[p]
-            moves.setdefault((a.mem, a.index), []).append((a.base, a.base + a.nbytes, b.base - a.base))
-    for ranges in moves.values():
-        ranges.sort()
-        if any(y[0] < x[1] and y[2] != x[2] for x, y in itertools.pairwise(ranges)):
-            return None
-    return moves
+def _rounds(work) -> list:
+    """``work`` cut into rounds: runs of tiles on distinct cores (a tile per core at most)."""
+    out, cores = [], set()
+    for item in work:
+        if item[1] in cores or not out:
+            out.append([])
+            cores = set()
+        out[-1].append(item)
+        cores.add(item[1])
+    return out
 
 
 def _with(obj, **changes):

@@ -204,6 +204,55 @@ class KernelIR:
         walk([self.root])
         return out
 
+    def moves(self, shift: dict) -> dict | None:
+        """Per buffer, the vector its accesses' indices move by when the tile-loop slots move by
+        ``shift`` (slot -> change): the same for every access of the buffer. None where the tiles
+        would not be the same tiles moved: an access differs between its buffer's accesses or is
+        not linear in the moved slots, or a guard, a select's bound or a folded zero-init depends
+        on them."""
+        terms, fixed = self._moving_terms
+        out = {}
+        for buffer, forms in terms.items():
+            moved = {None if form is None else tuple(sum(c * shift.get(slot, 0) for slot, c in dim) for dim in form)
+                     for form in forms}
+            if len(moved) != 1 or None in moved:
+                return None
+            out[buffer] = moved.pop()
+        if any(sum(c * shift.get(slot, 0) for slot, c in outer) for outer in fixed):
+            return None
+        return out
+
+    @functools.cached_property
+    def _moving_terms(self):
+        """(buffer -> set of its accesses' outer terms, None for one not linear; the outer terms
+        of every bound and of every folded zero-init's slots) for ``moves``."""
+        terms: dict = {}
+        fixed = []
+
+        def note(acc: Access):
+            linear = not any(f is not None for f in acc.outer_fn)
+            terms.setdefault(acc.buffer, set()).add(acc.outer if linear else None)
+
+        def walk(v):
+            if isinstance(v, Select):
+                fixed.extend(b.outer for b in v.bounds)
+                walk(v.then), walk(v.other)
+            elif isinstance(v, Op):
+                for k in v.kids:
+                    walk(k)
+            elif isinstance(v, tuple):
+                for k in v:
+                    walk(k)
+
+        for stage in self.stages():
+            note(stage.dst)
+            for acc in stage.reads():
+                note(acc)
+            walk(stage.value)
+            fixed.extend(b.outer for b in stage.guard)
+            fixed.extend(((slot, 1),) for slot in stage.overwrite or ())
+        return terms, fixed
+
     def tile_loops(self) -> list[Loop]:
         loops, node = [], self.root
         while True:

@@ -30,8 +30,8 @@ from .instructions import (
     Vector,
 )
 
-VERSION = 3  # 2: kernels may carry replicas; 3: a replica goes where it says, moved by ranges
-READS = (1, 3)  # versions this runtime reads
+VERSION = 4  # 2: kernels may carry replicas; 3: a replica goes where it says, moved by ranges; 4: remaps deps
+READS = (1, 3, 4)  # versions this runtime reads (3 is 4 without ``Replica.remap``)
 MAGIC = "DSAP"
 
 
@@ -76,15 +76,17 @@ class Replica:
     position ``at`` of the stream (``stop <= at``), moved: cores by ``cores``; an operand in
     ``mem[index]`` at an offset in ``[lo, hi)`` of a ``moves`` entry ``(mem, index, lo, hi,
     to_index, shift)`` goes to ``mem[to_index]``, ``shift`` bytes on; any other LB operand to the
-    LB of its core moved by ``cores``, the rest stays; every dependency ``at - start`` further on.
-    A cluster that runs another's part on its own data, or a layer that repeats an earlier one on
-    other tensors, costs one record, not a copy."""
+    LB of its core moved by ``cores``, the rest stays. A dependency on a position before ``start``
+    that ``remap`` lists as ``(old, new)`` goes to ``new`` (before ``at``); every other dependency
+    moves ``at - start`` on. A cluster that runs another's part on its own data, or a layer that
+    repeats an earlier one on other tensors or other cores, costs one record, not a copy."""
 
     start: int
     stop: int
     at: int
     cores: int
     moves: tuple[tuple[str, int, int, int, int, int], ...]
+    remap: tuple[tuple[int, int], ...] = ()
 
 
 @dataclass(frozen=True)
@@ -214,7 +216,8 @@ def _dumps(value) -> str:
 def _kernel_head(k: Kernel) -> dict:
     """A kernel's JSON form but its instructions."""
     return {"name": k.name, "cores": list(k.cores), "layers": [[m.first, m.name, list(m.shape)] for m in k.layers],
-            **({"replicas": [[r.start, r.stop, r.at, r.cores, [list(m) for m in r.moves]] for r in k.replicas]}
+            **({"replicas": [[r.start, r.stop, r.at, r.cores, [list(m) for m in r.moves]]
+                             + ([[list(d) for d in r.remap]] if r.remap else []) for r in k.replicas]}
                if k.replicas else {})}
 
 
@@ -224,9 +227,12 @@ _OPERANDS = {"dma": (0, 1), "fill": (0,), "mme": (1, 2, 3), "vector": (2,), "red
 def _expand(listed: list, replicas) -> list:
     """A kernel's stream in JSON form: its instructions with each replica's copy inserted."""
     out, taken = [], 0
-    for start, stop, at, cores, moves in replicas:
+    for start, stop, at, cores, moves, *remap in replicas:
         if not 0 <= start <= stop <= at:
             raise ValueError(f"replica [{start}, {stop}) at {at}: must copy a range before where it goes")
+        remap = {int(old): int(new) for old, new in (remap[0] if remap else ())}
+        if any(not (0 <= old < start and 0 <= new < at) for old, new in remap.items()):
+            raise ValueError(f"replica at {at}: a remapped dependency must go from before {start} to before {at}")
         need = at - len(out)  # the kernel's own instructions before the copy
         if need < 0:
             raise ValueError(f"replica at {at}: replicas must go in increasing order, after the last copy")
@@ -260,7 +266,8 @@ def _expand(listed: list, replicas) -> list:
                 rest[k] = move(rest[k])
             if ins[0] == "vector":
                 rest[3] = [move(x) for x in rest[3]]
-            out.append([ins[0], ins[1] + cores, [d + dep for d in ins[2]], ins[3], *rest])
+            deps = [remap.get(d, d + dep) if d < start else d + dep for d in ins[2]]
+            out.append([ins[0], ins[1] + cores, sorted(deps) if remap else deps, ins[3], *rest])
     return out + listed[taken:]
 
 

@@ -44,7 +44,8 @@ def reference() -> str:
         out += [f"| `{name}` | `{t}` |" for name, t in fields]
         out += ["", "JSON form (in a kernel's `instructions`): `" + json.dumps(_ins_to_list(_SAMPLES[cls])) + "`", ""]
     out += ["### Replica", "", _doc(Replica), "", "JSON form (in a kernel's optional `replicas`): "
-            "`[start, stop, at, cores, [[mem, index, lo, hi, to_index, shift], ...]]`, e.g. "
+            "`[start, stop, at, cores, [[mem, index, lo, hi, to_index, shift], ...], [[old, new], ...]]` "
+            "(the remap only when not empty), e.g. "
             "`[0, 120, 120, 8, [[\"gb\", 0, 0, 8388608, 1, 0], [\"ddr\", 0, 0, 4096, 0, 2048]]]`.", ""]
     out += ["### Vector operations", "", "| op | arity | units |", "|---|---|---|"]
     out += [f"| `{op}` | {OP_ARITY[op]} | {'vme, vec' if op in VME_OPS else 'vec'} |" for op in sorted(VEC_OPS)]
