@@ -230,8 +230,9 @@ def _row_major(shape) -> list[int]:
     return strides[::-1]
 
 
-PROMOTE = "promote"
-FANOUT = 4  # copies a core sends of a box it holds before a copy of it is asked to (``_holder``)  # layer mark of whole-tensor copies between memories (weight promotion)
+COPY_SOURCES = 4  # the most recent calls like a layer that it may be a copy of (each try costs)
+PROMOTE = "promote"  # layer mark of whole-tensor copies between memories (weight promotion)
+FANOUT = 4  # copies a core sends of a box it holds before a copy of it is asked to (``_holder``)
 
 
 @dataclass(frozen=True)
@@ -426,7 +427,7 @@ class KernelEmitter:
             for _, core in work:
                 self.cores_used.add(core)
                 self._enter(layer, core, lb_base)
-            for call in reversed(earlier):
+            for call in earlier[:-1 - COPY_SOURCES:-1]:
                 copy = self._as_copy(call, layer, work, placed, owners, exact)
                 if copy is not None:
                     self.calls[sig].append(copy)
@@ -513,6 +514,8 @@ class KernelEmitter:
         def unit(u):
             return u and (u[0], u[1] + (clusters if u[0] == "cdma" else cores))
 
+        if not cores and not clusters:
+            unit = _same
         shift = self.size - call.start
         remap = self._remap(call, keys, unit, shift)
         if remap is None:
@@ -533,7 +536,7 @@ class KernelEmitter:
         copy = _Call(layer, placed, owners, self.size, call.stop + shift, None, None, before, after,
                      min(remap.values(), default=self.size), frozenset(c + cores for c in call.cores), work, exact)
         self.copies.append(copy)
-        self.units += [unit(u) for u in self.units[call.start:call.stop]]
+        self.units += self.units[call.start:call.stop] if unit is _same else map(unit, self.units[call.start:call.stop])
         self.size = copy.stop
         self.cores_used |= copy.cores
         return copy
@@ -591,7 +594,7 @@ class KernelEmitter:
             if (k in ssa) != is_ssa:
                 return None
             for old, now in ((w, writers.get(k) or {}), (r, readers.get(k) or {})):
-                mapped = {unit(u): i for u, i in old.items()}
+                mapped = old if unit is _same else {unit(u): i for u, i in old.items()}
                 if any(u not in mapped for u in now):
                     return None  # emission would wait for a unit the copy does not
                 for u, i in mapped.items():
@@ -1065,6 +1068,10 @@ def _split_box(start, extent, lo, hi):
             cur_hi[d] = hi[d]
     pieces.append((cur_lo, [b - a for a, b in zip(cur_lo, cur_hi)], True))
     return pieces
+
+
+def _same(unit):
+    return unit
 
 
 def _rounds(work) -> list:

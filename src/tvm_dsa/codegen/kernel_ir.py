@@ -210,7 +210,14 @@ class KernelIR:
         would not be the same tiles moved: an access differs between its buffer's accesses or is
         not linear in the moved slots, or a guard, a select's bound or a folded zero-init depends
         on them."""
-        terms, fixed = self._moving_terms
+        memo = self._moving_terms[2]
+        key = tuple(sorted(shift.items()))
+        if key not in memo:
+            memo[key] = self._moves(shift)
+        return memo[key]
+
+    def _moves(self, shift: dict) -> dict | None:
+        terms, fixed, _ = self._moving_terms
         out = {}
         for buffer, forms in terms.items():
             moved = {None if form is None else tuple(sum(c * shift.get(slot, 0) for slot, c in dim) for dim in form)
@@ -225,7 +232,7 @@ class KernelIR:
     @functools.cached_property
     def _moving_terms(self):
         """(buffer -> set of its accesses' outer terms, None for one not linear; the outer terms
-        of every bound and of every folded zero-init's slots) for ``moves``."""
+        of every bound and of every folded zero-init's slots; a memo of ``moves``)."""
         terms: dict = {}
         fixed = []
 
@@ -251,7 +258,7 @@ class KernelIR:
             walk(stage.value)
             fixed.extend(b.outer for b in stage.guard)
             fixed.extend(((slot, 1),) for slot in stage.overwrite or ())
-        return terms, fixed
+        return terms, fixed, {}
 
     def tile_loops(self) -> list[Loop]:
         loops, node = [], self.root
