@@ -10,7 +10,7 @@ from test_tir_passes import fuse, relax_graph
 from tvm import relax
 
 import tvm_dsa
-from tvm_dsa import hardware
+from tvm_dsa import hardware, isa
 from tvm_dsa.codegen import stitch
 from tvm_dsa.codegen.emit import PROMOTE, Layer
 from tvm_dsa.isa import Program
@@ -22,6 +22,7 @@ from tvm_dsa.codegen.stitch import (
     plan_instances,
 )
 from tvm_dsa.relax_passes.offload import StitchOptions
+from tvm_dsa.runtime import simulate
 from tvm_dsa.schedule.graph import OpGraph
 from tvm_dsa.tir_passes import lower_kernel
 
@@ -334,8 +335,9 @@ def test_a_block_like_the_one_before_is_replayed_or_copied_as_emitting_it_gives(
     dependencies worked out anew; where the dependency tracker holds for a layer's objects what
     it held for an earlier block's, unit for unit, the layer is a copy record (``isa.Replica``),
     from block 5 on always. Written out, the program is the one emitting every layer gives,
-    instruction for instruction, dependencies included, and computes what llvm does (the run
-    checks every hazard)."""
+    instruction for instruction, but where one instruction of the earlier layer stood for two of
+    the later one's, the copy waits for the later of the two (a few in a hundred); it takes the
+    same cycles, and computes what llvm does (the run checks every hazard)."""
     import importlib
 
     from tvm_dsa.codegen import emit
@@ -373,7 +375,18 @@ def test_a_block_like_the_one_before_is_replayed_or_copied_as_emitting_it_gives(
     assert all(a < b and a % 2 == b % 2 for b, a in again.items())  # from the same layer of an earlier block
     assert set(range(8, 15)) <= {names.index(b) for _, b, _ in copies}  # copies from block 5 on
     (a,), (b,) = emitted.expanded().kernels, compact.expanded().kernels
-    assert a == b and a.layers == b.layers  # instructions with their deps, cores; layer marks
+    assert a.layers == b.layers and a.cores == b.cores and len(a.instructions) == len(b.instructions)
+    unit = [isa.unit_of(x, HW.cores_per_cluster) for x in a.instructions]
+    later = 0
+    for x, y in zip(a.instructions, b.instructions):
+        assert dataclasses.replace(x, deps=()) == dataclasses.replace(y, deps=())
+        latest: dict = {}
+        for d in y.deps:
+            latest[unit[d]] = max(latest.get(unit[d], -1), d)
+        assert all(latest.get(unit[d], -1) >= d for d in x.deps)  # what emission waits for, or later in its queue
+        later += x.deps != y.deps
+    assert later < len(a.instructions) // 20
+    assert simulate(compact, mode="timing").report.cycles == simulate(emitted, mode="timing").report.cycles
     assert len(compact.kernels[0].instructions) + sum(n for *_, n in copies) == len(emitted.kernels[0].instructions)
 
 
@@ -382,8 +395,9 @@ def test_a_copy_waits_for_what_emission_would_unit_for_unit():
     tracker now names the same object's entry for the copy's unit (cores moved: ``unit``), the
     latest such where one instruction stood for several; with no entry for that unit now, to the
     position the copy's shift gives if that runs on the unit. No copy where the tracker now names
-    a unit the earlier entry did not (the copy would not wait for it), where a shifted position
-    runs on another unit, or where an object's ssa-ness differs."""
+    a unit the earlier entry did not (the copy would not wait for it; of an object only read, the
+    readers do not count), where a shifted position runs on another unit, or where an object's
+    ssa-ness differs."""
     from types import SimpleNamespace
 
     from tvm_dsa.codegen.emit import KernelEmitter
@@ -397,9 +411,9 @@ def test_a_copy_waits_for_what_emission_would_unit_for_unit():
     def unit(u):  # cores moved by 4
         return (u[0], u[1] + 4)
 
-    def remap(before, writers, readers=None, ssa=()):
+    def remap(before, writers, readers=None, ssa=(), written=(a, b)):
         e.deps.writers, e.deps.readers, e.deps.ssa = writers, readers or {}, set(ssa)
-        return e._remap(SimpleNamespace(before=before), keys, unit, 5)
+        return e._remap(SimpleNamespace(before=before, read=(a, b), written=written), keys, unit, 5)
 
     # position 3 was the last writer of a and of b; now a's is 6 and b's 8: the copy waits for 8
     assert remap({a: ({dma0: 3}, {}, False), b: ({dma0: 3}, {}, False)}, {a: {dma4: 6}, b: {dma4: 8}}) == {3: 8}
@@ -408,6 +422,8 @@ def test_a_copy_waits_for_what_emission_would_unit_for_unit():
     assert remap({a: ({dma0: 7}, {}, False)}, {}) is None  # 7 + 5 is an MME
     assert remap({a: ({dma0: 3}, {}, False)}, {a: {dma4: 6, mme4: 12}}) is None  # emission would wait for the MME
     assert remap({a: ({dma0: 3}, {}, False)}, {a: {dma4: 6}}, ssa=[a]) is None
+    # an object the earlier layer only read: its readers are not waited for, whoever they are
+    assert remap({a: ({dma0: 3}, {}, False)}, {a: {dma4: 6}}, {a: {mme4: 12}}, written=()) == {3: 6}
 
 
 def test_sub_graphs_of_one_form_share_one_program(monkeypatch, rng):
@@ -464,7 +480,7 @@ def test_clusters_copy_the_first_clusters_instructions(monkeypatch):
     calls = []
     layer = emit.KernelEmitter.layer
     monkeypatch.setattr(emit.KernelEmitter, "layer", lambda self, L, work, *a: calls.append(work) or layer(self, L, work, *a))
-    emitted, _ = stitch.emit_stitched(mod, HW, replicate=False)
+    emitted, _ = stitch.emit_stitched(mod, HW, replicate=False, replay=False)
     emitted_calls, calls[:] = list(calls), []
     compact, _ = stitch.emit_stitched(mod, HW)
     assert len(compact.kernels[0].replicas) == 3 and compact.num_instructions * 4 == emitted.num_instructions

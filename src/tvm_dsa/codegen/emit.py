@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import bisect
 import itertools
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 
 from .. import isa
 from ..hardware import Hardware
@@ -241,8 +241,8 @@ class _Call:
     stream positions [start, stop), where its instructions begin among the kernel's own
     (``literal``; None for a recorded copy) and their units, the state of the dependency tracker
     for each object it touched when it first touched it (``before``: writers, readers, ssa) and at
-    its end (``after``), its lowest dependency, its cores, its tiles and the exact placement
-    (``exact``: a replay needs the same)."""
+    its end (``after``), its lowest dependency, its cores, its tiles, the exact placement
+    (``exact``: a replay needs the same) and the objects it read and wrote."""
 
     layer: Layer
     placed: dict  # parameter -> Region (None: not placed, an LB-only buffer)
@@ -257,6 +257,30 @@ class _Call:
     cores: frozenset
     work: list
     exact: tuple
+    read: frozenset  # the objects it read
+    written: frozenset  # the objects it wrote
+
+
+@dataclass
+class _Record:
+    """What the emitter notes while a call (or a round of one) is recorded: the unit of each
+    instruction pushed, the tracker's state of each object when first touched (writers,
+    readers, ssa), the objects read and written, the lowest dependency."""
+
+    low: int
+    log: list = field(default_factory=list)
+    seen: dict = field(default_factory=dict)
+    read: set = field(default_factory=set)
+    written: set = field(default_factory=set)
+
+    def add(self, other: "_Record") -> None:
+        """Take in the record of the run that follows."""
+        self.log += other.log
+        for k, v in other.seen.items():
+            self.seen.setdefault(k, v)
+        self.read |= other.read
+        self.written |= other.written
+        self.low = min(self.low, other.low)
 
 
 _OPERAND_FIELDS = {isa.Dma: ("dst", "src"), isa.Fill: ("dst",), isa.Mme: ("dst", "a", "b"), isa.Vector: ("dst",),
@@ -305,9 +329,7 @@ class KernelEmitter:
         self._parts: dict = {}  # (start, stop) -> ``_part`` of a cluster's part
         self.scratch_top = 0
         self.calls: dict = {}  # signature (``_signature``) -> [_Call]: layers a later one may replay or copy
-        self.log: list | None = None  # the unit of each instruction pushed, while a call is recorded
-        self.seen: dict = {}  # key -> tracker state when the recorded call first touched it
-        self.low = 0  # lowest dependency of the recorded call
+        self.rec: _Record | None = None  # while a call is recorded
 
     def kernel(self) -> isa.Kernel:
         return isa.Kernel(self.name, tuple(sorted(self.cores_used)), tuple(self.instructions), tuple(self.marks),
@@ -436,19 +458,17 @@ class KernelEmitter:
                     return
         start, literal, copies = self.size, len(self.instructions), len(self.copies)
         first = literal
-        self.log, self.seen, self.low = [], {}, start
+        rec = self.rec = _Record(start)
         source = next((c for c in reversed(earlier) if c.literal is not None and c.exact == exact), None)
         if source is not None:
             self._replay(source, layer, work, regions, lb_base)
         elif not self._emit(layer, work, regions, lb_base, placed, owners):
             literal = None  # some rounds are copies: nothing to replay from
-        writers, readers = self.deps.writers, self.deps.readers
-        after = {k: (dict(writers.get(k) or {}), dict(readers.get(k) or {})) for k in self.seen}
         cores = frozenset(ins.core for ins in self.instructions[first:]).union(
             *(copy.cores for copy in self.copies[copies:]))
-        self.calls.setdefault(sig, []).append(_Call(layer, placed, owners, start, self.size, literal, self.log,
-                                                    self.seen, after, self.low, cores, work, exact))
-        self.log, self.seen = None, {}
+        self.calls.setdefault(sig, []).append(self._recorded(rec, layer, placed, owners, start, literal, cores,
+                                                             work, exact))
+        self.rec = None
 
     def _signature(self, layer: Layer, work, regions: dict, lb_base: int):
         """(what emitting ``layer`` depends on up to translating its tiles and cores and moving its
@@ -526,15 +546,25 @@ class KernelEmitter:
             for lo, hi, to, by in ranges if by or (to != index and mem != "lb") or (mem == "lb" and to != index + cores)),
             tuple(sorted((q, p) for q, p in remap.items() if p != q + shift))))
         # the tracker as the copy's instructions see it, before and after them: entries moved as
-        # their dependencies were (remapped, or shifted inside the copy)
-        before = {keys[key]: ({unit(u): remap[i] for u, i in w.items()}, {unit(u): remap[i] for u, i in r.items()}, s)
-                  for key, (w, r, s) in call.before.items()}
-        after = {keys[key]: tuple({unit(u): i + shift if i >= call.start else remap[i] for u, i in d.items()}
-                                  for d in entries) for key, entries in call.after.items()}
+        # their dependencies were (remapped, or shifted inside the copy); the readers of an object
+        # the copy only reads are the tracker's, with the copy's reads
+        before, after = {}, {}
+        for key, (w, r, is_ssa) in call.before.items():
+            k, waits = keys[key], _waits(call, key, is_ssa)
+            b, a = [], []
+            for table, old, end in ((writers, w, call.after[key][0]), (readers, r, call.after[key][1])):
+                if waits[0] <= len(b) < waits[1]:  # waited for: as the copy's dependencies moved
+                    b.append({unit(u): remap[i] for u, i in old.items()})
+                    a.append({unit(u): i + shift if i >= call.start else remap[i] for u, i in end.items()})
+                else:  # not waited for: the tracker's, with what the copy adds
+                    b.append(dict(table.get(k) or {}))
+                    a.append({**b[-1], **{unit(u): i + shift for u, i in end.items() if i >= call.start}})
+            before[k], after[k] = (*b, is_ssa), a
         for k, (w, r) in after.items():
             writers[k], readers[k] = dict(w), dict(r)
         copy = _Call(layer, placed, owners, self.size, call.stop + shift, None, None, before, after,
-                     min(remap.values(), default=self.size), frozenset(c + cores for c in call.cores), work, exact)
+                     min(remap.values(), default=self.size), frozenset(c + cores for c in call.cores), work, exact,
+                     frozenset(keys[k] for k in call.read), frozenset(keys[k] for k in call.written))
         self.copies.append(copy)
         self.units += self.units[call.start:call.stop] if unit is _same else map(unit, self.units[call.start:call.stop])
         self.size = copy.stop
@@ -584,8 +614,9 @@ class KernelEmitter:
         the tracker's entries for the objects ``keys`` maps ``call``'s to, unit by unit (``unit``
         maps ``call``'s units to the copy's) — the latest of them where one instruction stands
         for several (waiting for the later instruction of a unit waits for the earlier); else
-        ``shift`` on when that position runs on the mapped unit. None where the entries differ
-        in their units, an object's ssa-ness differs, or a dependency has no place."""
+        ``shift`` on when that position runs on the mapped unit. Only the entries ``call``'s
+        instructions wait for count (``_waits``). None where the entries differ in their units,
+        an object's ssa-ness differs, or a dependency has no place."""
         writers, readers, ssa = self.deps.writers, self.deps.readers, self.deps.ssa
         need: dict = {}  # old position -> latest position emission waits for instead
         units: dict = {}  # old position -> the copy's unit for it
@@ -593,7 +624,8 @@ class KernelEmitter:
             k = keys[key]
             if (k in ssa) != is_ssa:
                 return None
-            for old, now in ((w, writers.get(k) or {}), (r, readers.get(k) or {})):
+            waits = _waits(call, key, is_ssa)
+            for old, now in [(w, writers.get(k) or {}), (r, readers.get(k) or {})][slice(*waits)]:
                 mapped = old if unit is _same else {unit(u): i for u, i in old.items()}
                 if any(u not in mapped for u in now):
                     return None  # emission would wait for a unit the copy does not
@@ -642,9 +674,11 @@ class KernelEmitter:
 
     def _emit(self, layer: Layer, work, regions: dict, lb_base: int, placed=None, owners=None) -> bool:
         """Emit ``layer``'s tiles, round by round (``_rounds``). While the layer is recorded (a
-        call of ``layer``: ``placed``, ``owners``), a round whose tiles are an earlier round's
-        of the call translated, the tile buffers in the same state translated, is recorded as a
-        copy of it (``_as_copy``) where the dependencies allow. False if a round was."""
+        call of ``layer``: ``placed``, ``owners``), rounds whose tiles are earlier rounds' of the
+        call translated, the tile buffers in the same state translated, are recorded as a copy
+        of them (``_round_copy``) where the dependencies allow: of one of the last two rounds,
+        or of the whole run of rounds since the last emitted one (so a regular layer takes a
+        number of copies logarithmic in its rounds). False if a round was copied."""
         self.cur, self.regions, self.lb_base = layer, regions, lb_base
         self.views: dict = {}  # (id(access), aliased region) -> _view
         self.aliasable = _aliasable(layer.ir)
@@ -652,41 +686,54 @@ class KernelEmitter:
         self.env = [0] * layer.ir.slots
         tile_loops = layer.ir.tile_loops()
         body = tile_loops[-1].body
-        recorded = self.log is not None and placed is not None
-        done: list = []  # per round so far: (_Call, tile state before, tile state after)
-        literal = True
-        for part in _rounds(work) if recorded else [work]:
-            for _, core in part:
-                self.cores_used.add(core)
-                self._enter(layer, core, lb_base)
-            copy = recorded and next(filter(None, (self._round_copy(e, part, placed, owners) for e in done[-1:-3:-1])), None)
-            if copy:
-                done.append(copy)
-                literal = False
-                continue
+        recorded = self.rec is not None and placed is not None
+        parts = _rounds(work) if recorded else [work]
+        # records of rounds so far: (_Call, tile state before, after, rounds); the last run of
+        # them as one (``span``: copied whole, it doubles), the last two single rounds
+        span, singles = None, []
+        literal, i = True, 0
+        while i < len(parts):
+            for part in parts[i:i + (span[3] if span else 1)]:
+                for _, core in part:
+                    self.cores_used.add(core)
+                    self._enter(layer, core, lb_base)
             if recorded:
-                outer, (self.log, self.seen, self.low) = (self.log, self.seen, self.low), ([], {}, self.size)
-                start, first, state = self.size, len(self.instructions), self._tile_state(part)
-            for values, core in part:
+                copy = None
+                for record in ([span] if span and span[3] > 1 else []) + singles[::-1]:
+                    n = record[3]
+                    if i + n <= len(parts):
+                        copy = self._round_copy(record, [x for part in parts[i:i + n] for x in part], placed, owners)
+                        if copy:
+                            break
+                if copy:
+                    copy = (*copy, n)
+                    if n == 1:
+                        singles = singles[-1:] + [copy]
+                    span = _joined(span, copy) if span and span[0].stop == copy[0].start else copy
+                    literal, i = False, i + n
+                    continue
+                outer, self.rec = self.rec, _Record(self.size)
+                start, first, state = self.size, len(self.instructions), self._tile_state(parts[i])
+            for values, core in parts[i]:
                 for lp, v in zip(tile_loops, values):
                     self.env[lp.slot] = v
                 self._nodes(body, core)
             if recorded:
-                writers, readers = self.deps.writers, self.deps.readers
-                after = {k: (dict(writers.get(k) or {}), dict(readers.get(k) or {})) for k in self.seen}
                 cores = frozenset(ins.core for ins in self.instructions[first:])
-                done.append((_Call(layer, placed, owners, start, self.size, first, self.log, self.seen, after,
-                                   self.low, cores, part, ()), state, self._tile_state(part)))
-                self._merge(outer, self.seen, self.low, self.log)
+                span = (self._recorded(self.rec, layer, placed, owners, start, first, cores, parts[i], ()), state,
+                        self._tile_state(parts[i]), 1)
+                singles = singles[-1:] + [span]
+                outer.add(self.rec)
+                self.rec = outer
+            i += 1
         return literal
 
-    def _merge(self, outer, seen: dict, low: int, units: list) -> None:
-        """Make a round's record part of its call's (``outer``: the call's log, seen, low)."""
-        log, call_seen, call_low = outer
-        log += units
-        for k, v in seen.items():
-            call_seen.setdefault(k, v)
-        self.log, self.seen, self.low = log, call_seen, min(call_low, low)
+    def _recorded(self, rec: _Record, layer: Layer, placed, owners, start: int, literal, cores, work, exact) -> _Call:
+        """The ``_Call`` of the run recorded in ``rec`` from stream position ``start`` to here."""
+        writers, readers = self.deps.writers, self.deps.readers
+        after = {k: (dict(writers.get(k) or {}), dict(readers.get(k) or {})) for k in rec.seen}
+        return _Call(layer, placed, owners, start, self.size, literal, rec.log if literal is not None else None,
+                     rec.seen, after, rec.low, cores, work, exact, frozenset(rec.read), frozenset(rec.written))
 
     def _tile_state(self, part) -> dict:
         """Per (core, tile buffer) of the cores in ``part``: (lifetimes started, slot, origin,
@@ -696,12 +743,13 @@ class KernelEmitter:
                 for core in dict.fromkeys(c for _, c in part) for b in self.cur.plan.buffers}
 
     def _round_copy(self, earlier, part, placed: dict, owners):
-        """Record the round ``part`` as a copy of ``earlier`` (a round of the same call: its
-        ``_Call``, tile state before and after) when its tiles are ``earlier``'s translated, the
-        tile buffers now in ``earlier``'s state before it translated alike (the same slots) and
-        ``_as_copy`` agrees; then the tile buffers take ``earlier``'s state after it,
-        translated, and the copy's record (like ``earlier``) is returned. None if not."""
-        call, before, after = earlier
+        """Record the rounds ``part`` as a copy of ``earlier`` (rounds of the same call: their
+        ``_Call``, tile state before and after, count) when its tiles are ``earlier``'s
+        translated, the tile buffers now in ``earlier``'s state before it translated alike (the
+        same slots) and ``_as_copy`` agrees; then the tile buffers take ``earlier``'s state
+        after it, translated, and (the copy's ``_Call``, tile state before and after) is
+        returned. None if not."""
+        call, before, after, _ = earlier
         if len(call.work) != len(part) or call.work[0][1] != part[0][1]:
             return None
         v0, v1 = call.work[0][0], part[0][0]
@@ -735,7 +783,7 @@ class KernelEmitter:
                     table.pop(key, None)
                 else:
                     table[key] = value
-        self._merge((self.log, self.seen, self.low), copy.before, copy.low, [None] * (copy.stop - copy.start))
+        self.rec.add(_Record(copy.low, [None] * (copy.stop - copy.start), copy.before, set(copy.read), set(copy.written)))
         return copy, now, self._tile_state(part)
 
     def _nodes(self, nodes, core) -> None:
@@ -831,15 +879,18 @@ class KernelEmitter:
         reads = [self._key(o) for o in srcs]
         writes = [self._key(dst)]
         idx = self.size
-        if self.log is not None:
-            self.log.append(unit)
+        rec = self.rec
+        if rec is not None:
+            rec.log.append(unit)
+            rec.read.update(reads)
+            rec.written.add(writes[0])
             for key in (*reads, *writes):
-                if key not in self.seen:
-                    self.seen[key] = (dict(self.deps.writers.get(key) or {}), dict(self.deps.readers.get(key) or {}),
-                                      key in self.deps.ssa)
+                if key not in rec.seen:
+                    rec.seen[key] = (dict(self.deps.writers.get(key) or {}), dict(self.deps.readers.get(key) or {}),
+                                     key in self.deps.ssa)
         deps = tuple(sorted(self.deps.deps(reads, writes, unit)))
-        if deps and self.log is not None:
-            self.low = min(self.low, deps[0])
+        if deps and rec is not None:
+            rec.low = min(rec.low, deps[0])
         # the instruction was made here and nothing else holds it yet: its deps are set in place
         # (``dataclasses.replace`` cost more than the rest of the emission)
         object.__setattr__(ins, "deps", deps)
@@ -1068,6 +1119,23 @@ def _split_box(start, extent, lo, hi):
             cur_hi[d] = hi[d]
     pieces.append((cur_lo, [b - a for a, b in zip(cur_lo, cur_hi)], True))
     return pieces
+
+
+def _waits(call: _Call, key, ssa: bool) -> tuple[int, int]:
+    """Which of an object's tracker entries (writers, readers) ``call``'s instructions waited
+    for, as a slice of the two: reading waits for writers, writing for readers, and, unless the
+    object is a tensor written once in pieces (ssa), for writers too."""
+    written = key in call.written
+    return (0 if key in call.read or (written and not ssa) else 1), (2 if written else 1)
+
+
+def _joined(a: tuple, b: tuple) -> tuple:
+    """Two records of consecutive runs of rounds (``KernelEmitter._emit``) as one."""
+    (x, before, _, m), (y, _, after, n) = a, b
+    call = _Call(x.layer, x.placed, x.owners, x.start, y.stop, None, None, {**y.before, **x.before},
+                 {**x.after, **y.after}, min(x.low, y.low), x.cores | y.cores, x.work + y.work, (),
+                 x.read | y.read, x.written | y.written)
+    return call, before, after, m + n
 
 
 def _same(unit):
