@@ -328,7 +328,9 @@ class KernelEmitter:
         self.copies: list = []  # _Call of each layer recorded as a copy
         self._parts: dict = {}  # (start, stop) -> ``_part`` of a cluster's part
         self.scratch_top = 0
-        self.calls: dict = {}  # signature (``_signature``) -> [_Call]: layers a later one may replay or copy
+        # signature (``_signature``) -> records of calls to copy or replay: (_Call, tile state
+        # before, after (None: not kept), 1 call)
+        self.calls: dict = {}
         self.rec: _Record | None = None  # while a call is recorded
 
     def kernel(self) -> isa.Kernel:
@@ -365,7 +367,8 @@ class KernelEmitter:
             self.claim(Region.whole("lb", core, lb_base + layer.plan.scratch_offset,
                                     (layer.plan.scratch_bytes,), "int8"), ("scratch", core, layer.name), ssa=False)
         for b in layer.plan.buffers:
-            self.count.pop((core, b), None)
+            for table in (self.count, self.slot, self.origin):
+                table.pop((core, b), None)
         self.alias = {k: r for k, r in self.alias.items() if k[0] != core}
         self.content = {k: c for k, c in self.content.items() if k[0] != core}
 
@@ -444,41 +447,38 @@ class KernelEmitter:
         sig, exact = sig
         placed = {p: regions.get(layer.args.get(p)) for p, *_ in layer.ir.params}
         owners = self._owners(placed)
-        earlier = [c for c in self.calls.get(sig, ()) if (c.layer.ir, c.layer.plan) == (layer.ir, layer.plan)]
-        if earlier:
-            for _, core in work:
-                self.cores_used.add(core)
-                self._enter(layer, core, lb_base)
-            for call in earlier[:-1 - COPY_SOURCES:-1]:
-                copy = self._as_copy(call, layer, work, placed, owners, exact)
-                if copy is not None:
-                    self.calls[sig].append(copy)
-                    for _, core in work:
-                        self.on_core[core] = None  # a later call of this layer re-enters
-                    return
+        held = any(self.on_core.get(core) == (layer.name, lb_base) for _, core in work)
+        for _, core in work:
+            self.cores_used.add(core)
+            self._enter(layer, core, lb_base)
+        earlier = [r for r in self.calls.get(sig, ()) if (r[0].layer.ir, r[0].layer.plan) == (layer.ir, layer.plan)]
+        for record in earlier[:-1 - COPY_SOURCES:-1]:
+            copied = self._copy_run(record, layer, work, placed, owners, exact)
+            if copied:
+                self.calls[sig].append((*copied, 1))
+                return
         start, literal, copies = self.size, len(self.instructions), len(self.copies)
-        first = literal
+        first, state = literal, self._tile_state(layer, work)
         rec = self.rec = _Record(start)
-        source = next((c for c in reversed(earlier) if c.literal is not None and c.exact == exact), None)
-        if source is not None:
+        source = None if held else next((r[0] for r in reversed(earlier) if r[0].literal is not None
+                                         and r[0].exact == exact), None)
+        if source is not None:  # the tile buffers' state is left behind: a later call re-enters
             self._replay(source, layer, work, regions, lb_base)
         elif not self._emit(layer, work, regions, lb_base, placed, owners):
             literal = None  # some rounds are copies: nothing to replay from
         cores = frozenset(ins.core for ins in self.instructions[first:]).union(
             *(copy.cores for copy in self.copies[copies:]))
-        self.calls.setdefault(sig, []).append(self._recorded(rec, layer, placed, owners, start, literal, cores,
-                                                             work, exact))
+        call = self._recorded(rec, layer, placed, owners, start, literal, cores, work, exact)
+        self.calls.setdefault(sig, []).append((call, state, None if source else self._tile_state(layer, work), 1))
         self.rec = None
 
     def _signature(self, layer: Layer, work, regions: dict, lb_base: int):
         """(what emitting ``layer`` depends on up to translating its tiles and cores and moving its
-        tensors' regions; the tiles, cores and regions' places and origins themselves). None where
-        it depends on more, which a copy or replay would not reproduce: a core already holding the
-        layer's tile buffers (its tiles would reuse what they hold), a tensor in pieces, a mesh's
-        multicast of tiles between cores."""
+        tensors' regions, but for what its cores' tile buffers hold (``_tile_state``); the tiles,
+        cores and regions' places and origins themselves). None where it depends on more, which
+        a copy or replay would not reproduce: a tensor in pieces, a mesh's multicast of tiles
+        between cores."""
         if not self.replay or self.hw.interconnect == "mesh":
-            return None
-        if any(self.on_core.get(core) == (layer.name, lb_base) for _, core in work):
             return None
         shapes, places, first = [], [], {}
         for p, *_ in layer.ir.params:
@@ -676,7 +676,7 @@ class KernelEmitter:
         """Emit ``layer``'s tiles, round by round (``_rounds``). While the layer is recorded (a
         call of ``layer``: ``placed``, ``owners``), rounds whose tiles are earlier rounds' of the
         call translated, the tile buffers in the same state translated, are recorded as a copy
-        of them (``_round_copy``) where the dependencies allow: of one of the last two rounds,
+        of them (``_copy_run``) where the dependencies allow: of one of the last two rounds,
         or of the whole run of rounds since the last emitted one (so a regular layer takes a
         number of copies logarithmic in its rounds). False if a round was copied."""
         self.cur, self.regions, self.lb_base = layer, regions, lb_base
@@ -701,8 +701,9 @@ class KernelEmitter:
                 copy = None
                 for record in ([span] if span and span[3] > 1 else []) + singles[::-1]:
                     n = record[3]
-                    if i + n <= len(parts):
-                        copy = self._round_copy(record, [x for part in parts[i:i + n] for x in part], placed, owners)
+                    if i + n <= len(parts) and record[2] is not None:
+                        copy = self._copy_run(record, layer, [x for part in parts[i:i + n] for x in part], placed,
+                                              owners, ())
                         if copy:
                             break
                 if copy:
@@ -713,7 +714,7 @@ class KernelEmitter:
                     literal, i = False, i + n
                     continue
                 outer, self.rec = self.rec, _Record(self.size)
-                start, first, state = self.size, len(self.instructions), self._tile_state(parts[i])
+                start, first, state = self.size, len(self.instructions), self._tile_state(layer, parts[i])
             for values, core in parts[i]:
                 for lp, v in zip(tile_loops, values):
                     self.env[lp.slot] = v
@@ -721,7 +722,7 @@ class KernelEmitter:
             if recorded:
                 cores = frozenset(ins.core for ins in self.instructions[first:])
                 span = (self._recorded(self.rec, layer, placed, owners, start, first, cores, parts[i], ()), state,
-                        self._tile_state(parts[i]), 1)
+                        self._tile_state(layer, parts[i]), 1)
                 singles = singles[-1:] + [span]
                 outer.add(self.rec)
                 self.rec = outer
@@ -735,56 +736,68 @@ class KernelEmitter:
         return _Call(layer, placed, owners, start, self.size, literal, rec.log if literal is not None else None,
                      rec.seen, after, rec.low, cores, work, exact, frozenset(rec.read), frozenset(rec.written))
 
-    def _tile_state(self, part) -> dict:
-        """Per (core, tile buffer) of the cores in ``part``: (lifetimes started, slot, origin,
-        content, alias) — what emitting a tile reads besides the tile itself."""
+    def _tile_state(self, layer: Layer, work) -> dict:
+        """Per (core, tile buffer of ``layer``) of the cores in ``work``: (lifetimes started, slot,
+        origin, content, alias) — what emitting a tile reads besides the tile itself."""
         return {(core, b): (self.count.get((core, b), 0), self.slot.get((core, b)), self.origin.get((core, b)),
                             self.content.get((core, b)), self.alias.get((core, b)))
-                for core in dict.fromkeys(c for _, c in part) for b in self.cur.plan.buffers}
+                for core in dict.fromkeys(c for _, c in work) for b in layer.plan.buffers}
 
-    def _round_copy(self, earlier, part, placed: dict, owners):
-        """Record the rounds ``part`` as a copy of ``earlier`` (rounds of the same call: their
-        ``_Call``, tile state before and after, count) when its tiles are ``earlier``'s
-        translated, the tile buffers now in ``earlier``'s state before it translated alike (the
-        same slots) and ``_as_copy`` agrees; then the tile buffers take ``earlier``'s state
-        after it, translated, and (the copy's ``_Call``, tile state before and after) is
-        returned. None if not."""
-        call, before, after, _ = earlier
-        if len(call.work) != len(part) or call.work[0][1] != part[0][1]:
+    def _copy_run(self, record, layer: Layer, work, placed: dict, owners, exact):
+        """Record ``layer``'s tiles ``work`` (a call of it, or rounds of one) as a copy of an
+        earlier run of it (``record``: its ``_Call``, tile state before and after, rounds) when
+        the tiles and cores are the run's translated, the tile buffers now in the run's state
+        before it translated alike (the same slots; contents and aliases in the regions that
+        took the run's regions' place) and ``_as_copy`` agrees. The tile buffers then take the
+        run's state after it, translated (or, after a replayed run, whose state was not kept,
+        are entered anew by the next call), and (the copy's ``_Call``, tile state before and
+        after) is returned. None if not."""
+        call, before, after, _ = record
+        if len(call.work) != len(work):
             return None
-        v0, v1 = call.work[0][0], part[0][0]
-        if any(tuple(a - b for a, b in zip(v, v0)) != tuple(a - b for a, b in zip(w, v1)) or c != d
-               for (v, c), (w, d) in zip(call.work, part)):
+        (v0, c0), (v1, c1) = call.work[0], work[0]
+        cores = c1 - c0
+        if any(tuple(a - b for a, b in zip(v, v0)) != tuple(a - b for a, b in zip(w, v1)) or d - c != cores
+               for (v, c), (w, d) in zip(call.work, work)):
             return None
-        shift = {lp.slot: b - a for lp, a, b in zip(self.cur.ir.tile_loops(), v0, v1) if a != b}
-        moved = self.cur.ir.moves(shift)
+        shift = {lp.slot: b - a for lp, a, b in zip(layer.ir.tile_loops(), v0, v1) if a != b}
+        moved = layer.ir.moves(shift) if shift else {}
         if moved is None:
             return None
+        regions = {a: placed[p] for p, a in call.placed.items() if a is not None}
 
         def translated(buffer, state):
             _, slot, origin, content, alias = state
-            origin = origin and [o + m for o, m in zip(origin, moved[buffer])]
-            content = content and (content[0], content[1], tuple(x + m for x, m in zip(content[2], moved[content[0]])))
-            return slot, origin, content, alias
+            if origin is not None:
+                origin = _plus(origin, moved.get(buffer))
+            if content is not None:
+                content = (content[0], regions.get(content[1], content[1]), tuple(_plus(content[2], moved.get(content[0]))))
+            return slot, origin, content, alias and regions.get(alias, alias)
 
-        now = self._tile_state(part)
-        for key, state in before.items():
-            slots = len(self.cur.plan.buffers[key[1]].slots)
-            if (now[key][0] - state[0]) % slots or now[key][1:] != translated(key[1], state):
+        now = self._tile_state(layer, work)
+        for (core, b), state in before.items():
+            if (now[(core + cores, b)][0] - state[0]) % len(layer.plan.buffers[b].slots) or \
+                    now[(core + cores, b)][1:] != translated(b, state):
                 return None
-        copy = self._as_copy(call, self.cur, part, placed, owners, ())
+        copy = self._as_copy(call, layer, work, placed, owners, exact)
         if copy is None:
             return None
-        for key, state in after.items():
-            n = now[key][0] + state[0] - before[key][0]
-            for table, value in zip((self.count, self.slot, self.origin, self.content, self.alias),
-                                    (n, *translated(key[1], state))):
-                if value is None:
-                    table.pop(key, None)
-                else:
-                    table[key] = value
-        self.rec.add(_Record(copy.low, [None] * (copy.stop - copy.start), copy.before, set(copy.read), set(copy.written)))
-        return copy, now, self._tile_state(part)
+        if after is None:
+            for _, core in work:
+                self.on_core[core] = None
+        else:
+            for (core, b), state in after.items():
+                key = (core + cores, b)
+                for table, value in zip((self.count, self.slot, self.origin, self.content, self.alias),
+                                        (now[key][0] + state[0] - before[(core, b)][0], *translated(b, state))):
+                    if value is None:
+                        table.pop(key, None)
+                    else:
+                        table[key] = value
+        if self.rec is not None:  # a run of rounds inside a recorded call
+            self.rec.add(_Record(copy.low, [None] * (copy.stop - copy.start), copy.before, set(copy.read),
+                                 set(copy.written)))
+        return copy, now, None if after is None else self._tile_state(layer, work)
 
     def _nodes(self, nodes, core) -> None:
         for n in nodes:
@@ -1136,6 +1149,11 @@ def _joined(a: tuple, b: tuple) -> tuple:
                  {**x.after, **y.after}, min(x.low, y.low), x.cores | y.cores, x.work + y.work, (),
                  x.read | y.read, x.written | y.written)
     return call, before, after, m + n
+
+
+def _plus(point, delta):
+    """``point`` moved by ``delta`` (None: not moved)."""
+    return list(point) if delta is None else [x + d for x, d in zip(point, delta)]
 
 
 def _same(unit):
