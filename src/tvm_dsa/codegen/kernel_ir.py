@@ -512,18 +512,23 @@ def _children(e) -> list:
     return []
 
 
-@functools.lru_cache(maxsize=256)
 def read_kernel(func) -> KernelIR:
-    """The KernelIR of a lowered PrimFunc (one nest of tile loops). Cached per function object
-    (immutable both): the tiling search, the load estimate and the stitcher read the same one."""
-    root = func.body.block if isinstance(func.body, SBlockRealize) else None
-    body = func.body if root is None else root.body
+    """The KernelIR of a lowered PrimFunc (one nest of tile loops). Cached per body and
+    parameters (immutable all): the tiling search, the load estimate and the stitcher read the
+    same one, and a sub-graph's repeated layers are one lowered body under several attributes."""
+    return _read_kernel(func.body, tuple(func.params))
+
+
+@functools.lru_cache(maxsize=256)
+def _read_kernel(stmt, func_params) -> KernelIR:
+    root = stmt.block if isinstance(stmt, SBlockRealize) else None
+    body = stmt if root is None else root.body
     double = None if root is None or DOUBLE_BUFFER not in root.annotations else bool(int(root.annotations[DOUBLE_BUFFER]))
     reader = _Reader()
     nodes = reader.loops(body)
     if len(nodes) != 1 or not isinstance(nodes[0], Loop) or nodes[0].kind != "tile":
         raise CodegenError("a lowered kernel is one nest of tile loops")
-    params = tuple((str(p.name), tuple(int(s) for s in p.shape), str(p.dtype)) for p in func.params)
+    params = tuple((str(p.name), tuple(int(s) for s in p.shape), str(p.dtype)) for p in func_params)
     return KernelIR(fold_zero_init(nodes[0]), len(reader.slot_of), params, double)
 
 
