@@ -86,7 +86,7 @@ def test_batch_instances_partition_without_recomputation():
         assert inst.boxes[i][mid] == ((i, 0, 0, 0), (i + 1, 8, 16, 16))
     # every tile of every layer is computed exactly once
     for L in layers:
-        tiles = [t for i in range(4) for t in inst.tiles[i][L.name]]
+        tiles = [prints[L.name].tiles[r] for i in range(4) for r in inst.rows[i][L.name]]
         assert sorted(tiles) == sorted(prints[L.name].tiles)
 
 

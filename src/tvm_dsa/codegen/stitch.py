@@ -98,17 +98,16 @@ def footprints(layer: Layer) -> Footprint:
 @dataclass(frozen=True)
 class Instances:
     """``rows[i][layer]``: the tiles instance ``i`` computes, as rows of the layer's footprint
-    (``tiles[i][layer]`` the same as tile-loop values); ``boxes[i][tensor]``: the box of each
+    (``Footprint.tiles`` gives their tile-loop values); ``boxes[i][tensor]``: the box of each
     intermediate it produces (what it writes, so consumers' reads fall inside)."""
 
     rows: list
-    tiles: list
     boxes: list
     recompute: float  # work of all instances / work of the sub-graph
 
     @classmethod
     def of(cls, layers, prints: dict, outputs, rows: list, recompute: float) -> "Instances":
-        """The instances computing ``rows``: their tiles and the boxes they write."""
+        """The instances computing ``rows``: the boxes they write."""
         boxes = [{} for _ in rows]
         for L in reversed(layers):  # the order lifetimes are listed in (it breaks placement ties)
             out = L.args[L.ir.params[-1][0]]
@@ -125,12 +124,11 @@ class Instances:
             high = np.maximum.reduceat(write[1][at], starts, axis=0).tolist()
             for k, lo, hi in zip(which, low, high):
                 boxes[k][out] = (tuple(lo), tuple(hi))
-        tiles = [{name: [prints[name].tiles[r] for r in r_.tolist()] for name, r_ in chosen.items()} for chosen in rows]
-        return cls(rows, tiles, boxes, recompute)
+        return cls(rows, boxes, recompute)
 
     @property
     def count(self) -> int:
-        return len(self.tiles)
+        return len(self.rows)
 
 
 def plan_instances(layers: list[Layer], prints: dict, outputs: list[str], loop: int, groups: int) -> Instances:
@@ -614,7 +612,7 @@ def emit_stitched(mod: tvm.IRModule, hw, replicate: bool = True, replay: bool = 
                         key = ("t", t, i) if t in produced and t not in sg.outputs else ("w", t, c)
                         if key in part.place:
                             local[t] = part.place[key]
-                    tiles = inst.tiles[i][L.name]
+                    tiles = [prints[L.name].tiles[r] for r in rows.tolist()]
                     work = [(t, cores[i][n % len(cores[i])]) for n, t in enumerate(tiles)]
                     emitter.layer(L, work, local, lb_bytes)
         if reference is part:
