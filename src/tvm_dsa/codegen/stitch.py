@@ -246,9 +246,16 @@ def _hulls(corners: Boxes, mask: np.ndarray, old=None):
     """(low corners, high corners, non-empty) of the rows of ``corners`` each row of ``mask``
     picks, united with ``old``'s."""
     big = np.iinfo(np.int64).max
-    lo = np.where(mask[:, :, None], corners[0][None], big).min(axis=1)
-    hi = np.where(mask[:, :, None], corners[1][None], -big).max(axis=1)
-    some = mask.any(axis=1)
+    n, dims = mask.shape[0], corners[0].shape[1]
+    lo, hi = np.full((n, dims), big, dtype=np.int64), np.full((n, dims), -big, dtype=np.int64)
+    some = np.zeros(n, dtype=bool)
+    rows, picked = np.nonzero(mask)  # by row: each row's picks are a run
+    if len(rows):
+        starts = np.flatnonzero(np.r_[True, rows[1:] != rows[:-1]])
+        which = rows[starts]
+        lo[which] = np.minimum.reduceat(corners[0][picked], starts, axis=0)
+        hi[which] = np.maximum.reduceat(corners[1][picked], starts, axis=0)
+        some[which] = True
     if old is not None:
         lo, hi, some = np.minimum(lo, old[0]), np.maximum(hi, old[1]), some | old[2]
     return lo, hi, some
