@@ -13,6 +13,7 @@ LB holds two copies of every tile buffer; without it the codegen takes two when 
 
 from __future__ import annotations
 
+import functools
 import math
 from dataclasses import dataclass
 
@@ -96,10 +97,12 @@ def simplify_indices(func):
     return s_tir.transform.StmtSimplify()(tvm.IRModule({"main": copy}))["main"]
 
 
+@functools.lru_cache(maxsize=256)
 def anchor_info(func, simplify: bool = True) -> AnchorInfo:
     """Describe the anchor of ``func`` (raises ``Unsupported`` for kernels the DSA cannot run);
     its alignment from the indices simplified under the iterators' ranges unless ``simplify`` is
-    False (the raw indices' divisors, finer for a fused transpose -> reshape)."""
+    False (the raw indices' divisors, finer for a fused transpose -> reshape). Cached per
+    function object: lowering asks several times."""
     sch = s_tir.Schedule(func)
     idx, kinds = find_anchor(sch)
     anchor = leaf_blocks(sch)[idx]
