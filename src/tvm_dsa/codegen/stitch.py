@@ -609,6 +609,7 @@ def emit_stitched(mod: tvm.IRModule, hw, replicate: bool = True, replay: bool = 
                 emitter.claim(part.place[b.key], b.key)
                 if b.kind == "w":
                     emitter.move(regions[b.tensor], part.place[b.key], c * cpc)
+            pending = None  # (layer, work, regions): calls of one layer in the same regions go as one
             for i in cr.members:
                 for k, L in enumerate(sg.layers):
                     rows = inst.rows[i][L.name]
@@ -621,7 +622,14 @@ def emit_stitched(mod: tvm.IRModule, hw, replicate: bool = True, replay: bool = 
                             local[t] = part.place[key]
                     tiles = [prints[L.name].tiles[r] for r in rows.tolist()]
                     work = [(t, cores[i][n % len(cores[i])]) for n, t in enumerate(tiles)]
-                    emitter.layer(L, work, local, lb_bytes)
+                    if pending and pending[0] is L and pending[2] == local:
+                        pending[1].extend(work)
+                        continue
+                    if pending:
+                        emitter.layer(*pending, lb_bytes)
+                    pending = (L, work, local)
+            if pending:
+                emitter.layer(*pending, lb_bytes)
         if reference is part:
             span[1] = emitter.size
     top = max((scratch + b.offset + align(b.nbytes) for b in buffers if b.level == "ddr" and b.offset >= 0),
