@@ -390,6 +390,19 @@ def test_a_block_like_the_one_before_is_replayed_or_copied_as_emitting_it_gives(
     assert len(compact.kernels[0].instructions) + sum(n for *_, n in copies) == len(emitted.kernels[0].instructions)
 
 
+def test_a_flip_in_a_sub_graph_is_refused_for_its_negative_stride(rng):
+    """A flip reads its input backwards; DSA operands have no negative strides, so it runs on the
+    host, with that reason (not an out-of-region access), and the model still computes what llvm
+    does. (Its whole stitched sub-graph goes with it today; only the flip need.)"""
+    op = relax.op
+    mod = relax_graph([(4, 16, 8, 8), (16, 16, 3, 3)], lambda x, w: op.flip(op.nn.relu(op.nn.conv2d(x, w, padding=1)), axis=3))
+    args = [rng.standard_normal([int(s) for s in p.ty.shape]).astype("float32") for p in mod["main"].params]
+    vm, result = _run(mod, "graphturbo")
+    assert "walked backwards along loop 3 (stride -1); DSA operands have no negative strides" in result.host["flip"]
+    out = vm["main"](*[tvm.runtime.tensor(a) for a in args]).numpy()
+    np.testing.assert_allclose(out, _llvm(mod, args), rtol=1e-5, atol=1e-5)
+
+
 def test_a_copy_waits_for_what_emission_would_unit_for_unit():
     """``_remap``: a dependency of the earlier layer on an instruction before it goes where the
     tracker now names the same object's entry for the copy's unit (cores moved: ``unit``), the

@@ -854,6 +854,10 @@ class KernelEmitter:
                 raise CodegenError(f"buffer {acc.buffer} is neither in the LB nor placed in a memory")
             mem, dtype, extents, estrides = region.mem, region.dtype, region.extents, _row_major(region.extents)
         strides = tuple(sum(row[i] * s for row, s in zip(acc.inner, estrides)) for i in range(len(stage.shape)))
+        backwards = [i for i, (st, n) in enumerate(zip(strides, stage.shape)) if st < 0 and n > 1]
+        if backwards:  # e.g. a flip: the ISA has no negative strides (a box is walked forwards)
+            raise CodegenError(f"stage {stage.name}: {acc.buffer} is walked backwards along loop {backwards[0]} "
+                               f"(stride {strides[backwards[0]]}); DSA operands have no negative strides")
         return mem, dtype, isa.DTYPES[dtype], extents, estrides, strides, _last_points(acc, extents, stage.shape), region
 
     def _adds(self, stage: Stage) -> bool:
