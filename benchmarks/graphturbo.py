@@ -3,6 +3,8 @@
     python benchmarks/graphturbo.py                          # all workloads, full size, batch 8 (long)
     python benchmarks/graphturbo.py --models resnet50 --batch 8
     python benchmarks/graphturbo.py --models bert-128 --table1   # + BERT at batch 8, 16, 32
+    python benchmarks/graphturbo.py --models --table1        # only BERT's Table 1
+    python benchmarks/graphturbo.py --models vit_b16 --ends  # layerwise and graphturbo only
     python benchmarks/graphturbo.py --tiny                   # a quick check of the script
 
 Every schedule variant of every workload is compiled, run once in timing-only mode (throughput =
@@ -134,20 +136,39 @@ def run_variants(label: str, batch: int, tiny: bool, target: str, check: bool, v
 
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--models", nargs="+", default=[w for w in WORKLOADS if w not in ("bert-256", "bert-384", "bert-512")],
+    p.add_argument("--models", nargs="*", default=[w for w in WORKLOADS if w not in ("bert-256", "bert-384", "bert-512")],
                    choices=list(WORKLOADS), help="workloads (default: the seven models, BERT at sequence 128)")
     p.add_argument("--batch", type=int, default=8)
     p.add_argument("--tiny", action="store_true")
     p.add_argument("--target", default="dsa/stcp920")
     p.add_argument("--check", action="store_true", help="also run functionally and compare with llvm")
     p.add_argument("--table1", action="store_true", help="also BERT-128 at batch 8, 16, 32 (seed 000 Table 1)")
+    p.add_argument("--ends", action="store_true",
+                   help="only layerwise and the full graphturbo (no ablation steps in between)")
     args = p.parse_args()
 
+    variants = [VARIANTS[0], VARIANTS[-1]] if args.ends else VARIANTS
     base = VARIANTS[0][0]
     best = VARIANTS[-1][0]
-    results = {label: run_variants(label, args.batch, args.tiny, args.target, args.check, VARIANTS,
+    results = {label: run_variants(label, args.batch, args.tiny, args.target, args.check, variants,
                                    traced=(base, best) if label == "resnet50" else ())
                for label in args.models}
+    if results:
+        _model_tables(args, results, variants)
+    if args.table1:
+        rows = []
+        for batch in (8, 16, 32):
+            r = run_variants("bert-128", batch, args.tiny, args.target, False, [VARIANTS[0], VARIANTS[-1]])
+            rows.append([str(batch)] + [x for label in (base, best) for x in (
+                f"{batch / r[label][1].report.seconds:,.0f}", f"{r[label][1].report.seconds * 1e3:.2f}")])
+        _table(f"BERT-128 on {args.target} (seed 000 Table 1){' (tiny)' if args.tiny else ''}",
+               ["batch", "lw samples/s", "lw latency ms", "gt samples/s", "gt latency ms"], rows)
+
+
+def _model_tables(args, results: dict, variants: list) -> None:
+    """Throughput, ablation, memory, ResNet-50 utilisation, compile time and numerics per model."""
+    base = VARIANTS[0][0]
+    best = VARIANTS[-1][0]
     rows, speedups = [], []
     for name, r in results.items():
         lw, gt = r[base][1].report, r[best][1].report
@@ -161,10 +182,10 @@ def main() -> None:
 
     rows = []
     for name, r in results.items():
-        cyc = [r[label][1].report.cycles for label, *_ in VARIANTS]
+        cyc = [r[label][1].report.cycles for label, *_ in variants]
         rows.append([name] + [f"{c:,}" for c in cyc] + [f"{a / b:.2f}x" for a, b in zip(cyc, cyc[1:])])
     _table("Ablation (seed 000 Fig. 15): cycles per variant, then the speed-up of each step",
-           ["model"] + [label for label, *_ in VARIANTS] + [f"-> {label}" for label, *_ in VARIANTS[1:]], rows)
+           ["model"] + [label for label, *_ in variants] + [f"-> {label}" for label, *_ in variants[1:]], rows)
 
     rows = []
     for name, r in results.items():
@@ -193,18 +214,8 @@ def main() -> None:
            ["model", "llvm", "layerwise", "graphturbo", "gt / llvm", "kernels lw", "kernels gt"], rows)
 
     if args.check:
-        rows = [[name] + [f"{r[label][2]:.2e}" for label, *_ in VARIANTS] for name, r in results.items()]
-        _table("max |dsa - llvm| / max |llvm|", ["model"] + [label for label, *_ in VARIANTS], rows)
-
-    if args.table1:
-        rows = []
-        for batch in (8, 16, 32):
-            r = run_variants("bert-128", batch, args.tiny, args.target, False, [VARIANTS[0], VARIANTS[-1]])
-            rows.append([str(batch)] + [x for label in (base, best) for x in (
-                f"{batch / r[label][1].report.seconds:,.0f}", f"{r[label][1].report.seconds * 1e3:.2f}")])
-        _table(f"BERT-128 on {args.target} (seed 000 Table 1){' (tiny)' if args.tiny else ''}",
-               ["batch", "lw samples/s", "lw latency ms", "gt samples/s", "gt latency ms"], rows)
-
+        rows = [[name] + [f"{r[label][2]:.2e}" for label, *_ in variants] for name, r in results.items()]
+        _table("max |dsa - llvm| / max |llvm|", ["model"] + [label for label, *_ in variants], rows)
 
 if __name__ == "__main__":
     main()
