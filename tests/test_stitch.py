@@ -403,14 +403,17 @@ def test_a_flip_in_a_sub_graph_is_refused_for_its_negative_stride(rng):
     np.testing.assert_allclose(out, _llvm(mod, args), rtol=1e-5, atol=1e-5)
 
 
-@pytest.mark.parametrize("rows, hidden, rounds_run", [(64, 1024, True), (128, 512, False)])
-def test_rounds_and_other_cores_copied_give_what_emitting_them_gives(monkeypatch, rng, rows, hidden, rounds_run):
-    """A two-matmul MLP with a residual, 8 x rows x 256 -> hidden -> 256: its layers run many
+@pytest.mark.parametrize("batch, rows, hidden, rounds_run", [(8, 64, 1024, True), (8, 128, 512, False),
+                                                             (24, 16, 512, True)])
+def test_rounds_and_other_cores_copied_give_what_emitting_them_gives(monkeypatch, rng, batch, rows, hidden,
+                                                                     rounds_run):
+    """A two-matmul MLP with a residual, batch x rows x 256 -> hidden -> 256: its layers run many
     rounds of tiles on several clusters. Rounds that repeat earlier rounds translated are copies
     (at 64 x 1024 also whole runs of rounds: the run since the last emitted round), and calls on
     other cores copy calls on the first. At 128 x 512 a round finds the weight tile its
     predecessor left in the LB, which its model round did not: only the tile buffers' state tells
-    them apart. Written out, each kernel is the one emitting every tile gives: the same
+    them apart. At batch 24 (six samples a cluster) runs of rounds on different cores are joined
+    and copied. Written out, each kernel is the one emitting every tile gives: the same
     instructions, every dependency emission's or a later instruction of its unit, the same
     simulated cycles; and the model computes what llvm does."""
     import importlib
@@ -421,7 +424,7 @@ def test_rounds_and_other_cores_copied_give_what_emitting_them_gives(monkeypatch
     offload = importlib.import_module("tvm_dsa.relax_passes.offload")
     seen = []
     monkeypatch.setattr(offload, "emit_stitched", lambda mod, *a, **k: seen.append(mod) or stitch.emit_stitched(mod, *a, **k))
-    mod = relax_graph([(8, rows, 256), (256, hidden), (hidden, 256)],
+    mod = relax_graph([(batch, rows, 256), (256, hidden), (hidden, 256)],
                       lambda x, w1, w2: op.add(op.matmul(op.nn.relu(op.matmul(x, w1)), w2), x))
     args = [rng.standard_normal([int(s) for s in p.ty.shape]).astype("float32") * 0.1 for p in mod["main"].params]
     vm, _ = _run(mod, "graphturbo")

@@ -261,17 +261,45 @@ class _Call:
     written: frozenset  # the objects it wrote
 
 
+# a tile buffer's state in three parts, each read or written whole: (slot, origin) — set when a
+# lifetime starts, read by the buffer's operands —, content (what it was loaded with, read by
+# the load that would skip itself), alias (the LB region it reads in place)
+_PLACE, _CONTENT, _ALIAS = 1, 2, 3
+
+
+class _Free:
+    """In a run's tile state before it: a part the run does not read before it writes it; after
+    it: a part the run does not write."""
+
+    def __repr__(self) -> str:
+        return "FREE"
+
+
+FREE = _Free()
+
+
+@dataclass(frozen=True)
+class _Miss:
+    """A content the run's first load of a buffer found was not ``content``: it loaded."""
+
+    content: tuple
+
+
 @dataclass
 class _Record:
     """What the emitter notes while a call (or a round of one) is recorded: the unit of each
     instruction pushed, the tracker's state of each object when first touched (writers,
-    readers, ssa), the objects read and written, the lowest dependency."""
+    readers, ssa), the objects read and written, the lowest dependency; and per (core, tile
+    buffer, part of its state, ``_PLACE``...) the value the run read before writing it
+    (``need``) and the parts it wrote (``wrote``)."""
 
     low: int
     log: list = field(default_factory=list)
     seen: dict = field(default_factory=dict)
     read: set = field(default_factory=set)
     written: set = field(default_factory=set)
+    need: dict = field(default_factory=dict)
+    wrote: set = field(default_factory=set)
 
     def add(self, other: "_Record") -> None:
         """Take in the record of the run that follows."""
@@ -281,6 +309,15 @@ class _Record:
         self.read |= other.read
         self.written |= other.written
         self.low = min(self.low, other.low)
+        for k, v in other.need.items():
+            if k not in self.wrote:
+                self.need.setdefault(k, v)
+        self.wrote |= other.wrote
+
+    def reads(self, key: tuple, value) -> None:
+        """The run reads tile-buffer state ``key`` (core, buffer, part) as ``value``."""
+        if key not in self.wrote and key not in self.need:
+            self.need[key] = value
 
 
 _OPERAND_FIELDS = {isa.Dma: ("dst", "src"), isa.Fill: ("dst",), isa.Mme: ("dst", "a", "b"), isa.Vector: ("dst",),
@@ -469,7 +506,8 @@ class KernelEmitter:
         cores = frozenset(ins.core for ins in self.instructions[first:]).union(
             *(copy.cores for copy in self.copies[copies:]))
         call = self._recorded(rec, layer, placed, owners, start, literal, cores, work, exact)
-        self.calls.setdefault(sig, []).append((call, state, None if source else self._tile_state(layer, work), 1))
+        # a replay reads no tile state and leaves none behind: it holds for the state it began with
+        self.calls.setdefault(sig, []).append((call, state, None, 1) if source else (call, *self._run_states(rec, state), 1))
         self.rec = None
 
     def _signature(self, layer: Layer, work, regions: dict, lb_base: int):
@@ -721,8 +759,8 @@ class KernelEmitter:
                 self._nodes(body, core)
             if recorded:
                 cores = frozenset(ins.core for ins in self.instructions[first:])
-                span = (self._recorded(self.rec, layer, placed, owners, start, first, cores, parts[i], ()), state,
-                        self._tile_state(layer, parts[i]), 1)
+                span = (self._recorded(self.rec, layer, placed, owners, start, first, cores, parts[i], ()),
+                        *self._run_states(self.rec, state), 1)
                 singles = singles[-1:] + [span]
                 outer.add(self.rec)
                 self.rec = outer
@@ -737,11 +775,28 @@ class KernelEmitter:
                      rec.seen, after, rec.low, cores, work, exact, frozenset(rec.read), frozenset(rec.written))
 
     def _tile_state(self, layer: Layer, work) -> dict:
-        """Per (core, tile buffer of ``layer``) of the cores in ``work``: (lifetimes started, slot,
-        origin, content, alias) — what emitting a tile reads besides the tile itself."""
-        return {(core, b): (self.count.get((core, b), 0), self.slot.get((core, b)), self.origin.get((core, b)),
-                            self.content.get((core, b)), self.alias.get((core, b)))
-                for core in dict.fromkeys(c for _, c in work) for b in layer.plan.buffers}
+        """Per (core, tile buffer of ``layer``) of the cores in ``work``: (lifetimes started,
+        (slot, origin), content, alias) — what emitting a tile reads besides the tile itself."""
+        return {key: self._state_of(key) for key in itertools.product(dict.fromkeys(c for _, c in work),
+                                                                      layer.plan.buffers)}
+
+    def _state_of(self, key: tuple) -> tuple:
+        return (self.count.get(key, 0), (self.slot.get(key), self.origin.get(key)), self.content.get(key),
+                self.alias.get(key))
+
+    def _run_states(self, rec: _Record, start: dict) -> tuple[dict, dict]:
+        """The tile state a recorded run (``rec``) needs before it, and the state it leaves: its
+        state when it began (``start``) with the parts it did not read before writing them
+        ``FREE`` (a first load that missed needs only a miss, ``_Miss``), and the state now with
+        the parts it did not write ``FREE``. Lifetime counts are kept whole: the slots follow
+        them."""
+        before, after = {}, {}
+        for key, state in start.items():
+            now = self._state_of(key)
+            before[key] = (state[0], *(rec.need.get((*key, part), FREE) for part in (_PLACE, _CONTENT, _ALIAS)))
+            after[key] = (now[0], *(now[part] if (*key, part) in rec.wrote else FREE
+                                    for part in (_PLACE, _CONTENT, _ALIAS)))
+        return before, after
 
     def _copy_run(self, record, layer: Layer, work, placed: dict, owners, exact):
         """Record ``layer``'s tiles ``work`` (a call of it, or rounds of one) as a copy of an
@@ -766,38 +821,61 @@ class KernelEmitter:
             return None
         regions = {a: placed[p] for p, a in call.placed.items() if a is not None}
 
-        def translated(buffer, state):
-            _, slot, origin, content, alias = state
-            if origin is not None:
-                origin = _plus(origin, moved.get(buffer))
-            if content is not None:
-                content = (content[0], regions.get(content[1], content[1]), tuple(_plus(content[2], moved.get(content[0]))))
-            return slot, origin, content, alias and regions.get(alias, alias)
+        def translated(buffer, part, value):
+            if value is FREE or value is None:
+                return value
+            if part == _PLACE:
+                slot, origin = value
+                return slot, origin if origin is None else _plus(origin, moved.get(buffer))
+            if part == _ALIAS:
+                return regions.get(value, value)
+            if isinstance(value, _Miss):
+                return _Miss(translated(buffer, part, value.content))
+            return value[0], regions.get(value[1], value[1]), tuple(_plus(value[2], moved.get(value[0])))
 
         now = self._tile_state(layer, work)
+        moved_before = {}
         for (core, b), state in before.items():
-            if (now[(core + cores, b)][0] - state[0]) % len(layer.plan.buffers[b].slots) or \
-                    now[(core + cores, b)][1:] != translated(b, state):
+            key = (core + cores, b)
+            if (now[key][0] - state[0]) % len(layer.plan.buffers[b].slots):
                 return None
+            need = moved_before[key] = (now[key][0], *(translated(b, part, state[part])
+                                                       for part in (_PLACE, _CONTENT, _ALIAS)))
+            for part, value in enumerate(need[1:], 1):
+                if value is not FREE and ((now[key][part] == value.content) if isinstance(value, _Miss)
+                                          else now[key][part] != value):
+                    return None
         copy = self._as_copy(call, layer, work, placed, owners, exact)
         if copy is None:
             return None
+        moved_after = None
         if after is None:
             for _, core in work:
                 self.on_core[core] = None
         else:
+            moved_after = {}
             for (core, b), state in after.items():
                 key = (core + cores, b)
-                for table, value in zip((self.count, self.slot, self.origin, self.content, self.alias),
-                                        (now[key][0] + state[0] - before[(core, b)][0], *translated(b, state))):
-                    if value is None:
-                        table.pop(key, None)
-                    else:
-                        table[key] = value
+                end = moved_after[key] = (now[key][0] + state[0] - before[(core, b)][0],
+                                          *(translated(b, part, state[part]) for part in (_PLACE, _CONTENT, _ALIAS)))
+                self.count[key] = end[0]
+                for tables, value in (((self.slot, self.origin), end[_PLACE]), ((self.content,), end[_CONTENT]),
+                                      ((self.alias,), end[_ALIAS])):
+                    if value is FREE:
+                        continue
+                    for table, v in zip(tables, value if len(tables) == 2 else (value,)):
+                        if v is None:
+                            table.pop(key, None)
+                        else:
+                            table[key] = v
         if self.rec is not None:  # a run of rounds inside a recorded call
             self.rec.add(_Record(copy.low, [None] * (copy.stop - copy.start), copy.before, set(copy.read),
-                                 set(copy.written)))
-        return copy, now, None if after is None else self._tile_state(layer, work)
+                                 set(copy.written),
+                                 {(*k, part): v for k, st in moved_before.items() for part, v in enumerate(st) if part
+                                  and v is not FREE},
+                                 {(*k, part) for k, st in (moved_after or moved_before).items()
+                                  for part, v in enumerate(st) if part and (moved_after is None or v is not FREE)}))
+        return copy, moved_before, moved_after
 
     def _nodes(self, nodes, core) -> None:
         for n in nodes:
@@ -816,6 +894,11 @@ class KernelEmitter:
         core's LB over the NoC)."""
         point = acc.point(self.env, start)
         alias = piece if piece is not None else self.alias.get((core, acc.buffer)) if acc.lb else None
+        if acc.lb and piece is None and self.rec is not None:
+            self.rec.reads((core, acc.buffer, _ALIAS), alias)
+            if alias is None:
+                key = (core, acc.buffer)
+                self.rec.reads((*key, _PLACE), (self.slot.get(key), self.origin.get(key)))
         view = self.views.get((id(acc), alias))
         if view is None:
             view = self.views[(id(acc), alias)] = self._view(stage, acc, alias)
@@ -874,6 +957,8 @@ class KernelEmitter:
         self.count[key] = n + 1
         self.origin[key] = acc.low_corner(self.env, stage.shape)
         self.slot[key] = b.slots[n % len(b.slots)]
+        if self.rec is not None:
+            self.rec.wrote.add((*key, _PLACE))
 
     def _scratch(self, dims, stage: Stage, core: int, dtype="float32") -> isa.Operand:
         """A fresh contiguous temporary over the stage's box restricted to loops ``dims``."""
@@ -935,16 +1020,26 @@ class KernelEmitter:
                 parts = tuple(dict.fromkeys(r for *_, r in source.split(stage.value.access, self.env, *whole)))
                 source = parts[0] if len(parts) == 1 else parts
             key = (core, stage.dst.buffer)
+            rec = self.rec
+            if rec is not None:
+                rec.wrote.add((*key, _ALIAS))
             if isinstance(source, Region) and (source.mem, source.index) == ("lb", core) and \
                     source.dtype == self.cur.plan.buffers[stage.dst.buffer].dtype:
                 self.alias[key] = source  # stitched in this core's LB: read in place, no copy
                 self.content.pop(key, None)
+                if rec is not None:
+                    rec.wrote.add((*key, _CONTENT))
                 return
             self.alias.pop(key, None)
             content = (stage.value.access.buffer, source, tuple(stage.value.access.point(self.env)))
-            if self.content.get(key) == content:
+            hit = self.content.get(key) == content
+            if rec is not None:
+                rec.reads((*key, _CONTENT), content if hit else _Miss(content))
+            if hit:
                 return  # the buffer still holds this box (e.g. the weights of the previous tile)
             self.content[key] = content
+            if rec is not None:
+                rec.wrote.add((*key, _CONTENT))
         if stage.dst.lb:
             self._start_lifetime(stage, core)
         else:
@@ -1147,11 +1242,20 @@ def _waits(call: _Call, key, ssa: bool) -> tuple[int, int]:
 
 
 def _joined(a: tuple, b: tuple) -> tuple:
-    """Two records of consecutive runs of rounds (``KernelEmitter._emit``) as one."""
-    (x, before, _, m), (y, _, after, n) = a, b
+    """Two records of consecutive runs of rounds (``KernelEmitter._emit``) as one: the tile
+    state the second needs that the first did not write is needed before both."""
+    (x, xb, xa, m), (y, yb, ya, n) = a, b
     call = _Call(x.layer, x.placed, x.owners, x.start, y.stop, None, None, {**y.before, **x.before},
                  {**x.after, **y.after}, min(x.low, y.low), x.cores | y.cores, x.work + y.work, (),
                  x.read | y.read, x.written | y.written)
+    before, after = dict(xb), dict(xa)
+    for key, need in yb.items():
+        if key not in xb:
+            before[key], after[key] = need, ya[key]
+            continue
+        before[key] = (xb[key][0], *(p if p is not FREE or w is not FREE else q
+                                      for p, w, q in zip(xb[key][1:], xa[key][1:], need[1:])))
+        after[key] = (ya[key][0], *(q if q is not FREE else p for p, q in zip(xa[key][1:], ya[key][1:])))
     return call, before, after, m + n
 
 
