@@ -604,7 +604,10 @@ class KernelEmitter:
                      min(remap.values(), default=self.size), frozenset(c + cores for c in call.cores), work, exact,
                      frozenset(keys[k] for k in call.read), frozenset(keys[k] for k in call.written))
         self.copies.append(copy)
-        self.units += self.units[call.start:call.stop] if unit is _same else map(unit, self.units[call.start:call.stop])
+        units = self.units[call.start:call.stop]
+        if unit is not _same:  # a few distinct units, many instructions: map each unit once
+            units = map({u: unit(u) for u in set(units)}.__getitem__, units)
+        self.units += units
         self.size = copy.stop
         self.cores_used |= copy.cores
         return copy
