@@ -19,6 +19,7 @@ import tvm
 from tvm import relax, tirx
 
 from .. import schedule as schedules
+from ..schedule import KernelSpec
 from ..codegen.emit import Layer, build_program
 from ..codegen.kernel_ir import ALIGN
 from ..codegen.set_program import TreeKernel, build_tree_program
@@ -44,6 +45,7 @@ class OffloadResult:
     stitched: dict = field(default_factory=dict)  # kernel name -> StitchInfo
     tuned: list = field(default_factory=list)  # PrimFunc names lowered with a tuning record
     trees: dict = field(default_factory=dict)  # kernel name -> (SetPlan, TreeProgram) of a SET kernel
+    unstitched: dict = field(default_factory=dict)  # sub-graph kernel run layer by layer -> why
 
 
 @dataclass(frozen=True)
@@ -105,7 +107,9 @@ def offload(mod: tvm.IRModule, hw: Hardware, schedule: str = "layerwise", run_id
     programs: dict = {}  # PrimFunc name -> program text of its one-layer kernel
     generated: dict = {}  # a stitched sub-graph's form (``_form``) -> (names, program, info) of the first
     encoded: dict = {}  # their instructions' JSON (``Program.serialize``)
-    for spec in specs:
+    specs = list(specs)
+    while specs:
+        spec = specs.pop(0)
         nodes = [node_of[c] for c in spec.calls]
         if spec.plan is not None:  # a SET schedule
             tk = _tree_kernel(spec, nodes, graph, lowered, hw)
@@ -134,8 +138,10 @@ def offload(mod: tvm.IRModule, hw: Hardware, schedule: str = "layerwise", run_id
             try:
                 program, info = _stitched(spec, nodes, graph, lowered, tiled_in_part, hw, stitch)
             except Unsupported as err:
-                for n in nodes:
-                    result.host[n.func] = f"in {spec.name}: {err}"
+                # a layer the kernel cannot run (a flip walks its input backwards) sends only
+                # itself to the host: the others run one kernel each
+                result.unstitched[spec.name] = str(err)
+                specs[:0] = [KernelSpec(n.func, (n.name,)) for n in nodes]
                 continue
             generated[form] = (names, program, info)
         result.dsa.append(spec.name)
