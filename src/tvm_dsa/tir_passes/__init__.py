@@ -11,6 +11,8 @@ StitchBuffers, BindCores, AssignMemoryScopes, OrderInstances, CrossLayerSchedule
 
 from __future__ import annotations
 
+import functools
+
 import tvm
 from tvm import s_tir
 
@@ -42,8 +44,10 @@ def LowerToDSA():  # noqa: N802
     return _as_pass("dsa.LowerToDSA", lambda f: lower_to_dsa(s_tir.Schedule(f)).mod["main"])
 
 
+@functools.lru_cache(maxsize=1024)
 def lower_with_plan(func, plan: TilePlan):
-    """TileForLB -> AssignScopes -> LowerToDSA on one PrimFunc."""
+    """TileForLB -> AssignScopes -> LowerToDSA on one PrimFunc. Cached per function object and
+    plan: the searches for the whole LB and for a share of it try many of the same plans."""
     sch = tile_schedule(func, plan)
     assign_scopes(sch)
     lower_to_dsa(sch)

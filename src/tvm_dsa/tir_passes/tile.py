@@ -85,6 +85,7 @@ def _loop_roles(sch, block_rv):
     return loops, [int(it.iter_type) == REDUCE_ITER for it in iters]
 
 
+@functools.lru_cache(maxsize=256)
 def simplify_indices(func):
     """``func`` with its index expressions simplified under the block iterators' ranges: a
     legalized reshape reads ``T[((v2 // 64 + v1) // 16 + v0) % 2, (v2 // 64 + v1) % 16, ...]``,
@@ -92,7 +93,8 @@ def simplify_indices(func):
     otherwise see divisors that are not there (and tile a fused transpose -> reshape by 2), and
     the tiled indices would stay non-affine where they are affine (``lower_kernel`` lowers this
     form). Returns a copy: a schedule of a module that shares ``func``'s body would rewrite it in
-    place."""
+    place. Cached per function object (a kernel is lowered for the whole LB and for a share of
+    it)."""
     copy = tvm.ir.load_json(tvm.ir.save_json(func))
     return s_tir.transform.StmtSimplify()(tvm.IRModule({"main": copy}))["main"]
 
