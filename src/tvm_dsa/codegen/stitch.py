@@ -149,12 +149,14 @@ def plan_instances(layers: list[Layer], prints: dict, outputs: list[str], loop: 
             if (loop, size) in tried:
                 continue
             tried.add((loop, size))
-            _, seed_of, counts = np.unique(np.column_stack([grid[:, :loop], grid[:, loop] // size]), axis=0,
+            cols = np.column_stack([grid[:, :loop], grid[:, loop] // size])
+            # the rows' groups in lexicographic order (np.unique(axis=0), of one integer per row)
+            _, seed_of, counts = np.unique(np.ravel_multi_index(cols.T, cols.max(axis=0) + 1),
                                            return_inverse=True, return_counts=True)
-            seeds = np.split(np.argsort(seed_of.ravel(), kind="stable"), np.cumsum(counts)[:-1])
-            if _hopeless(layers, prints, outputs, primary, seeds):
+            order, starts = np.argsort(seed_of, kind="stable"), np.cumsum(counts) - counts
+            if _hopeless(layers, prints, outputs, primary, order, starts, counts):
                 continue
-            inst = _propagate(layers, prints, outputs, primary, seeds)
+            inst = _propagate(layers, prints, outputs, primary, np.split(order, starts[1:]))
             if inst is not None and inst.recompute <= RECOMPUTE_LIMIT:
                 return inst
         groups = 1 << 30
@@ -164,17 +166,19 @@ def plan_instances(layers: list[Layer], prints: dict, outputs: list[str], loop: 
 SAMPLE_SEEDS = 64  # instances ``_hopeless`` propagates to judge a split into many more
 
 
-def _hopeless(layers, prints, outputs, primary, seeds) -> bool:
-    """Whether evenly spaced ``SAMPLE_SEEDS`` of the ``seeds`` already rule the split out: one of
+def _hopeless(layers, prints, outputs, primary, order, starts, counts) -> bool:
+    """Whether evenly spaced ``SAMPLE_SEEDS`` of the seeds (``order[starts[i]:][:counts[i]]``:
+    rows of ``primary``'s tiles) already rule the split out: one of
     them reads past what it computes (so would the whole split), or their work, scaled to all the
     seeds, is over twice ``RECOMPUTE_LIMIT`` (instances that translate one another do alike work;
     twice leaves room for the boundary ones). Splitting ViT-B/16's attention into its 18,912
     output tiles first, every instance recomputing the whole softmax, took 10 s to rule out."""
-    if len(seeds) <= 2 * SAMPLE_SEEDS:
+    if len(counts) <= 2 * SAMPLE_SEEDS:
         return False
-    sample = [seeds[i] for i in np.linspace(0, len(seeds) - 1, SAMPLE_SEEDS).round().astype(int)]
+    sample = [order[starts[i]:starts[i] + counts[i]]
+              for i in np.linspace(0, len(counts) - 1, SAMPLE_SEEDS).round().astype(int)]
     inst = _propagate(layers, prints, outputs, primary, sample)
-    return inst is None or inst.recompute * len(seeds) / len(sample) > 2 * RECOMPUTE_LIMIT
+    return inst is None or inst.recompute * len(counts) / len(sample) > 2 * RECOMPUTE_LIMIT
 
 
 PROPAGATE_ELEMENTS = 1 << 22  # instances x tiles x dims of the arrays ``_propagate`` works on at once
