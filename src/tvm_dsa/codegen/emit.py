@@ -730,17 +730,20 @@ class KernelEmitter:
         recorded = self.rec is not None and placed is not None
         parts = _rounds(work) if recorded else [work]
         # records of rounds so far: (_Call, tile state before, after, rounds); the last run of
-        # them as one (``span``: copied whole, it doubles), the last two single rounds
-        span, singles = None, []
+        # them as one (``span``: copied whole, it doubles), the latest copy of each length (the
+        # rest of a layer too short for the span), the last two single rounds
+        span, runs, singles = None, {}, []
         literal, i = True, 0
         while i < len(parts):
-            for part in parts[i:i + (span[3] if span else 1)]:
+            sources = ([span] if span and span[3] > 1 else []) + [runs[n] for n in sorted(runs, reverse=True)] \
+                + singles[::-1] if recorded else []
+            for part in parts[i:i + max((r[3] for r in sources), default=1)]:
                 for _, core in part:
                     self.cores_used.add(core)
                     self._enter(layer, core, lb_base)
             if recorded:
                 copy = None
-                for record in ([span] if span and span[3] > 1 else []) + singles[::-1]:
+                for record in sources:
                     n = record[3]
                     if i + n <= len(parts) and record[2] is not None:
                         copy = self._copy_run(record, layer, [x for part in parts[i:i + n] for x in part], placed,
@@ -751,6 +754,8 @@ class KernelEmitter:
                     copy = (*copy, n)
                     if n == 1:
                         singles = singles[-1:] + [copy]
+                    else:
+                        runs[n] = copy
                     span = _joined(span, copy) if span and span[0].stop == copy[0].start else copy
                     literal, i = False, i + n
                     continue
@@ -840,14 +845,16 @@ class KernelEmitter:
         moved_before = {}
         for (core, b), state in before.items():
             key = (core + cores, b)
-            if (now[key][0] - state[0]) % len(layer.plan.buffers[b].slots):
+            cur = now[key]
+            if (cur[0] - state[0]) % len(layer.plan.buffers[b].slots):
                 return None
-            need = moved_before[key] = (now[key][0], *(translated(b, part, state[part])
-                                                       for part in (_PLACE, _CONTENT, _ALIAS)))
-            for part, value in enumerate(need[1:], 1):
-                if value is not FREE and ((now[key][part] == value.content) if isinstance(value, _Miss)
-                                          else now[key][part] != value):
-                    return None
+            need = [cur[0], FREE, FREE, FREE]
+            for part in (_PLACE, _CONTENT, _ALIAS):
+                if state[part] is not FREE:
+                    value = need[part] = translated(b, part, state[part])
+                    if (cur[part] == value.content) if isinstance(value, _Miss) else cur[part] != value:
+                        return None
+            moved_before[key] = tuple(need)
         copy = self._as_copy(call, layer, work, placed, owners, exact)
         if copy is None:
             return None
@@ -859,18 +866,19 @@ class KernelEmitter:
             moved_after = {}
             for (core, b), state in after.items():
                 key = (core + cores, b)
-                end = moved_after[key] = (now[key][0] + state[0] - before[(core, b)][0],
-                                          *(translated(b, part, state[part]) for part in (_PLACE, _CONTENT, _ALIAS)))
+                end = [now[key][0] + state[0] - before[(core, b)][0], FREE, FREE, FREE]
                 self.count[key] = end[0]
-                for tables, value in (((self.slot, self.origin), end[_PLACE]), ((self.content,), end[_CONTENT]),
-                                      ((self.alias,), end[_ALIAS])):
-                    if value is FREE:
+                for part, tables in ((_PLACE, (self.slot, self.origin)), (_CONTENT, (self.content,)),
+                                     (_ALIAS, (self.alias,))):
+                    if state[part] is FREE:
                         continue
-                    for table, v in zip(tables, value if len(tables) == 2 else (value,)):
+                    value = end[part] = translated(b, part, state[part])
+                    for table, v in zip(tables, value if part == _PLACE else (value,)):
                         if v is None:
                             table.pop(key, None)
                         else:
                             table[key] = v
+                moved_after[key] = tuple(end)
         if self.rec is not None:  # a run of rounds inside a recorded call
             self.rec.add(_Record(copy.low, [None] * (copy.stop - copy.start), copy.before, set(copy.read),
                                  set(copy.written),
