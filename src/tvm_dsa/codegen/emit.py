@@ -320,10 +320,6 @@ class _Record:
             self.need[key] = value
 
 
-_OPERAND_FIELDS = {isa.Dma: ("dst", "src"), isa.Fill: ("dst",), isa.Mme: ("dst", "a", "b"), isa.Vector: ("dst",),
-                   isa.Reduce: ("dst", "src")}
-
-
 class KernelEmitter:
     """Emits one kernel: layers, each over a list of (tile, core), with the regions of its tensors.
 
@@ -697,7 +693,7 @@ class KernelEmitter:
                 return o
             for lo, hi, _, shift in moves.get((o.mem, o.index), ()):
                 if lo <= o.offset < hi:
-                    return _with(o, offset=o.offset + shift) if shift else o
+                    return isa.replaced(o, offset=o.offset + shift) if shift else o
             return o
 
         for _, core in work:
@@ -705,11 +701,8 @@ class KernelEmitter:
             self._enter(layer, core, lb_base)
         n = call.stop - call.start
         for ins, unit in zip(self.instructions[call.literal:call.literal + n], call.log):
-            fields = {f: move(getattr(ins, f)) for f in _OPERAND_FIELDS[type(ins)]}
-            if isinstance(ins, isa.Vector):
-                fields["srcs"] = tuple(move(o) for o in ins.srcs)
             self.cores_used.add(ins.core)
-            self._push(_with(ins, **fields), ins.core, unit)
+            self._push(isa.moved(ins, move), ins.core, unit)
         for _, core in work:
             self.on_core[core] = None  # a later call of this layer re-enters: nothing carried over
 
@@ -1289,15 +1282,6 @@ def _rounds(work) -> list:
         out[-1].append(item)
         cores.add(item[1])
     return out
-
-
-def _with(obj, **changes):
-    """A copy of a frozen dataclass with ``changes``: ``dataclasses.replace`` re-runs the
-    constructor and cost more than emitting the instruction."""
-    new = object.__new__(type(obj))
-    new.__dict__.update(obj.__dict__)
-    new.__dict__.update(changes)
-    return new
 
 
 def _restrict(o, keep: list[int]):

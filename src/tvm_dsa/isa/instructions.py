@@ -72,7 +72,7 @@ OP_ARITY = {
 REDUCE_OPS = frozenset({"sum", "max", "min"})
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class Operand:
     """An affine view of one memory: ``offset`` in bytes, ``strides`` in elements per box dim."""
 
@@ -98,7 +98,7 @@ class Operand:
 Scalar = float  # an immediate source of a vector instruction
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class Dma:
     """dst[p] = src[p] for p in shape (same dtype, no conversion). Unit: the core's ``dma`` when a
     side is in an LB, and then one side is the core's own LB; else the cluster's ``cdma``, between
@@ -111,7 +111,7 @@ class Dma:
     deps: tuple[int, ...] = ()
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class Fill:
     """dst[p] = value (converted to dst's dtype) for p in shape; dst is the core's own LB. Unit:
     the core's ``dma``."""
@@ -123,7 +123,7 @@ class Fill:
     deps: tuple[int, ...] = ()
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class Mme:
     """dst[s] (+)= sum over reduction dims r of a[s, r] * b[s, r]. ``reduce`` flags the reduction
     dims of ``shape``; ``dst`` has stride 0 on them. Without ``accumulate`` dst is overwritten.
@@ -140,7 +140,7 @@ class Mme:
     deps: tuple[int, ...] = ()
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class Vector:
     """dst[p] = op(srcs[0][p], ...) elementwise over shape, in float32; ``len(srcs)`` is
     ``OP_ARITY[op]`` and a source may be a scalar immediate. Operands are in the core's own LB
@@ -155,7 +155,7 @@ class Vector:
     deps: tuple[int, ...] = ()
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class Reduce:
     """dst[s] (op)= reduce over reduction dims r of src[s, r], in float32; op in REDUCE_OPS. ``dst``
     has stride 0 on reduction dims. Without ``accumulate`` the old dst value is ignored. Operands
@@ -190,6 +190,32 @@ def unit_of(ins: Instruction, cores_per_cluster: int) -> tuple[str, int]:
     if isinstance(ins, Mme):
         return "mme", ins.core
     return ins.unit, ins.core
+
+
+OPERAND_FIELDS = {Dma: ("dst", "src"), Fill: ("dst",), Mme: ("dst", "a", "b"), Vector: ("dst",), Reduce: ("dst", "src")}
+
+
+def replaced(obj, **changes):
+    """A copy of an instruction or operand with ``changes``, without running the constructor again
+    (streams of copies: a replica written out, a layer replayed). Fields not changed are shared."""
+    new = object.__new__(type(obj))
+    put = object.__setattr__
+    for f in obj.__slots__:
+        put(new, f, getattr(obj, f))
+    for f, v in changes.items():
+        put(new, f, v)
+    return new
+
+
+def moved(ins: Instruction, move, **changes) -> Instruction:
+    """``ins`` with each operand (a vector's sources too) replaced by ``move(operand)``, and
+    ``changes``."""
+    kind = type(ins)
+    for f in OPERAND_FIELDS[kind]:
+        changes[f] = move(getattr(ins, f))
+    if kind is Vector:
+        changes["srcs"] = tuple(move(o) if type(o) is Operand else o for o in ins.srcs)
+    return replaced(ins, **changes)
 
 
 def operands(ins: Instruction) -> tuple[list[Operand], Operand]:

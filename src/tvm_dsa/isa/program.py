@@ -28,6 +28,8 @@ from .instructions import (
     Operand,
     Reduce,
     Vector,
+    moved,
+    replaced,
 )
 
 VERSION = 4  # 2: kernels may carry replicas; 3: a replica goes where it says, moved by ranges; 4: remaps deps
@@ -149,19 +151,31 @@ class Program:
             kernels = []
             for k in d["kernels"]:
                 marks = [LayerMark(int(m[0]), str(m[1]), tuple(int(e) for e in m[2])) for m in k.get("layers", ())]
-                listed = _expand(k["instructions"], k.get("replicas", ()))
-                cores = set(k["cores"]) | {int(i[1]) for i in listed}
-                kernels.append(Kernel(k["name"], tuple(sorted(cores)), tuple(_ins_from_list(i) for i in listed),
-                                      tuple(marks)))
+                replicas = tuple(Replica(int(r[0]), int(r[1]), int(r[2]), int(r[3]),
+                                         tuple((str(m[0]), *(int(x) for x in m[1:6])) for m in r[4]),
+                                         tuple((int(a), int(b)) for a, b in (r[5] if len(r) > 5 else ())))
+                                 for r in k.get("replicas", ()))
+                stream = _expand([_ins_from_list(i) for i in k["instructions"]], replicas)
+                cores = set(k["cores"]) | {i.core for i in stream}
+                kernels.append(Kernel(k["name"], tuple(sorted(cores)), tuple(stream), tuple(marks)))
             return cls(d["hardware"], int(d["ddr_bytes"]), args, tuple(kernels), d.get("name", "program"), VERSION)
         except (KeyError, IndexError, TypeError, ValueError) as err:
             raise ProgramError(f"malformed program: {type(err).__name__}: {err}") from None
 
     def expanded(self) -> "Program":
-        """The program with every kernel's replicas written out as instructions."""
+        """The program with every kernel's replicas written out as instructions (what loading it
+        gives)."""
         if not any(k.replicas for k in self.kernels):
             return self
-        return Program.from_dict(self.to_dict())
+        kernels = []
+        for k in self.kernels:
+            try:
+                stream = _expand(k.instructions, k.replicas)
+            except ValueError as err:
+                raise ProgramError(f"malformed program: kernel {k.name}: {err}") from None
+            kernels.append(Kernel(k.name, tuple(sorted(set(k.cores) | {i.core for i in stream})), tuple(stream),
+                                  k.layers))
+        return Program(self.hardware, self.ddr_bytes, self.args, tuple(kernels), self.name, VERSION)
 
     # -- compact text form for embedding (zlib-compressed JSON, base64) -------------------------
     def serialize(self, encoded: dict | None = None) -> str:
@@ -229,54 +243,54 @@ def _kernel_body(k: Kernel) -> dict:
                          + ([[list(d) for d in r.remap]] if r.remap else []) for r in k.replicas]}
 
 
-_OPERANDS = {"dma": (0, 1), "fill": (0,), "mme": (1, 2, 3), "vector": (2,), "reduce": (3, 4)}  # in JSON
-
-
-def _expand(listed: list, replicas) -> list:
-    """A kernel's stream in JSON form: its instructions with each replica's copy inserted."""
+def _expand(instructions, replicas) -> list:
+    """A kernel's stream: its instructions with each replica's copy inserted. A copy shares what
+    it does not move with the instruction it copies (shapes, strides, unmoved operands), so a
+    stream of millions of copies stays small."""
     out, taken = [], 0
-    for start, stop, at, cores, moves, *remap in replicas:
+    for r in replicas:
+        start, stop, at, cores = r.start, r.stop, r.at, r.cores
         if not 0 <= start <= stop <= at:
             raise ValueError(f"replica [{start}, {stop}) at {at}: must copy a range before where it goes")
-        remap = {int(old): int(new) for old, new in (remap[0] if remap else ())}
+        remap = dict(r.remap)
         if any(not (0 <= old < start and 0 <= new < at) for old, new in remap.items()):
             raise ValueError(f"replica at {at}: a remapped dependency must go from before {start} to before {at}")
         need = at - len(out)  # the kernel's own instructions before the copy
         if need < 0:
             raise ValueError(f"replica at {at}: replicas must go in increasing order, after the last copy")
-        if need > len(listed) - taken:
+        if need > len(instructions) - taken:
             raise ValueError(f"replica at {at} lies beyond the kernel's stream")
-        out += listed[taken:taken + need]
+        out += instructions[taken:taken + need]
         taken += need
         table: dict = {}
-        for mem, index, lo, hi, to, shift in sorted(tuple(m) for m in moves):
-            ranges = table.setdefault((mem, int(index)), ([], []))
-            if ranges[0] and int(lo) < ranges[0][-1][1]:
+        for mem, index, lo, hi, to, shift in sorted(r.moves):
+            ranges = table.setdefault((mem, index), ([], []))
+            if ranges[0] and lo < ranges[0][-1][1]:
                 raise ValueError(f"replica at {at}: moves of {mem}[{index}] overlap at offset {lo}")
-            ranges[0].append((int(lo), int(hi), int(to), int(shift)))
-            ranges[1].append(int(lo))
+            ranges[0].append((lo, hi, to, shift))
+            ranges[1].append(lo)
 
-        def move(o):
-            if not isinstance(o, list):
-                return o  # an immediate
-            ranges = table.get((o[0], o[1]))
-            if ranges:
-                r = bisect.bisect_right(ranges[1], o[2]) - 1
-                if r >= 0 and o[2] < ranges[0][r][1]:
-                    _, _, to, shift = ranges[0][r]
-                    return [o[0], to, o[2] + shift, *o[3:]]
-            return ["lb", o[1] + cores, *o[2:]] if o[0] == "lb" else o
+        done: dict = {}  # operand -> where it goes (a tile buffer's operands recur tile after tile)
+
+        def move(o: Operand) -> Operand:
+            out = done.get(o)
+            if out is None:
+                out = o
+                ranges = table.get((o.mem, o.index))
+                i = bisect.bisect_right(ranges[1], o.offset) - 1 if ranges else -1
+                if i >= 0 and o.offset < ranges[0][i][1]:
+                    _, _, to, shift = ranges[0][i]
+                    out = replaced(o, index=to, offset=o.offset + shift)
+                elif o.mem == "lb" and cores:
+                    out = replaced(o, index=o.index + cores)
+                done[o] = out
+            return out
 
         dep = at - start
         for ins in out[start:stop]:
-            rest = list(ins[4:])
-            for k in _OPERANDS[ins[0]]:
-                rest[k] = move(rest[k])
-            if ins[0] == "vector":
-                rest[3] = [move(x) for x in rest[3]]
-            deps = [remap.get(d, d + dep) if d < start else d + dep for d in ins[2]]
-            out.append([ins[0], ins[1] + cores, sorted(set(deps)) if remap else deps, ins[3], *rest])
-    return out + listed[taken:]
+            deps = [remap.get(d, d + dep) if d < start else d + dep for d in ins.deps]
+            out.append(moved(ins, move, core=ins.core + cores, deps=tuple(sorted(set(deps)) if remap else deps)))
+    return out + list(instructions[taken:])
 
 
 def _op_to_list(o: Operand | float):
