@@ -156,7 +156,7 @@ def plan_instances(layers: list[Layer], prints: dict, outputs: list[str], loop: 
             order, starts = np.argsort(seed_of, kind="stable"), np.cumsum(counts) - counts
             if _hopeless(layers, prints, outputs, primary, order, starts, counts):
                 continue
-            inst = _propagate(layers, prints, outputs, primary, np.split(order, starts[1:]))
+            inst = _propagate(layers, prints, outputs, primary, np.split(order, starts[1:]), RECOMPUTE_LIMIT)
             if inst is not None and inst.recompute <= RECOMPUTE_LIMIT:
                 return inst
         groups = 1 << 30
@@ -184,30 +184,35 @@ def _hopeless(layers, prints, outputs, primary, order, starts, counts) -> bool:
 PROPAGATE_ELEMENTS = 1 << 22  # instances x tiles x dims of the arrays ``_propagate`` works on at once
 
 
-def _propagate(layers, prints, outputs, primary, seeds) -> Instances | None:
+def _propagate(layers, prints, outputs, primary, seeds, limit: float = math.inf) -> Instances | None:
     """Instances from the ``seeds`` (rows of ``primary``'s tiles): every other layer's tiles whose
     output meets what the instance's later layers read; None where an instance would read past
-    what it computes or a second output would be split. Instances in batches, each at once."""
+    what it computes or a second output would be split. Instances in batches, each at once.
+    Over ``limit`` of recomputation only the recomputation is worked out (no rows, no boxes)."""
     if len(seeds) > 1 and any(L.args[L.ir.params[-1][0]] in outputs for L in layers if L is not primary):
         return None  # a second output: the instances could not split it exactly
     widest = max(len(fp.tiles) * max(b[0].shape[1] for b in (fp.write, *fp.reads.values()))
                  for fp in (prints[L.name] for L in layers))
     batch = max(1, PROPAGATE_ELEMENTS // widest)
-    rows, work = [], 0
+    parts, work = [], 0
     for k in range(0, len(seeds), batch):
         part = _chosen(layers, prints, outputs, primary, seeds[k:k + batch])
         if part is None:
             return None
-        rows += part[0]
+        parts.append(part[0])
         work += part[1]
-    total = sum(len(prints[L.name].tiles) * prints[L.name].work for L in layers)
-    return Instances.of(layers, prints, outputs, rows, work / max(total, 1))
+    recompute = work / max(sum(len(prints[L.name].tiles) * prints[L.name].work for L in layers), 1)
+    if recompute > limit:
+        return Instances([], [], recompute)
+    rows = [{name: np.flatnonzero(m[k]) for name, m in chosen.items()}
+            for chosen in parts for k in range(len(next(iter(chosen.values()))))]
+    return Instances.of(layers, prints, outputs, rows, recompute)
 
 
 def _chosen(layers, prints, outputs, primary, seeds):
-    """(rows of each layer's tiles per seed, their work) for ``_propagate``, all seeds at once: a
-    boolean matrix (seed x tile) per layer, boxes as (seed x dim) corners; None where an instance
-    would read past what it computes."""
+    """(each layer's tiles per seed, their work) for ``_propagate``, all seeds at once: a boolean
+    matrix (seed x tile) per layer, boxes as (seed x dim) corners; None where an instance would
+    read past what it computes."""
     out_of = {L.args[L.ir.params[-1][0]]: L for L in layers}
     n = len(seeds)
     seed = np.zeros((n, len(prints[primary.name].tiles)), dtype=bool)
@@ -243,7 +248,7 @@ def _chosen(layers, prints, outputs, primary, seeds):
             blo, bhi, bsome = boxes[t]
             if (some & bsome & ((lo < blo) | (hi > bhi)).any(axis=1)).any():
                 return None
-    return [{name: np.flatnonzero(m[k]) for name, m in chosen.items()} for k in range(n)], work
+    return chosen, work
 
 
 def _hulls(corners: Boxes, mask: np.ndarray, old=None):
