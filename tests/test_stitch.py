@@ -126,9 +126,9 @@ def test_a_split_whose_sample_recomputes_too_much_is_not_propagated_in_full(monk
     assert [len(prints[L.name].tiles) for L in layers] == [16, 8]
     real, sizes = stitch._propagate, []
 
-    def spy(*args):
-        out = real(*args)
-        sizes.append((len(args[-1]), None if out is None else out.recompute))
+    def spy(layers, prints, outputs, primary, seeds, *limit):
+        out = real(layers, prints, outputs, primary, seeds, *limit)
+        sizes.append((len(seeds), None if out is None else out.recompute))
         return out
 
     def plan():
