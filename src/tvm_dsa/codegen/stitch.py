@@ -251,16 +251,18 @@ def _chosen(layers, prints, outputs, primary, seeds):
     return chosen, work
 
 
+_BIG = np.iinfo(np.int64).max
+
+
 def _hulls(corners: Boxes, mask: np.ndarray, old=None):
     """(low corners, high corners, non-empty) of the rows of ``corners`` each row of ``mask``
     picks, united with ``old``'s."""
-    big = np.iinfo(np.int64).max
     n, dims = mask.shape[0], corners[0].shape[1]
-    lo, hi = np.full((n, dims), big, dtype=np.int64), np.full((n, dims), -big, dtype=np.int64)
+    lo, hi = np.full((n, dims), _BIG, dtype=np.int64), np.full((n, dims), -_BIG, dtype=np.int64)
     some = np.zeros(n, dtype=bool)
     rows, picked = np.nonzero(mask)  # by row: each row's picks are a run
     if len(rows):
-        starts = np.flatnonzero(np.r_[True, rows[1:] != rows[:-1]])
+        starts = np.concatenate(([0], np.flatnonzero(rows[1:] != rows[:-1]) + 1))
         which = rows[starts]
         lo[which] = np.minimum.reduceat(corners[0][picked], starts, axis=0)
         hi[which] = np.maximum.reduceat(corners[1][picked], starts, axis=0)
