@@ -117,7 +117,8 @@ def test_a_split_whose_sample_recomputes_too_much_is_not_propagated_in_full(monk
     SAMPLE_SEEDS = 2, the 8-instance split is judged from 2 of its instances (each recomputing the
     whole conv: their work scaled by 8 / 2 is over twice RECOMPUTE_LIMIT) and never propagated in
     full; splits of 4 and 2 are propagated (too few to sample) and fail; the instances chosen are
-    those of the search without sampling."""
+    those of the search without sampling. Worked out a few instances first, a split stops once
+    its work is over the limit, with the same choice."""
     op = relax.op
     _, graph, layers = _fused_layers(lambda: relax_graph(
         [(1, 16, 64, 64), (16, 16, 3, 3)],
@@ -139,6 +140,14 @@ def test_a_split_whose_sample_recomputes_too_much_is_not_propagated_in_full(monk
     monkeypatch.setattr(stitch, "SAMPLE_SEEDS", 1000)
     full = plan()
     assert [n for n, _ in sizes] == [8, 4, 2, 1] and sizes[0][1] > 2 * RECOMPUTE_LIMIT
+    whole = list(sizes)
+    # worked out 2 instances at a time, the splits of 8 and 4 stop as soon as their work is over
+    # the limit: what they report is a lower bound, over the limit, and the choice is the same
+    monkeypatch.setattr(stitch, "FIRST_SEEDS", 2)
+    early = plan()
+    assert [n for n, _ in sizes] == [8, 4, 2, 1] and sizes[2:] == whole[2:]
+    assert all(RECOMPUTE_LIMIT < r < w for (_, r), (_, w) in zip(sizes[:2], whole[:2]))
+    assert early.count == full.count and early.recompute == full.recompute
     monkeypatch.setattr(stitch, "SAMPLE_SEEDS", 2)
     sampled = plan()
     assert [n for n, _ in sizes] == [2, 4, 2, 1]  # the first: the sample of the 8-instance split

@@ -182,28 +182,35 @@ def _hopeless(layers, prints, outputs, primary, order, starts, counts) -> bool:
 
 
 PROPAGATE_ELEMENTS = 1 << 22  # instances x tiles x dims of the arrays ``_propagate`` works on at once
+FIRST_SEEDS = 8  # instances ``_propagate`` works out first under a recomputation limit
 
 
 def _propagate(layers, prints, outputs, primary, seeds, limit: float = math.inf) -> Instances | None:
     """Instances from the ``seeds`` (rows of ``primary``'s tiles): every other layer's tiles whose
     output meets what the instance's later layers read; None where an instance would read past
     what it computes or a second output would be split. Instances in batches, each at once.
-    Over ``limit`` of recomputation only the recomputation is worked out (no rows, no boxes)."""
+    Under a ``limit`` of recomputation, a split over it is only worked out until it exceeds it:
+    the recomputation it reports is then a lower bound, and it has no rows or boxes (a split that
+    would read past what it computes may be reported so too: either way it is not taken)."""
     if len(seeds) > 1 and any(L.args[L.ir.params[-1][0]] in outputs for L in layers if L is not primary):
         return None  # a second output: the instances could not split it exactly
     widest = max(len(fp.tiles) * max(b[0].shape[1] for b in (fp.write, *fp.reads.values()))
                  for fp in (prints[L.name] for L in layers))
     batch = max(1, PROPAGATE_ELEMENTS // widest)
+    total = max(sum(len(prints[L.name].tiles) * prints[L.name].work for L in layers), 1)
+    # under a limit, a few instances first: their work alone often exceeds it (BERT's encoder
+    # split into 128 is ruled out by 8 of them)
+    cuts = sorted({0, *range(min(batch, FIRST_SEEDS) if limit < math.inf else batch, len(seeds), batch), len(seeds)})
     parts, work = [], 0
-    for k in range(0, len(seeds), batch):
-        part = _chosen(layers, prints, outputs, primary, seeds[k:k + batch])
+    for lo, hi in itertools.pairwise(cuts):
+        part = _chosen(layers, prints, outputs, primary, seeds[lo:hi])
         if part is None:
             return None
         parts.append(part[0])
         work += part[1]
-    recompute = work / max(sum(len(prints[L.name].tiles) * prints[L.name].work for L in layers), 1)
-    if recompute > limit:
-        return Instances([], [], recompute)
+        if work > limit * total:
+            return Instances([], [], work / total)  # at least this much recomputation
+    recompute = work / total
     rows = [{name: np.flatnonzero(m[k]) for name, m in chosen.items()}
             for chosen in parts for k in range(len(next(iter(chosen.values()))))]
     return Instances.of(layers, prints, outputs, rows, recompute)
