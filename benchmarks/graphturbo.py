@@ -38,6 +38,8 @@ VARIANTS = [
     ("+ instance order", "graphturbo", StitchOptions(gb=True, order="best", prefetch=0, lb_keep=0.5)),
     ("+ cross-layer", "graphturbo", StitchOptions(gb=True, order="best", prefetch=2, lb_keep=0.5)),
 ]
+ENDS = [VARIANTS[0], VARIANTS[-1]]  # layerwise and the full graphturbo
+BASE, BEST = ENDS[0][0], ENDS[1][0]
 
 
 # workload label -> (built-in model, builder arguments): the seven models of seed 000 §5, BERT at
@@ -147,19 +149,17 @@ def main() -> None:
                    help="only layerwise and the full graphturbo (no ablation steps in between)")
     args = p.parse_args()
 
-    variants = [VARIANTS[0], VARIANTS[-1]] if args.ends else VARIANTS
-    base = VARIANTS[0][0]
-    best = VARIANTS[-1][0]
+    variants = ENDS if args.ends else VARIANTS
     results = {label: run_variants(label, args.batch, args.tiny, args.target, args.check, variants,
-                                   traced=(base, best) if label == "resnet50" else ())
+                                   traced=(BASE, BEST) if label == "resnet50" else ())
                for label in args.models}
     if results:
         _model_tables(args, results, variants)
     if args.table1:
         rows = []
         for batch in (8, 16, 32):
-            r = run_variants("bert-128", batch, args.tiny, args.target, False, [VARIANTS[0], VARIANTS[-1]])
-            rows.append([str(batch)] + [x for label in (base, best) for x in (
+            r = run_variants("bert-128", batch, args.tiny, args.target, False, ENDS)
+            rows.append([str(batch)] + [x for label in (BASE, BEST) for x in (
                 f"{batch / r[label][1].report.seconds:,.0f}", f"{r[label][1].report.seconds * 1e3:.2f}")])
         _table(f"BERT-128 on {args.target} (seed 000 Table 1){' (tiny)' if args.tiny else ''}",
                ["batch", "lw samples/s", "lw latency ms", "gt samples/s", "gt latency ms"], rows)
@@ -167,11 +167,9 @@ def main() -> None:
 
 def _model_tables(args, results: dict, variants: list) -> None:
     """Throughput, ablation, memory, ResNet-50 utilisation, compile time and numerics per model."""
-    base = VARIANTS[0][0]
-    best = VARIANTS[-1][0]
     rows, speedups = [], []
     for name, r in results.items():
-        lw, gt = r[base][1].report, r[best][1].report
+        lw, gt = r[BASE][1].report, r[BEST][1].report
         s = lw.cycles / gt.cycles
         speedups.append(s)
         rows.append([name, f"{args.batch / lw.seconds:,.0f}", f"{args.batch / gt.seconds:,.0f}", f"{s:.2f}x",
@@ -189,7 +187,7 @@ def _model_tables(args, results: dict, variants: list) -> None:
 
     rows = []
     for name, r in results.items():
-        for label in (base, best):
+        for label in (BASE, BEST):
             rep = r[label][1].report
             rows.append([name, label] + [f"{getattr(rep, f'{lv}_read') / 1e6:.2f} / {getattr(rep, f'{lv}_write') / 1e6:.2f}"
                                          for lv in ("ddr", "gb", "lb")])
@@ -198,18 +196,18 @@ def _model_tables(args, results: dict, variants: list) -> None:
 
     if "resnet50" in results:
         chip = hardware.get(args.target.split("/")[-1])
-        per = {label: stage_utilisation(results["resnet50"][label][1].trace, chip) for label in (base, best)}
+        per = {label: stage_utilisation(results["resnet50"][label][1].trace, chip) for label in (BASE, BEST)}
         rows = [[stage] + [f"{per[label][stage][u]:.1%}" if stage in per[label] else "-"
-                           for u in ("mme", "vme") for label in (base, best)]
-                for stage in per[base]]
+                           for u in ("mme", "vme") for label in (BASE, BEST)]
+                for stage in per[BASE]]
         _table("ResNet-50 unit utilisation per stage (seed 000 Figs. 16-17): busy time / (time the stage "
                "runs x units)", ["stage (output)", "MME lw", "MME gt", "VME lw", "VME gt"], rows)
 
     rows = []
     for name, r in results.items():
-        rows.append([name, f"{r['llvm_compile']:.1f}", f"{r[base][0].seconds:.1f}", f"{r[best][0].seconds:.1f}",
-                     f"{r[best][0].seconds / r['llvm_compile']:.2f}x",
-                     f"{len(r[base][0].offload.dsa)}", f"{len(r[best][0].offload.dsa)}"])
+        rows.append([name, f"{r['llvm_compile']:.1f}", f"{r[BASE][0].seconds:.1f}", f"{r[BEST][0].seconds:.1f}",
+                     f"{r[BEST][0].seconds / r['llvm_compile']:.2f}x",
+                     f"{len(r[BASE][0].offload.dsa)}", f"{len(r[BEST][0].offload.dsa)}"])
     _table("Compile time, s (seed 000 Table 4) and DSA kernels",
            ["model", "llvm", "layerwise", "graphturbo", "gt / llvm", "kernels lw", "kernels gt"], rows)
 

@@ -275,7 +275,7 @@ class _Free:
         return "FREE"
 
 
-FREE = _Free()
+_FREE = _Free()
 
 
 @dataclass(frozen=True)
@@ -788,14 +788,14 @@ class KernelEmitter:
     def _run_states(self, rec: _Record, start: dict) -> tuple[dict, dict]:
         """The tile state a recorded run (``rec``) needs before it, and the state it leaves: its
         state when it began (``start``) with the parts it did not read before writing them
-        ``FREE`` (a first load that missed needs only a miss, ``_Miss``), and the state now with
-        the parts it did not write ``FREE``. Lifetime counts are kept whole: the slots follow
+        ``_FREE`` (a first load that missed needs only a miss, ``_Miss``), and the state now with
+        the parts it did not write ``_FREE``. Lifetime counts are kept whole: the slots follow
         them."""
         before, after = {}, {}
         for key, state in start.items():
             now = self._state_of(key)
-            before[key] = (state[0], *(rec.need.get((*key, part), FREE) for part in (_PLACE, _CONTENT, _ALIAS)))
-            after[key] = (now[0], *(now[part] if (*key, part) in rec.wrote else FREE
+            before[key] = (state[0], *(rec.need.get((*key, part), _FREE) for part in (_PLACE, _CONTENT, _ALIAS)))
+            after[key] = (now[0], *(now[part] if (*key, part) in rec.wrote else _FREE
                                     for part in (_PLACE, _CONTENT, _ALIAS)))
         return before, after
 
@@ -823,7 +823,7 @@ class KernelEmitter:
         regions = {a: placed[p] for p, a in call.placed.items() if a is not None}
 
         def translated(buffer, part, value):
-            if value is FREE or value is None:
+            if value is _FREE or value is None:
                 return value
             if part == _PLACE:
                 slot, origin = value
@@ -841,9 +841,9 @@ class KernelEmitter:
             cur = now[key]
             if (cur[0] - state[0]) % len(layer.plan.buffers[b].slots):
                 return None
-            need = [cur[0], FREE, FREE, FREE]
+            need = [cur[0], _FREE, _FREE, _FREE]
             for part in (_PLACE, _CONTENT, _ALIAS):
-                if state[part] is not FREE:
+                if state[part] is not _FREE:
                     value = need[part] = translated(b, part, state[part])
                     if (cur[part] == value.content) if isinstance(value, _Miss) else cur[part] != value:
                         return None
@@ -859,11 +859,11 @@ class KernelEmitter:
             moved_after = {}
             for (core, b), state in after.items():
                 key = (core + cores, b)
-                end = [now[key][0] + state[0] - before[(core, b)][0], FREE, FREE, FREE]
+                end = [now[key][0] + state[0] - before[(core, b)][0], _FREE, _FREE, _FREE]
                 self.count[key] = end[0]
                 for part, tables in ((_PLACE, (self.slot, self.origin)), (_CONTENT, (self.content,)),
                                      (_ALIAS, (self.alias,))):
-                    if state[part] is FREE:
+                    if state[part] is _FREE:
                         continue
                     value = end[part] = translated(b, part, state[part])
                     for table, v in zip(tables, value if part == _PLACE else (value,)):
@@ -876,9 +876,9 @@ class KernelEmitter:
             self.rec.add(_Record(copy.low, [None] * (copy.stop - copy.start), copy.before, set(copy.read),
                                  set(copy.written),
                                  {(*k, part): v for k, st in moved_before.items() for part, v in enumerate(st) if part
-                                  and v is not FREE},
+                                  and v is not _FREE},
                                  {(*k, part) for k, st in (moved_after or moved_before).items()
-                                  for part, v in enumerate(st) if part and (moved_after is None or v is not FREE)}))
+                                  for part, v in enumerate(st) if part and (moved_after is None or v is not _FREE)}))
         return copy, moved_before, moved_after
 
     def _nodes(self, nodes, core) -> None:
@@ -1257,9 +1257,9 @@ def _joined(a: tuple, b: tuple) -> tuple:
         if key not in xb:
             before[key], after[key] = need, ya[key]
             continue
-        before[key] = (xb[key][0], *(p if p is not FREE or w is not FREE else q
+        before[key] = (xb[key][0], *(p if p is not _FREE or w is not _FREE else q
                                       for p, w, q in zip(xb[key][1:], xa[key][1:], need[1:])))
-        after[key] = (ya[key][0], *(q if q is not FREE else p for p, q in zip(xa[key][1:], ya[key][1:])))
+        after[key] = (ya[key][0], *(q if q is not _FREE else p for p, q in zip(xa[key][1:], ya[key][1:])))
     return call, before, after, m + n
 
 

@@ -155,9 +155,9 @@ class Program:
                                          tuple((str(m[0]), *(int(x) for x in m[1:6])) for m in r[4]),
                                          tuple((int(a), int(b)) for a, b in (r[5] if len(r) > 5 else ())))
                                  for r in k.get("replicas", ()))
-                stream = _expand([_ins_from_list(i) for i in k["instructions"]], replicas)
-                cores = set(k["cores"]) | {i.core for i in stream}
-                kernels.append(Kernel(k["name"], tuple(sorted(cores)), tuple(stream), tuple(marks)))
+                kernels.append(_written_out(Kernel(k["name"], tuple(int(c) for c in k["cores"]),
+                                                   tuple(_ins_from_list(i) for i in k["instructions"]),
+                                                   tuple(marks), replicas)))
             return cls(d["hardware"], int(d["ddr_bytes"]), args, tuple(kernels), d.get("name", "program"), VERSION)
         except (KeyError, IndexError, TypeError, ValueError) as err:
             raise ProgramError(f"malformed program: {type(err).__name__}: {err}") from None
@@ -167,15 +167,11 @@ class Program:
         gives)."""
         if not any(k.replicas for k in self.kernels):
             return self
-        kernels = []
-        for k in self.kernels:
-            try:
-                stream = _expand(k.instructions, k.replicas)
-            except ValueError as err:
-                raise ProgramError(f"malformed program: kernel {k.name}: {err}") from None
-            kernels.append(Kernel(k.name, tuple(sorted(set(k.cores) | {i.core for i in stream})), tuple(stream),
-                                  k.layers))
-        return Program(self.hardware, self.ddr_bytes, self.args, tuple(kernels), self.name, VERSION)
+        try:
+            kernels = tuple(_written_out(k) for k in self.kernels)
+        except ValueError as err:
+            raise ProgramError(f"malformed program: {err}") from None
+        return Program(self.hardware, self.ddr_bytes, self.args, kernels, self.name, VERSION)
 
     # -- compact text form for embedding (zlib-compressed JSON, base64) -------------------------
     def serialize(self, encoded: dict | None = None) -> str:
@@ -243,6 +239,13 @@ def _kernel_body(k: Kernel) -> dict:
                          + ([[list(d) for d in r.remap]] if r.remap else []) for r in k.replicas]}
 
 
+def _written_out(k: Kernel) -> Kernel:
+    """``k`` with its replicas written out as instructions, on the cores they reach (raises
+    ``ValueError`` for a malformed replica)."""
+    stream = _expand(k.instructions, k.replicas)
+    return Kernel(k.name, tuple(sorted(set(k.cores) | {i.core for i in stream})), tuple(stream), k.layers)
+
+
 def _expand(instructions, replicas) -> list:
     """A kernel's stream: its instructions with each replica's copy inserted. A copy shares what
     it does not move with the instruction it copies (shapes, strides, unmoved operands), so a
@@ -273,18 +276,18 @@ def _expand(instructions, replicas) -> list:
         done: dict = {}  # operand -> where it goes (a tile buffer's operands recur tile after tile)
 
         def move(o: Operand) -> Operand:
-            out = done.get(o)
-            if out is None:
-                out = o
+            dst = done.get(o)
+            if dst is None:
+                dst = o
                 ranges = table.get((o.mem, o.index))
                 i = bisect.bisect_right(ranges[1], o.offset) - 1 if ranges else -1
                 if i >= 0 and o.offset < ranges[0][i][1]:
                     _, _, to, shift = ranges[0][i]
-                    out = replaced(o, index=to, offset=o.offset + shift)
+                    dst = replaced(o, index=to, offset=o.offset + shift)
                 elif o.mem == "lb" and cores:
-                    out = replaced(o, index=o.index + cores)
-                done[o] = out
-            return out
+                    dst = replaced(o, index=o.index + cores)
+                done[o] = dst
+            return dst
 
         dep = at - start
         for ins in out[start:stop]:
