@@ -162,3 +162,31 @@ def test_depth_first_keeps_fewer_bytes_in_flight():
     assert (order, name) == ([1, 3, 0, 2], "dfs")
     assert bytes_in_flight(order, instances, edges) == half  # one A slice waits at a time
     assert bytes_in_flight([0, 1, 2, 3], instances, edges) == 2 * half  # BFS holds both
+
+
+def test_one_clusters_share_divides_the_batch_and_only_the_batch():
+    # x (8, 16) -> t0 (8, 16) -> t1 (128, 16): a batch-major reshape (N * 16) -> t2 (12, 8):
+    # a leading dimension that is not a multiple of the batch; the weight (8, 8) is a constant
+    g = chain([(8, 16), (8, 16), (128, 16), (12, 8)])
+    share, split = g.per_cluster(4)
+    assert split == 4
+    assert {t: share.tensors[t].shape for t in ("x", "t0", "t1", "t2", "w")} == {
+        "x": (2, 16), "t0": (2, 16), "t1": (32, 16), "t2": (12, 8), "w": (8, 8)}
+    sgs = SubGraphs(share)
+    sgs.merge({0, 1})
+    whole = SubGraphs(g)
+    whole.merge({0, 1})
+    assert peak_bytes(sgs, 0, FP16) * 4 == peak_bytes(whole, 0, FP16)  # layer 1: t0 and t1
+    # a batch the clusters do not divide, or one cluster: the whole graph
+    assert chain([(6, 16), (6, 16)]).per_cluster(4)[1] == 1
+    assert g.per_cluster(1) == (g, 1)
+
+
+def test_per_cluster_peaks_let_a_batch_four_times_as_large_group_alike():
+    # a layer whose peak no one-dimensional split fits into the LB at batch 16 (two (16, 4, 32,
+    # 32) tensors, 256 KiB; the largest factor is 32) fits at one cluster's batch of 4
+    shapes = [(16, 4, 32, 32)] * 2
+    assert best_split(split_info(SubGraphs(chain(shapes)), 0, 4096, FP16)) is None
+    share, _ = chain(shapes).per_cluster(4)
+    assert best_split(split_info(SubGraphs(share), 0, 4096, FP16)) == \
+        best_split(split_info(SubGraphs(chain([(4, 4, 32, 32)] * 2)), 0, 4096, FP16))

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import functools
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import tvm
 from tvm import relax
@@ -116,6 +116,24 @@ class OpGraph:
         outputs = list(dict.fromkeys(names[v] for v in escaping if v in names and names[v] in tensors
                                      and tensors[names[v]].producer is not None))
         return cls(tuple(nodes), tensors, tuple(outputs), names)
+
+    def per_cluster(self, clusters: int) -> tuple["OpGraph", int]:
+        """The graph one of ``clusters`` clusters runs when the batch is split across them
+        (GraphTurbo's data parallelism, seed 000 §2.1), and the divisor applied (1 when it is not).
+        The batch is the leading dimension the non-constant graph inputs share; an activation
+        whose leading dimension is a multiple of it (``N``, or ``N * S`` after a batch-major
+        reshape) gets that dimension divided by ``clusters``. Other activations keep their shape,
+        which over-states their share. Not split when the inputs disagree on a batch or the
+        batch does not divide by ``clusters``."""
+        inputs = [t for t in self.tensors.values() if t.producer is None and not t.constant]
+        batch = {t.shape[0] if t.shape else None for t in inputs}
+        n = batch.pop() if len(batch) == 1 else None
+        if clusters <= 1 or not n or n % clusters:
+            return self, 1
+        tensors = {name: t if t.constant or not t.shape or t.shape[0] % n
+                   else replace(t, shape=(t.shape[0] // clusters, *t.shape[1:]))
+                   for name, t in self.tensors.items()}
+        return replace(self, tensors=tensors), clusters
 
 
 def _shape(expr) -> tuple[int, ...]:

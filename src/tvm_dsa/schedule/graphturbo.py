@@ -286,11 +286,13 @@ def graphturbo(mod, hw, supported, options=None) -> list[KernelSpec]:
     """One stitched kernel per sub-graph of Algorithm 2's grouping of ``main``'s layers, with the
     sub-graph's best split (Eq. 1); layers the DSA cannot run stay single and on the host.
 
-    Data parallelism comes first (§2.1): a split of the outermost (batch) dimension is made at
-    least as fine as the number of cores (as far as the batch goes), so every cluster gets
-    samples and, with a core per instance (Algorithm 4's factor 1), an instance's intermediates
-    can stay in its core's LB; without a fitting split, the batch alone is split that way."""
-    graph = OpGraph.from_relax(mod)
+    Data parallelism comes first (§2.1): the batch is split across the clusters and Algorithms
+    1 and 2 work on one cluster's share (``OpGraph.per_cluster``). A split of the outermost
+    (batch) dimension is then made at least as fine as the number of cores (as far as the batch
+    goes), so every cluster gets samples and, with a core per instance (Algorithm 4's factor 1),
+    an instance's intermediates can stay in its core's LB; without a fitting split, the batch
+    alone is split that way."""
+    graph, share = OpGraph.from_relax(mod).per_cluster(hw.clusters)
     esize = tvm_dtype_bytes(hw.storage_dtype)
     host = frozenset(n.index for n in graph.nodes if n.func not in supported)
     sgs = group_two_levels(SubGraphs(graph), hw.lb_bytes, hw.gb_bytes, esize, host)
@@ -301,7 +303,7 @@ def graphturbo(mod, hw, supported, options=None) -> list[KernelSpec]:
         best = best_split(split_info(sgs, g, hw.lb_bytes, esize))
         d, f = (best.d, best.f) if best else (0, 1)
         if d == 0:
-            f = max(f, hw.clusters * hw.cores_per_cluster)
+            f = max(f * share, hw.clusters * hw.cores_per_cluster)
         calls = tuple(graph.nodes[n].name for n in sorted(members))
         specs.append(KernelSpec(f"sg{len(specs)}_{calls[0]}", calls, True, (d, f)))
     return specs
