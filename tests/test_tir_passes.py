@@ -10,10 +10,11 @@ from tvm import relax
 
 from tvm_dsa import hardware, isa
 from tvm_dsa.codegen.emit import build_program
+from tvm_dsa.codegen.specialize import timing_cycles
 from tvm_dsa.codegen.kernel_ir import CodegenError, plan_lb, read_kernel
 from tvm_dsa.runtime import simulate
 from tvm_dsa.tir_passes import (
-    LB_SCOPE, AssignScopes, LowerToDSA, TileForLB, TilePlan, _fitting, anchor_info, candidate_plans, load_bytes,
+    LB_SCOPE, AssignScopes, LowerToDSA, TileForLB, TilePlan, _fitting, anchor_info, candidate_plans, load_cycles, loads,
     lower_kernel, lower_with_plan, working_set_floor,
 )
 
@@ -306,21 +307,29 @@ def test_a_tile_holding_more_samples_than_a_cluster_takes_is_split_for_every_clu
 HW = hardware.get("stcp920")
 
 
-def test_load_bytes_counts_each_tiles_boxes_and_a_weight_tile_kept_in_the_lb():
+def test_loads_count_each_tiles_bursts_and_a_weight_tile_kept_in_the_lb():
     """A 1x1 conv of 64 samples (16 -> 32 channels, 4x4), a sample per tile: 64 tiles on 32 cores.
     Each tile reads its sample (16x4x4) and all the weights (32x16); without a chunk loop the
-    tile 32 tiles later on the same core finds the same weights still in its LB."""
+    tile 32 tiles later on the same core finds the same weights still in its LB. Both boxes are
+    contiguous in DDR, so their bytes are whole bursts."""
     op = relax.op
     func = fused_kernel(lambda: relax_graph([(64, 16, 4, 4), (32, 16, 1, 1)], lambda x, w: op.nn.conv2d(x, w)))
     sample, weights, fp16 = 16 * 4 * 4, 32 * 16, 2
+    assert sample * fp16 % HW.ddr_burst_bytes == 0 and weights * fp16 % HW.ddr_burst_bytes == 0
     whole = lower_with_plan(func, TilePlan((1, 32, 4, 4), 16))
-    assert load_bytes(whole, HW) == (64 * sample + 32 * weights) * fp16
-    chunked = lower_with_plan(func, TilePlan((1, 32, 4, 4), 8))  # two chunks: the LB ends with the second
-    assert load_bytes(chunked, HW) == (64 * sample + 64 * weights) * fp16
+    assert loads(whole, HW) == ((64 * sample + 32 * weights) * fp16, 64 + 32)
+    # two chunks of 8 channels: the LB ends with the second, so every tile loads its weights;
+    # a chunk's weights are 32 runs of 8 channels (16 bytes), each a whole burst
+    chunked = lower_with_plan(func, TilePlan((1, 32, 4, 4), 8))
+    per_chunk = sample // 2 * fp16 + 32 * HW.ddr_burst_bytes
+    assert loads(chunked, HW) == (64 * 2 * per_chunk, 64 * 2 * 2)
+    nbytes, transfers = loads(chunked, HW)
+    cores = HW.clusters * HW.cores_per_cluster
+    assert load_cycles(chunked, HW) == nbytes / HW.ddr_bytes_per_cycle + transfers * HW.dma_latency_cycles / cores
 
 
-def test_a_contraction_keeps_the_order_of_plans_that_loads_less():
-    """Both orders of candidate plans are tried; the lowered plan is the one ``load_bytes`` ranks
+def test_a_contraction_keeps_the_order_of_plans_that_loads_faster():
+    """Both orders of candidate plans are tried; the lowered plan is the one ``load_cycles`` ranks
     first (a 1x1 conv with a long reduction: the reuse order's smaller chunk leaves room for
     tiles of more rows, so each weight tile serves more pixels)."""
     op = relax.op
@@ -328,11 +337,30 @@ def test_a_contraction_keeps_the_order_of_plans_that_loads_less():
                                             lambda x, w: op.nn.relu(op.nn.conv2d(x, w))))
     lowered, plan = lower_kernel(func, HW)
     info = anchor_info(func)
-    loads = {}
+    cycles = {}
     for reuse in (False, True):
         f, p = _fitting(func, info, list(candidate_plans(info, HW.mme.rows, HW.mme.cols, reuse)), HW, None, True)
-        loads[p] = load_bytes(f, HW)
-    assert len(loads) == 2 and plan == min(loads, key=loads.get)
+        cycles[p] = load_cycles(f, HW)
+    assert len(cycles) == 2 and plan == min(cycles, key=cycles.get)
+
+
+def test_a_prime_reduction_takes_rows_of_one_not_chunks_of_one():
+    """probs x V of an attention over 197 tokens (prime): a tile holds 197 rows or one, a chunk
+    the whole reduction or one step. With one-deep chunks each step's column of probs is 197
+    bursts and a transfer of its own; rows of one beside the whole reduction load contiguous
+    rows. ``load_cycles`` ranks the two as the simulator does."""
+    op = relax.op
+    func = fused_kernel(lambda: relax_graph([(1, 2, 197, 197), (1, 2, 197, 64)], lambda p, v: op.matmul(p, v)))
+    info = anchor_info(func)
+    plans = {}
+    for reuse in (False, True):
+        f, p = _fitting(func, info, list(candidate_plans(info, HW.mme.rows, HW.mme.cols, reuse)), HW, None, True)
+        plans[p] = (load_cycles(f, HW), timing_cycles(build_program(f, HW, "k")))
+    assert {p.chunk for p in plans} == {1, 197}
+    rows, steps = sorted(plans, key=lambda p: -p.chunk)
+    assert rows.tiles[2] == 1 and steps.tiles[2] == 197
+    assert plans[rows][0] < plans[steps][0] and plans[rows][1] < plans[steps][1]
+    assert lower_kernel(func, HW)[1] == rows
 
 
 def test_plans_ruled_out_by_the_working_set_floor_do_not_fit():

@@ -39,13 +39,15 @@ Boxes = tuple[np.ndarray, np.ndarray]  # low and high corners, one row per tile
 @dataclass(frozen=True)
 class Footprint:
     """Per tile (``tiles``: tile-loop values, row order of the arrays): the box of the output it
-    writes, the box of every parameter it reads, and the tile's work (loop iterations of its
-    stages)."""
+    writes, the box of every parameter it reads, the tile's work (loop iterations of its
+    stages) and its loads: each read from outside the LB as (param, box shape, times per tile:
+    the iterations of the chunk loops around it)."""
 
     tiles: list[tuple[int, ...]]
     write: Boxes
     reads: dict  # param -> Boxes
     work: int  # per tile
+    loads: tuple  # (param, shape, count) per tile
 
 
 def footprints(layer: Layer) -> Footprint:
@@ -92,7 +94,9 @@ def footprints(layer: Layer) -> Footprint:
             old = boxes.get((name, is_write))
             boxes[(name, is_write)] = box if old is None else (np.minimum(old[0], box[0]), np.maximum(old[1], box[1]))
     tiles = [tuple(t) for t in grid.T.tolist()]
-    return Footprint(tiles, boxes[(out, True)], {n: b for (n, w), b in boxes.items() if not w}, work)
+    loads = tuple((name, tuple(acc.extents(stage.shape)), math.prod(e for _, e in chunks))
+                  for name, acc, is_write, stage, chunks in accesses if not is_write)
+    return Footprint(tiles, boxes[(out, True)], {n: b for (n, w), b in boxes.items() if not w}, work, loads)
 
 
 @dataclass(frozen=True)

@@ -20,7 +20,8 @@ Choices where the seed is silent (docs/graphturbo.md, §1 [AMBIG]):
   ("a smaller v cuts peak into larger pieces");
 - ``peak`` is the most activation bytes live at once while the sub-graph runs its layers in
   order (inputs from other sub-graphs, intermediates until their last reader, outputs), in the
-  chip's storage type; weights are promoted separately (§2.2) and not counted;
+  chip's storage type; weights are promoted separately (§2.2) and not counted; ``graphturbo``
+  gives the algorithms one cluster's share of the batch (§2.1);
 - a layer is reached by the split when its output has the dimension ``d`` (same rank, same
   position) and the factor divides its extent there.
 - in rule (i) for the branch pattern the seed compares the merged factor with SG2's; by analogy

@@ -12,6 +12,7 @@ StitchBuffers, BindCores, AssignMemoryScopes, OrderInstances, CrossLayerSchedule
 from __future__ import annotations
 
 import functools
+import math
 
 import tvm
 from tvm import s_tir
@@ -104,8 +105,8 @@ def _lower_aligned(func, hw, lb_bytes: int | None, parallel: bool, simplify: boo
 
     Candidate plans shrink monotonically, so both conditions are found by search (the first plan
     that fits from the first within ``working_set_floor`` of the LB, probing forwards). A
-    contraction tries both orders of ``candidate_plans`` and keeps the plan whose tiles load fewer
-    bytes (``load_bytes``)."""
+    contraction tries both orders of ``candidate_plans`` and keeps the plan whose tiles take fewer
+    DMA cycles to load (``load_cycles``)."""
     info = anchor_info(func, simplify if aligned is None else aligned)
     if simplify:
         func = simplify_indices(func)
@@ -120,33 +121,51 @@ def _lower_aligned(func, hw, lb_bytes: int | None, parallel: bool, simplify: boo
                 raise
     if len(chosen) == 1:
         return chosen[0]
-    return min(chosen, key=lambda c: load_bytes(c[0], hw, lb_bytes))
+    return min(chosen, key=lambda c: load_cycles(c[0], hw, lb_bytes))
 
 
-def load_bytes(lowered, hw, lb_bytes: int | None = None) -> int:
-    """Bytes a lowered kernel's tiles read from outside the LB: each tile's box of every input,
-    except where the tile before it on the same core (tiles dealt round-robin) read the same box
-    and the kernel has no chunk loop, so the LB still holds it (a weight tile)."""
+def loads(lowered, hw, lb_bytes: int | None = None) -> tuple[int, int]:
+    """DDR bytes and transfers of a lowered kernel's reads from outside the LB, its inputs in DDR
+    (as layerwise has them): every load of every tile (one per chunk) in whole bursts of its
+    contiguous runs (``runtime.cost.ddr_effective_bytes``), except where the tile before it on
+    the same core (tiles dealt round-robin) read the same box and the kernel has no chunk loop,
+    so the LB still holds it (a weight tile)."""
     import numpy as np
 
     from .. import isa
     from ..codegen.emit import Layer
     from ..codegen.kernel_ir import Loop
     from ..codegen.stitch import footprints
+    from ..runtime.cost import ddr_effective_bytes
 
     layer = Layer.of(lowered, hw, "estimate", None, lb_bytes)
     fp = footprints(layer)
+    shapes = {name: shape for name, shape, _ in layer.ir.params}
     tiles = len(fp.tiles)
     cores = min(tiles, hw.clusters * hw.cores_per_cluster)
     chunked = any(isinstance(n, Loop) and n.extent > 1 for n in layer.ir.tile_loops()[-1].body)
-    total = 0
-    for lo, hi in fp.reads.values():
-        vol = np.prod(np.maximum(hi - lo, 0), axis=1)
-        if not chunked and tiles > cores:
-            same = np.all(lo[cores:] == lo[:-cores], axis=1) & np.all(hi[cores:] == hi[:-cores], axis=1)
-            vol[cores:][same] = 0
-        total += int(vol.sum())
-    return total * isa.DTYPES[hw.storage_dtype]
+    kept = dict.fromkeys(fp.reads, 0)  # param -> tiles whose box the LB still holds
+    if not chunked and tiles > cores:
+        for name, (lo, hi) in fp.reads.items():
+            kept[name] = int((np.all(lo[cores:] == lo[:-cores], axis=1) & np.all(hi[cores:] == hi[:-cores], axis=1)).sum())
+    nbytes = transfers = 0
+    for name, shape, count in fp.loads:
+        strides = tuple(math.prod(shapes[name][d + 1:]) for d in range(len(shapes[name])))
+        n = (tiles - kept[name]) * count
+        nbytes += n * ddr_effective_bytes(isa.Operand("ddr", 0, 0, hw.storage_dtype, strides), shape, hw)
+        transfers += n
+    return nbytes, transfers
+
+
+def load_cycles(lowered, hw, lb_bytes: int | None = None) -> float:
+    """Cycles of a lowered kernel's ``loads``, all cores loading at once: the DDR's time for
+    their bytes, plus each core's transfer set-ups. Whole bursts make a strided box costly (a
+    column of a row-major tensor, a burst per element) and set-ups make one-deep reduction
+    chunks costly: ViT's probs x V (a reduction of 197, prime) had tiles of 197 rows and chunks
+    of one, 26 times the cycles of rows of one beside the whole reduction."""
+    nbytes, transfers = loads(lowered, hw, lb_bytes)
+    cores = hw.clusters * hw.cores_per_cluster
+    return nbytes / hw.ddr_bytes_per_cycle + transfers * hw.dma_latency_cycles / cores
 
 
 def _fitting(func, info, plans, hw, lb_bytes, parallel):
@@ -225,6 +244,6 @@ def _gallop(lo: int, n: int, pred) -> int:
 
 __all__ = [
     "Unsupported", "classify", "TilePlan", "anchor_info", "candidate_plans", "tile_schedule",
-    "assign_scopes", "lower_to_dsa", "lower_with_plan", "lower_kernel", "load_bytes",
+    "assign_scopes", "lower_to_dsa", "lower_with_plan", "lower_kernel", "loads", "load_cycles",
     "working_set_floor", "TileForLB", "AssignScopes", "LowerToDSA", "LB_SCOPE", "GB_SCOPE",
 ]
