@@ -265,9 +265,11 @@ def test_binding_balances_instances_over_cores():
     cpc = HW.cores_per_cluster
     # 4 instances: one per cluster, each on all 8 cores of it
     assert _binding(4, HW) == [tuple(range(c * cpc, (c + 1) * cpc)) for c in range(4)]
-    # 8 instances: two per cluster, 4 cores each
+    # 8 instances: two consecutive ones per cluster, 4 cores each
     b8 = _binding(8, HW)
-    assert b8[0] == (0, 1, 2, 3) and b8[4] == (4, 5, 6, 7) and b8[1] == (8, 9, 10, 11)
+    assert b8[0] == (0, 1, 2, 3) and b8[1] == (4, 5, 6, 7) and b8[2] == (8, 9, 10, 11)
+    # 6 instances: blocks of 1 or 2, in order
+    assert [c[0] // cpc for c in _binding(6, HW)] == [0, 1, 1, 2, 3, 3]
     # 64 instances: 16 per cluster, one core each, every core twice
     b64 = _binding(64, HW)
     assert all(len(c) == 1 for c in b64) and sorted(c for (c,) in b64) == sorted(list(range(32)) * 2)

@@ -74,7 +74,7 @@ def test_bind_cores_follows_algorithm_4():
     cores = [tuple(c) for c in many.attrs["dsa.cores"]]
     assert all(len(c) == 1 for c in cores) and len(cores) == 64
     assert sorted(cores) == sorted((k,) for k in range(4 * CPC) for _ in range(2))
-    assert all(c[0] // CPC == i % 4 for i, c in enumerate(cores))  # instances dealt over the clusters
+    assert all(c[0] // CPC == i // 16 for i, c in enumerate(cores))  # 16 consecutive instances a cluster
 
 
 @pytest.mark.parametrize("gb, lb", [(True, False), (False, False), (True, True)])

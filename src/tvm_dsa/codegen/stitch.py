@@ -451,11 +451,14 @@ class StitchInfo:
 
 
 def binding(n: int, hw) -> list[tuple[int, ...]]:
-    """Cores of each instance (Algorithm 4's factors): instances dealt over the clusters (the batch
-    split), one core each when a cluster has at least as many instances as cores, otherwise the
-    largest of 8, 4, 2, 1 cores each that keeps them balanced."""
+    """Cores of each instance (Algorithm 4's factors): instances dealt over the clusters in
+    consecutive blocks (the batch split: instances run in batch order, so a cluster gets whole
+    samples, and its part of the kernel is the first cluster's moved along the batch even when
+    instances split a sample, as ViT's attention does by heads), one core each when a cluster has
+    at least as many instances as cores, otherwise the largest of 8, 4, 2, 1 cores each that keeps
+    them balanced."""
     clusters, cpc = min(n, hw.clusters), hw.cores_per_cluster
-    per = [list(range(c, n, clusters)) for c in range(clusters)]
+    per = [list(range(c * n // clusters, (c + 1) * n // clusters)) for c in range(clusters)]
     cores = [()] * n
     for c, members in enumerate(per):
         share = max([f for f in (8, 4, 2, 1) if f * len(members) <= cpc and f <= cpc] or [1])
