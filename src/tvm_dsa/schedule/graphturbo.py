@@ -34,7 +34,8 @@ Choices where the seed is silent (docs/graphturbo.md, §1 [AMBIG]):
   both split the same dimension and their fractions overlap, and needs all of them otherwise;
 - "better memory utilisation" (BFS vs DFS) is the smaller peak of bytes produced and not yet
   consumed by every instance that reads them (graph outputs leave the chip and do not count).
-The recomputation cost model of §3.1 is not implemented yet.
+The recomputation cost model of §3.1 is not applied here: kernel generation coarsens a sub-graph's
+instances instead (``codegen.stitch.RECOMPUTE_LIMIT``), it does not stop the merge.
 """
 
 from __future__ import annotations
