@@ -118,7 +118,8 @@ def test_a_split_whose_sample_recomputes_too_much_is_not_propagated_in_full(monk
     whole conv: their work scaled by 8 / 2 is over twice RECOMPUTE_LIMIT) and never propagated in
     full; splits of 4 and 2 are propagated (too few to sample) and fail; the instances chosen are
     those of the search without sampling. Worked out a few instances first, a split stops once
-    its work is over the limit, with the same choice."""
+    its work is over the limit, with the same choice. A coarser split with too many seeds at the
+    work per seed already sampled is ruled out unsampled."""
     op = relax.op
     _, graph, layers = _fused_layers(lambda: relax_graph(
         [(1, 16, 64, 64), (16, 16, 3, 3)],
@@ -153,6 +154,12 @@ def test_a_split_whose_sample_recomputes_too_much_is_not_propagated_in_full(monk
     assert [n for n, _ in sizes] == [2, 4, 2, 1]  # the first: the sample of the 8-instance split
     assert sizes[0][1] * 8 / 2 > 2 * RECOMPUTE_LIMIT
     assert sampled.count == full.count == 1 and sampled.recompute == full.recompute == 1.0
+    # one seed sampled: the 4-instance split is too many seeds at the work per seed of the
+    # 8-instance split's sample (its seeds are unions of those), so it is not propagated at all
+    monkeypatch.setattr(stitch, "SAMPLE_SEEDS", 1)
+    floored = plan()
+    assert [n for n, _ in sizes] == [1, 2, 1] and sizes[0][1] * 4 > 2 * RECOMPUTE_LIMIT
+    assert floored.count == full.count and floored.recompute == full.recompute
 
 
 # -- whole sub-graphs against llvm -------------------------------------------------------------

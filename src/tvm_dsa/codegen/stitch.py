@@ -140,10 +140,16 @@ def plan_instances(layers: list[Layer], prints: dict, outputs: list[str], loop: 
     ``outputs`` the tensors leaving it): the tiles of the last output layer grouped by their tile-loop
     values up to ``loop``, loop ``loop`` itself cut into at most ``groups`` ranges. Coarsened (fewer
     groups, then fewer loops) until the recomputation is within ``RECOMPUTE_LIMIT`` and the output
-    layers' tiles are split between instances exactly; one instance at worst."""
+    layers' tiles are split between instances exactly; one instance at worst.
+
+    Every coarser split's seeds are unions of a finer one's, so their instances' work is no less:
+    once ``_hopeless`` has sampled a split's work per seed, a coarser split with so many seeds that
+    they would do over twice ``RECOMPUTE_LIMIT`` at that rate is ruled out unsampled (ViT-B/16's
+    attention: six of the eight sampled splits, each 0.05 s)."""
     primary = [L for L in layers if L.args[L.ir.params[-1][0]] in outputs][-1]
     grid = np.asarray(prints[primary.name].tiles).reshape(len(prints[primary.name].tiles), -1)
     tried = set()
+    per_seed = 0.0  # the largest work per seed sampled, a share of the sub-graph's
     for loop in range(min(loop, grid.shape[1] - 1), -1, -1):
         extent = int(grid[:, loop].max()) + 1
         groups = min(groups, extent)
@@ -158,7 +164,11 @@ def plan_instances(layers: list[Layer], prints: dict, outputs: list[str], loop: 
             _, seed_of, counts = np.unique(np.ravel_multi_index(cols.T, cols.max(axis=0) + 1),
                                            return_inverse=True, return_counts=True)
             order, starts = np.argsort(seed_of, kind="stable"), np.cumsum(counts) - counts
-            if _hopeless(layers, prints, outputs, primary, order, starts, counts):
+            if len(counts) > 2 * SAMPLE_SEEDS and len(counts) * per_seed > 2 * RECOMPUTE_LIMIT:
+                continue
+            hopeless, sampled = _hopeless(layers, prints, outputs, primary, order, starts, counts)
+            per_seed = max(per_seed, sampled)
+            if hopeless:
                 continue
             inst = _propagate(layers, prints, outputs, primary, np.split(order, starts[1:]), RECOMPUTE_LIMIT)
             if inst is not None and inst.recompute <= RECOMPUTE_LIMIT:
@@ -170,19 +180,23 @@ def plan_instances(layers: list[Layer], prints: dict, outputs: list[str], loop: 
 SAMPLE_SEEDS = 64  # instances ``_hopeless`` propagates to judge a split into many more
 
 
-def _hopeless(layers, prints, outputs, primary, order, starts, counts) -> bool:
+def _hopeless(layers, prints, outputs, primary, order, starts, counts) -> tuple[bool, float]:
     """Whether evenly spaced ``SAMPLE_SEEDS`` of the seeds (``order[starts[i]:][:counts[i]]``:
     rows of ``primary``'s tiles) already rule the split out: one of
     them reads past what it computes (so would the whole split), or their work, scaled to all the
     seeds, is over twice ``RECOMPUTE_LIMIT`` (instances that translate one another do alike work;
     twice leaves room for the boundary ones). Splitting ViT-B/16's attention into its 18,912
-    output tiles first, every instance recomputing the whole softmax, took 10 s to rule out."""
+    output tiles first, every instance recomputing the whole softmax, took 10 s to rule out.
+    With the sample's work per seed (0 when it is not sampled or reads past what it computes)."""
     if len(counts) <= 2 * SAMPLE_SEEDS:
-        return False
+        return False, 0.0
     sample = [order[starts[i]:starts[i] + counts[i]]
               for i in np.linspace(0, len(counts) - 1, SAMPLE_SEEDS).round().astype(int)]
     inst = _propagate(layers, prints, outputs, primary, sample)
-    return inst is None or inst.recompute * len(counts) / len(sample) > 2 * RECOMPUTE_LIMIT
+    if inst is None:
+        return True, 0.0
+    per_seed = inst.recompute / len(sample)
+    return per_seed * len(counts) > 2 * RECOMPUTE_LIMIT, per_seed
 
 
 PROPAGATE_ELEMENTS = 1 << 22  # instances x tiles x dims of the arrays ``_propagate`` works on at once
