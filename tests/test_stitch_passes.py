@@ -119,6 +119,27 @@ def test_order_instances_keeps_the_smaller_gb_peak():
         OrderInstances(HW, "zigzag")
 
 
+def test_clusters_alike_share_their_buffers_summary(monkeypatch):
+    """The order and prefetch decisions read each cluster's (spills, LB-kept, GB peak); the four
+    clusters of the 64-instance module are the first moved along the batch, so their buffers are
+    worked out once per order, and each summary is what the cluster's own buffers give."""
+    from tvm_dsa.tir_passes import stitch as passes
+
+    mod = _through(rounds_module())
+    k = passes._Kernel(mod).read(HW)
+    assert len({k._alike(c) for c in k.clusters}) == 1
+    calls = []
+    buffers = passes._Kernel.buffers
+    monkeypatch.setattr(passes._Kernel, "buffers", lambda self, *a: calls.append(a) or buffers(self, *a))
+    for order in ("dfs", "bfs"):
+        for c in sorted(k.clusters):
+            bufs = buffers(k, c, order, 0, "longest")
+            assert k.summary(c, order, 0, "longest") == (
+                sum(b.level == "ddr" for b in bufs), sum(b.level == "lb" for b in bufs),
+                max((b.offset + align(b.nbytes) for b in bufs if b.level == "gb"), default=0))
+    assert calls == [(0, "dfs", 0, "longest"), (0, "bfs", 0, "longest")]
+
+
 def test_cross_layer_schedule_promotes_early_only_where_nothing_spills():
     """The residual block, a sample per cluster: the 1x1 conv's weights and bias are first read at
     step 1. Promoting them at step 0 with the 3x3 conv's weights and output needs 7232 bytes of GB:

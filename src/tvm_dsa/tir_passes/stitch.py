@@ -143,12 +143,28 @@ class _Kernel:
         return [placed(x) for x in lives] + kept
 
 
-def _spills(buffers: list[Buffer]) -> int:
-    return sum(b.level == "ddr" for b in buffers)
+    def summary(self, c: int, order: str, ahead: int, spill: str) -> tuple[int, int, int]:
+        """(spills to DDR, intermediates kept in LBs, GB peak) of ``buffers(c, ...)``, worked out
+        once for clusters whose parts are alike (a cluster's part is usually the first's moved
+        along the batch: only sizes, scopes, rounds and cores within the cluster decide them)."""
+        memo = self.__dict__.setdefault("_summaries", {})
+        key = (self._alike(c), order, ahead, spill)
+        if key not in memo:
+            bufs = self.buffers(c, order, ahead, spill)
+            memo[key] = (sum(b.level == "ddr" for b in bufs), sum(b.level == "lb" for b in bufs),
+                         max((b.offset + align(b.nbytes) for b in bufs if b.level == "gb"), default=0))
+        return memo[key]
 
-
-def _gb_peak(buffers: list[Buffer]) -> int:
-    return max((b.offset + align(b.nbytes) for b in buffers if b.level == "gb"), default=0)
+    def _alike(self, c: int) -> tuple:
+        """What ``buffers`` reads of cluster ``c``'s instances, positions left out."""
+        instance_scopes = self.scopes[0]
+        cpc = self.hw.cores_per_cluster
+        cr = self.clusters[c]
+        return tuple((cr.rnd[i], self.cores[i][0] % cpc,
+                      tuple((t, math.prod(h - l for l, h in zip(*box))) for t, box in self.inst.boxes[i].items()),
+                      tuple(instance_scopes[i].items()),
+                      tuple(bool(len(self.inst.rows[i][L.name])) for L in self.sg.layers))
+                     for i in cr.members)
 
 
 def StitchBuffers(hw):  # noqa: N802 - TVM pass naming
@@ -205,9 +221,8 @@ def OrderInstances(hw, order: str = "best", spill: str = "longest"):  # noqa: N8
         k.read(hw)
 
         def score(o):
-            parts = [k.buffers(c, o, 0, spill) for c in k.clusters]
-            return (sum(map(_spills, parts)), -sum(b.level == "lb" for p in parts for b in p),
-                    max(map(_gb_peak, parts)))
+            parts = [k.summary(c, o, 0, spill) for c in k.clusters]
+            return sum(p[0] for p in parts), -sum(p[1] for p in parts), max(p[2] for p in parts)
 
         return {"dsa.order": min(ORDERS, key=score)}
 
@@ -225,8 +240,8 @@ def CrossLayerSchedule(hw, prefetch: int = 2, spill: str = "longest"):  # noqa: 
         order = str(k.mod.attrs["dsa.order"])
         ahead = [0] * hw.clusters
         for c in k.clusters:
-            at_use = _spills(k.buffers(c, order, 0, spill))
-            ahead[c] = next((a for a in range(prefetch, 0, -1) if _spills(k.buffers(c, order, a, spill)) <= at_use), 0)
+            at_use = k.summary(c, order, 0, spill)[0]
+            ahead[c] = next((a for a in range(prefetch, 0, -1) if k.summary(c, order, a, spill)[0] <= at_use), 0)
         return {"dsa.prefetch": ahead}
 
     return _annotating("dsa.CrossLayerSchedule", decide)
