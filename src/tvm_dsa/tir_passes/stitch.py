@@ -147,13 +147,16 @@ class _Kernel:
         """(spills to DDR, intermediates kept in LBs, GB peak) of ``buffers(c, ...)``, worked out
         once for clusters whose parts are alike (a cluster's part is usually the first's moved
         along the batch: only sizes, scopes, rounds and cores within the cluster decide them)."""
-        memo = self.__dict__.setdefault("_summaries", {})
         key = (self._alike(c), order, ahead, spill)
-        if key not in memo:
+        if key not in self._summaries:
             bufs = self.buffers(c, order, ahead, spill)
-            memo[key] = (sum(b.level == "ddr" for b in bufs), sum(b.level == "lb" for b in bufs),
-                         max((b.offset + align(b.nbytes) for b in bufs if b.level == "gb"), default=0))
-        return memo[key]
+            self._summaries[key] = (sum(b.level == "ddr" for b in bufs), sum(b.level == "lb" for b in bufs),
+                                    max((b.offset + align(b.nbytes) for b in bufs if b.level == "gb"), default=0))
+        return self._summaries[key]
+
+    @functools.cached_property
+    def _summaries(self) -> dict:
+        return {}
 
     def _alike(self, c: int) -> tuple:
         """What ``buffers`` reads of cluster ``c``'s instances, positions left out."""
