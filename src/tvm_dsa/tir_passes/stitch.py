@@ -185,8 +185,9 @@ def StitchBuffers(hw):  # noqa: N802 - TVM pass naming
 
 
 def BindCores(hw):  # noqa: N802
-    """Algorithm 4: the cores of each instance — dealt over the clusters, one core each where a
-    cluster has as many instances as cores, else the largest balanced factor of 8, 4, 2, 1."""
+    """Algorithm 4: the cores of each instance — dealt over the clusters in consecutive blocks
+    (``codegen.stitch.binding``), one core each where a cluster has as many instances as cores,
+    else the largest balanced factor of 8, 4, 2, 1."""
     return _annotating("dsa.BindCores",
                        lambda k: {"dsa.cores": [list(c) for c in binding(len(k.mod.attrs["dsa.instances"]["rows"]), hw)]})
 
