@@ -35,7 +35,9 @@ Choices where the seed is silent (docs/graphturbo.md, §1 [AMBIG]):
 - "better memory utilisation" (BFS vs DFS) is the smaller peak of bytes produced and not yet
   consumed by every instance that reads them (graph outputs leave the chip and do not count).
 The recomputation cost model of §3.1 is not applied here: kernel generation coarsens a sub-graph's
-instances instead (``codegen.stitch.RECOMPUTE_LIMIT``), it does not stop the merge.
+instances instead (``codegen.stitch.RECOMPUTE_LIMIT``), it does not stop the merge. Applied here
+(``benchmarks/graphturbo_recompute.py``), it rejects the channel splits that alone fit the LB and
+with them most merges (docs/graphturbo.md).
 """
 
 from __future__ import annotations
