@@ -12,16 +12,20 @@ from __future__ import annotations
 import argparse
 import json
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from .. import hardware
 from ..driver import InputError
 from ..hardware import HardwareError
+from . import counting
 from .choose import Ranked, model_products, rank
 from .expr import NotationError
-from .explore import Exploration, best_relation
 from .library import BENCHMARKS, Evaluated, evaluate, evaluate_standard, mme_bandwidth
 from .metrics import summary
 from .notation import INTERCONNECTS, Dataflow, PEArray, TensorOp, interconnect
+
+if TYPE_CHECKING:  # imported in run(): it needs islpy, which the CLI and the ranking (--model) do not
+    from .explore import Exploration
 
 
 def parse_sizes(text: str) -> dict[str, int]:
@@ -54,6 +58,8 @@ class Outcome:
 def run(args: argparse.Namespace) -> Outcome:
     """The dataflows the arguments ask for, evaluated (the best first), and the best one the design-space
     exploration finds on the array and interconnect (none when a --dataflow is given)."""
+    from .explore import best_relation
+
     if args.bandwidth is not None and not args.bandwidth > 0:
         raise InputError(f"--bandwidth must be positive, got {args.bandwidth:g}")
     hw = hardware.get(args.target)
@@ -112,6 +118,8 @@ def main(args: argparse.Namespace) -> int:
         return main_choose(args)
     if not args.op:
         raise InputError("give an operation (a benchmark or a statement) or --model")
+    if problem := counting.missing():
+        raise InputError(f"counting a dataflow's metrics needs barvinok, but {problem}: {counting.INSTALL}")
     try:
         outcome = run(args)
     except (NotationError, HardwareError) as err:
