@@ -229,6 +229,20 @@ def test_cli_given_dataflow_prints_the_models_metrics(capsys):
         {k: v for k, v in expected.items() if k != "op"}
 
 
+def test_cli_prints_the_seed_worked_example(capsys):
+    """The seed's table (stamps t <= 3): tensor A's total 12, reuse 5 (all spatial), unique 7, reuse factor 1.714."""
+    assert main(["dataflow", GEMM, "i=2,j=2,k=4", "--array", "2x2", "--interconnect", "systolic-2d",
+                 "--bandwidth", "2", "--dataflow", "PE[i,j] | T[i+j+k]", "--where", "i + j + k <= 3"]) == 0
+    text = capsys.readouterr().out
+    assert re.search(r"^ +tensor +total +reuse +spatial +temporal +unique +reuse factor", text, re.M)
+    assert re.search(r"^ +A +12 +5 +5 +0 +7 +1\.714 ", text, re.M)
+
+
+def test_cli_where_needs_a_dataflow(capsys):
+    assert main(["dataflow", "gemm", "i=2,j=2,k=4", "--where", "i + j + k <= 3"]) == 2
+    assert capsys.readouterr().err == "tvm-dsa: error: --where cuts the loop domain of a given --dataflow only\n"
+
+
 @pytest.mark.parametrize("islpy,problem", [
     (None, "islpy-barvinok is not installed"),                                     # import islpy fails
     (types.SimpleNamespace(Set=object), "islpy is installed without barvinok (islpy-barvinok)"),
