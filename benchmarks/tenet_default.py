@@ -14,12 +14,20 @@ simulated cycles under each model.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import sys
 
-from tenet_mme import mme_variant
-
+from tvm_dsa import hardware
 from tvm_dsa.driver import Compiled, import_onnx, load_model
 from tvm_dsa.models import TINY, example_inputs
+
+
+def mme_variant(target: str, model: str) -> str:
+    """Register the chip of ``target`` with the MME cost ``model`` as ``<chip>-<model>``; its target tag."""
+    hw = hardware.get(target.removeprefix("dsa/"))
+    variant = dataclasses.replace(hw, name=f"{hw.name}-{model}", mme=dataclasses.replace(hw.mme, model=model))
+    hardware.register(variant, override=True)
+    return f"dsa/{variant.name}"
 
 
 def main() -> None:

@@ -2,9 +2,14 @@
 
 import json
 import math
+import os
 import re
+import subprocess
+import sys
+import types
 from collections import defaultdict
 from itertools import product
+from pathlib import Path
 
 import pytest
 
@@ -222,6 +227,48 @@ def test_cli_given_dataflow_prints_the_models_metrics(capsys):
     expected = json.loads(json.dumps(analyse(df, array).to_dict()))
     assert {k: v for k, v in row.items() if k not in ("name", "seconds", "op")} == \
         {k: v for k, v in expected.items() if k != "op"}
+
+
+def test_cli_prints_the_seed_worked_example(capsys):
+    """The seed's table (stamps t <= 3): tensor A's total 12, reuse 5 (all spatial), unique 7, reuse factor 1.714."""
+    assert main(["dataflow", GEMM, "i=2,j=2,k=4", "--array", "2x2", "--interconnect", "systolic-2d",
+                 "--bandwidth", "2", "--dataflow", "PE[i,j] | T[i+j+k]", "--where", "i + j + k <= 3"]) == 0
+    text = capsys.readouterr().out
+    assert re.search(r"^ +tensor +total +reuse +spatial +temporal +unique +reuse factor", text, re.M)
+    assert re.search(r"^ +A +12 +5 +5 +0 +7 +1\.714 ", text, re.M)
+
+
+def test_cli_where_needs_a_dataflow(capsys):
+    assert main(["dataflow", "gemm", "i=2,j=2,k=4", "--where", "i + j + k <= 3"]) == 2
+    assert capsys.readouterr().err == "tvm-dsa: error: --where cuts the loop domain of a given --dataflow only\n"
+
+
+@pytest.mark.parametrize("islpy,problem", [
+    (None, "islpy-barvinok is not installed"),                                     # import islpy fails
+    (types.SimpleNamespace(Set=object), "islpy is installed without barvinok (islpy-barvinok)"),
+])
+def test_cli_without_barvinok_names_the_extra(islpy, problem, monkeypatch, capsys):
+    monkeypatch.setitem(sys.modules, "islpy", islpy)
+    assert main(["dataflow", "gemm", "i=4,j=4,k=4"]) == 2
+    assert capsys.readouterr().err == (f"tvm-dsa: error: counting a dataflow's metrics needs barvinok, but {problem}: "
+                                       'pip install "tvm-dsa[tenet]"\n')
+
+
+def test_cli_runs_and_explains_itself_without_islpy():
+    """A fresh interpreter where islpy cannot be imported at all: the CLI loads, the ranking (stored closed
+    forms only) runs, and `tvm-dsa dataflow <op>` exits 2 with the one-line error, no traceback."""
+    code = ("import sys; sys.modules['islpy'] = None\n"
+            "from tvm_dsa.cli import main\n"
+            "assert main(['dataflow', '--model', 'dlrm', '--tiny', '--json']) == 0\n"
+            "sys.exit(main(['dataflow', 'gemm']))")
+    src = str(Path(__file__).resolve().parent.parent / "src")
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [src, os.environ.get("PYTHONPATH")]))}
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=300)
+    assert done.returncode == 2
+    assert json.loads(done.stdout)["ranked"]
+    assert "Traceback" not in done.stderr                      # the rest is TVM's own warnings compiling dlrm
+    assert done.stderr.splitlines()[-1] == ("tvm-dsa: error: counting a dataflow's metrics needs barvinok, but "
+                                            'islpy-barvinok is not installed: pip install "tvm-dsa[tenet]"')
 
 
 def test_cli_standard_dataflows_on_the_mme_and_the_best_found(capsys):

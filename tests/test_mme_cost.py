@@ -1,20 +1,22 @@
 """The MME described by its PE array, interconnect and dataflow; an MME instruction costed by TENET."""
 
 import math
+import sys
+import warnings
 
 import numpy as np
 import pytest
 from test_dataflow import brute_force
-from test_sim_runtime import f16, lb, preset, run_lb
+from test_sim_runtime import f16, lb, mme_tile, preset, run_lb
 
-from tvm_dsa.dataflow import PEArray
+from tvm_dsa.dataflow import PEArray, closed
 from tvm_dsa.dataflow.library import BENCHMARKS, standard_dataflows
 from tvm_dsa.dataflow.mme import cache_info, tile_cycles, tile_metrics
 from tvm_dsa.dataflow.notation import interconnect
 from tvm_dsa.hardware import HardwareError, get
 from tvm_dsa.hardware.model import Hardware
 from tvm_dsa.isa import Mme
-from tvm_dsa.runtime.cost import mme_cycles
+from tvm_dsa.runtime.cost import mme_cycles, mme_traffic
 
 
 OS = "output-stationary, systolic, pipelined"  # the tests below derive its cycles and volumes
@@ -98,20 +100,25 @@ def test_tile_costs_are_cached_per_shape():
     assert (after.hits - before.hits, after.misses - before.misses) == (2, 0)
 
 
-def test_the_simulator_charges_the_tenet_cost():
-    """A conv tile (M = oh*ow, N = o, K = kh*kw*c) on the MME: same numbers, busy time from the dataflow."""
+def conv_tile():
+    """A 3 x 3 conv tile on a 6 x 6 x 4 input, 8 output channels: (M, N, K) = (16, 8, 36)."""
     h = w = 6
     c, o, kh, kw = 4, 8, 3, 3
     oh, ow = h - kh + 1, w - kw + 1
-    x, wt = f16(h, w, c), f16(kh, kw, c, o, seed=1)
-    conv = Mme(0, (oh, ow, o, kh, kw, c), (False, False, False, True, True, True),
-               dst=lb(2048, "float32", ow * o, o, 1, 0, 0, 0),
-               a=lb(0, "float16", w * c, c, 0, w * c, c, 1),
-               b=lb(1024, "float16", 0, 0, 1, kw * c * o, c * o, o))
-    runs = {model: run_lb([conv], [(0, x), (1024, wt)], [(2048, (oh, ow, o), "float32")], hw=chip(model=model, dataflow=OS))
+    ins = Mme(0, (oh, ow, o, kh, kw, c), (False, False, False, True, True, True),
+              dst=lb(2048, "float32", ow * o, o, 1, 0, 0, 0),
+              a=lb(0, "float16", w * c, c, 0, w * c, c, 1),
+              b=lb(1024, "float16", 0, 0, 1, kw * c * o, c * o, o))
+    return ins, [(0, f16(h, w, c)), (1024, f16(kh, kw, c, o, seed=1))], [(2048, (oh, ow, o), "float32")]
+
+
+def test_the_simulator_charges_the_tenet_cost():
+    """A conv tile (M = oh*ow, N = o, K = kh*kw*c) on the MME: same numbers, busy time from the dataflow."""
+    conv, inputs, outputs = conv_tile()
+    runs = {model: run_lb([conv], inputs, outputs, hw=chip(model=model, dataflow=OS))
             for model in ("flat", "tenet")}                      # one tile: pipelined or not, the same
     np.testing.assert_array_equal(runs["flat"].outputs[0], runs["tenet"].outputs[0])
-    m, n, k = oh * ow, o, kh * kw * c
+    m, n, k = 4 * 4, 8, 3 * 3 * 4
     assert runs["flat"].report.busy["mme"] == k + 16 + 32
     assert runs["tenet"].report.busy["mme"] == k + (m - 1) + (n - 1)      # one 16 x 8 tile, skewed
 
@@ -146,3 +153,42 @@ def test_tenet_traffic_and_energy_come_from_the_dataflow_volumes():
     assert sum(per_tensor.values()) * 1e-12 == pytest.approx(tenet.energy["pe_array"] + mme_lb * 1e-12)
     assert tenet.energy["lb"] == pytest.approx((staged + read_back + sum(v.unique * size[t] for t, v in volumes.items()))
                                                * 8 * e.lb_pj_per_bit * 1e-12)
+
+
+# -- without barvinok (the optional extra "tenet") ------------------------------------------------
+
+def test_without_barvinok_an_mme_without_closed_forms_is_costed_flat_with_a_warning(monkeypatch):
+    """An 8 x 16 MME has no stored closed forms; with islpy unimportable it cannot be counted, so the chip
+    warns once (naming itself, the package and the extra) and its MME instructions cost the flat formula."""
+    d = chip(rows=8, cols=16, model="tenet", dataflow="weight-stationary")
+    d["name"] = "edge-no-barvinok"
+    hw = Hardware.from_dict(d)
+    assert ("weight-stationary", 8, 16, "systolic-2d") not in closed.stored()
+    monkeypatch.setitem(sys.modules, "islpy", None)               # import islpy raises ImportError
+    with pytest.warns(UserWarning) as caught:
+        cycles = mme_cycles(3, 40, 40, 20, hw)
+    [warning] = caught
+    assert str(warning.message) == (
+        "chip 'edge-no-barvinok': its MME ('weight-stationary' on a 8x16 systolic-2d array) has no stored closed "
+        "forms and counting needs barvinok, but islpy-barvinok is not installed: its MME instructions are costed "
+        'with the flat model instead (pip install "tvm-dsa[tenet]" for TENET\'s cost)')
+    assert cycles == 3 * math.ceil(40 / 8) * math.ceil(40 / 16) * 20 + 8 + 16
+    ins, inputs, outputs = conv_tile()
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")                             # once per chip
+        run = run_lb([ins], inputs, outputs, hw=d)
+        traffic = mme_traffic(ins, hw)
+    m, n, k = 4 * 4, 8, 3 * 3 * 4
+    assert run.report.busy["mme"] == math.ceil(m / 8) * math.ceil(n / 16) * k + 8 + 16
+    assert (traffic.a, traffic.b, traffic.dst) == (m * k * 2, k * n * 2, m * n * 4)    # each element once
+    assert traffic.links == traffic.registers == 0
+
+
+def test_without_barvinok_the_presets_mme_is_costed_from_its_closed_forms(monkeypatch):
+    d = chip()
+    d["name"] = "stcp920-no-barvinok"
+    hw = Hardware.from_dict(d)
+    monkeypatch.setitem(sys.modules, "islpy", None)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        assert mme_cycles(2, 37, 45, 29, hw) == 2 * mme_tile(37, 45, 29)

@@ -2,7 +2,8 @@
 
     tvm-dsa dataflow gemm i=64,j=64,k=64              # standard dataflows on stcp920's MME, the best one found
     tvm-dsa dataflow conv2d --array 8x8 --interconnect mesh
-    tvm-dsa dataflow "Y[i,j] += A[i,k] * B[k,j]" i=2,j=2,k=4 --array 2x2 --dataflow "PE[i,j] | T[i+j+k]"
+    tvm-dsa dataflow "Y[i,j] += A[i,k] * B[k,j]" i=2,j=2,k=4 --array 2x2 --interconnect systolic-2d \
+        --dataflow "PE[i,j] | T[i+j+k]" --where "i + j + k <= 3"   # seed 003's worked example
     tvm-dsa dataflow "Y[i] += A[i,k] * x[k]" i=64,k=64  # explore the dataflows of any statement
     tvm-dsa dataflow --model resnet18 --tiny           # the MME dataflow for a model's tile shapes
 """
@@ -10,18 +11,23 @@
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from .. import hardware
 from ..driver import InputError
 from ..hardware import HardwareError
+from . import counting
 from .choose import Ranked, model_products, rank
 from .expr import NotationError
-from .explore import Exploration, best_relation
 from .library import BENCHMARKS, Evaluated, evaluate, evaluate_standard, mme_bandwidth
 from .metrics import summary
 from .notation import INTERCONNECTS, Dataflow, PEArray, TensorOp, interconnect
+
+if TYPE_CHECKING:  # imported in run(): it needs islpy, which the CLI and the ranking (--model) do not
+    from .explore import Exploration
 
 
 def parse_sizes(text: str) -> dict[str, int]:
@@ -54,6 +60,8 @@ class Outcome:
 def run(args: argparse.Namespace) -> Outcome:
     """The dataflows the arguments ask for, evaluated (the best first), and the best one the design-space
     exploration finds on the array and interconnect (none when a --dataflow is given)."""
+    from .explore import best_relation
+
     if args.bandwidth is not None and not args.bandwidth > 0:
         raise InputError(f"--bandwidth must be positive, got {args.bandwidth:g}")
     hw = hardware.get(args.target)
@@ -67,6 +75,10 @@ def run(args: argparse.Namespace) -> Outcome:
     if bench is None and not sizes:
         raise InputError("a statement needs its loop sizes, e.g. i=64,j=64,k=64")
     op = bench.op(sizes) if bench else TensorOp.parse("op", args.op, sizes)
+    if args.where:
+        if not args.dataflow:
+            raise InputError("--where cuts the loop domain of a given --dataflow only")
+        op = dataclasses.replace(op, where=args.where)
     links = interconnect(args.interconnect, len(shape)) if args.interconnect else None
     if args.dataflow:
         if links is None:
@@ -112,6 +124,8 @@ def main(args: argparse.Namespace) -> int:
         return main_choose(args)
     if not args.op:
         raise InputError("give an operation (a benchmark or a statement) or --model")
+    if problem := counting.missing():
+        raise InputError(f"counting a dataflow's metrics needs barvinok, but {problem}: {counting.INSTALL}")
     try:
         outcome = run(args)
     except (NotationError, HardwareError) as err:
@@ -151,6 +165,8 @@ def add_parser(sub) -> None:
                                           "plain standard dataflows, systolic-2d for skewed ones, the MME's for the "
                                           "exploration)")
     p.add_argument("--dataflow", help="evaluate this dataflow only, e.g. 'PE[i %% 8, j %% 8] | T[i // 8, j // 8, k]'")
+    p.add_argument("--where", help="with --dataflow: a constraint on the loops, e.g. 'i + j + k <= 3' (seed 003's "
+                                    "worked example shows the stamps t <= 3 only)")
     p.add_argument("--model", help="instead of an operation: rank the MME's dataflows on this model's tile shapes "
                                     "(a built-in model or an .onnx file; compiled for --target, run timing-only)")
     p.add_argument("--tiny", action="store_true", help="with --model: the model's small configuration")

@@ -6,20 +6,45 @@ dataflow (a standard dataflow of ``library``: M on the rows, N on the columns, K
 output-stationary) on its PE array and interconnect, fed by the LB's bandwidth; its latency,
 max(compute, read, write), rounded up to whole cycles, is the product's cycles. The metrics come from
 the stored closed forms (``closed``: microseconds) where the MME's dataflow has them, else from
-counting the relations (milliseconds to a second); either way they are cached per (MME, bandwidth,
-tile shape): a network has a few dozen distinct tile shapes.
+counting the relations (milliseconds to a second, with barvinok: the optional extra ``tenet``); either
+way they are cached per (MME, bandwidth, tile shape): a network has a few dozen distinct tile shapes.
+Without barvinok, an MME with no stored closed forms is costed by the flat model (``cost_model``).
 """
 
 from __future__ import annotations
 
 import math
+import warnings
 from functools import lru_cache
 
 from ..hardware.model import MME, Hardware
-from . import closed
+from . import closed, counting
 from .library import BENCHMARKS, mme_bandwidth, standard_dataflows
 from .metrics import DataflowMetrics, analyse
 from .notation import PEArray, interconnect
+
+
+def cost_model(hw: Hardware) -> str:
+    """How ``hw``'s MME instructions are costed: its ``mme.model``, except that "tenet" on an MME without
+    stored closed forms needs barvinok to count them; without it, "flat", with a warning (once per chip)."""
+    return _cost_model(hw.name, hw.mme)
+
+
+@lru_cache(maxsize=None)
+def _cost_model(chip: str, mme: MME) -> str:
+    if mme.model != "tenet" or _key(mme) in closed.stored():
+        return mme.model
+    problem = counting.missing()
+    if problem is None:
+        return "tenet"
+    warnings.warn(f"chip {chip!r}: its MME ({mme.dataflow!r} on a {mme.rows}x{mme.cols} {mme.interconnect} array) "
+                  f"has no stored closed forms and counting needs barvinok, but {problem}: its MME instructions "
+                  f"are costed with the flat model instead ({counting.INSTALL} for TENET's cost)")
+    return "flat"
+
+
+def _key(mme: MME) -> closed.Key:
+    return mme.dataflow, mme.rows, mme.cols, mme.interconnect
 
 
 def tile_metrics(hw: Hardware, m: int, n: int, k: int) -> DataflowMetrics:
@@ -39,7 +64,7 @@ def _tile_cycles(mme: MME, bandwidth: float, m: int, n: int, k: int) -> int:
 
 @lru_cache(maxsize=4096)
 def _tile_metrics(mme: MME, bandwidth: float, m: int, n: int, k: int) -> DataflowMetrics:
-    key = (mme.dataflow, mme.rows, mme.cols, mme.interconnect)
+    key = _key(mme)
     if key in closed.stored():
         return closed.metrics(key, bandwidth, m, n, k)
     bench = BENCHMARKS["gemm"]

@@ -12,7 +12,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from ..dataflow.mme import tile_cycles, tile_metrics
+from ..dataflow.mme import cost_model, tile_cycles, tile_metrics
 from ..hardware.model import Hardware
 from ..isa.instructions import Dma, Fill, Instruction, Mme, Operand, Reduce, Vector
 
@@ -49,8 +49,8 @@ def mme_cycles(batch: int, m: int, n: int, k: int, hw: Hardware) -> int:
     """Cycles of ``batch`` ``m x n x k`` products on the MME. The "flat" model: output-stationary,
     M on the PE rows, N on the columns, K in time, plus the array's fill/drain once. The "tenet"
     model: ``batch`` times the latency of one product under the MME's dataflow, counted on the
-    relations (``tvm_dsa.dataflow.mme``)."""
-    if hw.mme.model == "tenet":
+    relations (``tvm_dsa.dataflow.mme``; ``cost_model`` says which applies)."""
+    if cost_model(hw) == "tenet":
         return batch * tile_cycles(hw, m, n, k)
     pipeline = hw.mme.pipeline_cycles or hw.mme.rows + hw.mme.cols
     return batch * -(-m // hw.mme.rows) * -(-n // hw.mme.cols) * k + pipeline
@@ -73,7 +73,7 @@ def mme_traffic(ins: Mme, hw: Hardware) -> MmeTraffic:
     rest, how is not modelled). The "tenet" model moves, per tensor of each product, the dataflow's
     unique volume between the memory and the array (the output's is its write-backs), its spatial
     reuse over PE links and its temporal reuse from PE registers (seed 003's volumes)."""
-    if hw.mme.model != "tenet":
+    if cost_model(hw) != "tenet":
         return MmeTraffic(stream_bytes(ins.a, ins.shape), stream_bytes(ins.b, ins.shape),
                           stream_bytes(ins.dst, ins.shape))
     batch, m, n, k = mme_dims(ins)
