@@ -1,5 +1,6 @@
 """The memory plan applied to the executable (relax_passes.arena.PlanArena, in-place outputs from
-relax_passes.inplace) and the measurement of what a VM run allocates (vm_memory.measure)."""
+relax_passes.inplace, kernels moved into If branches by relax_passes.sink) and the measurement of
+what a VM run allocates (vm_memory.measure)."""
 
 import numpy as np
 import pytest
@@ -14,6 +15,7 @@ from tvm_dsa.relax_passes.arena import ALIGN, PlanArena, arena_offsets
 from tvm_dsa.relax_passes.inplace import elementwise_inputs
 from tvm_dsa.relax_passes.memory_plan import Lifetime, lower_bound
 from tvm_dsa.relax_passes.reorder import ApplyExecutionPlan, block_graph
+from tvm_dsa.relax_passes.sink import SinkIntoBranches
 from tvm_dsa.vm_memory import measure
 
 
@@ -345,3 +347,40 @@ def test_a_branch_overwrites_what_the_other_branch_returns(n, flag):
     args = [tvm.runtime.tensor(x), tvm.runtime.tensor(np.array(flag))]
     np.testing.assert_allclose(vm["main"](*args).numpy(), (np.maximum(a, 0) if flag else a) * x, rtol=1e-5)
     assert measure(vm, "main", *args).peak == aligned(64 * n)
+
+
+def test_kernels_only_one_branch_uses_move_into_it():
+    @tvm.script.ir_module
+    class Hoisted:  # as TVM's ONNX importer writes an If: the branch's work before it
+        @R.function
+        def main(x: R.Tensor(("n", 16), "float32"), flag: R.Tensor((), "bool")):
+            with R.dataflow():
+                a = R.exp(x)                  # used by b only: moves with it
+                b = R.nn.relu(a)              # used in the then branch only: moves
+                c = R.sigmoid(x)              # used in both branches: stays
+                d = R.tanh(x)                 # used after the If: stays
+                R.output(b, c, d)
+            if flag:
+                r = R.add(b, c)
+            else:
+                r = R.multiply(c, c)
+            out = R.add(r, d)
+            return out
+
+    def names(seq):
+        return [b.var.name for block in seq.blocks for b in block.bindings]
+
+    with tvm.target.Target("llvm"):
+        mod = relax.transform.LegalizeOps()(Hoisted)
+    sunk = SinkIntoBranches(mod)
+    relax.analysis.well_formed(sunk)  # raises if not
+    body = sunk["main"].body
+    if_binding = next(b for block in body.blocks for b in block.bindings if isinstance(b.value, relax.If))
+    assert names(body) == ["c", "d", "r", "out"]
+    assert names(if_binding.value.true_branch) == ["a", "b", "r_then"]
+    assert names(if_binding.value.false_branch) == ["r_else"]
+    x = np.random.default_rng(0).standard_normal((5, 16)).astype(np.float32)
+    for flag in (True, False):
+        args = [tvm.runtime.tensor(x), tvm.runtime.tensor(np.array(flag))]
+        outs = [relax.VirtualMachine(tvm.compile(m, target="llvm"), tvm.cpu())["main"](*args).numpy() for m in (mod, sunk)]
+        np.testing.assert_allclose(outs[1], outs[0], rtol=1e-6)
