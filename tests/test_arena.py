@@ -226,9 +226,9 @@ def test_elementwise_inputs_are_decided_from_the_tir():
 
 
 @tvm.script.ir_module
-class Unary:
+class Chains:
     @R.function
-    def main(x: R.Tensor(("n", 16), "float32")):
+    def unary(x: R.Tensor(("n", 16), "float32")):
         with R.dataflow():
             a = R.exp(x)
             b = R.nn.relu(a)
@@ -237,27 +237,8 @@ class Unary:
             R.output(d)
         return d
 
-
-@pytest.mark.parametrize("n", [4, 9, 32])
-def test_a_chain_of_elementwise_kernels_runs_in_one_tensor(n):
-    """a = exp(x), b = relu(a), c = sigmoid(b), d = tanh(c): each kernel reads its input and
-    writes its output, two tensors live during it; in place all four are one tensor."""
-    vm, base = build(Unary, True), build(Unary, False)
-    x = np.random.default_rng(n).standard_normal((n, 16)).astype(np.float32)
-    ref = np.tanh(1 / (1 + np.exp(-np.maximum(np.exp(x), 0))))
-    np.testing.assert_allclose(vm["main"](tvm.runtime.tensor(x)).numpy(), ref, rtol=1e-5)
-    size = aligned(64 * n)
-    steps = 3  # alloc, kernel, alias binding per op
-    spans = [(k * steps, (k + 1) * steps + 1) for k in range(3)] + [(3 * steps, 4 * steps - 1)]
-    assert lower_bound([Lifetime(size, a, b) for a, b in spans]) == 2 * size  # each kernel's input and output
-    assert measure(vm, "main", tvm.runtime.tensor(x)).peak == size
-    assert measure(base, "main", tvm.runtime.tensor(x)).peak == 2 * size  # Relax's planner: two storages
-
-
-@tvm.script.ir_module
-class ReadLater:
     @R.function
-    def main(x: R.Tensor(("n", 16), "float32")):
+    def read_later(x: R.Tensor(("n", 16), "float32")):
         with R.dataflow():
             a = R.exp(x)
             b = R.nn.relu(a)
@@ -265,11 +246,8 @@ class ReadLater:
             R.output(c)
         return c
 
-
-@tvm.script.ir_module
-class Transposed:
     @R.function
-    def main(x: R.Tensor(("n", "n"), "float32")):
+    def transposed(x: R.Tensor(("n", "n"), "float32")):
         with R.dataflow():
             a = R.exp(x)
             b = R.permute_dims(a)   # not elementwise: b cannot take a's bytes, though a dies here
@@ -277,11 +255,8 @@ class Transposed:
             R.output(c)
         return c
 
-
-@tvm.script.ir_module
-class Viewed:
     @R.function
-    def main(x: R.Tensor(("n", 16), "float32")):
+    def viewed(x: R.Tensor(("n", 16), "float32")):
         n = T.int64()
         with R.dataflow():
             a = R.exp(x)
@@ -291,11 +266,8 @@ class Viewed:
             R.output(c)
         return c
 
-
-@tvm.script.ir_module
-class Returned:
     @R.function
-    def main(x: R.Tensor(("n", 16), "float32")):
+    def returned(x: R.Tensor(("n", 16), "float32")):
         with R.dataflow():
             a = R.exp(x)
             b = R.nn.relu(a)   # a is returned: b cannot take its bytes
@@ -303,23 +275,38 @@ class Returned:
         return (a, b)
 
 
-@pytest.mark.parametrize("mod,reference", [
-    (ReadLater, lambda x: np.exp(x) + np.maximum(np.exp(x), 0)),
-    (Transposed, lambda x: np.maximum(np.exp(x).T, 0)),
-    (Viewed, lambda x: np.maximum(np.exp(x), 0).reshape(16, -1) + np.exp(x).reshape(16, -1)),
-    (Returned, lambda x: (np.exp(x), np.maximum(np.exp(x), 0))),
+@pytest.mark.parametrize("n", [4, 9, 32])
+def test_a_chain_of_elementwise_kernels_runs_in_one_tensor(n):
+    """a = exp(x), b = relu(a), c = sigmoid(b), d = tanh(c): each kernel reads its input and
+    writes its output, two tensors live during it; in place all four are one tensor."""
+    vm, base = build(Chains, True), build(Chains, False)
+    x = np.random.default_rng(n).standard_normal((n, 16)).astype(np.float32)
+    ref = np.tanh(1 / (1 + np.exp(-np.maximum(np.exp(x), 0))))
+    np.testing.assert_allclose(vm["unary"](tvm.runtime.tensor(x)).numpy(), ref, rtol=1e-5)
+    size = aligned(64 * n)
+    steps = 3  # alloc, kernel, alias binding per op
+    spans = [(k * steps, (k + 1) * steps + 1) for k in range(3)] + [(3 * steps, 4 * steps - 1)]
+    assert lower_bound([Lifetime(size, a, b) for a, b in spans]) == 2 * size  # each kernel's input and output
+    assert measure(vm, "unary", tvm.runtime.tensor(x)).peak == size
+    assert measure(base, "unary", tvm.runtime.tensor(x)).peak == 2 * size  # Relax's planner: two storages
+
+
+@pytest.mark.parametrize("func,reference", [
+    ("read_later", lambda x: [np.exp(x) + np.maximum(np.exp(x), 0)]),
+    ("transposed", lambda x: [np.maximum(np.exp(x).T, 0)]),
+    ("viewed", lambda x: [np.maximum(np.exp(x), 0).reshape(16, -1) + np.exp(x).reshape(16, -1)]),
+    ("returned", lambda x: [np.exp(x), np.maximum(np.exp(x), 0)]),
 ])
 @pytest.mark.parametrize("n", [16, 32])
-def test_no_output_takes_the_bytes_of_a_value_still_needed(mod, reference, n):
-    """Two tensors of n x 16 floats live at the second kernel in each: the input, still needed
-    (read later, read through a window, seen through a view, returned), and the output."""
-    vm = build(mod, True)
-    x = np.random.default_rng(n).standard_normal((n, 16 if mod is not Transposed else n)).astype(np.float32)
-    got = vm["main"](tvm.runtime.tensor(x))
-    for g, r in zip(got if isinstance(got, tvm.ir.Array) else [got], np.broadcast_arrays(*reference(x)) if
-                    isinstance(reference(x), tuple) else [reference(x)]):
+def test_no_output_takes_the_bytes_of_a_value_still_needed(func, reference, n):
+    """Two tensors of n x 16 floats live at the second kernel of each: the input, still needed
+    (read later, read transposed, seen through a view, returned), and the output."""
+    vm = build(Chains, True)
+    x = np.random.default_rng(n).standard_normal((n, n if func == "transposed" else 16)).astype(np.float32)
+    got = vm[func](tvm.runtime.tensor(x))
+    for g, r in zip(got if func == "returned" else [got], reference(x)):
         np.testing.assert_allclose(g.numpy(), r, rtol=1e-5)
-    assert measure(vm, "main", tvm.runtime.tensor(x)).peak == 2 * aligned(x.nbytes)
+    assert measure(vm, func, tvm.runtime.tensor(x)).peak == 2 * aligned(x.nbytes)
 
 
 @tvm.script.ir_module
