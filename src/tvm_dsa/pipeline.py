@@ -24,6 +24,7 @@ from .relax_passes.offload_symbolic import is_dynamic, offload_symbolic
 from .relax_passes.rdp_apply import ApplyRDP
 from .relax_passes.rdp_fusion import AnnotateSymbolicReshapes
 from .relax_passes.reorder import ApplyExecutionPlan
+from .relax_passes.sink import SinkIntoBranches
 from .schedule.set.scheduler import SetOptions
 
 LAST_OFFLOAD: dict = {}  # "result": the OffloadResult of the last compilation
@@ -39,8 +40,9 @@ def pipeline(schedule: str = "layerwise", hw: hardware.Hardware | str | None = N
     the chip; False: none) gives the kernels it has records for their tuned tiling.
     ``rdp_fusion=False`` leaves a dynamic model to TVM's fusion as imported (the baseline of seed
     001 §4.2). ``memory_plan=False`` leaves the order of the kernels as fused and every allocation
-    to Relax's ``StaticPlanBlockMemory``, instead of the execution plan's order
-    (``relax_passes.reorder``) and the peak-first arena (``relax_passes.arena``)."""
+    to Relax's ``StaticPlanBlockMemory``, instead of the execution plan (kernels only one branch of
+    an If uses run in that branch, ``relax_passes.sink``; the order, ``relax_passes.reorder``) and
+    the peak-first arena with in-place outputs (``relax_passes.arena``)."""
     from . import schedule as schedules
 
     schedules.get(schedule)  # fail early on an unknown name
@@ -57,7 +59,7 @@ def pipeline(schedule: str = "layerwise", hw: hardware.Hardware | str | None = N
         with host, _no_cyclic_gc():
             mod = fuse(mod, rdp_fusion)
             if memory_plan:
-                mod = ApplyExecutionPlan(mod)
+                mod = ApplyExecutionPlan(SinkIntoBranches(mod))
             mod, result = (offload_symbolic(mod, chip) if dynamic
                            else offload(mod, chip, schedule, options=options,
                                         tuned=_tuned_kernels(database, chip)))

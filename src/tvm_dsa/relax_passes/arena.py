@@ -8,13 +8,19 @@ Relax's ``StaticPlanBlockMemory``, which then leaves the planned tensors alone. 
   then branch's, then the else branch's; a read inside an If counts at the If's last step). A
   tensor lives from its allocation to the last step that reads it or anything that may alias it
   (a variable bound to it, a tuple holding it, a reshape view, an If whose branch returns it:
-  every value that mentions it, except a call of a TIR kernel, which writes its outputs and
-  returns nothing). The function's result lives to the end; it is planned too, as Relax's planner
-  lets a result reuse an intermediate's storage (the caller holding the result keeps the arena).
+  every value that mentions it, except a kernel call, which writes its outputs and returns
+  nothing). The function's result lives to the end; it is planned too, as Relax's planner lets a
+  result reuse an intermediate's storage (the caller holding the result keeps the arena).
+* *In place.* A kernel's output shares the bytes of an input it is elementwise on
+  (``inplace.elementwise_inputs``, decided from the kernel's TIR: a host kernel's PrimFunc, or
+  the one a DSA kernel with symbolic dims carries) when no value in those bytes is read after the
+  call on a path through it: the two become one tensor, alive from the first's allocation to the
+  last's last read. Paths matter at an ``If``: a branch may overwrite what the other branch
+  returns.
 * *Segments at nac points.* A ``match_cast`` that defines new symbols (a size known only when the
-  program gets there: SoD2's nac points, §4.3) starts a new segment; each segment's tensors get
-  their own arena, allocated just before its first tensor. (A tensor in a branch whose size uses
-  a symbol the branch defines is left to Relax.)
+  program gets there: SoD2's nac points, §4.3) starts a new segment; a tensor joins the arena of
+  the first segment where its size is computable, allocated just before that segment's first
+  tensor. (A tensor in a branch whose size uses a symbol the branch defines is left to Relax.)
 * *The plan.* Sizes in bytes, rounded up to 64 (kernels assume aligned buffers), with lifetimes,
   go to ``memory_plan.peak_first``. All sizes known at compile time: the offsets are constants.
   Some symbolic: the plan is made at run time, once per distinct set of sizes, by the packed
@@ -35,7 +41,10 @@ import tvm
 import tvm_ffi
 from tvm import relax, tirx
 
+from ..codegen.specialize import SymbolicKernel
+from .inplace import elementwise_inputs
 from .memory_plan import Lifetime, peak_first
+from .offload_symbolic import EXECUTE_SHAPED
 
 ALIGN = 64
 _ALLOC = tvm.ir.Op.get("relax.builtin.alloc_tensor")
@@ -96,12 +105,6 @@ def _held(expr, holds: dict) -> set:
     return set().union(*(holds.get(v, set()) for v in relax.analysis.free_vars(expr)))
 
 
-def _writes_only(value, mod: tvm.IRModule) -> bool:
-    """A call of a TIR kernel: it writes into its output arguments and returns nothing."""
-    return (isinstance(value, relax.Call) and isinstance(value.op, tvm.ir.GlobalVar)
-            and isinstance(mod[value.op], tirx.PrimFunc))
-
-
 def _defines_symbols(binding, defined: set) -> set:
     if not isinstance(binding, relax.MatchCast):
         return set()
@@ -115,6 +118,8 @@ class _Planner:
     def __init__(self, mod: tvm.IRModule):
         self.mod = mod
         self.arenas = 0
+        self.found: dict = {}  # allocation var -> [size, first, last] of the function planned
+        self.calls: list = []  # its kernel calls in program order, with what their arguments hold
 
     def function(self, func: relax.Function) -> relax.Function:
         body = func.body
@@ -123,19 +128,25 @@ class _Planner:
         bindings = [b for block in body.blocks for b in block.bindings]
         tensors = self.lifetimes(bindings, body.body)
         segments = [[]]
-        scope = {v for p in func.params for v in relax.analysis.definable_tir_vars_in_type(p.ty)}
+        scopes = [{v for p in func.params for v in relax.analysis.definable_tir_vars_in_type(p.ty)}]
         for b in bindings:
-            new = _defines_symbols(b, scope)
+            new = _defines_symbols(b, scopes[-1])
             if new:
                 segments.append([])
-            scope |= new
-            # an allocation joins the arena if its size is computable where the segment starts
-            segments[-1] += [t for t in tensors.get(b.var, []) if set(tirx.analysis.undefined_vars(t.size)) <= scope]
+                scopes.append(scopes[-1] | new)
+            # an allocation joins the first arena where its size is computable (after a cut, a
+            # size without the cut's symbols keeps to the arena before it)
+            for t in tensors.get(b.var, []):
+                k = next((k for k, scope in enumerate(scopes) if set(tirx.analysis.undefined_vars(t.size)) <= scope), None)
+                if k is not None:
+                    segments[k].append(t)
+        where = {t.var: k for k, members in enumerate(segments) for t in members}
+        group = self.in_place(bindings, body.body, where)
         replace, heads = {}, {}
         for members in segments:
             if len(members) >= 2:
-                head, allocs = self.arena(members)
-                replace.update(allocs)
+                head, allocs = self.arena(_merged(members, group))
+                replace.update({t.var: allocs[group.get(t.var, t.var)] for t in members})
                 heads[members[0].var] = head
         if not replace:
             return func
@@ -155,6 +166,7 @@ class _Planner:
         read inside an If counts at the If's last step."""
         holds: dict = {}  # var -> the allocations it may refer to
         found: dict = {}  # allocation var -> [size, first, last]
+        self.found, self.calls = found, []
         step = self.walk(bindings, holds, found, 0)
         for v in _held(result, holds):
             found[v][2] = step
@@ -181,7 +193,8 @@ class _Planner:
                     for v in _held(branch.body, inner):
                         found[v][2] = max(found[v][2], end)
                     held |= _held(branch.body, inner)
-            elif _writes_only(value, self.mod):
+            elif self.kernel(value) is not None:  # writes into its output arguments, returns nothing
+                self.calls.append((b, {v: holds.get(v, set()) for v in relax.analysis.free_vars(value)}))
                 held = set()
             else:
                 held = _held(value, holds)
@@ -191,6 +204,52 @@ class _Planner:
                 holds[b.var] = held
             step = end + 1
         return step
+
+    def kernel(self, value):
+        """(PrimFunc, its arguments) of a kernel call whose TIR is known: a host kernel, or a DSA
+        kernel with symbolic dims (it carries its PrimFunc); None otherwise (a static DSA program
+        carries no TIR to decide from)."""
+        if not isinstance(value, relax.Call):
+            return None
+        if isinstance(value.op, tvm.ir.GlobalVar) and isinstance(self.mod[value.op], tirx.PrimFunc):
+            return self.mod[value.op], list(value.args)
+        if isinstance(value.op, relax.ExternFunc) and value.op.global_symbol == EXECUTE_SHAPED:
+            return SymbolicKernel.deserialize(value.args[0].value).func, list(value.args[2:])
+        return None
+
+    def in_place(self, bindings: list, result, where: dict) -> dict:
+        """Allocation -> the first allocation of the group it shares bytes with. A kernel's
+        output joins the group of an elementwise input (``inplace.elementwise_inputs``) when that
+        input refers to one group only, of the output's size and in its arena, no other argument
+        of the call refers to the group, and no value in the group is read after the call on a
+        path through it (views, the result and an If that returns it included)."""
+        group: dict = {}  # allocation -> the group's first allocation
+        members: dict = {}  # first allocation -> the group's allocations
+        analyzer = tvm.sym.Analyzer()
+        for b, held in self.calls:
+            func, args = self.kernel(b.value)
+            decided = elementwise_inputs(func)
+            if decided is None or len(args) != len(func.params):
+                continue
+            out, inputs = args[decided[0]], decided[1]
+            if out not in where:
+                continue
+            for i in sorted(inputs):
+                x = args[i]
+                heads = {group.get(v, v) for v in held.get(x, set())} if isinstance(x, relax.Var) else set()
+                if len(heads) != 1:
+                    continue
+                head = heads.pop()
+                old = members.get(head, {head})
+                others = [a for k, a in enumerate(args) if k != i and not (k in inputs and a.same_as(x))]
+                if (all(where.get(v) == where[out] and analyzer.can_prove_equal(self.found[v][0], self.found[out][0])
+                        for v in old)
+                        and not any(held.get(a, set()) & old for a in others if isinstance(a, relax.Var))
+                        and not _reads_after(bindings, result, b.var, old, self.kernel)):
+                    members[head] = old | {out}
+                    group.update({v: head for v in members[head]})
+                    break
+        return group
 
     def arena(self, tensors: list[_Tensor]) -> tuple[list, dict]:
         """The bindings that allocate an arena for ``tensors`` (and plan it at run time where
@@ -237,14 +296,76 @@ class _Planner:
         return [binding]
 
 
+def _merged(members: list[_Tensor], group: dict) -> list[_Tensor]:
+    """One tensor per group of ``members`` (sharing bytes): its first allocation, alive from its
+    members' first step to their last."""
+    spans: dict = {}
+    for t in members:
+        head = group.get(t.var, t.var)
+        size, first, last = spans.get(head, (t.size, t.first, t.last))
+        spans[head] = (size, min(first, t.first), max(last, t.last))
+    return [_Tensor(v, *span) for v, span in spans.items()]
+
+
+def _branch_bindings(seq) -> list:
+    return [b for block in seq.blocks for b in block.bindings]
+
+
+def _reads_after(bindings: list, result, call: relax.Var, old: set, kernel) -> bool:
+    """Whether a value of the allocations ``old`` may be read after the binding of ``call`` on a
+    path through it: by a later binding, an If's condition or either of its branches, or the
+    function's result. Path-aware where it matters: an If whose branch holds the call continues
+    with that branch only, so its result refers to what that branch returns."""
+
+    def walk(bindings, holds, passed):
+        for b in bindings:
+            value = b.value
+            if b.var.same_as(call):
+                passed = True
+            elif isinstance(value, relax.If):
+                if passed and _held(value.cond, holds) & old:
+                    return True, passed
+                branches = [br for br in (value.true_branch, value.false_branch) if call in _bound_in_seq(br)]
+                held, after = set(), passed
+                for br in branches or (value.true_branch, value.false_branch):
+                    inner = dict(holds)
+                    read, through = walk(_branch_bindings(br), inner, passed)
+                    if read:
+                        return True, True
+                    held |= _held(br.body, inner)
+                    after = after or through
+                passed = after
+                if held:
+                    holds[b.var] = held
+            elif _is_alloc(value) and _plannable(value):
+                holds[b.var] = {b.var}
+            else:
+                if passed and _held(value, holds) & old:
+                    return True, passed
+                if kernel(value) is None:
+                    held = _held(value, holds)
+                    if held:
+                        holds[b.var] = held
+        return False, passed
+
+    holds: dict = {}
+    read, passed = walk(bindings, holds, False)
+    return read or (passed and bool(_held(result, holds) & old))
+
+
+def _bound_in_seq(seq) -> set:
+    """Variables bound in a branch (a SeqExpr), nested Ifs included."""
+    out = set()
+    for b in _branch_bindings(seq):
+        out |= {b.var} | _bound_in(b)
+    return out
+
+
 def _bound_in(binding) -> set:
     """Variables bound inside an If binding's branches."""
-    out = set()
     if isinstance(binding.value, relax.If):
-        for br in (binding.value.true_branch, binding.value.false_branch):
-            for b in (b for block in br.blocks for b in block.bindings):
-                out |= {b.var} | _bound_in(b)
-    return out
+        return _bound_in_seq(binding.value.true_branch) | _bound_in_seq(binding.value.false_branch)
+    return set()
 
 
 @tvm.transform.module_pass(opt_level=0, name="dsa.PlanArena")
