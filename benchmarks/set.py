@@ -58,7 +58,7 @@ def main() -> None:
         return
 
     print(f"{'model':<10} {'preset':<13} {'batch':>5} {'scheme':<4} {'latency(cyc)':>13} {'energy(mJ)':>11} "
-          f"{'EDP(J*s)':>10} {'DRAM(MB)':>9} {'iters':>6} {'search(s)':>9}  tree")
+          f"{'EDP(J*s)':>10} {'DRAM(MB)':>9} {'iters':>6} {'search(s)':>9} {'cpu(s)':>7}  tree")
     cases, lowered = [], []
     for model in args.models:
         t = time.perf_counter()
@@ -83,7 +83,7 @@ def main() -> None:
                         path.with_suffix(".json").write_text(json.dumps(r.tree.to_json(graph), indent=1))
                     print(f"{model:<10} {preset:<13} {batch:>5} {space.name.upper():<4} {e.latency:>13.0f} "
                           f"{e.joules * 1e3:>11.3f} {e.edp:>10.3e} {e.dram_bytes / 1e6:>9.2f} {r.iterations:>6} "
-                          f"{r.seconds:>9.1f}  {text[:70]}{'...' if len(text) > 70 else ''}", flush=True)
+                          f"{r.seconds:>9.1f} {r.cpu_seconds:>7.1f}  {text[:70]}{'...' if len(text) > 70 else ''}", flush=True)
                     stem = f"{model}-{preset}-b{batch}-{space.name}"
                     sim = simulate_tree(model, preset, r.tree, graph) if args.lower else None
                     if sim:

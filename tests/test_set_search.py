@@ -10,7 +10,7 @@ from hypothesis import strategies as st
 import tvm_dsa  # noqa: F401  (registers the presets)
 from tvm_dsa import hardware
 from tvm_dsa.schedule.set import Contraction, Cut, Layer, LayerGraph, Leaf, Tree, initial_tree, validate
-from tvm_dsa.schedule.set.evaluate import Evaluator
+from tvm_dsa.schedule.set.evaluate import Evaluator, _Tiles, invocation_order
 from tvm_dsa.schedule.set.ops import (LP, LS, OPERATORS, SET, fewer_sub_batches, group, more_sub_batches, mutate,
                                       random_tree, swap, ungroup)
 from tvm_dsa.schedule.set.search import Anneal, anneal
@@ -148,3 +148,53 @@ def test_a_pipeline_beats_layer_sequential_on_a_deep_chain_at_large_batch():
     lp = Tree(Cut("T", 1, (Cut("S", 8, tuple(Leaf(i) for i in range(6))),)), 8)
     best = anneal(g, EDGE, 8, Anneal(beta=60, seed=0, objective="edp"), evaluator=ev)
     assert best.cost <= min(ev.evaluate(ls).edp, ev.evaluate(lp).edp) * 1.001
+
+
+@settings(max_examples=200, deadline=None)
+@given(tiles=st.sampled_from([1, 2, 16, 144]), steps=st.lists(st.tuples(st.floats(0, 1), st.floats(0, 1),
+                                                                          st.floats(0, 100)), max_size=40))
+def test_tile_runs_answer_as_a_time_per_tile_would(tiles, steps):
+    """The evaluator's ``_Tiles`` (runs of tiles free at the same time) against one time per tile."""
+    runs, per_tile = _Tiles(tiles), [0.0] * tiles
+    for a, b, end in steps:
+        lo = min(int(a * tiles), tiles - 1)
+        hi = lo + 1 + min(int(b * (tiles - lo)), tiles - lo - 1)
+        assert runs.free_at(lo, hi) == max(per_tile[lo:hi])
+        assert runs.busy_after(end / 2) == sum(t > end / 2 for t in per_tile)
+        runs.occupy(lo, hi, end)
+        per_tile[lo:hi] = [end] * (hi - lo)
+        assert [t for k, t in enumerate(runs.times) for _ in range(runs.cuts[k + 1] - runs.cuts[k])] == per_tile
+
+
+def _order_by_definition(tree: Tree) -> list:
+    """Seed 002's order written as it reads: sub-batch k of every child of a cut before sub-batch
+    k + 1, a leaf's invocation being its first sample over its samples per invocation."""
+    out = []
+
+    def run(node, start, b):
+        if isinstance(node, Leaf):
+            out.append((node.layer, start // b))
+            return
+        for k in range(node.sb):
+            for child in node.children:
+                run(child, start + k * (b // node.sb), b // node.sb)
+
+    run(tree.root, 0, tree.batch)
+    return out
+
+
+@settings(max_examples=100, deadline=None)
+@given(seed=st.integers(0, 10**9), n=st.integers(2, 9), batch=st.sampled_from([1, 2, 4, 8, 12, 64]))
+def test_invocation_order_and_remembered_evaluations(seed, n, batch):
+    """On random trees: the invocation order is the definition's, and an evaluator that has seen
+    other trees (remembered evaluations and edges) scores a tree exactly as a fresh one does."""
+    rng = random.Random(seed)
+    graph = random_graph(rng, n)
+    trees = [random_tree(graph, batch, 16, rng) for _ in range(3)]
+    used = Evaluator(graph, EDGE)
+    for tree in trees + trees:
+        assert invocation_order(tree) == _order_by_definition(tree)
+        seen = used.evaluate(tree)
+        assert seen == Evaluator(graph, EDGE).evaluate(tree)
+        assert used.evaluate(tree) is seen
+        assert used.evaluate(tree, timeline=True).latency == seen.latency

@@ -26,6 +26,7 @@ The seed's dataflow rules and how they are made precise here (docs/set.md quotes
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 from typing import NamedTuple
 
@@ -171,19 +172,26 @@ def _chunks(tree: Tree, graph: LayerGraph, plans: list[LeafPlan], spilled: list[
     out = []
     for u, v in graph.edges:
         pu, pv = plans[u], plans[v]
-        bu, bv, elems = pu.batch, pv.batch, graph.layers[u].ofmap
         lca = _lca(pu.path, pv.path)
-        cross = _crosses(tree, pu, pv)
-        kept = 1.0 - spilled[pu.segment]
-        beta = tree.batch_of(lca) // tree.node(lca).sb
-        for q in range(pv.invocations):
-            s0, s1 = q * bv, (q + 1) * bv
-            for p in range(s0 // bu, (s1 - 1) // bu + 1):
-                overlap = min(s1, (p + 1) * bu) - max(s0, p * bu)
-                nxt = (p + 1) * bu
-                immediate = not cross and (nxt >= tree.batch or nxt // beta > s0 // beta)
-                out.append(Chunk(u, p, v, q, overlap * elems, kept if immediate else 0.0))
+        out += _edge_chunks(u, v, pu.batch, pv.batch, graph.layers[u].ofmap, _crosses(tree, pu, pv),
+                            1.0 - spilled[pu.segment], tree.batch_of(lca) // tree.node(lca).sb, tree.batch)
     return out
+
+
+@functools.lru_cache(maxsize=1 << 12)
+def _edge_chunks(u: int, v: int, bu: int, bv: int, elems: int, cross: bool, kept: float, beta: int,
+                 batch: int) -> tuple[Chunk, ...]:
+    """``_chunks`` of one edge, from what decides them (memoised: a search's neighbouring trees
+    differ in a few edges). ``beta``: the batch of the children of the edge's lowest common cut."""
+    out = []
+    for q in range(batch // bv):
+        s0, s1 = q * bv, (q + 1) * bv
+        for p in range(s0 // bu, (s1 - 1) // bu + 1):
+            overlap = min(s1, (p + 1) * bu) - max(s0, p * bu)
+            nxt = (p + 1) * bu
+            immediate = not cross and (nxt >= batch or nxt // beta > s0 // beta)
+            out.append(Chunk(u, p, v, q, overlap * elems, kept if immediate else 0.0))
+    return tuple(out)
 
 
 def _spill(tree: Tree, graph: LayerGraph, plans: list[LeafPlan], hw: Hardware) -> list[float]:

@@ -17,6 +17,7 @@ its controllers on the mesh perimeter and the tiles), ``dram`` (bits read and wr
 
 from __future__ import annotations
 
+import bisect
 from dataclasses import dataclass
 
 import numpy as np
@@ -108,19 +109,46 @@ def invocation_order(tree: Tree) -> list[tuple[int, int]]:
     on their own tiles, pipelined). Each tile's invocations appear in the order it runs them and
     every producer invocation before the consumer invocations that read it; the lowered program
     (``codegen.set_program``) is emitted in this order too."""
-    out: list[tuple[int, int]] = []
 
-    def expand(node: Node, start: int, b: int) -> None:
+    def order(node: Node, b: int) -> list[tuple[int, int, int]]:
+        """(layer, invocation, samples per invocation) of ``node`` run over ``b`` samples: its
+        first sub-batch's order, repeated with the invocations moved on by a sub-batch."""
         if isinstance(node, Leaf):
-            out.append((node.layer, start // b))
-            return
+            return [(node.layer, 0, b)]
         bc = b // node.sb
-        for k in range(node.sb):
-            for c in node.children:
-                expand(c, start + k * bc, bc)
+        first = [x for c in node.children for x in order(c, bc)]
+        return [(v, i + k * bc // lb, lb) for k in range(node.sb) for v, i, lb in first]
 
-    expand(tree.root, 0, tree.batch)
-    return out
+    return [(v, i) for v, i, _ in order(tree.root, tree.batch)]
+
+
+class _Tiles:
+    """When each tile is free, as runs of consecutive stripe ids free at the same time: a group
+    occupies a range of ids at once, so a chip has few runs, and the evaluator's three questions
+    per invocation cost a few list operations instead of numpy calls on every tile."""
+
+    def __init__(self, tiles: int):
+        self.cuts = [0, tiles]  # run k is [cuts[k], cuts[k + 1])
+        self.times = [0.0]
+
+    def free_at(self, lo: int, hi: int) -> float:
+        """When all of the tiles [lo, hi) are free."""
+        return max(self.times[bisect.bisect_right(self.cuts, lo) - 1:bisect.bisect_left(self.cuts, hi)])
+
+    def busy_after(self, t: float) -> int:
+        """How many tiles are still busy at ``t``."""
+        cuts = self.cuts
+        return sum(cuts[k + 1] - cuts[k] for k, end in enumerate(self.times) if end > t)
+
+    def occupy(self, lo: int, hi: int, end: float) -> None:
+        """The tiles [lo, hi) are busy until ``end``."""
+        cuts, times = self.cuts, self.times
+        i = bisect.bisect_right(cuts, lo) - 1  # the run holding lo
+        j = bisect.bisect_left(cuts, hi)  # the first run starting at or after hi
+        head = [cuts[i]] if cuts[i] < lo else []
+        tail = [hi] if cuts[j] > hi else []
+        cuts[i:j] = head + [lo] + tail
+        times[i:j] = ([times[i]] if head else []) + [end] + ([times[j - 1]] if tail else [])
 
 
 @dataclass(frozen=True)
@@ -137,9 +165,14 @@ class Slot:
     end: float
 
 
+EVALUATED_TREES = 1 << 14  # evaluations an ``Evaluator`` remembers (it forgets them all past this)
+
+
 class Evaluator:
     """Evaluates trees of one layer graph on one chip; intra-layer schedules and routes are
-    memoised across trees (a search evaluates thousands)."""
+    memoised across trees (a search evaluates thousands), and so are the trees' evaluations: an
+    annealing search proposes the same neighbour again (ResNet-50 on set-edge16 at batch 64: 17 %
+    of 2,242 evaluations at beta = 40)."""
 
     def __init__(self, graph: LayerGraph, hw: Hardware):
         if hw.interconnect != "mesh":
@@ -148,12 +181,20 @@ class Evaluator:
         self.intra = IntraLayer(graph, hw)
         self.mesh = Mesh(hw)
         self._memo: dict = {}  # (layer, group, batch) -> _constants
+        self._evaluated: dict = {}  # tree -> Evaluation
 
     def schedule(self, tree: Tree) -> Schedule:
         return analyse(tree, self.graph, self.hw, self.intra)
 
     def evaluate(self, tree: Tree, timeline: bool = False) -> Evaluation:
-        return self.evaluate_schedule(self.schedule(tree), timeline)
+        if timeline:
+            return self.evaluate_schedule(self.schedule(tree), timeline)
+        hit = self._evaluated.get(tree)
+        if hit is None:
+            if len(self._evaluated) >= EVALUATED_TREES:
+                self._evaluated.clear()
+            hit = self._evaluated[tree] = self.evaluate_schedule(self.schedule(tree))
+        return hit
 
     def _constants(self, plan: LeafPlan) -> tuple:
         """What every invocation of a layer shares: its group, the tiles it uses, compute cycles,
@@ -176,45 +217,48 @@ class Evaluator:
         inputs: dict = {}  # (v, q) -> chunks it reads
         writes: dict = {}  # (u, p) -> elements written to DRAM
         for c in sched.chunks:
-            inputs.setdefault((c.dst, c.q), []).append(c)
-            if c.noc < 1:
-                chunk = plans[c.src].batch * graph.layers[c.src].ofmap
-                writes[(c.src, c.p)] = max(writes.get((c.src, c.p), 0), chunk * (1 - c.noc))
+            src, p, dst, q, _, noc = c
+            inputs.setdefault((dst, q), []).append(c)
+            if noc < 1:
+                chunk = plans[src].batch * graph.layers[src].ofmap
+                writes[(src, p)] = max(writes.get((src, p), 0), chunk * (1 - noc))
         root = tree.root
         round_batch = tree.batch // root.sb if root.kind == "T" else tree.batch
-        free = np.zeros(hw.cores)  # when each tile is free
+        free = _Tiles(hw.cores)
         ends: list[list[float]] = [[0.0] * p.invocations for p in plans]
         dram_total = noc_bit_hops = 0.0
-        link = hw.noc_link_bytes_per_cycle
+        link, ddr_bw, dma = hw.noc_link_bytes_per_cycle, hw.ddr_bytes_per_cycle, hw.dma_latency_cycles
         per_layer = [self._constants(plan) for plan in plans]
+        route = self.mesh.route
         slots = []
         for v, q in invocation_order(tree):
             plan, layer = plans[v], graph.layers[v]
             lo, hi, used, cycles, fixed, edge_hops = per_layer[v]
             cost = plan.cost
-            start = float(free[lo:hi].max())
-            busy = int(np.count_nonzero(free > start))  # tiles of other groups still running
-            bw = hw.ddr_bytes_per_cycle * (hi - lo) / (hi - lo + busy)
+            ifmap_copies = cost.ifmap_copies
+            start = free.free_at(lo, hi)
+            busy = free.busy_after(start)  # tiles of other groups still running
+            bw = ddr_bw * (hi - lo) / (hi - lo + busy)
             ifmap_dram = layer.dram_in * plan.batch  # unique elements read; copies fan out on the NoC
             weight_dram = layer.weights if not plan.pinned or (q * plan.batch) % round_batch == 0 else 0
             noc_load = 0.0
-            for c in inputs.get((v, q), ()):
-                start = max(start, ends[c.src][c.p])
-                ifmap_dram += c.elements * (1 - c.noc)
-                if c.noc:
-                    hops, peak = self.mesh.route(per_layer[c.src][2], used)
-                    volume = c.elements * c.noc * cost.ifmap_copies * eb
+            for src, p, _, _, elements, noc in inputs.get((v, q), ()):
+                start = max(start, ends[src][p])
+                ifmap_dram += elements * (1 - noc)
+                if noc:
+                    hops, peak = route(per_layer[src][2], used)
+                    volume = elements * noc * ifmap_copies * eb
                     noc_bit_hops += volume * 8 * hops
                     noc_load += volume * peak
             written = writes.get((v, q), 0)
             dram = (ifmap_dram + weight_dram + written) * eb + fixed
-            delivered = (ifmap_dram * cost.ifmap_copies + weight_dram * cost.weight_copies + written) * eb
+            delivered = (ifmap_dram * ifmap_copies + weight_dram * cost.weight_copies + written) * eb
             noc_bit_hops += (delivered + fixed) * 8 * edge_hops
             dram_total += dram
-            duration = max(cycles, dram / bw, noc_load / link) + hw.dma_latency_cycles
+            duration = max(cycles, dram / bw, noc_load / link) + dma
             end = start + duration
             ends[v][q] = end
-            free[lo:hi] = end
+            free.occupy(lo, hi, end)
             if timeline:
                 slots.append(Slot(v, q, plan.batch, used, start, end))
         sram = sum(p.cost.sram * p.invocations for p in plans) * eb
@@ -226,4 +270,4 @@ class Evaluator:
             "noc": noc_bit_hops * e.noc_hop_pj_per_bit,
             "dram": dram_total * 8 * e.ddr_pj_per_bit,
         }
-        return Evaluation(float(free.max()), energy, dram_total, noc_bit_hops, hw.clock_hz, tuple(slots))
+        return Evaluation(max(free.times), energy, dram_total, noc_bit_hops, hw.clock_hz, tuple(slots))

@@ -68,14 +68,15 @@ class SearchResult:
     cost: float
     iterations: int
     accepted: int
-    seconds: float
+    seconds: float  # wall clock
+    cpu_seconds: float  # this process's CPU time (the wall clock less what other jobs took)
     history: list = field(default_factory=list)  # best cost after each iteration
 
 
 def anneal(graph: LayerGraph, hw: Hardware, batch: int, config: Anneal = Anneal(),
            evaluator: Evaluator | None = None, progress: bool = False) -> SearchResult:
     """The best tree found for ``graph`` at ``batch`` on ``hw``."""
-    start = time.perf_counter()
+    start, cpu = time.perf_counter(), time.process_time()
     ev = evaluator or Evaluator(graph, hw)
     rng = random.Random(config.seed)
     iterations = max(1, round(config.beta * len(graph)))
@@ -87,7 +88,8 @@ def anneal(graph: LayerGraph, hw: Hardware, batch: int, config: Anneal = Anneal(
         tree, history, accepted = first.tree, first.history, first.accepted
         iterations -= first.iterations
     best, accepted = _chain(tree, graph, hw, config, ev, rng, iterations, history, progress, accepted)
-    return SearchResult(*best, len(history), accepted, time.perf_counter() - start, history)
+    return SearchResult(*best, len(history), accepted, time.perf_counter() - start, time.process_time() - cpu,
+                        history)
 
 
 def _chain(tree: Tree, graph: LayerGraph, hw: Hardware, config: Anneal, ev: Evaluator, rng: random.Random,
