@@ -690,7 +690,11 @@ def scratch_bytes(stage: Stage, dtypes: dict[str, str], storage: str) -> int:
 def plan_lb(kernel: KernelIR, hw: Hardware, lb_bytes: int | None = None) -> LBPlan:
     """Place the kernel's LB buffers in the first ``lb_bytes`` of the LB (all of it by default),
     two copies of each when the kernel asks for double buffering or, without a decision, when two
-    fit; raises ``CodegenError`` when one tile (or the two copies asked for) does not fit."""
+    fit; raises ``CodegenError`` when one tile (or the two copies asked for) does not fit.
+
+    Buffers a tile computes (not loads) share their place with others whose use in the tile ends
+    before theirs begins (``_shared_places``): an elementwise chain's temporaries (a GELU is five)
+    then take two places, not five, and leave room for larger tiles."""
     capacity = hw.lb_bytes if lb_bytes is None else lb_bytes
     stages = kernel.stages()
     dtypes = lb_dtypes(stages, hw)
@@ -702,19 +706,65 @@ def plan_lb(kernel: KernelIR, hw: Hardware, lb_bytes: int | None = None) -> LBPl
             if not is_write:
                 raise CodegenError(f"LB buffer {acc.buffer} is read by {st.name} before it is written")
             first[acc.buffer] = LBBuffer(acc.buffer, dtypes[acc.buffer], acc.extents(st.shape), st.name)
+    places = _shared_places(kernel, first)  # buffer -> place; a place's size is its largest buffer's
+    sizes: dict = {}
+    for name, place in places.items():
+        sizes[place] = max(sizes.get(place, 0), align(first[name].nbytes))
     scratch = max((scratch_bytes(st, dtypes, hw.storage_dtype) for st in stages), default=0)
-    single = sum(align(b.nbytes) for b in first.values())
+    single = sum(sizes.values())
     if single + scratch > capacity:
         raise CodegenError(f"tile working set {single + scratch} bytes exceeds the LB ({capacity})")
     fits_two = 2 * single + scratch <= capacity
     if kernel.double_buffer and not fits_two:
         raise CodegenError(f"double-buffered tile working set {2 * single + scratch} bytes exceeds the LB ({capacity})")
     copies = 2 if (fits_two if kernel.double_buffer is None else kernel.double_buffer) else 1
-    offset, placed = 0, {}
-    for b in first.values():
-        slots = []
+    offset, slots = 0, {}
+    for place, size in sizes.items():
+        slots[place] = []
         for _ in range(copies):
-            slots.append(offset)
-            offset += align(b.nbytes)
-        placed[b.name] = LBBuffer(b.name, b.dtype, b.extents, b.writer, tuple(slots))
+            slots[place].append(offset)
+            offset += size
+    placed = {b.name: LBBuffer(b.name, b.dtype, b.extents, b.writer, tuple(slots[places[b.name]]))
+              for b in first.values()}
     return LBPlan(placed, offset, scratch, offset + scratch)
+
+
+def _shared_places(kernel: KernelIR, buffers: dict[str, LBBuffer]) -> dict[str, tuple]:
+    """A place per LB buffer. A tile runs the nodes of its innermost tile loop in order (a stage,
+    or a chunk loop with the stages it repeats); a buffer is in use from the node that first
+    writes it to the node that last reads it. A buffer a compute stage writes first takes, first
+    fit, the place of one whose use ended before, or of the one it is computed from element for
+    element where that one's use ends (a vector stage reading it at the very indices it writes,
+    same type and box: in place). Buffers a DMA fills keep places of their own (the emitter may
+    find their content still there in the next tile and skip the load). Sharing a place makes two
+    buffers one memory object for the emitter's dependencies, which keeps the order of their uses."""
+    body = kernel.tile_loops()[-1].body
+    ops = {}
+    span: dict = {}  # buffer -> (first node, last node)
+    for k, node in enumerate(body):
+        for st in (KernelIR(node, 0, ()).stages() if isinstance(node, Loop) else (node,)):
+            ops[st.name] = st.op
+            for acc in [st.dst] + st.reads():
+                if acc.lb:
+                    span[acc.buffer] = (span.get(acc.buffer, (k, k))[0], k)
+
+    def in_place(old: str, new: str, k: int) -> bool:
+        st = body[k]
+        a, b = buffers[old], buffers[new]
+        return (isinstance(st, Stage) and st.op == "vector" and st.dst.buffer == new
+                and (a.dtype, a.extents) == (b.dtype, b.extents)
+                and any(r.buffer == old and (r.const, r.outer, r.inner, r.outer_fn) ==
+                        (st.dst.const, st.dst.outer, st.dst.inner, st.dst.outer_fn) for r in st.reads()))
+
+    places: dict[str, tuple] = {}
+    held: list[tuple[str, int]] = []  # per shared place, (the buffer placed there last, its last node)
+    for name, b in buffers.items():
+        if ops.get(b.writer, "dma") == "dma" or name not in span:
+            places[name] = ("own", name)
+            continue
+        lo, hi = span[name]
+        free = next((p for p, (last, end) in enumerate(held)
+                     if end < lo or (end == lo and in_place(last, name, lo))), len(held))
+        held[free:free + 1] = [(name, hi)]
+        places[name] = ("shared", free)
+    return places
