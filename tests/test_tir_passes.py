@@ -390,3 +390,34 @@ def test_plans_ruled_out_by_the_working_set_floor_do_not_fit():
         assert any(fits) and not all(fits)
         _, chosen = _fitting(func, info, plans, HW, None, False)
         assert chosen == plans[fits.index(True)]
+
+
+def test_an_epilogues_temporaries_share_lb_places_and_compute_exactly(rng):
+    """matmul + bias + GELU: the six buffers the tile computes take three places (``plan_lb``'s
+    rule: in place where a vector stage computes one from another element for element, else the
+    place of one whose use has ended); the three it loads keep their own. The bytes follow, and
+    the shared places compute what llvm computes."""
+    op = relax.op
+    func = fused_kernel(lambda: relax_graph([(64, 96), (96, 48), (48,)],
+                                            lambda x, w, b: op.nn.gelu(op.add(op.matmul(x, w), b))))
+    ir = read_kernel(lower_with_plan(func, TilePlan((64, 16), 32)))
+    plan = plan_lb(ir, HW)
+    writer = {st.dst.buffer: st for st in ir.stages() if st.dst.lb}
+    loaded = {b for b, st in writer.items() if st.op == "dma"}
+    computed = [b for b in plan.buffers if b not in loaded]
+    place = {b: plan.buffers[b].slots for b in plan.buffers}
+    assert len(loaded) == 3 and len(computed) == 6
+    assert len({place[b] for b in loaded}) == 3 and not {place[b] for b in loaded} & {place[b] for b in computed}
+    acc = next(b for b, st in writer.items() if st.op == "mme")
+    bias_add = next(b for b, st in writer.items() if acc in [r.buffer for r in st.reads()])
+    assert place[bias_add] == place[acc]  # in place: the accumulator plus the bias, element for element
+    assert len({place[b] for b in computed}) == 3
+    tile = 64 * 16 * 4  # a (64, 16) float32 tile, the largest of each shared place
+    single = 64 * 32 * 2 + 32 * 16 * 2 + 64 + 3 * tile  # operand chunks, the bias (aligned), the places
+    assert plan.total_bytes == 2 * single  # double-buffered: it fits twice
+    program = build_program(lower_with_plan(func, TilePlan((64, 16), 32)), HW, "gelu_epilogue")
+    isa.validate(program)
+    args = random_args(func, rng)
+    ref = run_llvm(func, args)
+    out = simulate(program, args[:-1]).outputs[0]
+    np.testing.assert_allclose(out, ref, rtol=1e-2, atol=5e-3 * np.abs(ref).max())
