@@ -166,7 +166,7 @@ def tune(mod: tvm.IRModule, target: str = "dsa/stcp920", trials: int = 64, work_
         _commit_default(database, task, tvm_target)
     contexts = [
         ms.TuneContext(
-            mod=task.mod, target=tvm_target, space_generator=space_generator(),
+            mod=task.mod, target=tvm_target, space_generator=space_generator(hw),
             search_strategy=ms.search_strategy.EvolutionarySearch(
                 population_size=population, init_min_unmeasured=MIN_FRESH_SAMPLES, genetic_num_iters=2),
             task_name=task.name, rand_state=seed + i, num_threads=1,
