@@ -162,6 +162,20 @@ def test_step_tile_moves_a_box_decision_to_a_neighbouring_size():
     assert len(moved) == 1 and moved[0][0] in tiles and abs(moved[0][1] - moved[0][2]) == 1
 
 
+def test_the_vector_floor_is_the_widest_tile_a_reshape_allows():
+    # out[i, j] = A[j // 16, i, j % 16]: a tile of j must divide 16 to keep the indices affine, so
+    # the 64-element floor of other kernels would rule out every tiling
+    a = te.placeholder((4, 8, 16), "float32", name="A")
+    func = te.create_prim_func([a, te.compute((8, 64), lambda i, j: a[j // 16, i, j % 16], name="B")])
+    info = anchor_info(func)
+    assert info.spatial == (8, 64) and info.align[-1] == 16
+    assert below_floor(info, (8, 16), HW) is None and "below 16 elements" in below_floor(info, (8, 8), HW)
+    boxes = capacity_boxes(func, HW)
+    assert boxes and all(box.tiles[-1] == (16,) for box in boxes)
+    for box in boxes:  # every tiling a box offers lowers within the LB
+        assert all(fits_lb(func, TilePlan(tiles, None), HW) for tiles in itertools.product(*box.tiles))
+
+
 def test_tasks_are_the_offloaded_kernels_with_their_default_time(tuned):
     model, mod, *_ = tuned
     (task,) = extract_tasks(mod, TARGET)  # conv + relu fused into one kernel

@@ -134,7 +134,7 @@ def _floor_tiling(info: AnchorInfo, sizes: list[list[int]], hw: Hardware) -> lis
                 rest = math.prod(lo[j] for j in loops if j != i)
                 lo[i] = next((t for t in sizes[i] if rest * t >= need), sizes[i][-1])
     elif lo:
-        lo[-1] = next((t for t in sizes[-1] if t >= min(MIN_VECTOR_TILE, info.spatial[-1])), sizes[-1][-1])
+        lo[-1] = next(t for t in sizes[-1] if t >= min(MIN_VECTOR_TILE, _widest(info, -1)))
     return lo
 
 
@@ -149,8 +149,7 @@ def capacity_boxes(func, hw: Hardware) -> list[CapacityBox]:
     the divisors of its extent that divide its alignment (of the raw indices, so that every tiling
     stays affine). Empty when even the floor's tiling does not fit."""
     info = anchor_info(func, False)
-    aligns = info.align or (1,) * len(info.spatial)
-    sizes = [divisors(math.gcd(e, a) if a > 1 else e) for e, a in zip(info.spatial, aligns)]
+    sizes = [divisors(_widest(info, i)) for i in range(len(info.spatial))]
     chunks = divisors(info.reduction[0]) if info.reduction else None
     lo, lo_chunk = _floor_tiling(info, sizes, hw), chunks[0] if chunks else None
     if below_floor(info, tuple(lo), hw) or not fits_lb(func, TilePlan(tuple(lo), lo_chunk), hw):
@@ -189,7 +188,8 @@ def _last_true(n: int, pred) -> int:
 def below_floor(info: AnchorInfo, tiles: tuple[int, ...], hw: Hardware) -> str | None:
     """Why ``tiles`` (the anchor's spatial tile sizes) are too small to be worth measuring, or
     None. A contraction's M and N tile products must reach the PE array's rows and columns (or
-    the whole extent, if smaller); another anchor's innermost tile 64 elements (or the extent).
+    the whole extent, if smaller); another anchor's innermost tile 64 elements (or the widest
+    tile its alignment allows: a reshape's 16-element rows of a 64-wide loop take tiles of 16).
     Below that every instruction pays its fixed costs for a fraction of the work: on a 64-channel
     3x3 conv such samples measured 2.2 to 220 times slower than the default (docs/tuning.md)."""
     def product(values, role):
@@ -200,9 +200,15 @@ def below_floor(info: AnchorInfo, tiles: tuple[int, ...], hw: Hardware) -> str |
             if product(tiles, role) < min(floor, product(info.spatial, role)):
                 return f"{role} tile {product(tiles, role)} is below the PE array's {floor}"
         return None
-    if tiles and tiles[-1] < min(MIN_VECTOR_TILE, info.spatial[-1]):
-        return f"innermost tile {tiles[-1]} is below {MIN_VECTOR_TILE} elements"
+    if tiles and tiles[-1] < min(MIN_VECTOR_TILE, _widest(info, -1)):
+        return f"innermost tile {tiles[-1]} is below {min(MIN_VECTOR_TILE, _widest(info, -1))} elements"
     return None
+
+
+def _widest(info: AnchorInfo, i: int) -> int:
+    """The widest tile of spatial loop ``i``: its extent, or the part of it that divides its alignment."""
+    align = info.align[i] if info.align else 1
+    return math.gcd(info.spatial[i], align) if align > 1 else info.spatial[i]
 
 
 def sampled_tiles(sch: s_tir.Schedule, spatial: int) -> tuple[int, ...]:
