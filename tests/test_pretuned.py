@@ -13,9 +13,9 @@ from tvm_dsa.codegen.emit import build_program
 from tvm_dsa.driver import Compiled, import_onnx, load_model, max_relative_error
 from tvm_dsa.models import example_inputs
 from tvm_dsa.runtime import simulate
-from tvm_dsa.tir_passes import lower_kernel
+from tvm_dsa.tir_passes import TilePlan, lower_kernel
 from tvm_dsa.pipeline import _tuned_kernels
-from tvm_dsa.tuning import extract_tasks, load_database, merge_records, pretuned, records_dir, tuned_kernel, workload
+from tvm_dsa.tuning import default_seconds, extract_tasks, load_database, merge_records, pretuned, records_dir, tuned_kernel, workload
 from tvm_dsa.tuning.pretuned import FILES, read_records
 from tvm_dsa.tuning.space import lower_scheduled, sample_tiling
 
@@ -23,7 +23,7 @@ TARGET = "dsa/stcp920"
 HW = hardware.get(TARGET)
 
 
-@pytest.mark.parametrize("chip", ["stcp920", "set-edge16-fp16"])
+@pytest.mark.parametrize("chip", ["stcp920", "set-edge16-fp16", "set-cloud144-fp16"])
 def test_the_shipped_database_holds_one_record_per_workload_of_its_preset(chip):
     database = pretuned(chip)
     assert database is not None
@@ -95,29 +95,40 @@ def _matmul(n: int):
     return te.create_prim_func([a, b, te.compute((n, n), lambda i, j: te.sum(a[i, k] * b[k, j], axis=k))])
 
 
-def _commit(database, func, seconds: float, chip: str) -> None:
-    """A record of ``func``'s default tiling measured as ``seconds`` on ``chip``."""
+def _commit(database, func, seconds: float, chip: str, plan: TilePlan | None = None) -> None:
+    """A record of ``func`` tiled by ``plan`` (default: the default tiling) stored as measured in
+    ``seconds`` on ``chip``."""
     wl = workload(func)
     sch = s_tir.Schedule(wl)
-    sample_tiling(sch, (0, 1), lower_kernel(func, HW)[1], False)
+    sample_tiling(sch, (0, 1), plan or lower_kernel(func, HW)[1], False)
     database.commit_tuning_record(ms.database.TuningRecord(
         sch.trace, database.commit_workload(wl), [seconds], hardware.make_target(f"dsa/{chip}"),
         ms.arg_info.ArgInfo.from_prim_func(wl["main"])))
 
 
-def test_merge_keeps_the_fastest_record_per_workload_of_the_chip(tmp_path):
-    small, large = _matmul(64), _matmul(128)
+def test_merge_remeasures_the_fastest_records_and_keeps_those_as_fast_as_the_default(tmp_path):
+    small, mid, large = _matmul(64), _matmul(96), _matmul(128)
+    thin = TilePlan((16, 32), 16)  # PE-array-sized tiles: slower than the default on all three
+    for func in (mid, large):
+        assert replayed(func, thin) > default_seconds(func, HW)
     a, b = load_database(tmp_path / "a"), load_database(tmp_path / "b")
     _commit(a, small, 1e-5, "stcp920")
     _commit(b, small, 5e-6, "stcp920")
-    _commit(b, small, 1e-6, "set-edge16")  # another chip's: never merged
-    _commit(b, large, 2e-5, "stcp920")
+    _commit(b, small, 1e-9, "set-edge16")  # another chip's: never merged
+    _commit(b, mid, 1e-9, "stcp920", thin)  # only a record slower than the default: none shipped
     _commit(b, large, 3e-5, "stcp920")
+    _commit(b, large, 1e-9, "stcp920", thin)  # a stale time: re-measured, slower than the default
     assert merge_records([a, tmp_path / "b"], "stcp920", tmp_path / "out") == 2
     merged = read_records(tmp_path / "out")
-    best = {tvm_ffi.structural_hash(r.workload.mod): float(r.run_secs[0]) for r in merged.get_all_tuning_records()}
-    assert sorted(best.values()) == [5e-6, 2e-5] and len(merged.get_all_tuning_records()) == 2
-    assert tuned_kernel(merged, small, HW) is not None
+    times = {tvm_ffi.structural_hash(r.workload.mod): float(r.run_secs[0]) for r in merged.get_all_tuning_records()}
+    # the default tiling's records (not large's stale one), with the time of their program now
+    assert times == {tvm_ffi.structural_hash(workload(f)): default_seconds(f, HW) for f in (small, large)}
     # merging into the folder again with it as a source keeps it
     assert merge_records([tmp_path / "out"], "stcp920", tmp_path / "out") == 2
     assert sorted(tmp_path.joinpath("out").iterdir()) == sorted(tmp_path / "out" / n for n in FILES)
+
+
+def replayed(func, plan: TilePlan) -> float:
+    sch = s_tir.Schedule(workload(func))
+    sample_tiling(sch, (0, 1), plan, False)
+    return simulate(build_program(lower_scheduled(sch.mod["main"], HW), HW, "k"), mode="timing").report.seconds

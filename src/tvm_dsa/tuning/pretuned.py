@@ -63,10 +63,18 @@ def merge_records(sources, chip: str, folder: str | os.PathLike | None = None) -
     ``tvm_dsa.tune`` or folders of shipped records; records of other chips skipped) as the
     compressed database in ``folder`` (default: ``chip``'s shipped records), replacing what was
     there. Give the current records among the sources to keep them. Returns the number of
-    workloads written."""
-    from . import load_database
+    workloads written.
 
-    best: dict = {}  # structural hash of the workload -> record
+    A record's stored time may be stale (tuned under an older kernel generation), so a
+    workload's records are re-measured now, fastest stored time first: the first whose program is
+    not slower than the default tiling's is written with its new time; a workload none of whose
+    records does as well as the default gets none (the default applies)."""
+    from .. import hardware
+    from ..tir_passes import Unsupported
+    from . import default_seconds, load_database, replayed_seconds
+
+    hw = hardware.get(chip)
+    candidates: dict = {}  # structural hash of the workload -> its records
     for source in sources:
         if isinstance(source, (str, os.PathLike)):
             shipped = all(Path(source, f).is_file() for f in FILES)
@@ -76,16 +84,25 @@ def merge_records(sources, chip: str, folder: str | os.PathLike | None = None) -
         for record in database.get_all_tuning_records():
             if record.target is None or str(record.target.attrs.get("model")) != chip or not record.run_secs:
                 continue
-            key = tvm_ffi.structural_hash(record.workload.mod)
-            if key not in best or float(record.run_secs[0]) < float(best[key].run_secs[0]):
-                best[key] = record
+            candidates.setdefault(tvm_ffi.structural_hash(record.workload.mod), []).append(record)
+    best = []  # (record, its time now)
+    for records in candidates.values():
+        default = default_seconds(records[0].workload.mod["main"], hw)
+        for record in sorted(records, key=lambda r: float(r.run_secs[0])):
+            try:
+                seconds = replayed_seconds(record, hw)
+            except Unsupported:
+                continue
+            if seconds <= default:
+                best.append((record, seconds))
+                break
     folder = Path(folder) if folder is not None else records_dir(chip)
     folder.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(dir=folder) as tmp:
         out = load_database(tmp)
-        for record in best.values():
+        for record, seconds in best:
             workload = out.commit_workload(record.workload.mod)
-            out.commit_tuning_record(ms.database.TuningRecord(record.trace, workload, record.run_secs,
+            out.commit_tuning_record(ms.database.TuningRecord(record.trace, workload, [seconds],
                                                               record.target, record.args_info))
         for name, packed in zip(DATABASE_FILES, FILES):
             with open(Path(tmp, name), "rb") as src, gzip.open(Path(tmp, packed), "wb") as dst:
