@@ -1,7 +1,9 @@
-"""Pre-tuned records shipped in the package (seed 004's TopHub): what the stcp920 database holds,
-that the ``dsa`` pipeline applies it by default (and not with ``database=False``), stays exact,
-and how ``merge_records`` keeps the fastest record per workload and chip."""
+"""Pre-tuned records shipped in the package (seed 004's TopHub): what each preset's database holds,
+that the ``dsa`` pipeline applies the target's preset's by default (not another preset's, not with
+``database=False``), stays exact, and how ``merge_records`` keeps the fastest record per workload
+and chip."""
 
+import pytest
 import tvm_ffi
 from tvm import s_tir, te
 from tvm.s_tir import meta_schedule as ms
@@ -11,21 +13,27 @@ from tvm_dsa.codegen.emit import build_program
 from tvm_dsa.driver import Compiled, import_onnx, load_model, max_relative_error
 from tvm_dsa.models import example_inputs
 from tvm_dsa.runtime import simulate
-from tvm_dsa.tir_passes import lower_kernel
-from tvm_dsa.tuning import extract_tasks, load_database, merge_records, pretuned, records_dir, tuned_kernel, workload
-from tvm_dsa.tuning.space import sample_tiling
+from tvm_dsa.tir_passes import TilePlan, lower_kernel
+from tvm_dsa.pipeline import _tuned_kernels
+from tvm_dsa.tuning import default_seconds, extract_tasks, load_database, merge_records, pretuned, records_dir, tuned_kernel, workload
+from tvm_dsa.tuning.pretuned import FILES, read_records
+from tvm_dsa.tuning.space import lower_scheduled, sample_tiling
 
 TARGET = "dsa/stcp920"
 HW = hardware.get(TARGET)
 
 
-def test_the_shipped_database_holds_one_stcp920_record_per_workload():
-    database = pretuned("stcp920")
-    assert database is not None and records_dir("stcp920").is_dir()
+@pytest.mark.parametrize("chip", ["stcp920", "set-edge16-fp16", "set-cloud144-fp16"])
+def test_the_shipped_database_holds_one_record_per_workload_of_its_preset(chip):
+    database = pretuned(chip)
+    assert database is not None
     records = database.get_all_tuning_records()
-    assert records and all(str(r.target.attrs["model"]) == "stcp920" for r in records)
+    assert records and all(str(r.target.attrs["model"]) == chip for r in records)
     hashes = [tvm_ffi.structural_hash(r.workload.mod) for r in records]
     assert len(set(hashes)) == len(hashes)
+    # package data stays small: the compressed files only
+    assert sorted(f.name for f in records_dir(chip).iterdir()) == sorted(FILES)
+    assert sum(f.stat().st_size for f in records_dir(chip).iterdir()) < 1 << 20
     assert pretuned("set-cloud144") is None  # no records shipped for it: nothing applied
 
 
@@ -52,36 +60,75 @@ def test_the_dsa_pipeline_applies_them_by_default_and_stays_exact():
     assert off.run(inputs, mode="timing").report.cycles - default.run(inputs, mode="timing").report.cycles == gain
 
 
+def test_a_target_gets_its_own_presets_records_not_another_presets():
+    edge = "dsa/set-edge16-fp16"
+    hw = hardware.get(edge)
+    model = load_model("resnet50", tiny=True)
+    mod, inputs = import_onnx(model), example_inputs(model)
+    own, other = pretuned(hw.name), pretuned("stcp920")
+    tasks = extract_tasks(mod, edge)
+    shipped = {t.name for t in tasks if own.has_workload(t.mod)}
+    default, off = Compiled.build(mod, edge), Compiled.build(mod, edge, database=False)
+    assert shipped and set(default.offload.tuned) == shipped and off.offload.tuned == []
+    assert max_relative_error(default.run(inputs).outputs, off.run(inputs).outputs) < 1e-2
+    # a kernel both presets have records for, tiled otherwise by stcp920's record: on the edge
+    # chip the pipeline lowers it as the edge preset's record says
+    lookup = _tuned_kernels(None, hw)
+    differ = 0
+    for task in tasks:
+        if not (own.has_workload(task.mod) and other.has_workload(task.mod)):
+            continue
+        func = task.mod["main"]
+        (record,) = other.get_top_k(other.commit_workload(task.mod), 1)
+        sch = s_tir.Schedule(workload(func))
+        record.trace.apply_to_schedule(sch, remove_postproc=False)
+        as_stcp920 = lower_scheduled(sch.mod["main"], hw)
+        lowered = lookup(func)
+        assert tvm_ffi.structural_equal(lowered, tuned_kernel(own, func, hw))
+        differ += not tvm_ffi.structural_equal(lowered, as_stcp920)
+    assert differ
+
+
 def _matmul(n: int):
     a, b = te.placeholder((n, n), name="A"), te.placeholder((n, n), name="B")
     k = te.reduce_axis((0, n), "k")
     return te.create_prim_func([a, b, te.compute((n, n), lambda i, j: te.sum(a[i, k] * b[k, j], axis=k))])
 
 
-def _commit(database, func, seconds: float, chip: str) -> None:
-    """A record of ``func``'s default tiling measured as ``seconds`` on ``chip``."""
+def _commit(database, func, seconds: float, chip: str, plan: TilePlan | None = None) -> None:
+    """A record of ``func`` tiled by ``plan`` (default: the default tiling) stored as measured in
+    ``seconds`` on ``chip``."""
     wl = workload(func)
     sch = s_tir.Schedule(wl)
-    sample_tiling(sch, (0, 1), lower_kernel(func, HW)[1], False)
+    sample_tiling(sch, (0, 1), plan or lower_kernel(func, HW)[1], False)
     database.commit_tuning_record(ms.database.TuningRecord(
         sch.trace, database.commit_workload(wl), [seconds], hardware.make_target(f"dsa/{chip}"),
         ms.arg_info.ArgInfo.from_prim_func(wl["main"])))
 
 
-def test_merge_keeps_the_fastest_record_per_workload_of_the_chip(tmp_path):
-    small, large = _matmul(64), _matmul(128)
+def test_merge_remeasures_the_fastest_records_and_keeps_those_as_fast_as_the_default(tmp_path):
+    small, mid, large = _matmul(64), _matmul(96), _matmul(128)
+    thin = TilePlan((16, 32), 16)  # PE-array-sized tiles: slower than the default on all three
+    for func in (mid, large):
+        assert replayed(func, thin) > default_seconds(func, HW)
     a, b = load_database(tmp_path / "a"), load_database(tmp_path / "b")
     _commit(a, small, 1e-5, "stcp920")
     _commit(b, small, 5e-6, "stcp920")
-    _commit(b, small, 1e-6, "set-edge16")  # another chip's: never merged
-    _commit(b, large, 2e-5, "stcp920")
+    _commit(b, small, 1e-9, "set-edge16")  # another chip's: never merged
+    _commit(b, mid, 1e-9, "stcp920", thin)  # only a record slower than the default: none shipped
     _commit(b, large, 3e-5, "stcp920")
+    _commit(b, large, 1e-9, "stcp920", thin)  # a stale time: re-measured, slower than the default
     assert merge_records([a, tmp_path / "b"], "stcp920", tmp_path / "out") == 2
-    merged = load_database(tmp_path / "out")
-    best = {tvm_ffi.structural_hash(r.workload.mod): float(r.run_secs[0]) for r in merged.get_all_tuning_records()}
-    assert sorted(best.values()) == [5e-6, 2e-5] and len(merged.get_all_tuning_records()) == 2
-    assert tuned_kernel(merged, small, HW) is not None
+    merged = read_records(tmp_path / "out")
+    times = {tvm_ffi.structural_hash(r.workload.mod): float(r.run_secs[0]) for r in merged.get_all_tuning_records()}
+    # the default tiling's records (not large's stale one), with the time of their program now
+    assert times == {tvm_ffi.structural_hash(workload(f)): default_seconds(f, HW) for f in (small, large)}
     # merging into the folder again with it as a source keeps it
     assert merge_records([tmp_path / "out"], "stcp920", tmp_path / "out") == 2
-    assert sorted(tmp_path.joinpath("out").iterdir()) == sorted(tmp_path / "out" / n for n in
-                                                              ("database_tuning_record.json", "database_workload.json"))
+    assert sorted(tmp_path.joinpath("out").iterdir()) == sorted(tmp_path / "out" / n for n in FILES)
+
+
+def replayed(func, plan: TilePlan) -> float:
+    sch = s_tir.Schedule(workload(func))
+    sample_tiling(sch, (0, 1), plan, False)
+    return simulate(build_program(lower_scheduled(sch.mod["main"], HW), HW, "k"), mode="timing").report.seconds

@@ -5,12 +5,14 @@ One small tuning run (a conv kernel, a few trials) is shared by the module: meta
 use imports every TVM tensor intrinsic (about 20-30 s), once per process.
 """
 
+import itertools
 import json
 
 import numpy as np
 import onnx
 import pytest
 import tvm
+import tvm_ffi
 from onnx import TensorProto as TP
 from onnx import helper as h
 from onnx import numpy_helper as nh
@@ -24,7 +26,8 @@ from tvm_dsa.driver import Compiled, import_onnx, max_relative_error
 from tvm_dsa.runtime import simulate
 from tvm_dsa.tir_passes import TilePlan, anchor_info, lower_kernel
 from tvm_dsa.tuning import DSABuilder, extract_tasks, load_database, tuned_kernel, workload
-from tvm_dsa.tuning.space import FitsDSA, design_spaces, sample_tiling, tile_orders
+from tvm_dsa.tuning.space import (FitsDSA, StepTile, below_floor, capacity_boxes, design_spaces, divisors, fits_lb,
+                                  sample_tiling, tile_orders)
 
 TARGET = "dsa/stcp920"
 HW = hardware.get(TARGET)
@@ -79,6 +82,98 @@ def test_fits_dsa_rejects_a_tile_larger_than_the_lb():
     assert post.apply(default) and not post.apply(whole)
     (res,) = DSABuilder().build([ms.builder.BuilderInput(whole.mod, hardware.make_target(TARGET))])
     assert res.artifact_path is None and "not a DSA kernel" in res.error_msg and "exceeds the LB" in res.error_msg
+
+
+def _matmul_epilogue(m: int, n: int, k: int, stages: int):
+    """``(A @ B + bias)`` followed by ``stages`` elementwise stages (halve, add one, ...): each
+    stage's tile takes its own LB buffer, as in BERT's fused FFN (matmul, bias, GELU's five)."""
+    a = te.placeholder((m, k), "float32", name="A")
+    b = te.placeholder((k, n), "float32", name="B")
+    bias = te.placeholder((n,), "float32", name="bias")
+    r = te.reduce_axis((0, k), "k")
+    c = te.compute((m, n), lambda i, j: te.sum(a[i, r] * b[r, j], axis=r), name="C")
+    out = te.compute((m, n), lambda i, j: c[i, j] + bias[j], name="D")
+    for s in range(stages):
+        prev = out
+        out = te.compute((m, n), (lambda i, j: prev[i, j] * 0.5) if s % 2 == 0 else (lambda i, j: prev[i, j] + 1.0),
+                         name=f"E{s}")
+    return workload(te.create_prim_func([a, b, bias, out]))
+
+
+def _replayed(mod, spaces, count: int):
+    """``count`` samples of ``spaces`` as the evolutionary search draws them: each space's trace
+    replayed without its decisions, so every sampling instruction draws anew (seeds 1..count)."""
+    for seed in range(1, count + 1):
+        trace = s_tir.schedule.Trace(spaces[seed % len(spaces)].trace.insts, {})
+        sch = s_tir.Schedule(mod, seed=seed)
+        trace.apply_to_schedule(sch, remove_postproc=True)
+        yield sch
+
+
+def test_capacity_boxes_sample_tilings_that_fit_where_uniform_samples_do_not():
+    mod = _matmul_epilogue(64, 2048, 512, 8)
+    func, info = mod["main"], anchor_info(mod["main"])
+    # the divisor grid (M tile x N tile x chunk), each tiling lowered: 3% of it clears the PE
+    # array's floor (M >= 16, N >= 32) and fits the LB once, where every stage's M x N tile
+    # takes room
+    grid = list(itertools.product(divisors(64), divisors(2048), divisors(512)))
+    good = {g for g in grid if not below_floor(info, g[:2], HW) and fits_lb(func, TilePlan(g[:2], g[2]), HW)}
+    assert len(grid) == 840 and len(good) == 25
+    # the boxes offer exactly tilings of that 3%, and all of it
+    boxes = capacity_boxes(func, HW)
+    assert set().union(*(itertools.product(*box.tiles, box.chunk) for box in boxes)) == good
+    spaces = design_spaces(s_tir.Schedule(mod), HW)
+    orders = len(tile_orders(info.spatial))
+    assert len(spaces) == orders * (1 + len(boxes))
+    post = FitsDSA(HW, info)
+    # uniform samples (any divisor per loop) all fail; the boxes' samples fail only when two copies
+    # of their tiles do not fit (double buffering is sampled too)
+    assert not any(post.apply(sch) for sch in _replayed(mod, spaces[:orders], 64))
+    fitting = [sch for sch in _replayed(mod, spaces[orders:], 64) if post.apply(sch)]
+    assert len(fitting) >= 32
+    # two of them, built and simulated, compute the kernel
+    rng = np.random.default_rng(0)
+    a, b = (rng.standard_normal(s).astype("float32") * 0.1 for s in ((64, 512), (512, 2048)))
+    bias = rng.standard_normal(2048).astype("float32")
+    expected = a @ b + bias
+    for s in range(8):
+        expected = expected * 0.5 if s % 2 == 0 else expected + 1.0
+    tilings = {}
+    for sch in fitting:
+        tilings.setdefault(tvm_ffi.structural_hash(sch.mod["main"]), sch)
+    for sch in list(tilings.values())[:2]:
+        program = build_program(tvm_dsa.tuning.space.lower_scheduled(sch.mod["main"], HW), HW, "ffn")
+        (out,) = simulate(program, [a, b, bias]).outputs
+        assert max_relative_error([out], [expected]) < 2e-2  # fp16 storage on stcp920
+
+
+def test_step_tile_moves_a_box_decision_to_a_neighbouring_size():
+    func = _matmul(256)
+    (box, *_) = capacity_boxes(func, HW)
+    sch = s_tir.Schedule(workload(func))
+    sample_tiling(sch, (0, 1), box=box)
+    trace = sch.trace
+    tiles = [i for i in trace.insts if i.kind.name == "SampleCategorical" and len(i.attrs[0]) > 1][:-1]
+    assert tiles  # the box offers several sizes of some tile (the last categorical: double buffering)
+    stepped = StepTile().apply(trace)
+    moved = [(a, int(trace.decisions[a]), int(stepped.decisions[b]))
+             for a, b in zip(trace.insts, stepped.insts)
+             if a.kind.name == "SampleCategorical" and int(trace.decisions[a]) != int(stepped.decisions[b])]
+    assert len(moved) == 1 and moved[0][0] in tiles and abs(moved[0][1] - moved[0][2]) == 1
+
+
+def test_the_vector_floor_is_the_widest_tile_a_reshape_allows():
+    # out[i, j] = A[j // 16, i, j % 16]: a tile of j must divide 16 to keep the indices affine, so
+    # the 64-element floor of other kernels would rule out every tiling
+    a = te.placeholder((4, 8, 16), "float32", name="A")
+    func = te.create_prim_func([a, te.compute((8, 64), lambda i, j: a[j // 16, i, j % 16], name="B")])
+    info = anchor_info(func)
+    assert info.spatial == (8, 64) and info.align[-1] == 16
+    assert below_floor(info, (8, 16), HW) is None and "below 16 elements" in below_floor(info, (8, 8), HW)
+    boxes = capacity_boxes(func, HW)
+    assert boxes and all(box.tiles[-1] == (16,) for box in boxes)
+    for box in boxes:  # every tiling a box offers lowers within the LB
+        assert all(fits_lb(func, TilePlan(tiles, None), HW) for tiles in itertools.product(*box.tiles))
 
 
 def test_tasks_are_the_offloaded_kernels_with_their_default_time(tuned):

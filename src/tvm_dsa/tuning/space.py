@@ -11,12 +11,22 @@ decision annotated on the root block (``dsa.double_buffer``), flipped by ``FlipD
 two LB copies let loads overlap compute, one leaves room for larger tiles. ``FitsDSA`` rejects, before they are measured,
 samples whose working set exceeds the LB, whose indices stop being affine, or whose tiles are
 below the floor under which per-tile overheads always lose (``below_floor``).
+
+On a large layer most uniform samples fail that check (BERT's FFN GEMMs: none of 40), so the
+space also has **capacity boxes** (``capacity_boxes``): tilings grown from the smallest one above
+the floor, loop by loop, each to the largest tile that still fits the chip's LB; every tiling
+between that floor and such a top fits and clears the floor, and the box's spaces sample each
+loop's tile among those sizes with ``sample_categorical``, largest first. ``StepTile`` moves one
+of those decisions to a neighbouring size.
 """
 
 from __future__ import annotations
 
+import functools
 import itertools
 import math
+import random
+from dataclasses import dataclass
 
 import tvm_ffi
 from tvm import s_tir
@@ -26,7 +36,8 @@ from tvm.ir.utils import derived_object
 from .. import hardware
 from ..codegen.kernel_ir import plan_lb, read_kernel
 from ..hardware import Hardware
-from ..tir_passes import TilePlan, Unsupported, anchor_info, assign_scopes, lower_to_dsa
+from ..schedule.set.ops import divisors
+from ..tir_passes import TilePlan, Unsupported, anchor_info, assign_scopes, lower_to_dsa, lower_with_plan
 from ..tir_passes.tile import DOUBLE_BUFFER, AnchorInfo, annotate_double_buffer, tile_anchor
 
 MAX_ORDERS = 24  # design spaces per kernel: all orders of up to four tiled loops
@@ -50,12 +61,32 @@ def tile_orders(spatial: tuple[int, ...]) -> list[tuple[int, ...]]:
     return orders
 
 
+@dataclass(frozen=True)
+class CapacityBox:
+    """Tile sizes a capacity space samples, largest first: per spatial loop of the anchor, and for
+    the chunk of its first reduction loop (None: no reduction loop). Every tiling that takes one
+    size per loop fits the LB and clears ``below_floor``."""
+
+    tiles: tuple[tuple[int, ...], ...]
+    chunk: tuple[int, ...] | None
+
+
+def largest_first(n: int) -> list[float]:
+    """Probabilities of ``n`` sizes listed largest first: each half the one before."""
+    weights = [2.0 ** -i for i in range(n)]
+    return [w / sum(weights) for w in weights]
+
+
 def sample_tiling(sch: s_tir.Schedule, order: tuple[int, ...], plan: TilePlan | None = None,
-                  double_buffer: bool | None = None) -> None:
+                  double_buffer: bool | None = None, box: CapacityBox | None = None) -> None:
     """Tile ``sch``'s anchor with sampled factors in ``order`` and sample double buffering; the
-    decisions are ``plan``'s and ``double_buffer`` when given."""
+    decisions are ``plan``'s and ``double_buffer`` when given. With ``box`` each tile (and the
+    chunk) is a ``sample_categorical`` among the box's sizes instead of any divisor."""
 
     def factors(s, loop, extent, index):
+        if box is not None:
+            sizes = box.chunk if index is None else box.tiles[index]
+            return None if sizes is None else [None, s.sample_categorical(list(sizes), largest_first(len(sizes)))]
         if plan is None:
             decision = None
         else:
@@ -68,21 +99,97 @@ def sample_tiling(sch: s_tir.Schedule, order: tuple[int, ...], plan: TilePlan | 
     annotate_double_buffer(sch, sch.sample_categorical([0, 1], [0.5, 0.5], decision=decision))
 
 
-def design_spaces(sch: s_tir.Schedule) -> list[s_tir.Schedule]:
-    """One design space per tile-loop order, each with sampled tile sizes and chunk."""
+def design_spaces(sch: s_tir.Schedule, hw: Hardware | None = None) -> list[s_tir.Schedule]:
+    """One design space per tile-loop order, each with sampled tile sizes and chunk; with ``hw``,
+    also one per order and capacity box of the kernel on that chip (``capacity_boxes``)."""
     info = anchor_info(sch.mod["main"])
+    boxes = [None] + (capacity_boxes(sch.mod["main"], hw) if hw is not None else [])
     out = []
-    for order in tile_orders(info.spatial):
-        s = sch.copy()
-        sample_tiling(s, order)
-        out.append(s)
+    for box in boxes:
+        for order in tile_orders(info.spatial):
+            s = sch.copy()
+            sample_tiling(s, order, box=box)
+            out.append(s)
     return out
+
+
+def fits_lb(func, plan: TilePlan, hw: Hardware) -> bool:
+    """Whether ``func`` tiled by ``plan`` lowers with one copy of each tile buffer in ``hw``'s LB."""
+    try:
+        plan_lb(read_kernel(lower_with_plan(func, plan)), hw)
+    except Unsupported:
+        return False
+    return True
+
+
+def _floor_tiling(info: AnchorInfo, sizes: list[list[int]], hw: Hardware) -> list[int]:
+    """The smallest size of each loop, raised (inner loops first: long DMA rows) until the tiling
+    clears ``below_floor``: a contraction's M and N products, another anchor's innermost loop."""
+    lo = [s[0] for s in sizes]
+    if "N" in info.roles:
+        for role, floor in (("M", hw.mme.rows), ("N", hw.mme.cols)):
+            loops = [i for i, r in enumerate(info.roles) if r == role]
+            need = min(floor, math.prod(info.spatial[i] for i in loops))
+            for i in reversed(loops):
+                rest = math.prod(lo[j] for j in loops if j != i)
+                lo[i] = next((t for t in sizes[i] if rest * t >= need), sizes[i][-1])
+    elif lo:
+        lo[-1] = next(t for t in sizes[-1] if t >= min(MIN_VECTOR_TILE, _widest(info, -1)))
+    return lo
+
+
+def capacity_boxes(func, hw: Hardware) -> list[CapacityBox]:
+    """Boxes of tilings near the capacity of ``hw``'s LB that all fit it and clear the floor.
+
+    From the smallest tiling above the floor (``_floor_tiling``), each loop with a choice (and the
+    chunk) in turn takes the largest size with which the tiling still fits (a bisection over its
+    sizes, each probe lowered); one box per rotation of the order in which loops grow (the first
+    to grow takes the most of the LB). A box offers every size between the floor's and the top's:
+    the working set grows with every tile size, so none of them leaves the LB. A loop's sizes are
+    the divisors of its extent that divide its alignment (of the raw indices, so that every tiling
+    stays affine). Empty when even the floor's tiling does not fit."""
+    info = anchor_info(func, False)
+    sizes = [divisors(_widest(info, i)) for i in range(len(info.spatial))]
+    chunks = divisors(info.reduction[0]) if info.reduction else None
+    lo, lo_chunk = _floor_tiling(info, sizes, hw), chunks[0] if chunks else None
+    if below_floor(info, tuple(lo), hw) or not fits_lb(func, TilePlan(tuple(lo), lo_chunk), hw):
+        return []
+    free = [i for i, s in enumerate(sizes) if s[-1] > lo[i]] + (["chunk"] if chunks and len(chunks) > 1 else [])
+    boxes = []
+    for k in range(len(free)):
+        tiles, chunk = list(lo), lo_chunk
+        for loop in free[k:] + free[:k]:
+            if loop == "chunk":
+                options = [c for c in chunks if c >= chunk]
+                chunk = options[_last_true(len(options), lambda j: fits_lb(func, TilePlan(tuple(tiles), options[j]), hw))]
+            else:
+                options = [t for t in sizes[loop] if t >= tiles[loop]]
+                grown = lambda j: TilePlan(tuple(tiles[:loop] + [options[j]] + tiles[loop + 1:]), chunk)  # noqa: E731
+                tiles[loop] = options[_last_true(len(options), lambda j: fits_lb(func, grown(j), hw))]
+        box = CapacityBox(tuple(tuple(t for t in reversed(s) if lo[i] <= t <= tiles[i]) for i, s in enumerate(sizes)),
+                          tuple(c for c in reversed(chunks) if c <= chunk) if chunks else None)
+        if box not in boxes:
+            boxes.append(box)
+    return boxes
+
+
+def _last_true(n: int, pred) -> int:
+    """Largest i in [0, n) with pred(i), for a pred true from 0 up to some point."""
+    lo, hi = 0, n - 1
+    while lo < hi:
+        mid = (lo + hi + 1) // 2
+        if pred(mid):
+            lo = mid
+        else:
+            hi = mid - 1
+    return lo
 
 
 def below_floor(info: AnchorInfo, tiles: tuple[int, ...], hw: Hardware) -> str | None:
     """Why ``tiles`` (the anchor's spatial tile sizes) are too small to be worth measuring, or
     None. A contraction's M and N tile products must reach the PE array's rows and columns (or
-    the whole extent, if smaller); another anchor's innermost tile 64 elements (or the extent).
+    the whole extent, if smaller); another anchor's innermost tile 64 elements (or the widest
+    tile its alignment allows: a reshape's 16-element rows of a 64-wide loop take tiles of 16).
     Below that every instruction pays its fixed costs for a fraction of the work: on a 64-channel
     3x3 conv such samples measured 2.2 to 220 times slower than the default (docs/tuning.md)."""
     def product(values, role):
@@ -93,16 +200,22 @@ def below_floor(info: AnchorInfo, tiles: tuple[int, ...], hw: Hardware) -> str |
             if product(tiles, role) < min(floor, product(info.spatial, role)):
                 return f"{role} tile {product(tiles, role)} is below the PE array's {floor}"
         return None
-    if tiles and tiles[-1] < min(MIN_VECTOR_TILE, info.spatial[-1]):
-        return f"innermost tile {tiles[-1]} is below {MIN_VECTOR_TILE} elements"
+    if tiles and tiles[-1] < min(MIN_VECTOR_TILE, _widest(info, -1)):
+        return f"innermost tile {tiles[-1]} is below {min(MIN_VECTOR_TILE, _widest(info, -1))} elements"
     return None
 
 
+def _widest(info: AnchorInfo, i: int) -> int:
+    """The widest tile of spatial loop ``i``: its extent, or the part of it that divides its alignment."""
+    align = info.align[i] if info.align else 1
+    return math.gcd(info.spatial[i], align) if align > 1 else info.spatial[i]
+
+
 def sampled_tiles(sch: s_tir.Schedule, spatial: int) -> tuple[int, ...]:
-    """The tile sizes a sample chose for the anchor's ``spatial`` loops (its first decisions)."""
-    trace = sch.trace
-    decisions = [trace.decisions[i] for i in trace.insts if i.kind.name == "SamplePerfectTile"]
-    return tuple(int(d[1]) for d in decisions[:spatial])
+    """The tile sizes a sample chose for the anchor's ``spatial`` loops: the inner factors of its
+    first splits (``tile_anchor`` splits the spatial loops first, in order)."""
+    splits = [inst for inst in sch.trace.insts if inst.kind.name == "Split"][:spatial]
+    return tuple(int(sch.get(inst.inputs[-1])) for inst in splits)
 
 
 def lower_scheduled(func, hw: Hardware):
@@ -168,8 +281,34 @@ class FlipDoubleBuffer(ms.mutator.PyMutator):
         return FlipDoubleBuffer()
 
 
-def space_generator() -> ms.space_generator.ScheduleFn:
-    """The DSA design spaces with no CPU schedule rules, the LB check as the only postprocessor,
-    tile-size mutation and double-buffering flips for the evolutionary search."""
-    return ms.space_generator.ScheduleFn(design_spaces, sch_rules=[], postprocs=[FitsDSA()],
-                                         mutator_probs={ms.mutator.MutateTileSize(): 0.8, FlipDoubleBuffer(): 0.2})
+@derived_object
+class StepTile(ms.mutator.PyMutator):
+    """Mutator: a capacity space's tile (or chunk) decision moved to the next larger or smaller
+    size of its box (``MutateTileSize`` only mutates ``sample_perfect_tile`` decisions)."""
+
+    def _initialize_with_tune_context(self, context) -> None:
+        pass
+
+    def apply(self, trace, rand_state):
+        factors = {inst.inputs[-1] for inst in trace.insts if inst.kind.name == "Split"}
+        choices = [inst for inst in trace.insts
+                   if inst.kind.name == "SampleCategorical" and inst.outputs[0] in factors and len(inst.attrs[0]) > 1]
+        if not choices:
+            return None
+        rng = random.Random(rand_state)
+        inst = rng.choice(choices)
+        decision = int(trace.decisions[inst])
+        step = rng.choice([d for d in (decision - 1, decision + 1) if 0 <= d < len(inst.attrs[0])])
+        return trace.with_decision(inst, step, remove_postproc=True)
+
+    def clone(self) -> "StepTile":
+        return StepTile()
+
+
+def space_generator(hw: Hardware) -> ms.space_generator.ScheduleFn:
+    """The DSA design spaces of a kernel on chip ``hw`` (uniform and capacity boxes) with no CPU
+    schedule rules, the LB check as the only postprocessor, tile-size mutation, tile steps within
+    a box and double-buffering flips for the evolutionary search."""
+    return ms.space_generator.ScheduleFn(
+        functools.partial(design_spaces, hw=hw), sch_rules=[], postprocs=[FitsDSA()],
+        mutator_probs={ms.mutator.MutateTileSize(): 0.5, StepTile(): 0.3, FlipDoubleBuffer(): 0.2})
