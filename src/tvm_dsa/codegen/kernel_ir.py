@@ -187,6 +187,14 @@ class Loop:
     body: tuple
 
 
+def stages_of(nodes) -> list[Stage]:
+    """The stages of ``nodes`` (stages and loops) in program order."""
+    out = []
+    for n in nodes:
+        out += stages_of(n.body) if isinstance(n, Loop) else [n]
+    return out
+
+
 @dataclass(frozen=True)
 class KernelIR:
     root: Loop
@@ -195,14 +203,7 @@ class KernelIR:
     double_buffer: bool | None = None  # the schedule's decision (``dsa.double_buffer``); None: if it fits
 
     def stages(self) -> list[Stage]:
-        out = []
-
-        def walk(nodes):
-            for n in nodes:
-                walk(n.body) if isinstance(n, Loop) else out.append(n)
-
-        walk([self.root])
-        return out
+        return stages_of([self.root])
 
     def moves(self, shift: dict) -> dict | None:
         """Per buffer, the vector its accesses' indices move by when the tile-loop slots move by
@@ -742,7 +743,7 @@ def _shared_places(kernel: KernelIR, buffers: dict[str, LBBuffer]) -> dict[str, 
     ops = {}
     span: dict = {}  # buffer -> (first node, last node)
     for k, node in enumerate(body):
-        for st in (KernelIR(node, 0, ()).stages() if isinstance(node, Loop) else (node,)):
+        for st in stages_of([node]):
             ops[st.name] = st.op
             for acc in [st.dst] + st.reads():
                 if acc.lb:
