@@ -8,7 +8,9 @@ chunk loop when the anchor has one (so input tiles are loaded chunk by chunk) or
 Tile loops are annotated ``dsa.loop = "tile"``, the chunk loop ``dsa.loop = "chunk"``; the codegen
 iterates them, and each remaining loop nest becomes one DSA instruction. The root block's
 ``dsa.double_buffer`` annotation (``annotate_double_buffer``), when present, decides whether the
-LB holds two copies of every tile buffer; without it the codegen takes two when they fit.
+LB holds two copies of every tile buffer; without it the codegen takes two when they fit. The
+anchor's ``dsa.vector_contraction`` annotation (``annotate_vector_contraction``) puts a
+contraction on the vector units instead of the MME.
 """
 
 from __future__ import annotations
@@ -40,6 +42,7 @@ class TilePlan:
 
     tiles: tuple[int, ...]
     chunk: int | None = None
+    vector: bool = False  # the contraction runs on the vector units (``annotate_vector_contraction``)
 
 
 @dataclass(frozen=True)
@@ -190,6 +193,8 @@ def tile_schedule(func, plan: TilePlan) -> s_tir.Schedule:
         return [extent // t, t]
 
     tile_anchor(sch, fixed)
+    if plan.vector:
+        annotate_vector_contraction(sch, 1)
     return sch
 
 
@@ -201,6 +206,20 @@ def annotate_double_buffer(sch: s_tir.Schedule, value) -> None:
     Two copies let the next tile's loads overlap the current tile's compute; one leaves the LB
     room for nothing else but makes every load wait for the previous tile's last reader."""
     sch.annotate(sch.get_sblock("root"), DOUBLE_BUFFER, value)
+
+
+VECTOR_CONTRACTION = "dsa.vector_contraction"  # anchor annotation: 1 on the vector units, 0 the MME
+
+
+def annotate_vector_contraction(sch: s_tir.Schedule, value) -> None:
+    """Decide which unit runs the kernel's contraction: ``value`` 1 (an integer or a sampled
+    variable) the core's vector units, as products then a sum reduction (``LowerToDSA``), 0 the
+    MME. A contraction without an N loop (a depthwise convolution) leaves all but one of the PE
+    array's columns idle, and the VME's lanes can do its work in fewer cycles."""
+    idx, kinds = find_anchor(sch)
+    if kinds[idx].kind != "mme":
+        raise Unsupported("the kernel has no contraction to place on a unit")
+    sch.annotate(leaf_blocks(sch)[idx], VECTOR_CONTRACTION, value)
 
 
 def _anchor_loops(sch: s_tir.Schedule):

@@ -32,7 +32,7 @@ from ..schedule.graph import OpGraph
 from ..tir_passes import TilePlan, Unsupported, anchor_info, lower_kernel
 from .measure import DSABuilder, DSARunner, build_candidate, simulated_seconds
 from .pretuned import merge_records, pretuned, records_dir
-from .space import lower_scheduled, sample_tiling, space_generator, tile_orders
+from .space import lower_scheduled, sample_tiling, space_generator, tile_orders, unit_choice
 
 
 # Random samples a round needs besides the records' mutations: on a full-size layer most random
@@ -211,10 +211,12 @@ def _commit_default(database, task: Task, target) -> None:
     trace gives: ``lower_kernel`` tiles the kernel with its indices simplified, the trace tiles
     the workload as it is, and a reshape's indices can lower to other DMAs (tiny BERT's
     transpose-reshape on set-edge16-fp16: 2,503 cycles by default, 2,878 replayed)."""
+    hw = hardware.from_target(target)
+    info = anchor_info(task.mod["main"])
     sch = s_tir.Schedule(task.mod)
-    sample_tiling(sch, tile_orders(anchor_info(task.mod["main"]).spatial)[0], task.default_plan,
-                  task.default_double_buffer)
-    seconds = simulated_seconds(build_candidate(sch.mod["main"], hardware.from_target(target), task.name))
+    sample_tiling(sch, tile_orders(info.spatial)[0], task.default_plan, task.default_double_buffer,
+                  choose_unit=unit_choice(info, hw))
+    seconds = simulated_seconds(build_candidate(sch.mod["main"], hw, task.name))
     database.commit_tuning_record(ms.database.TuningRecord(
         sch.trace, database.commit_workload(task.mod), [seconds], target,
         ms.arg_info.ArgInfo.from_prim_func(task.mod["main"])))
