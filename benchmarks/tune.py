@@ -63,7 +63,9 @@ def main() -> None:
         with (nullcontext(str(keep)) if keep else tempfile.TemporaryDirectory(prefix="tvm-dsa-tune-bench-")) as work_dir:
             print(f"... tuning {name} ({trials} trials)", file=sys.stderr, flush=True)
             start = time.perf_counter()
-            result = tvm_dsa.tune(mod, args.target, trials=trials, work_dir=work_dir, seed=args.seed)
+            # a round of ``per_iter`` per task in turn: no larger than --trials, or the last tasks get none
+            result = tvm_dsa.tune(mod, args.target, trials=trials, work_dir=work_dir, seed=args.seed,
+                                  per_iter=min(16, args.trials))
             seconds = time.perf_counter() - start
             print(f"\n{name} on {args.target}:\n{result}\n")
             before = Compiled.build(mod, args.target, database=False).run(inputs, mode="timing").report.cycles
