@@ -1,7 +1,8 @@
 """Which unit runs a contraction: the anchor's ``dsa.vector_contraction`` annotation puts it on the
 vector units (products, then a sum reduction) instead of the MME; both compute the kernel (against
-the same PrimFunc built for llvm), the tuning space offers the choice where the MME would leave PE
-columns idle, and its capacity boxes hold tilings that fit on each unit."""
+the same PrimFunc built for llvm). Where the MME would use one PE column (a depthwise conv) the
+default lowering keeps the faster unit, the tuning space offers the choice, and its capacity boxes
+hold tilings that fit on each unit."""
 
 import math
 
@@ -61,13 +62,25 @@ def test_both_units_compute_the_kernel_and_the_vector_units_win_a_depthwise_conv
     assert cycles[True] < cycles[False]
 
 
-def test_the_choice_is_offered_where_pe_columns_would_idle(conv_relu, depthwise):
+def test_the_choice_is_offered_where_one_pe_column_would_work(conv_relu, depthwise):
     assert unit_choice(anchor_info(depthwise.mod["main"]), HW)
-    (wide,) = extract_tasks(import_onnx(conv_relu(8, HW.mme.cols, 8)), TARGET)  # N fills the columns
-    assert not unit_choice(anchor_info(wide.mod["main"]), HW)
+    (narrow,) = extract_tasks(import_onnx(conv_relu(8, HW.mme.cols // 2, 8)), TARGET)  # N = 16 columns of 32
+    assert not unit_choice(anchor_info(narrow.mod["main"]), HW)
     # an integer MME sums exactly in int32, the vector units in float32: no choice
     int8 = hardware.get("dsa/set-edge16")
     assert int8.mme.accum_dtype == "int32" and not unit_choice(anchor_info(depthwise.mod["main"]), int8)
+
+
+def test_the_default_lowering_takes_the_faster_unit(conv_relu, depthwise):
+    # lower_kernel lowers a depthwise conv for both units and keeps the faster in a timing run
+    assert depthwise.default_plan.vector
+    func = depthwise.mod["main"]
+    plan = depthwise.default_plan
+    on_mme = build_program(lower_with_plan(func, TilePlan(plan.tiles, plan.chunk)), HW, "depthwise")
+    assert round(depthwise.default_seconds * HW.clock_hz) < simulate(on_mme, mode="timing").report.cycles
+    # on an int8 chip there is no choice: the MME
+    (int8,) = extract_tasks(import_onnx(conv_relu(32, 32, 16, groups=32)), "dsa/set-edge16")
+    assert not int8.default_plan.vector
 
 
 def test_capacity_boxes_are_per_unit_and_their_largest_tilings_fit(depthwise):

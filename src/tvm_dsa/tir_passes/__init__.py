@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import functools
 import math
+from dataclasses import replace
 
 import tvm
 from tvm import s_tir
@@ -21,7 +22,8 @@ from .analysis import Unsupported, classify
 from .lower import lower_to_dsa
 from .scopes import GB_SCOPE, LB_SCOPE, assign_scopes
 from .tile import (
-    TilePlan, anchor_info, candidate_plans, parallel_plans, simplify_indices, tile_schedule, working_set_floor,
+    TilePlan, anchor_info, candidate_plans, on_vector_units, parallel_plans, simplify_indices, tile_schedule,
+    unit_choice, working_set_floor,
 )
 
 
@@ -55,7 +57,8 @@ def lower_with_plan(func, plan: TilePlan):
     return sch.mod["main"]
 
 
-def lower_kernel(func, hw, lb_bytes: int | None = None, parallel: bool = True, simplify: bool = True):
+def lower_kernel(func, hw, lb_bytes: int | None = None, parallel: bool = True, simplify: bool = True,
+                 vector: bool | None = None):
     """Lower ``func`` with the largest tiling whose working set fits ``hw``'s LB (its first
     ``lb_bytes`` if given) and — unless ``parallel`` is False — that gives the cluster's cores a
     tile each where the kernel has that many. Returns (lowered, plan).
@@ -67,26 +70,31 @@ def lower_kernel(func, hw, lb_bytes: int | None = None, parallel: bool = True, s
     alignments are lowered and the one with fewer cycles in a timing simulation is kept (coarser
     tiles are not always faster), unless one has ``TIMED_TILES_RATIO`` times the other's tiles or
     more (it is then not simulated: ViT-B/16's head merge at batch 8 has 1.2M one-element tiles
-    under the raw alignment, 48 under the other)."""
+    under the raw alignment, 48 under the other). A contraction with a choice of unit
+    (``tile.unit_choice``: a depthwise convolution) is lowered for the MME and for the vector
+    units, and the faster is kept the same way; ``vector`` True or False takes that unit."""
     info = anchor_info(func, simplify)
-    if simplify and info.align != anchor_info(func, False).align:
-        from ..codegen.emit import build_program
-        from ..codegen.specialize import timing_cycles
-
-        lowerings, error = [], None
-        for aligned in (False, True):
+    alignments = (False, True) if simplify and info.align != anchor_info(func, False).align else (None,)
+    if vector and not unit_choice(info, hw):
+        raise Unsupported(f"{info.name}: its contraction cannot run on the vector units of {hw.name}")
+    units = (vector,) if vector is not None else (False, True) if unit_choice(info, hw) else (False,)
+    lowerings, error = [], None
+    for aligned in alignments:
+        for vector in units:
             try:
-                lowerings.append(_lower_aligned(func, hw, lb_bytes, parallel, True, aligned))
+                lowerings.append(_lower_aligned(func, hw, lb_bytes, parallel, simplify, aligned, vector))
             except Unsupported as err:
                 error = err
-        if not lowerings:
-            raise error
-        fewest = min(_tiles(info, plan) for _, plan in lowerings)
-        lowerings = [lp for lp in lowerings if _tiles(info, lp[1]) < TIMED_TILES_RATIO * fewest]
-        if len(lowerings) == 1:
-            return lowerings[0]
-        return min(lowerings, key=lambda lp: timing_cycles(build_program(lp[0], hw, "kernel")))
-    return _lower_aligned(func, hw, lb_bytes, parallel, simplify)
+    if not lowerings:
+        raise error
+    fewest = min(_tiles(info, plan) for _, plan in lowerings)
+    lowerings = [lp for lp in lowerings if _tiles(info, lp[1]) < TIMED_TILES_RATIO * fewest]
+    if len(lowerings) == 1:
+        return lowerings[0]
+    from ..codegen.emit import build_program
+    from ..codegen.specialize import timing_cycles
+
+    return min(lowerings, key=lambda lp: timing_cycles(build_program(lp[0], hw, "kernel")))
 
 
 TIMED_TILES_RATIO = 16
@@ -99,9 +107,11 @@ def _tiles(info, plan: TilePlan) -> int:
     return n
 
 
-def _lower_aligned(func, hw, lb_bytes: int | None, parallel: bool, simplify: bool, aligned: bool | None = None):
+def _lower_aligned(func, hw, lb_bytes: int | None, parallel: bool, simplify: bool, aligned: bool | None = None,
+                   vector: bool = False):
     """``lower_kernel`` with one alignment: of the simplified indices or of the indices as they are
-    (``aligned``, by default ``simplify``); the simplified kernel is lowered if ``simplify``.
+    (``aligned``, by default ``simplify``); the simplified kernel is lowered if ``simplify``; the
+    contraction on the vector units if ``vector``.
 
     Candidate plans shrink monotonically, so both conditions are found by search (the first plan
     that fits from the first within ``working_set_floor`` of the LB, probing forwards). A
@@ -114,8 +124,8 @@ def _lower_aligned(func, hw, lb_bytes: int | None, parallel: bool, simplify: boo
     chosen = []
     for reuse in orders:
         try:
-            chosen.append(_fitting(func, info, list(candidate_plans(info, hw.mme.rows, hw.mme.cols, reuse)), hw,
-                                   lb_bytes, parallel))
+            plans = [replace(p, vector=vector) for p in candidate_plans(info, hw.mme.rows, hw.mme.cols, reuse)]
+            chosen.append(_fitting(func, info, plans, hw, lb_bytes, parallel))
         except Unsupported:
             if reuse == orders[-1] and not chosen:
                 raise
@@ -208,7 +218,7 @@ def _fitting(func, info, plans, hw, lb_bytes, parallel):
                           f"with affine accesses (last: {reasons[-1] if reasons else '?'})")
     if not parallel or spread(plans[first]):
         return lowered_if_fits(first), plans[first]
-    more = list(parallel_plans(info, plans[first], hw.mme.rows, hw.mme.cols))
+    more = [replace(p, vector=plans[first].vector) for p in parallel_plans(info, plans[first], hw.mme.rows, hw.mme.cols)]
     if not more:
         return lowered_if_fits(first), plans[first]
     best = min(_bisect(len(more), lambda i: spread(more[i])), len(more) - 1)

@@ -222,6 +222,27 @@ def annotate_vector_contraction(sch: s_tir.Schedule, value) -> None:
     sch.annotate(leaf_blocks(sch)[idx], VECTOR_CONTRACTION, value)
 
 
+def unit_choice(info: AnchorInfo, hw) -> bool:
+    """Whether a kernel's contraction may run on the vector units as well as on chip ``hw``'s MME:
+    it has no N loop, so the MME would use one PE column (a depthwise convolution), and the MME
+    accumulates in floating point as the vector units do (an integer MME's exact int32 sums are
+    not a float32 reduction's). With an N loop the MME wins even where it leaves columns idle:
+    full-size MobileNetV2's 1x1 convolutions to 16 and 24 channels took 3.5 and 4.7 times its
+    cycles on stcp920's vector units."""
+    n = math.prod(e for e, r in zip(info.spatial, info.roles) if r == "N")
+    return info.kind.kind == "mme" and n == 1 and hw.mme.accum_dtype.startswith("float")
+
+
+def on_vector_units(func) -> bool:
+    """Whether a lowered kernel runs its contraction on the vector units (``annotate_vector_contraction``)."""
+    import tvm_ffi
+    from tvm.s_tir import SBlock
+
+    found = []
+    tvm_ffi.structural_walk(func.body, [(SBlock, lambda b: found.append(int(b.annotations.get(VECTOR_CONTRACTION, 0))))])
+    return any(found)
+
+
 def _anchor_loops(sch: s_tir.Schedule):
     """(root blocks, anchor index, anchor's spatial loops, its reduction loops)."""
     idx, _ = find_anchor(sch)

@@ -9,7 +9,7 @@ sums are accumulated, the order which loop is dealt over the clusters and whethe
 on a core reuse the operand already in its LB. Double buffering is a ``sample_categorical``
 decision annotated on the root block (``dsa.double_buffer``): two LB copies let loads overlap
 compute, one leaves room for larger tiles. Which unit runs a contraction is another, annotated on
-the anchor (``dsa.vector_contraction``), offered where the MME would leave PE columns idle
+the anchor (``dsa.vector_contraction``), offered where the MME would use one PE column
 (``unit_choice``): the MME, or the vector units as products and a sum reduction. ``FlipChoice``
 flips either decision. ``FitsDSA`` rejects, before they are measured,
 samples whose working set exceeds the LB, whose indices stop being affine, or whose tiles are
@@ -49,6 +49,7 @@ from ..tir_passes.tile import (
     annotate_double_buffer,
     annotate_vector_contraction,
     tile_anchor,
+    unit_choice,
 )
 
 MAX_ORDERS = 24  # design spaces per kernel: all orders of up to four tiled loops
@@ -87,15 +88,6 @@ def largest_first(n: int) -> list[float]:
     """Probabilities of ``n`` sizes listed largest first: each half the one before."""
     weights = [2.0 ** -i for i in range(n)]
     return [w / sum(weights) for w in weights]
-
-
-def unit_choice(info: AnchorInfo, hw: Hardware) -> bool:
-    """Whether the space offers the vector units for the kernel's contraction: the MME would
-    leave PE columns idle (the contraction's N extent is below the array's columns: a depthwise
-    convolution has none), and it accumulates in floating point as the vector units do (an
-    integer MME's exact int32 sums are not a float32 reduction's)."""
-    n = math.prod(e for e, r in zip(info.spatial, info.roles) if r == "N")
-    return info.kind.kind == "mme" and n < hw.mme.cols and hw.mme.accum_dtype.startswith("float")
 
 
 def sample_tiling(sch: s_tir.Schedule, order: tuple[int, ...], plan: TilePlan | None = None,
