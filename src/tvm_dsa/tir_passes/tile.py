@@ -28,6 +28,7 @@ from .analysis import (
     Unsupported,
     classify,
     contraction,
+    copy_func,
     int_value,
     sch_children,
     sch_get,
@@ -98,7 +99,7 @@ def simplify_indices(func):
     form). Returns a copy: a schedule of a module that shares ``func``'s body would rewrite it in
     place. Cached per function object (a kernel is lowered for the whole LB and for a share of
     it)."""
-    copy = tvm.ir.load_json(tvm.ir.save_json(func))
+    copy = copy_func(func)
     return s_tir.transform.StmtSimplify()(tvm.IRModule({"main": copy}))["main"]
 
 

@@ -30,6 +30,7 @@ from ..codegen.kernel_ir import plan_lb, read_kernel
 from ..hardware import Hardware
 from ..schedule.graph import OpGraph
 from ..tir_passes import TilePlan, Unsupported, anchor_info, lower_kernel
+from ..tir_passes.analysis import copy_func
 from .measure import DSABuilder, DSARunner, build_candidate, simulated_seconds
 from .pretuned import merge_records, pretuned, records_dir
 from .space import lower_scheduled, sample_tiling, space_generator, tile_orders, unit_choice
@@ -109,7 +110,7 @@ def workload(func: tirx.PrimFunc) -> tvm.IRModule:
 
     A copy, because a schedule of ``IRModule({"main": func.with_attr(...)})`` rewrites the body
     it shares with ``func`` in place (TVM 0.27)."""
-    return tvm.IRModule({"main": tvm.ir.load_json(tvm.ir.save_json(func)).with_attr("global_symbol", "main")})
+    return tvm.IRModule({"main": copy_func(func).with_attr("global_symbol", "main")})
 
 
 def extract_tasks(mod: tvm.IRModule, target: str = "dsa/stcp920") -> list[Task]:
