@@ -155,7 +155,7 @@ def offload(mod: tvm.IRModule, hw: Hardware, schedule: str = "layerwise", run_id
         macs = kernel_macs(mod[node.func])
         if node.name in on_dsa:
             result.dsa_macs += macs
-            if on_vector_units(lowered[node.func][0]):
+            if node.func in lowered and on_vector_units(lowered[node.func][0]):  # not a SET tree's reshape view
                 result.vector_macs += macs
         else:
             result.host_macs += macs
