@@ -3,8 +3,9 @@ DSA, then TVM's own CPU lowering for what remains on the host (keeping ``VMShape
 ``AttachGlobalSymbol``, which symbolic shapes and the VM need).
 
 A dynamic model (symbolic or unknown dims, control flow) first gets the shapes RDP proves
-(``ApplyRDP``) and is offloaded by ``offload_symbolic``: one kernel per fused op, programs built
-per concrete shape at run time (``docs/sod2.md``)."""
+(``ApplyRDP``), has each max pooling fused into the convolution before it where the DSA runs the
+two as one kernel (``FusePooling``), and is offloaded by ``offload_symbolic``: one kernel per
+fused op, programs built per concrete shape at run time (``docs/sod2.md``)."""
 
 from __future__ import annotations
 
@@ -21,6 +22,7 @@ from .relax_passes import SimplifyInference, offload
 from .relax_passes.offload import StitchOptions
 from .relax_passes.arena import PlanArena
 from .relax_passes.offload_symbolic import is_dynamic, offload_symbolic
+from .relax_passes.pool_fusion import FusePooling
 from .relax_passes.rdp_apply import ApplyRDP
 from .relax_passes.rdp_fusion import AnnotateSymbolicReshapes
 from .relax_passes.reorder import ApplyExecutionPlan
@@ -58,6 +60,8 @@ def pipeline(schedule: str = "layerwise", hw: hardware.Hardware | str | None = N
                              "model compiles with schedule='layerwise'")
         with host, _no_cyclic_gc():
             mod = fuse(mod, rdp_fusion)
+            if dynamic:
+                mod = FusePooling(chip)(mod)
             if memory_plan:
                 mod = ApplyExecutionPlan(SinkIntoBranches(mod))
             mod, result = (offload_symbolic(mod, chip) if dynamic
