@@ -71,3 +71,29 @@ def test_fold_weights_keeps_int64():
                                                     if isinstance(c.value, tvm.runtime.Tensor) else None)])
     assert [str(c.ty.dtype) for c in consts] == ["int64"]
     np.testing.assert_array_equal(consts[0].value.numpy(), 2 * np.arange(8).reshape(1, 8))
+
+
+def op_names(mod) -> list[str]:
+    names = []
+    tvm_ffi.structural_walk(mod["main"].body, [(relax.Call, lambda c: names.append(c.op.name))])
+    return names
+
+
+@pytest.mark.parametrize("perm,axis,inverse,cancels", [
+    ([0, 2, 1, 3], -1, [0, 2, 1, 3], True),   # shape_chain's head split and merge: the axis stays
+    ([0, 2, 1, 3], 1, [0, 2, 1, 3], True),    # the softmax along the moved axis: x's axis 2
+    ([1, 2, 3, 0], 0, [3, 0, 1, 2], True),    # a rotation and its inverse
+    ([0, 2, 1, 3], -1, [0, 1, 3, 2], False),  # not the inverse: the transposes stay
+])
+@pytest.mark.parametrize("softmax", [relax.op.nn.softmax, relax.op.nn.log_softmax])
+def test_a_softmax_between_inverse_transposes_loses_them(rng, perm, axis, inverse, cancels, softmax):
+    from tvm_dsa.relax_passes.transpose import CancelTransposePairs
+
+    op = relax.op
+    mod = relax_graph([(2, 3, 4, 5)], lambda x: op.permute_dims(softmax(op.permute_dims(x, perm), axis=axis), inverse))
+    out = CancelTransposePairs(mod)
+    assert op_names(out).count("relax.permute_dims") == (0 if cancels else 2)
+    x = rng.standard_normal((2, 3, 4, 5)).astype("float32")
+    run = lambda m: relax.VirtualMachine(tvm.compile(m, target="llvm"), tvm.cpu())["main"](  # noqa: E731
+        tvm.runtime.tensor(x)).numpy()
+    np.testing.assert_allclose(run(out), run(mod), rtol=1e-6, atol=1e-7)

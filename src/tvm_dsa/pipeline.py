@@ -27,6 +27,7 @@ from .relax_passes.rdp_apply import ApplyRDP
 from .relax_passes.rdp_fusion import AnnotateSymbolicReshapes
 from .relax_passes.reorder import ApplyExecutionPlan
 from .relax_passes.sink import SinkIntoBranches
+from .relax_passes.transpose import CancelTransposePairs
 from .schedule.set.scheduler import SetOptions
 
 LAST_OFFLOAD: dict = {}  # "result": the OffloadResult of the last compilation
@@ -122,7 +123,7 @@ def fuse(mod: tvm.IRModule, rdp_fusion: bool = True) -> tvm.IRModule:
     across = dynamic and rdp_fusion
     return tvm.transform.Sequential(
         ([ApplyRDP()] if dynamic else [])
-        + [SimplifyInference()]
+        + [SimplifyInference(), CancelTransposePairs]
         # dataflow blocks (an importer gives none to a function with an If) for FuseOps, and RDP
         # again: FoldBatchnormToConv2D and ConvertToDataflow lose the shapes of If results,
         # CanonicalizeBindings drops casts that only assert dims (docs/sod2.md)
