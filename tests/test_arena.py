@@ -12,7 +12,7 @@ from tvm.script import tirx as T
 
 import tvm_dsa  # noqa: F401  (registers tvm_dsa.arena_plan)
 from tvm_dsa.relax_passes.arena import ALIGN, PlanArena, arena_offsets
-from tvm_dsa.relax_passes.inplace import elementwise_inputs
+from tvm_dsa.relax_passes.inplace import elementwise_inputs, row_inputs
 from tvm_dsa.relax_passes.memory_plan import Lifetime, lower_bound
 from tvm_dsa.relax_passes.reorder import ApplyExecutionPlan, block_graph
 from tvm_dsa.relax_passes.sink import SinkIntoBranches
@@ -192,12 +192,12 @@ def test_a_binding_follows_the_cast_that_defines_its_symbol():
 # ---- in-place outputs: an elementwise kernel's output takes the bytes of an input that dies there
 
 
-def _kernels(mod: tvm.IRModule) -> dict:
-    """name -> (output index, elementwise input indices) of the legalized and fused PrimFuncs."""
+def _kernels(mod: tvm.IRModule, inputs=elementwise_inputs) -> dict:
+    """name -> (output index, ``inputs``' input indices) of the legalized and fused PrimFuncs."""
     with tvm.target.Target("llvm"):
         lowered = tvm.transform.Sequential([relax.transform.LegalizeOps(), relax.transform.AnnotateTIROpPattern(),
                                             relax.transform.FuseOps(), relax.transform.FuseTIR()])(mod)
-    return {gv.name_hint: elementwise_inputs(f) for gv, f in lowered.functions.items() if isinstance(f, tirx.PrimFunc)}
+    return {gv.name_hint: inputs(f) for gv, f in lowered.functions.items() if isinstance(f, tirx.PrimFunc)}
 
 
 def test_elementwise_inputs_are_decided_from_the_tir():
@@ -223,6 +223,34 @@ def test_elementwise_inputs_are_decided_from_the_tir():
     assert got["softmax"] == (1, [])
     assert got["fused_matmul_add1"] == (3, [2])
     assert got["fused_multiply_relu"] == (2, [0, 1])
+
+
+def test_row_inputs_are_decided_from_the_tir():
+    @tvm.script.ir_module
+    class Kernels:
+        @R.function
+        def main(x: R.Tensor(("n", 8), "float32"), y: R.Tensor(("n", 8), "float32"), b: R.Tensor((8,), "float32"),
+                 w: R.Tensor((8, 8), "float32"), w5: R.Tensor((8, 5), "float32"), sq: R.Tensor((8, 8), "float32"),
+                 b5: R.Tensor((5,), "float32"), v: R.Tensor(("n",), "float32")):
+            with R.dataflow():
+                u = R.nn.softmax(x)                       # softmax along rows: x
+                c = R.nn.softmax(x, axis=0)               # along columns: no
+                m = R.add(R.matmul(x, w), y)              # matmul + residual: x by rows, y by elements
+                k = R.add(R.matmul(x, w5), b5)            # rows of another length: no
+                t = R.permute_dims(sq)                    # row i of the output from column i: no
+                g = R.nn.layer_norm(x, b, b, axes=[-1])   # a row's mean and variance: x
+                e = R.nn.softmax(v)                       # rank 1 (one row): not decided
+                R.output(u, c, m, k, t, g, e)
+            return (u, c, m, k, t, g, e)
+
+    got = {name: r and (r[0], sorted(r[1])) for name, r in _kernels(Kernels, row_inputs).items()}
+    assert got["softmax"] == (1, [0])
+    assert got["softmax1"] == (1, [])
+    assert got["fused_matmul_add"] == (3, [0, 2])
+    assert got["fused_matmul1_add1"] == (3, [])
+    assert got["transpose"] == (1, [])
+    assert got["layer_norm"] == (3, [0])
+    assert got["softmax2"] is None
 
 
 @tvm.script.ir_module
