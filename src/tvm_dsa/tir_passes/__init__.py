@@ -55,10 +55,13 @@ def lower_with_plan(func, plan: TilePlan):
     return sch.mod["main"]
 
 
-def lower_kernel(func, hw, lb_bytes: int | None = None, parallel: bool = True, simplify: bool = True):
+def lower_kernel(func, hw, lb_bytes: int | None = None, parallel: bool = True, simplify: bool = True,
+                 whole_rows: bool = False):
     """Lower ``func`` with the largest tiling whose working set fits ``hw``'s LB (its first
     ``lb_bytes`` if given) and — unless ``parallel`` is False — that gives the cluster's cores a
-    tile each where the kernel has that many. Returns (lowered, plan).
+    tile each where the kernel has that many. Returns (lowered, plan). With ``whole_rows`` no
+    tile splits the anchor's last spatial loop (a row of the output: a kernel whose output
+    overwrites an input it reads by rows, ``relax_passes.inplace.row_inputs``).
 
     With ``simplify`` (the default) the kernel is lowered with its indices simplified under the
     iterators' ranges (``tile.simplify_indices``: a legalized reshape's index chains become
@@ -76,7 +79,7 @@ def lower_kernel(func, hw, lb_bytes: int | None = None, parallel: bool = True, s
         lowerings, error = [], None
         for aligned in (False, True):
             try:
-                lowerings.append(_lower_aligned(func, hw, lb_bytes, parallel, True, aligned))
+                lowerings.append(_lower_aligned(func, hw, lb_bytes, parallel, True, aligned, whole_rows))
             except Unsupported as err:
                 error = err
         if not lowerings:
@@ -86,7 +89,7 @@ def lower_kernel(func, hw, lb_bytes: int | None = None, parallel: bool = True, s
         if len(lowerings) == 1:
             return lowerings[0]
         return min(lowerings, key=lambda lp: timing_cycles(build_program(lp[0], hw, "kernel")))
-    return _lower_aligned(func, hw, lb_bytes, parallel, simplify)
+    return _lower_aligned(func, hw, lb_bytes, parallel, simplify, whole_rows=whole_rows)
 
 
 TIMED_TILES_RATIO = 16
@@ -99,7 +102,8 @@ def _tiles(info, plan: TilePlan) -> int:
     return n
 
 
-def _lower_aligned(func, hw, lb_bytes: int | None, parallel: bool, simplify: bool, aligned: bool | None = None):
+def _lower_aligned(func, hw, lb_bytes: int | None, parallel: bool, simplify: bool, aligned: bool | None = None,
+                   whole_rows: bool = False):
     """``lower_kernel`` with one alignment: of the simplified indices or of the indices as they are
     (``aligned``, by default ``simplify``); the simplified kernel is lowered if ``simplify``.
 
@@ -114,8 +118,9 @@ def _lower_aligned(func, hw, lb_bytes: int | None, parallel: bool, simplify: boo
     chosen = []
     for reuse in orders:
         try:
-            chosen.append(_fitting(func, info, list(candidate_plans(info, hw.mme.rows, hw.mme.cols, reuse)), hw,
-                                   lb_bytes, parallel))
+            plans = list(candidate_plans(info, hw.mme.rows, hw.mme.cols, reuse))
+            chosen.append(_fitting(func, info, _rows_whole(info, plans) if whole_rows else plans, hw, lb_bytes,
+                                   parallel, whole_rows))
         except Unsupported:
             if reuse == orders[-1] and not chosen:
                 raise
@@ -168,8 +173,19 @@ def load_cycles(lowered, hw, lb_bytes: int | None = None) -> float:
     return nbytes / hw.ddr_bytes_per_cycle + transfers * hw.dma_latency_cycles / cores
 
 
-def _fitting(func, info, plans, hw, lb_bytes, parallel):
-    """The first of ``plans`` that lowers within the LB, made parallel (``lower_kernel``)."""
+def _rows_whole(info, plans: list[TilePlan]) -> list[TilePlan]:
+    """``plans`` with the last spatial loop never split (its tile the whole extent), repeats dropped."""
+    out = []
+    for plan in plans:
+        whole = TilePlan((*plan.tiles[:-1], info.spatial[-1]), plan.chunk)
+        if not out or out[-1] != whole:
+            out.append(whole)
+    return out
+
+
+def _fitting(func, info, plans, hw, lb_bytes, parallel, whole_rows=False):
+    """The first of ``plans`` that lowers within the LB, made parallel (``lower_kernel``; with
+    ``whole_rows`` no tile splits the last spatial loop)."""
     from ..codegen.kernel_ir import plan_lb, read_kernel
 
     tried: dict[int, object] = {}
@@ -209,6 +225,8 @@ def _fitting(func, info, plans, hw, lb_bytes, parallel):
     if not parallel or spread(plans[first]):
         return lowered_if_fits(first), plans[first]
     more = list(parallel_plans(info, plans[first], hw.mme.rows, hw.mme.cols))
+    if whole_rows:
+        more = [p for p in _rows_whole(info, more) if p != plans[first]]
     if not more:
         return lowered_if_fits(first), plans[first]
     best = min(_bisect(len(more), lambda i: spread(more[i])), len(more) - 1)
