@@ -21,6 +21,7 @@ from . import hardware
 from .relax_passes import SimplifyInference, offload
 from .relax_passes.offload import StitchOptions
 from .relax_passes.arena import PlanArena
+from .relax_passes.gather import GatherOfRangeAsSlice
 from .relax_passes.offload_symbolic import is_dynamic, offload_symbolic
 from .relax_passes.pool_fusion import FusePooling
 from .relax_passes.rdp_apply import ApplyRDP
@@ -115,15 +116,16 @@ def _tuned_kernels(database, chip: hardware.Hardware):
 
 
 def fuse(mod: tvm.IRModule, rdp_fusion: bool = True) -> tvm.IRModule:
-    """The module as the offload sees it (in the current target's scope): simplified, legalized
-    and fused; a dynamic model with RDP's shapes applied, and fused across its dynamic shapes
-    unless ``rdp_fusion`` is False."""
+    """The module as the offload sees it (in the current target's scope): simplified (with
+    transposes around a softmax cancelled and gathers at a range of indices sliced), legalized and
+    fused; a dynamic model with RDP's shapes applied, and fused across its dynamic shapes unless
+    ``rdp_fusion`` is False."""
     host = tvm.target.Target.current(allow_none=True) or tvm.target.Target("llvm")
     dynamic = is_dynamic(mod)
     across = dynamic and rdp_fusion
     return tvm.transform.Sequential(
         ([ApplyRDP()] if dynamic else [])
-        + [SimplifyInference(), CancelTransposePairs]
+        + [SimplifyInference(), CancelTransposePairs, GatherOfRangeAsSlice]
         # dataflow blocks (an importer gives none to a function with an If) for FuseOps, and RDP
         # again: FoldBatchnormToConv2D and ConvertToDataflow lose the shapes of If results,
         # CanonicalizeBindings drops casts that only assert dims (docs/sod2.md)
