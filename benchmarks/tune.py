@@ -2,6 +2,7 @@
 
     python benchmarks/tune.py                       # tiny ResNet-50 and BERT on dsa/stcp920
     python benchmarks/tune.py --model resnet50 --trials 32 --batch 4
+    python benchmarks/tune.py --model mobilenet_v2 --size full --trials 8   # the full-size model
     python benchmarks/tune.py --conv 64,28 --trials 32  # one 64-channel 3x3 conv + ReLU on 28x28
     python benchmarks/tune.py --shipped --size tiny --size full   # the shipped records, no tuning
 
@@ -36,12 +37,12 @@ def main() -> None:
     p.add_argument("--model", action="append", choices=list(MODELS), help="default: resnet50 and bert_base")
     p.add_argument("--target", default="dsa/stcp920")
     p.add_argument("--trials", type=int, default=16, help="measured candidates per kernel (default 16)")
-    p.add_argument("--batch", type=int, help="batch size of the tiny models")
+    p.add_argument("--batch", type=int, help="batch size of the models")
     p.add_argument("--conv", metavar="CHANNELS,SIZE", help="tune one 3x3 conv + ReLU instead of the models")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--work-dir", help="keep the databases here (one folder per model); default: temporary")
     p.add_argument("--shipped", action="store_true", help="measure the shipped records instead of tuning")
-    p.add_argument("--size", action="append", choices=("tiny", "full"), help="with --shipped (default: tiny)")
+    p.add_argument("--size", action="append", choices=("tiny", "full"), help="model sizes (default: tiny)")
     args = p.parse_args()
     if args.shipped:
         shipped(args.model or ["resnet50", "bert_base"], args.size or ["tiny"], args.target)
@@ -50,18 +51,21 @@ def main() -> None:
         channels, size = (int(v) for v in args.conv.split(","))
         models = {f"conv{channels}x{size}": _conv(channels, size)}
     else:
-        models = {name: load_model(name, tiny=True, batch=args.batch) for name in args.model or ["resnet50", "bert_base"]}
+        models = {name + ("" if size == "tiny" else f" ({size})"): load_model(name, tiny=size == "tiny", batch=args.batch)
+                  for size in args.size or ["tiny"] for name in args.model or ["resnet50", "bert_base"]}
 
     rows = [("model", "DSA kernels", "default cycles", "tuned cycles", "speedup", "model default", "model tuned",
              "model speedup", "tune s")]
     for name, model in models.items():
         mod, inputs = import_onnx(model), example_inputs(model)
         trials = args.trials * len(extract_tasks(mod, args.target))
-        keep = Path(args.work_dir, name) if args.work_dir else None
+        keep = Path(args.work_dir, name.replace(" ", "_")) if args.work_dir else None
         with (nullcontext(str(keep)) if keep else tempfile.TemporaryDirectory(prefix="tvm-dsa-tune-bench-")) as work_dir:
             print(f"... tuning {name} ({trials} trials)", file=sys.stderr, flush=True)
             start = time.perf_counter()
-            result = tvm_dsa.tune(mod, args.target, trials=trials, work_dir=work_dir, seed=args.seed)
+            # a round of ``per_iter`` per task in turn: no larger than --trials, or the last tasks get none
+            result = tvm_dsa.tune(mod, args.target, trials=trials, work_dir=work_dir, seed=args.seed,
+                                  per_iter=min(16, args.trials))
             seconds = time.perf_counter() - start
             print(f"\n{name} on {args.target}:\n{result}\n")
             before = Compiled.build(mod, args.target, database=False).run(inputs, mode="timing").report.cycles

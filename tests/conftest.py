@@ -11,10 +11,12 @@ def rng():
     return np.random.default_rng(0)
 
 
-def conv_relu_model(cin: int, cout: int, size: int) -> onnx.ModelProto:
-    """A 3x3 same-padded Conv + Relu with seeded weights: one kernel, entirely on the DSA."""
-    w = np.random.default_rng(0).standard_normal((cout, cin, 3, 3)).astype("float32") * 0.2
-    g = h.make_graph([h.make_node("Conv", ["x", "W"], ["c"], pads=[1, 1, 1, 1]), h.make_node("Relu", ["c"], ["y"])],
+def conv_relu_model(cin: int, cout: int, size: int, groups: int = 1) -> onnx.ModelProto:
+    """A 3x3 same-padded Conv (of ``groups`` groups) + Relu with seeded weights: one kernel,
+    entirely on the DSA."""
+    w = np.random.default_rng(0).standard_normal((cout, cin // groups, 3, 3)).astype("float32") * 0.2
+    conv = h.make_node("Conv", ["x", "W"], ["c"], pads=[1, 1, 1, 1], group=groups)
+    g = h.make_graph([conv, h.make_node("Relu", ["c"], ["y"])],
                      "conv", [h.make_tensor_value_info("x", TP.FLOAT, [1, cin, size, size])],
                      [h.make_tensor_value_info("y", TP.FLOAT, [1, cout, size, size])], [nh.from_array(w, "W")])
     model = h.make_model(g, opset_imports=[h.make_opsetid("", 17)])

@@ -14,7 +14,7 @@ from tvm_dsa.driver import import_onnx, max_relative_error
 from tvm_dsa.runtime import simulate
 from tvm_dsa.tir_passes import TilePlan, anchor_info, lower_with_plan
 from tvm_dsa.tuning import extract_tasks
-from tvm_dsa.tuning.space import FlipDoubleBuffer, design_spaces, lower_scheduled, sample_tiling, tile_orders
+from tvm_dsa.tuning.space import FlipChoice, design_spaces, lower_scheduled, sample_tiling, tile_orders
 
 TARGET = "dsa/stcp920"
 HW = hardware.get(TARGET)
@@ -64,7 +64,7 @@ def test_the_space_samples_it_and_the_mutator_flips_it(conv_task):
     (sch, *_) = design_spaces(s_tir.Schedule(conv_task.mod))
     trace = sch.trace
     (inst,) = [i for i in trace.insts if i.kind.name == "SampleCategorical"]
-    flipped = FlipDoubleBuffer().apply(trace)
+    flipped = FlipChoice().apply(trace)
     (again,) = [i for i in flipped.insts if i.kind.name == "SampleCategorical"]
     assert int(flipped.decisions[again]) == 1 - int(trace.decisions[inst])
 

@@ -177,6 +177,26 @@ def test_the_vector_floor_is_the_widest_tile_a_reshape_allows():
         assert all(fits_lb(func, TilePlan(tiles, None), HW) for tiles in itertools.product(*box.tiles))
 
 
+def test_a_default_whose_trace_does_not_lower_is_not_committed(tmp_path):
+    from tvm_dsa.models import TINY, get_model
+    from tvm_dsa.tir_passes import Unsupported
+    from tvm_dsa.tuning import _best_seconds, _commit_default
+    from tvm_dsa.tuning.measure import build_candidate
+
+    tasks = extract_tasks(import_onnx(get_model("vit_b16", **TINY["vit_b16"])), TARGET)
+    task = next(t for t in tasks if t.name.startswith("fused_reshape_transpose_concatenate"))
+    # lower_kernel tiles the head merge by its simplified indices; the same tiling of the workload
+    # as it is leaves a raw reshape index non-affine
+    sch = s_tir.Schedule(task.mod)
+    sample_tiling(sch, tile_orders(anchor_info(task.mod["main"]).spatial)[0], task.default_plan)
+    with pytest.raises(Unsupported, match="not affine"):
+        build_candidate(sch.mod["main"], HW)
+    database = load_database(tmp_path)
+    _commit_default(database, task, hardware.make_target(TARGET))
+    assert not database.has_workload(task.mod)
+    assert _best_seconds(database, task, HW) == task.default_seconds
+
+
 def test_tasks_are_the_offloaded_kernels_with_their_default_time(tuned):
     model, mod, *_ = tuned
     (task,) = extract_tasks(mod, TARGET)  # conv + relu fused into one kernel

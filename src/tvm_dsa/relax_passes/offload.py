@@ -28,6 +28,7 @@ from ..hardware import Hardware
 from ..schedule.graph import OpGraph
 from ..schedule.set.intra import working_set_bytes
 from ..tir_passes import Unsupported, lower_kernel
+from ..tir_passes.tile import on_vector_units
 from ..tir_passes.stitch import BindCores, StitchBuffers, stitch_passes
 from .stats import kernel_macs
 
@@ -42,6 +43,7 @@ class OffloadResult:
     host: dict = field(default_factory=dict)  # PrimFunc name -> reason
     dsa_macs: int = 0
     host_macs: int = 0
+    vector_macs: int = 0  # of dsa_macs, those of contractions on the vector units, not the MME
     stitched: dict = field(default_factory=dict)  # kernel name -> StitchInfo
     tuned: list = field(default_factory=list)  # PrimFunc names lowered with a tuning record
     trees: dict = field(default_factory=dict)  # kernel name -> (SetPlan, TreeProgram) of a SET kernel
@@ -97,9 +99,9 @@ def offload(mod: tvm.IRModule, hw: Hardware, schedule: str = "layerwise", run_id
             result.host[name] = str(err)
     in_part: dict = {}  # PrimFunc name -> lowered within the LB share StitchOptions leaves to tiles
 
-    def tiled_in_part(name):
+    def tiled_in_part(name):  # on the unit the whole-LB lowering took
         if name not in in_part:
-            in_part[name] = _lower(mod[name], hw, stitch.lb_budget(hw))
+            in_part[name] = _lower(mod[name], hw, stitch.lb_budget(hw), on_vector_units(lowered[name][0]))
         return in_part[name]
     specs = schedules.get(schedule)(mod, hw, set(lowered), options)
     node_of = {n.name: n for n in graph.nodes}
@@ -153,21 +155,24 @@ def offload(mod: tvm.IRModule, hw: Hardware, schedule: str = "layerwise", run_id
         macs = kernel_macs(mod[node.func])
         if node.name in on_dsa:
             result.dsa_macs += macs
+            if node.func in lowered and on_vector_units(lowered[node.func][0]):  # not a SET tree's reshape view
+                result.vector_macs += macs
         else:
             result.host_macs += macs
             result.host.setdefault(node.func, "not scheduled on the DSA")
     return _rewrite(mod, kernels, graph, run_id), result
 
 
-def _lower(func, hw, lb_bytes):
+def _lower(func, hw, lb_bytes, vector: bool = False):
     """(lowered PrimFunc, LB budget it was tiled to): within ``lb_bytes`` where it fits (graphturbo
-    leaves the rest of the LB to stitched intermediates), else within the whole LB."""
+    leaves the rest of the LB to stitched intermediates), else within the whole LB; the
+    contraction on the unit ``vector`` says (``lower_kernel``)."""
     if lb_bytes is not None:
         try:
-            return lower_kernel(func, hw, lb_bytes)[0], lb_bytes
+            return lower_kernel(func, hw, lb_bytes, vector=vector)[0], lb_bytes
         except Unsupported:
             pass
-    return lower_kernel(func, hw)[0], None
+    return lower_kernel(func, hw, vector=vector)[0], None
 
 
 def _boundary(nodes, graph) -> tuple[list[str], list[str]]:

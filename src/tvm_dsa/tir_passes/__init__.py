@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import functools
 import math
+from dataclasses import replace
 
 import tvm
 from tvm import s_tir
@@ -21,7 +22,8 @@ from .analysis import Unsupported, classify
 from .lower import lower_to_dsa
 from .scopes import GB_SCOPE, LB_SCOPE, assign_scopes
 from .tile import (
-    TilePlan, anchor_info, candidate_plans, parallel_plans, simplify_indices, tile_schedule, working_set_floor,
+    TilePlan, anchor_info, candidate_plans, on_vector_units, parallel_plans, simplify_indices, tile_schedule,
+    unit_choice, working_set_floor,
 )
 
 
@@ -56,7 +58,7 @@ def lower_with_plan(func, plan: TilePlan):
 
 
 def lower_kernel(func, hw, lb_bytes: int | None = None, parallel: bool = True, simplify: bool = True,
-                 whole_rows: bool = False):
+                 whole_rows: bool = False, vector: bool = False):
     """Lower ``func`` with the largest tiling whose working set fits ``hw``'s LB (its first
     ``lb_bytes`` if given) and — unless ``parallel`` is False — that gives the cluster's cores a
     tile each where the kernel has that many. Returns (lowered, plan). With ``whole_rows`` no
@@ -70,26 +72,30 @@ def lower_kernel(func, hw, lb_bytes: int | None = None, parallel: bool = True, s
     alignments are lowered and the one with fewer cycles in a timing simulation is kept (coarser
     tiles are not always faster), unless one has ``TIMED_TILES_RATIO`` times the other's tiles or
     more (it is then not simulated: ViT-B/16's head merge at batch 8 has 1.2M one-element tiles
-    under the raw alignment, 48 under the other)."""
+    under the raw alignment, 48 under the other). The contraction runs on the MME, or with
+    ``vector`` on the vector units where it may (``tile.unit_choice``: a depthwise convolution;
+    a tuning record's choice: timing both units in every compile cost Conformer's batch-8 build
+    3.5 s of 9.4 s)."""
     info = anchor_info(func, simplify)
-    if simplify and info.align != anchor_info(func, False).align:
-        from ..codegen.emit import build_program
-        from ..codegen.specialize import timing_cycles
+    alignments = (False, True) if simplify and info.align != anchor_info(func, False).align else (None,)
+    if vector and not unit_choice(info, hw):
+        raise Unsupported(f"{info.name}: its contraction cannot run on the vector units of {hw.name}")
+    lowerings, error = [], None
+    for aligned in alignments:
+        try:
+            lowerings.append(_lower_aligned(func, hw, lb_bytes, parallel, simplify, aligned, vector, whole_rows))
+        except Unsupported as err:
+            error = err
+    if not lowerings:
+        raise error
+    fewest = min(_tiles(info, plan) for _, plan in lowerings)
+    lowerings = [lp for lp in lowerings if _tiles(info, lp[1]) < TIMED_TILES_RATIO * fewest]
+    if len(lowerings) == 1:
+        return lowerings[0]
+    from ..codegen.emit import build_program
+    from ..codegen.specialize import timing_cycles
 
-        lowerings, error = [], None
-        for aligned in (False, True):
-            try:
-                lowerings.append(_lower_aligned(func, hw, lb_bytes, parallel, True, aligned, whole_rows))
-            except Unsupported as err:
-                error = err
-        if not lowerings:
-            raise error
-        fewest = min(_tiles(info, plan) for _, plan in lowerings)
-        lowerings = [lp for lp in lowerings if _tiles(info, lp[1]) < TIMED_TILES_RATIO * fewest]
-        if len(lowerings) == 1:
-            return lowerings[0]
-        return min(lowerings, key=lambda lp: timing_cycles(build_program(lp[0], hw, "kernel")))
-    return _lower_aligned(func, hw, lb_bytes, parallel, simplify, whole_rows=whole_rows)
+    return min(lowerings, key=lambda lp: timing_cycles(build_program(lp[0], hw, "kernel")))
 
 
 TIMED_TILES_RATIO = 16
@@ -103,9 +109,10 @@ def _tiles(info, plan: TilePlan) -> int:
 
 
 def _lower_aligned(func, hw, lb_bytes: int | None, parallel: bool, simplify: bool, aligned: bool | None = None,
-                   whole_rows: bool = False):
+                   vector: bool = False, whole_rows: bool = False):
     """``lower_kernel`` with one alignment: of the simplified indices or of the indices as they are
-    (``aligned``, by default ``simplify``); the simplified kernel is lowered if ``simplify``.
+    (``aligned``, by default ``simplify``); the simplified kernel is lowered if ``simplify``; the
+    contraction on the vector units if ``vector``.
 
     Candidate plans shrink monotonically, so both conditions are found by search (the first plan
     that fits from the first within ``working_set_floor`` of the LB, probing forwards). A
@@ -118,7 +125,7 @@ def _lower_aligned(func, hw, lb_bytes: int | None, parallel: bool, simplify: boo
     chosen = []
     for reuse in orders:
         try:
-            plans = list(candidate_plans(info, hw.mme.rows, hw.mme.cols, reuse))
+            plans = [replace(p, vector=vector) for p in candidate_plans(info, hw.mme.rows, hw.mme.cols, reuse)]
             chosen.append(_fitting(func, info, _rows_whole(info, plans) if whole_rows else plans, hw, lb_bytes,
                                    parallel, whole_rows))
         except Unsupported:
@@ -177,7 +184,7 @@ def _rows_whole(info, plans: list[TilePlan]) -> list[TilePlan]:
     """``plans`` with the last spatial loop never split (its tile the whole extent), repeats dropped."""
     out = []
     for plan in plans:
-        whole = TilePlan((*plan.tiles[:-1], info.spatial[-1]), plan.chunk)
+        whole = replace(plan, tiles=(*plan.tiles[:-1], info.spatial[-1]))
         if not out or out[-1] != whole:
             out.append(whole)
     return out
@@ -224,7 +231,7 @@ def _fitting(func, info, plans, hw, lb_bytes, parallel, whole_rows=False):
                           f"with affine accesses (last: {reasons[-1] if reasons else '?'})")
     if not parallel or spread(plans[first]):
         return lowered_if_fits(first), plans[first]
-    more = list(parallel_plans(info, plans[first], hw.mme.rows, hw.mme.cols))
+    more = [replace(p, vector=plans[first].vector) for p in parallel_plans(info, plans[first], hw.mme.rows, hw.mme.cols)]
     if whole_rows:
         more = [p for p in _rows_whole(info, more) if p != plans[first]]
     if not more:

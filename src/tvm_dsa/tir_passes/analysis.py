@@ -21,6 +21,7 @@ import tvm
 import tvm_ffi
 from tvm import s_tir, tirx
 from tvm.s_tir import SBlock
+from tvm_ffi.serialization import from_json_graph_str, to_json_graph_str
 
 # TVM's Schedule methods check their argument types in Python on every call (~20 us). The passes
 # query blocks and loops tens of thousands of times per model with handles the schedule itself
@@ -28,6 +29,13 @@ from tvm.s_tir import SBlock
 sch_get = s_tir.Schedule.get.__wrapped__
 sch_loops = s_tir.Schedule.get_loops.__wrapped__
 sch_children = s_tir.Schedule.get_child_blocks.__wrapped__
+
+
+def copy_func(func: tirx.PrimFunc) -> tirx.PrimFunc:
+    """A copy of ``func`` that shares no node with it: a schedule of a module rewrites a body it
+    shares in place (TVM 0.27). Through the FFI's JSON graph: ``tvm.ir.load_json`` would also run
+    the version upgrade on JSON this same version wrote, twice the copy's cost."""
+    return from_json_graph_str(to_json_graph_str(func))
 
 
 class Unsupported(Exception):

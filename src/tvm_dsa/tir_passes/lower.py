@@ -1,7 +1,8 @@
 """LowerToDSA: mark each stage (the loop nest under the tile/chunk loops) as one DSA operation.
 
 A stage must be a perfect loop nest over one block; the block gets ``dsa.op`` = ``dma`` (copy,
-padding, concatenation, constants), ``mme``, ``vector`` or ``reduce``. Compute stages must touch only
+padding, concatenation, constants), ``mme``, ``vector`` or ``reduce``; a contraction annotated
+``dsa.vector_contraction`` is a ``reduce`` (a sum of products on the vector units). Compute stages must touch only
 LB buffers (``AssignScopes`` guarantees it). The block keeps its body, so the lowered TIR still
 builds and runs on llvm: each pass can be checked numerically against the original kernel.
 """
@@ -10,9 +11,9 @@ from __future__ import annotations
 
 from tvm import s_tir
 
-from .analysis import Unsupported, classify, sch_get, sch_loops
+from .analysis import StageKind, Unsupported, classify, sch_get, sch_loops
 from .scopes import LB_SCOPE, attach_index
-from .tile import leaf_blocks
+from .tile import VECTOR_CONTRACTION, leaf_blocks
 
 OP_OF_KIND = {"copy": "dma", "mme": "mme", "vector": "vector", "reduce": "reduce"}
 
@@ -21,6 +22,8 @@ def lower_to_dsa(sch: s_tir.Schedule) -> s_tir.Schedule:
     for block_rv in leaf_blocks(sch):
         block = sch_get(sch, block_rv)
         kind = classify(block)
+        if kind.kind == "mme" and int(block.annotations.get(VECTOR_CONTRACTION, 0)):
+            kind = StageKind("reduce", "sum")
         loops = sch_loops(sch, block_rv)
         at = attach_index(sch, block_rv)
         for lp in loops[at + 1:]:

@@ -30,9 +30,10 @@ from ..codegen.kernel_ir import plan_lb, read_kernel
 from ..hardware import Hardware
 from ..schedule.graph import OpGraph
 from ..tir_passes import TilePlan, Unsupported, anchor_info, lower_kernel
+from ..tir_passes.analysis import copy_func
 from .measure import DSABuilder, DSARunner, build_candidate, simulated_seconds
 from .pretuned import merge_records, pretuned, records_dir
-from .space import lower_scheduled, sample_tiling, space_generator, tile_orders
+from .space import lower_scheduled, sample_tiling, space_generator, tile_orders, unit_choice
 
 
 # Random samples a round needs besides the records' mutations: on a full-size layer most random
@@ -109,7 +110,7 @@ def workload(func: tirx.PrimFunc) -> tvm.IRModule:
 
     A copy, because a schedule of ``IRModule({"main": func.with_attr(...)})`` rewrites the body
     it shares with ``func`` in place (TVM 0.27)."""
-    return tvm.IRModule({"main": tvm.ir.load_json(tvm.ir.save_json(func)).with_attr("global_symbol", "main")})
+    return tvm.IRModule({"main": copy_func(func).with_attr("global_symbol", "main")})
 
 
 def extract_tasks(mod: tvm.IRModule, target: str = "dsa/stcp920") -> list[Task]:
@@ -181,7 +182,7 @@ def tune(mod: tvm.IRModule, target: str = "dsa/stcp920", trials: int = 64, work_
                   runner=DSARunner(check_hazards), database=database, cost_model="xgb",
                   measure_callbacks=callbacks, task_scheduler="gradient")
     results = [TaskResult(task.name, task.calls, _cycles(task.default_seconds, hw),
-                          _cycles(float(_best_record(database, task.mod, hw).run_secs[0]), hw), counter.per_task[i])
+                          _cycles(_best_seconds(database, task, hw), hw), counter.per_task[i])
                for i, task in enumerate(tasks)]
     return TuneResult(str(tvm_target.attrs["model"]), str(work_dir), results, database)
 
@@ -205,16 +206,29 @@ def _best_record(database, mod: tvm.IRModule, hw: Hardware):
     return next((r for r in records if r.target is not None and str(r.target.attrs.get("model")) == hw.name), None)
 
 
+def _best_seconds(database, task: Task, hw: Hardware) -> float:
+    """Simulated seconds of the task's best record, or of its default tiling without one."""
+    record = _best_record(database, task.mod, hw)
+    return task.default_seconds if record is None else float(record.run_secs[0])
+
+
 def _commit_default(database, task: Task, target) -> None:
     """Record the default tiling as a sample of the design space (its decisions, the anchor's loop
     order), so that the evolutionary search starts from it. Its time is that of the program its
     trace gives: ``lower_kernel`` tiles the kernel with its indices simplified, the trace tiles
     the workload as it is, and a reshape's indices can lower to other DMAs (tiny BERT's
-    transpose-reshape on set-edge16-fp16: 2,503 cycles by default, 2,878 replayed)."""
+    transpose-reshape on set-edge16-fp16: 2,503 cycles by default, 2,878 replayed) or not at all
+    (tiny ViT's head split: tiles of the simplified indices' alignment leave a raw index
+    non-affine); then nothing is committed, and the search starts from its own samples."""
+    hw = hardware.from_target(target)
+    info = anchor_info(task.mod["main"])
     sch = s_tir.Schedule(task.mod)
-    sample_tiling(sch, tile_orders(anchor_info(task.mod["main"]).spatial)[0], task.default_plan,
-                  task.default_double_buffer)
-    seconds = simulated_seconds(build_candidate(sch.mod["main"], hardware.from_target(target), task.name))
+    sample_tiling(sch, tile_orders(info.spatial)[0], task.default_plan, task.default_double_buffer,
+                  choose_unit=unit_choice(info, hw))
+    try:
+        seconds = simulated_seconds(build_candidate(sch.mod["main"], hw, task.name))
+    except Unsupported:
+        return
     database.commit_tuning_record(ms.database.TuningRecord(
         sch.trace, database.commit_workload(task.mod), [seconds], target,
         ms.arg_info.ArgInfo.from_prim_func(task.mod["main"])))

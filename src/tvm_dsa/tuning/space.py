@@ -7,8 +7,11 @@ order of the tile loops is one design space per permutation. Both change the DSA
 sizes set every instruction's box and how many tiles the cores share, the chunk how often partial
 sums are accumulated, the order which loop is dealt over the clusters and whether consecutive tiles
 on a core reuse the operand already in its LB. Double buffering is a ``sample_categorical``
-decision annotated on the root block (``dsa.double_buffer``), flipped by ``FlipDoubleBuffer``:
-two LB copies let loads overlap compute, one leaves room for larger tiles. ``FitsDSA`` rejects, before they are measured,
+decision annotated on the root block (``dsa.double_buffer``): two LB copies let loads overlap
+compute, one leaves room for larger tiles. Which unit runs a contraction is another, annotated on
+the anchor (``dsa.vector_contraction``), offered where the MME would use one PE column
+(``unit_choice``): the MME, or the vector units as products and a sum reduction. ``FlipChoice``
+flips either decision. ``FitsDSA`` rejects, before they are measured,
 samples whose working set exceeds the LB, whose indices stop being affine, or whose tiles are
 below the floor under which per-tile overheads always lose (``below_floor``).
 
@@ -16,8 +19,9 @@ On a large layer most uniform samples fail that check (BERT's FFN GEMMs: none of
 space also has **capacity boxes** (``capacity_boxes``): tilings grown from the smallest one above
 the floor, loop by loop, each to the largest tile that still fits the chip's LB; every tiling
 between that floor and such a top fits and clears the floor, and the box's spaces sample each
-loop's tile among those sizes with ``sample_categorical``, largest first. ``StepTile`` moves one
-of those decisions to a neighbouring size.
+loop's tile among those sizes with ``sample_categorical``, largest first (a box is for one unit:
+on the vector units a tile also holds its products). ``StepTile`` moves one of those decisions to
+a neighbouring size.
 """
 
 from __future__ import annotations
@@ -38,7 +42,15 @@ from ..codegen.kernel_ir import plan_lb, read_kernel
 from ..hardware import Hardware
 from ..schedule.set.ops import divisors
 from ..tir_passes import TilePlan, Unsupported, anchor_info, assign_scopes, lower_to_dsa, lower_with_plan
-from ..tir_passes.tile import DOUBLE_BUFFER, AnchorInfo, annotate_double_buffer, tile_anchor
+from ..tir_passes.tile import (
+    DOUBLE_BUFFER,
+    VECTOR_CONTRACTION,
+    AnchorInfo,
+    annotate_double_buffer,
+    annotate_vector_contraction,
+    tile_anchor,
+    unit_choice,
+)
 
 MAX_ORDERS = 24  # design spaces per kernel: all orders of up to four tiled loops
 MIN_VECTOR_TILE = 64  # innermost tile of a kernel without contraction (as ``parallel_plans``)
@@ -69,6 +81,7 @@ class CapacityBox:
 
     tiles: tuple[tuple[int, ...], ...]
     chunk: tuple[int, ...] | None
+    vector: bool = False  # the tilings of the contraction on the vector units, not the MME
 
 
 def largest_first(n: int) -> list[float]:
@@ -78,10 +91,12 @@ def largest_first(n: int) -> list[float]:
 
 
 def sample_tiling(sch: s_tir.Schedule, order: tuple[int, ...], plan: TilePlan | None = None,
-                  double_buffer: bool | None = None, box: CapacityBox | None = None) -> None:
-    """Tile ``sch``'s anchor with sampled factors in ``order`` and sample double buffering; the
-    decisions are ``plan``'s and ``double_buffer`` when given. With ``box`` each tile (and the
-    chunk) is a ``sample_categorical`` among the box's sizes instead of any divisor."""
+                  double_buffer: bool | None = None, box: CapacityBox | None = None,
+                  choose_unit: bool = False) -> None:
+    """Tile ``sch``'s anchor with sampled factors in ``order``, sample double buffering and, with
+    ``choose_unit``, the contraction's unit; the decisions are ``plan``'s and ``double_buffer``
+    when given. With ``box`` each tile (and the chunk) is a ``sample_categorical`` among the box's
+    sizes instead of any divisor, and the unit is the box's."""
 
     def factors(s, loop, extent, index):
         if box is not None:
@@ -97,18 +112,26 @@ def sample_tiling(sch: s_tir.Schedule, order: tuple[int, ...], plan: TilePlan | 
     tile_anchor(sch, factors, order)
     decision = None if double_buffer is None else int(double_buffer)
     annotate_double_buffer(sch, sch.sample_categorical([0, 1], [0.5, 0.5], decision=decision))
+    if choose_unit:
+        if box is not None:
+            unit = sch.sample_categorical([int(box.vector)], [1.0])
+        else:
+            unit = sch.sample_categorical([0, 1], [0.5, 0.5], decision=None if plan is None else int(plan.vector))
+        annotate_vector_contraction(sch, unit)
 
 
 def design_spaces(sch: s_tir.Schedule, hw: Hardware | None = None) -> list[s_tir.Schedule]:
     """One design space per tile-loop order, each with sampled tile sizes and chunk; with ``hw``,
-    also one per order and capacity box of the kernel on that chip (``capacity_boxes``)."""
+    also one per order and capacity box of the kernel on that chip (``capacity_boxes``), and the
+    contraction's unit where the chip offers a choice (``unit_choice``)."""
     info = anchor_info(sch.mod["main"])
     boxes = [None] + (capacity_boxes(sch.mod["main"], hw) if hw is not None else [])
+    choose = hw is not None and unit_choice(info, hw)
     out = []
     for box in boxes:
         for order in tile_orders(info.spatial):
             s = sch.copy()
-            sample_tiling(s, order, box=box)
+            sample_tiling(s, order, box=box, choose_unit=choose)
             out.append(s)
     return out
 
@@ -139,7 +162,15 @@ def _floor_tiling(info: AnchorInfo, sizes: list[list[int]], hw: Hardware) -> lis
 
 
 def capacity_boxes(func, hw: Hardware) -> list[CapacityBox]:
-    """Boxes of tilings near the capacity of ``hw``'s LB that all fit it and clear the floor.
+    """The capacity boxes (``unit_boxes``) of the kernel's contraction on the MME and, where the
+    chip offers a choice (``unit_choice``), on the vector units."""
+    units = (False, True) if unit_choice(anchor_info(func), hw) else (False,)
+    return [box for vector in units for box in unit_boxes(func, hw, vector)]
+
+
+def unit_boxes(func, hw: Hardware, vector: bool = False) -> list[CapacityBox]:
+    """Boxes of tilings near the capacity of ``hw``'s LB that all fit it and clear the floor, the
+    contraction on the vector units if ``vector``.
 
     From the smallest tiling above the floor (``_floor_tiling``), each loop with a choice (and the
     chunk) in turn takes the largest size with which the tiling still fits (a bisection over its
@@ -152,7 +183,7 @@ def capacity_boxes(func, hw: Hardware) -> list[CapacityBox]:
     sizes = [divisors(_widest(info, i)) for i in range(len(info.spatial))]
     chunks = divisors(info.reduction[0]) if info.reduction else None
     lo, lo_chunk = _floor_tiling(info, sizes, hw), chunks[0] if chunks else None
-    if below_floor(info, tuple(lo), hw) or not fits_lb(func, TilePlan(tuple(lo), lo_chunk), hw):
+    if below_floor(info, tuple(lo), hw) or not fits_lb(func, TilePlan(tuple(lo), lo_chunk, vector), hw):
         return []
     free = [i for i, s in enumerate(sizes) if s[-1] > lo[i]] + (["chunk"] if chunks and len(chunks) > 1 else [])
     boxes = []
@@ -161,13 +192,13 @@ def capacity_boxes(func, hw: Hardware) -> list[CapacityBox]:
         for loop in free[k:] + free[:k]:
             if loop == "chunk":
                 options = [c for c in chunks if c >= chunk]
-                chunk = options[_last_true(len(options), lambda j: fits_lb(func, TilePlan(tuple(tiles), options[j]), hw))]
+                chunk = options[_last_true(len(options), lambda j: fits_lb(func, TilePlan(tuple(tiles), options[j], vector), hw))]
             else:
                 options = [t for t in sizes[loop] if t >= tiles[loop]]
-                grown = lambda j: TilePlan(tuple(tiles[:loop] + [options[j]] + tiles[loop + 1:]), chunk)  # noqa: E731
+                grown = lambda j: TilePlan(tuple(tiles[:loop] + [options[j]] + tiles[loop + 1:]), chunk, vector)  # noqa: E731
                 tiles[loop] = options[_last_true(len(options), lambda j: fits_lb(func, grown(j), hw))]
         box = CapacityBox(tuple(tuple(t for t in reversed(s) if lo[i] <= t <= tiles[i]) for i, s in enumerate(sizes)),
-                          tuple(c for c in reversed(chunks) if c <= chunk) if chunks else None)
+                          tuple(c for c in reversed(chunks) if c <= chunk) if chunks else None, vector)
         if box not in boxes:
             boxes.append(box)
     return boxes
@@ -262,23 +293,26 @@ class FitsDSA(ms.postproc.PyPostproc):
 
 
 @derived_object
-class FlipDoubleBuffer(ms.mutator.PyMutator):
-    """Mutator: the trace with its double-buffering decision flipped (meta-schedule's own
-    categorical mutator, ``MutateUnroll``, only touches unroll annotations)."""
+class FlipChoice(ms.mutator.PyMutator):
+    """Mutator: the trace with one of its two-way decisions (double buffering, the contraction's
+    unit) flipped (meta-schedule's own categorical mutator, ``MutateUnroll``, only touches unroll
+    annotations)."""
 
     def _initialize_with_tune_context(self, context) -> None:
         pass
 
-    def apply(self, trace, _rand_state):
+    def apply(self, trace, rand_state):
         uses = {inst.inputs[1] for inst in trace.insts
-                if inst.kind.name == "Annotate" and str(inst.attrs[0]) == DOUBLE_BUFFER}
-        for inst in trace.insts:
-            if inst.kind.name == "SampleCategorical" and inst.outputs[0] in uses:
-                return trace.with_decision(inst, 1 - int(trace.decisions[inst]), remove_postproc=True)
-        return None
+                if inst.kind.name == "Annotate" and str(inst.attrs[0]) in (DOUBLE_BUFFER, VECTOR_CONTRACTION)}
+        choices = [inst for inst in trace.insts
+                   if inst.kind.name == "SampleCategorical" and inst.outputs[0] in uses and len(inst.attrs[0]) == 2]
+        if not choices:
+            return None
+        inst = random.Random(rand_state).choice(choices)
+        return trace.with_decision(inst, 1 - int(trace.decisions[inst]), remove_postproc=True)
 
-    def clone(self) -> "FlipDoubleBuffer":
-        return FlipDoubleBuffer()
+    def clone(self) -> "FlipChoice":
+        return FlipChoice()
 
 
 @derived_object
@@ -308,7 +342,7 @@ class StepTile(ms.mutator.PyMutator):
 def space_generator(hw: Hardware) -> ms.space_generator.ScheduleFn:
     """The DSA design spaces of a kernel on chip ``hw`` (uniform and capacity boxes) with no CPU
     schedule rules, the LB check as the only postprocessor, tile-size mutation, tile steps within
-    a box and double-buffering flips for the evolutionary search."""
+    a box and flips of two-way choices for the evolutionary search."""
     return ms.space_generator.ScheduleFn(
         functools.partial(design_spaces, hw=hw), sch_rules=[], postprocs=[FitsDSA()],
-        mutator_probs={ms.mutator.MutateTileSize(): 0.5, StepTile(): 0.3, FlipDoubleBuffer(): 0.2})
+        mutator_probs={ms.mutator.MutateTileSize(): 0.5, StepTile(): 0.3, FlipChoice(): 0.2})
