@@ -12,7 +12,7 @@ from tvm.script import tirx as T
 
 import tvm_dsa  # noqa: F401  (registers tvm_dsa.arena_plan)
 from tvm_dsa.relax_passes.arena import ALIGN, PlanArena, arena_offsets
-from tvm_dsa.relax_passes.inplace import elementwise_inputs
+from tvm_dsa.relax_passes.inplace import elementwise_inputs, row_inputs
 from tvm_dsa.relax_passes.memory_plan import Lifetime, lower_bound
 from tvm_dsa.relax_passes.reorder import ApplyExecutionPlan, block_graph
 from tvm_dsa.relax_passes.sink import SinkIntoBranches
@@ -192,12 +192,12 @@ def test_a_binding_follows_the_cast_that_defines_its_symbol():
 # ---- in-place outputs: an elementwise kernel's output takes the bytes of an input that dies there
 
 
-def _kernels(mod: tvm.IRModule) -> dict:
-    """name -> (output index, elementwise input indices) of the legalized and fused PrimFuncs."""
+def _kernels(mod: tvm.IRModule, inputs=elementwise_inputs) -> dict:
+    """name -> (output index, ``inputs``' input indices) of the legalized and fused PrimFuncs."""
     with tvm.target.Target("llvm"):
         lowered = tvm.transform.Sequential([relax.transform.LegalizeOps(), relax.transform.AnnotateTIROpPattern(),
                                             relax.transform.FuseOps(), relax.transform.FuseTIR()])(mod)
-    return {gv.name_hint: elementwise_inputs(f) for gv, f in lowered.functions.items() if isinstance(f, tirx.PrimFunc)}
+    return {gv.name_hint: inputs(f) for gv, f in lowered.functions.items() if isinstance(f, tirx.PrimFunc)}
 
 
 def test_elementwise_inputs_are_decided_from_the_tir():
@@ -223,6 +223,34 @@ def test_elementwise_inputs_are_decided_from_the_tir():
     assert got["softmax"] == (1, [])
     assert got["fused_matmul_add1"] == (3, [2])
     assert got["fused_multiply_relu"] == (2, [0, 1])
+
+
+def test_row_inputs_are_decided_from_the_tir():
+    @tvm.script.ir_module
+    class Kernels:
+        @R.function
+        def main(x: R.Tensor(("n", 8), "float32"), y: R.Tensor(("n", 8), "float32"), b: R.Tensor((8,), "float32"),
+                 w: R.Tensor((8, 8), "float32"), w5: R.Tensor((8, 5), "float32"), sq: R.Tensor((8, 8), "float32"),
+                 b5: R.Tensor((5,), "float32"), v: R.Tensor(("n",), "float32")):
+            with R.dataflow():
+                u = R.nn.softmax(x)                       # softmax along rows: x
+                c = R.nn.softmax(x, axis=0)               # along columns: no
+                m = R.add(R.matmul(x, w), y)              # matmul + residual: x by rows, y by elements
+                k = R.add(R.matmul(x, w5), b5)            # rows of another length: no
+                t = R.permute_dims(sq)                    # row i of the output from column i: no
+                g = R.nn.layer_norm(x, b, b, axes=[-1])   # a row's mean and variance: x
+                e = R.nn.softmax(v)                       # rank 1 (one row): not decided
+                R.output(u, c, m, k, t, g, e)
+            return (u, c, m, k, t, g, e)
+
+    got = {name: r and (r[0], sorted(r[1])) for name, r in _kernels(Kernels, row_inputs).items()}
+    assert got["softmax"] == (1, [0])
+    assert got["softmax1"] == (1, [])
+    assert got["fused_matmul_add"] == (3, [0, 2])
+    assert got["fused_matmul1_add1"] == (3, [])
+    assert got["transpose"] == (1, [])
+    assert got["layer_norm"] == (3, [0])
+    assert got["softmax2"] is None
 
 
 @tvm.script.ir_module
@@ -307,6 +335,35 @@ def test_no_output_takes_the_bytes_of_a_value_still_needed(func, reference, n):
     for g, r in zip(got if func == "returned" else [got], reference(x)):
         np.testing.assert_allclose(g.numpy(), r, rtol=1e-5)
     assert measure(vm, func, tvm.runtime.tensor(x)).peak == 2 * aligned(x.nbytes)
+
+
+@tvm.script.ir_module
+class RowWise:
+    @R.function
+    def main(x: R.Tensor(("n", 64), "float32"), w: R.Tensor((64, 64), "float32"), b: R.Tensor((64,), "float32")):
+        with R.dataflow():
+            a = R.nn.relu(x)
+            s = R.nn.softmax(a)
+            y = R.add(R.matmul(s, w), b)
+            R.output(y)
+        return y
+
+
+@pytest.mark.parametrize("n", [3, 16, 40])
+def test_dsa_kernels_overwrite_the_inputs_they_read_by_rows(n):
+    """relu -> softmax -> linear, rows of 64 floats. On the DSA the softmax and the linear layer
+    each read a row whole before writing it (their programs keep rows whole: no tile splits one),
+    so each writes over its input and the run needs one tensor. On the host they do not (TVM's
+    loops get there only through a whole-tensor temporary): two."""
+    rng = np.random.default_rng(n)
+    x, w, b = (rng.standard_normal(s).astype(np.float32) for s in ((n, 64), (64, 64), (64,)))
+    e = np.exp(np.maximum(x, 0) - np.maximum(x, 0).max(axis=1, keepdims=True))
+    ref = (e / e.sum(axis=1, keepdims=True)) @ w + b
+    args = [tvm.runtime.tensor(a) for a in (x, w, b)]
+    dsa = relax.VirtualMachine(tvm.compile(RowWise, target="dsa/stcp920", relax_pipeline="dsa"), tvm.cpu())
+    np.testing.assert_allclose(dsa["main"](*args).numpy(), ref, rtol=1e-2, atol=1e-2 * np.abs(ref).max())
+    assert measure(dsa, "main", *args).peak == aligned(x.nbytes)
+    assert measure(build(RowWise, True), "main", *args).peak == 2 * aligned(x.nbytes)
 
 
 @tvm.script.ir_module

@@ -71,3 +71,63 @@ def test_fold_weights_keeps_int64():
                                                     if isinstance(c.value, tvm.runtime.Tensor) else None)])
     assert [str(c.ty.dtype) for c in consts] == ["int64"]
     np.testing.assert_array_equal(consts[0].value.numpy(), 2 * np.arange(8).reshape(1, 8))
+
+
+def op_names(mod) -> list[str]:
+    names = []
+    tvm_ffi.structural_walk(mod["main"].body, [(relax.Call, lambda c: names.append(c.op.name))])
+    return names
+
+
+@pytest.mark.parametrize("perm,axis,inverse,cancels", [
+    ([0, 2, 1, 3], -1, [0, 2, 1, 3], True),   # shape_chain's head split and merge: the axis stays
+    ([0, 2, 1, 3], 1, [0, 2, 1, 3], True),    # the softmax along the moved axis: x's axis 2
+    ([1, 2, 3, 0], 0, [3, 0, 1, 2], True),    # a rotation and its inverse
+    ([0, 2, 1, 3], -1, [0, 1, 3, 2], False),  # not the inverse: the transposes stay
+])
+@pytest.mark.parametrize("softmax", [relax.op.nn.softmax, relax.op.nn.log_softmax])
+def test_a_softmax_between_inverse_transposes_loses_them(rng, perm, axis, inverse, cancels, softmax):
+    from tvm_dsa.relax_passes.transpose import CancelTransposePairs
+
+    op = relax.op
+    mod = relax_graph([(2, 3, 4, 5)], lambda x: op.permute_dims(softmax(op.permute_dims(x, perm), axis=axis), inverse))
+    out = CancelTransposePairs(mod)
+    assert op_names(out).count("relax.permute_dims") == (0 if cancels else 2)
+    x = rng.standard_normal((2, 3, 4, 5)).astype("float32")
+    run = lambda m: relax.VirtualMachine(tvm.compile(m, target="llvm"), tvm.cpu())["main"](  # noqa: E731
+        tvm.runtime.tensor(x)).numpy()
+    np.testing.assert_allclose(run(out), run(mod), rtol=1e-6, atol=1e-7)
+
+
+@pytest.mark.parametrize("start,step,sliced", [
+    (0, 1, True),    # shape_chain's positions: table[arange(seq)]
+    (3, 2, True),    # rows 3, 5, 7, ...
+    (-1, 1, False),  # the first index is -1: ONNX's fix reads the last row, not a slice
+])
+def test_a_gather_at_a_range_becomes_a_slice(start, step, sliced):
+    """take(table, where(i < 0, i + 64, i)) with i = arange(start, ...) * 1 + 0, as TVM imports
+    ONNX's Gather of a Range: a strided slice where the indices are an arithmetic progression that
+    is never negative."""
+    from tvm_dsa.relax_passes.gather import GatherOfRangeAsSlice
+
+    op = relax.op
+    table = np.random.default_rng(0).standard_normal((64, 8)).astype("float32")
+    n = tvm.tirx.Var("n", "int64")
+    x = relax.Var("x", relax.TensorType((n, 8), "float32"))
+    bb = relax.BlockBuilder()
+    with bb.function("main", [x]):
+        with bb.dataflow():
+            i = bb.emit(op.arange(start, start + step * n, step, "int64"))
+            i = bb.emit(op.add(op.multiply(op.astype(i, "int64"), relax.const(1, "int64")), relax.const(0, "int64")))
+            i = bb.emit(op.where(op.less(i, relax.const(0, "int64")), op.add(i, relax.const(64, "int64")), i))
+            out = bb.emit_output(op.add(x, op.take(relax.const(table), i, axis=0)))
+        bb.emit_func_output(out)
+    mod = bb.get()
+    out = GatherOfRangeAsSlice(mod)
+    assert ("relax.strided_slice" in op_names(out), "relax.take" in op_names(out)) == (sliced, not sliced)
+    xs = np.random.default_rng(1).standard_normal((5, 8)).astype("float32")
+    run = lambda m: relax.VirtualMachine(tvm.compile(m, target="llvm"), tvm.cpu())["main"](  # noqa: E731
+        tvm.runtime.tensor(xs)).numpy()
+    rows = (start + step * np.arange(5)) % 64
+    np.testing.assert_allclose(run(out), xs + table[rows], rtol=1e-6)
+    np.testing.assert_allclose(run(mod), xs + table[rows], rtol=1e-6)

@@ -421,3 +421,19 @@ def test_an_epilogues_temporaries_share_lb_places_and_compute_exactly(rng):
     ref = run_llvm(func, args)
     out = simulate(program, args[:-1]).outputs[0]
     np.testing.assert_allclose(out, ref, rtol=1e-2, atol=5e-3 * np.abs(ref).max())
+
+
+@pytest.mark.parametrize("rows", [8, 64])
+def test_whole_rows_keep_each_tile_to_whole_rows_of_the_output(rng, rows):
+    """matmul + bias, (rows, 64) x (64, 64): for more tiles the default splits the output's 64
+    columns by the PE array's 32; with ``whole_rows`` (for an output that overwrites its input row
+    by row) every tile holds whole rows, and computes the same."""
+    op = relax.op
+    func = fused_kernel(lambda: relax_graph([(rows, 64), (64, 64), (64,)], lambda x, w, b: op.add(op.matmul(x, w), b)))
+    args = random_args(func, rng)
+    ref = run_llvm(func, args)
+    for whole, columns in ((False, HW.mme.cols), (True, 64)):
+        lowered, plan = lower_kernel(func, HW, whole_rows=whole)
+        assert plan.tiles[-1] == columns
+        out = simulate(build_program(lowered, HW, "linear"), args[:-1]).outputs[0]
+        np.testing.assert_allclose(out, ref, rtol=1e-2, atol=5e-3 * np.abs(ref).max())

@@ -3,8 +3,9 @@ DSA, then TVM's own CPU lowering for what remains on the host (keeping ``VMShape
 ``AttachGlobalSymbol``, which symbolic shapes and the VM need).
 
 A dynamic model (symbolic or unknown dims, control flow) first gets the shapes RDP proves
-(``ApplyRDP``) and is offloaded by ``offload_symbolic``: one kernel per fused op, programs built
-per concrete shape at run time (``docs/sod2.md``)."""
+(``ApplyRDP``), has each max pooling fused into the convolution before it where the DSA runs the
+two as one kernel (``FusePooling``), and is offloaded by ``offload_symbolic``: one kernel per
+fused op, programs built per concrete shape at run time (``docs/sod2.md``)."""
 
 from __future__ import annotations
 
@@ -20,11 +21,14 @@ from . import hardware
 from .relax_passes import SimplifyInference, offload
 from .relax_passes.offload import StitchOptions
 from .relax_passes.arena import PlanArena
+from .relax_passes.gather import GatherOfRangeAsSlice
 from .relax_passes.offload_symbolic import is_dynamic, offload_symbolic
+from .relax_passes.pool_fusion import FusePooling
 from .relax_passes.rdp_apply import ApplyRDP
 from .relax_passes.rdp_fusion import AnnotateSymbolicReshapes
 from .relax_passes.reorder import ApplyExecutionPlan
 from .relax_passes.sink import SinkIntoBranches
+from .relax_passes.transpose import CancelTransposePairs
 from .schedule.set.scheduler import SetOptions
 
 LAST_OFFLOAD: dict = {}  # "result": the OffloadResult of the last compilation
@@ -58,6 +62,8 @@ def pipeline(schedule: str = "layerwise", hw: hardware.Hardware | str | None = N
                              "model compiles with schedule='layerwise'")
         with host, _no_cyclic_gc():
             mod = fuse(mod, rdp_fusion)
+            if dynamic:
+                mod = FusePooling(chip)(mod)
             if memory_plan:
                 mod = ApplyExecutionPlan(SinkIntoBranches(mod))
             mod, result = (offload_symbolic(mod, chip) if dynamic
@@ -110,15 +116,16 @@ def _tuned_kernels(database, chip: hardware.Hardware):
 
 
 def fuse(mod: tvm.IRModule, rdp_fusion: bool = True) -> tvm.IRModule:
-    """The module as the offload sees it (in the current target's scope): simplified, legalized
-    and fused; a dynamic model with RDP's shapes applied, and fused across its dynamic shapes
-    unless ``rdp_fusion`` is False."""
+    """The module as the offload sees it (in the current target's scope): simplified (with
+    transposes around a softmax cancelled and gathers at a range of indices sliced), legalized and
+    fused; a dynamic model with RDP's shapes applied, and fused across its dynamic shapes unless
+    ``rdp_fusion`` is False."""
     host = tvm.target.Target.current(allow_none=True) or tvm.target.Target("llvm")
     dynamic = is_dynamic(mod)
     across = dynamic and rdp_fusion
     return tvm.transform.Sequential(
         ([ApplyRDP()] if dynamic else [])
-        + [SimplifyInference()]
+        + [SimplifyInference(), CancelTransposePairs, GatherOfRangeAsSlice]
         # dataflow blocks (an importer gives none to a function with an If) for FuseOps, and RDP
         # again: FoldBatchnormToConv2D and ConvertToDataflow lose the shapes of If results,
         # CanonicalizeBindings drops casts that only assert dims (docs/sod2.md)

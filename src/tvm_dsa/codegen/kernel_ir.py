@@ -386,8 +386,8 @@ class _Reader:
                 out.append(Bound(op, k, outer, row))
             return out
 
-        guard = self.guard(realize, block.name_hint, loop_vars, position)
         store = block.body
+        guard = self.guard(realize, block.name_hint, loop_vars, position, store.buffer.scope() == LB_SCOPE)
         dst = access(store.buffer, list(store.indices))
         shape = tuple(e for _, e in inner) or (1,)
         if not inner:
@@ -401,9 +401,13 @@ class _Reader:
                          guard=guard)
         return Stage(block.name_hint, op, shape, dst, value(store.value), guard=guard)
 
-    def guard(self, realize, name, loop_vars, position) -> tuple[Bound, ...]:
-        """The block predicate as bounds on the tile loops; a predicate on the stage's own loops
-        (a partial tile) is not supported."""
+    def guard(self, realize, name, loop_vars, position, lb: bool) -> tuple[Bound, ...]:
+        """The block predicate as bounds on the tile loops. A predicate on the stage's own loops
+        (a partial tile) is dropped where the stage writes an LB buffer, so it computes its whole
+        box: ``compute_at`` clips a producer's region to its buffer where the consumer reads past
+        the edge under a guard (a pooling's padding reads a convolution's rows -1 and H at the
+        borders), and the clipped elements are never read; a load of a parameter outside its
+        bounds is still refused by the codegen. Elsewhere it is not supported."""
         pred = realize.predicate
         if isinstance(pred, tirx.IntImm) and pred.value:
             return ()
@@ -412,6 +416,8 @@ class _Reader:
             for op, diff in _comparisons(c, name):
                 coeffs, const = linear_form(diff, loop_vars)
                 if any(v in position for v in coeffs):
+                    if lb:
+                        continue
                     raise Unsupported(f"stage {name}: predicate {c} bounds the stage's own loops (a partial tile)")
                 out.append(Bound(op, const, tuple((self.slot_of[v], k) for v, k in coeffs.items()), ()))
         return tuple(out)

@@ -105,27 +105,32 @@ def specialize(func: tirx.PrimFunc, env: dict) -> tirx.PrimFunc:
 
 @dataclass(frozen=True)
 class SymbolicKernel:
-    """What the executable carries for a kernel with symbolic dims: its PrimFunc and the chip."""
+    """What the executable carries for a kernel with symbolic dims: its PrimFunc and the chip;
+    ``whole_rows``: no tile splits a row of the output (it overwrites an input it reads by rows,
+    ``arena.PlanArena``)."""
 
     name: str
     func: tirx.PrimFunc
     hw: Hardware
+    whole_rows: bool = False
 
     def serialize(self) -> str:
-        return json.dumps({"name": self.name, "hardware": self.hw.to_dict(), "func": tvm.ir.save_json(self.func)})
+        return json.dumps({"name": self.name, "hardware": self.hw.to_dict(), "func": tvm.ir.save_json(self.func),
+                           "whole_rows": self.whole_rows})
 
     @staticmethod
     @lru_cache(maxsize=1024)
     def deserialize(text: str) -> "SymbolicKernel":
         d = json.loads(text)
-        return SymbolicKernel(d["name"], tvm.ir.load_json(d["func"]), Hardware.from_dict(d["hardware"]))
+        return SymbolicKernel(d["name"], tvm.ir.load_json(d["func"]), Hardware.from_dict(d["hardware"]),
+                              d["whole_rows"])
 
     def program(self, env: dict, parallel: bool = True) -> Program:
         """The DSA program of this kernel at the shapes ``env`` gives its symbols (lowered with the
         largest LB tiling that fits, as a static kernel of that shape is; ``parallel``: split
         further so every core gets a tile)."""
-        return build_program(lower_kernel(specialize(self.func, env), self.hw, parallel=parallel)[0],
-                             self.hw, self.name)
+        return build_program(lower_kernel(specialize(self.func, env), self.hw, parallel=parallel,
+                                          whole_rows=self.whole_rows)[0], self.hw, self.name)
 
 
 def shape_class(func: tirx.PrimFunc) -> str | None:

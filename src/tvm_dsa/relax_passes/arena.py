@@ -16,7 +16,11 @@ Relax's ``StaticPlanBlockMemory``, which then leaves the planned tensors alone. 
   the one a DSA kernel with symbolic dims carries) when no value in those bytes is read after the
   call on a path through it: the two become one tensor, alive from the first's allocation to the
   last's last read. Paths matter at an ``If``: a branch may overwrite what the other branch
-  returns.
+  returns. A DSA kernel's output may also take the bytes of an input it reads by rows
+  (``inplace.row_inputs``: a softmax, a matmul whose rows keep their length) where the row's
+  length is static and the kernel lowers with whole rows at the probe size; its programs are then
+  built with no tile splitting a row (``SymbolicKernel.whole_rows``), so every row is read before
+  it is written.
 * *Segments at nac points.* A ``match_cast`` that defines new symbols (a size known only when the
   program gets there: SoD2's nac points, §4.3) starts a new segment; a tensor joins the arena of
   the first segment where its size is computable, allocated just before that segment's first
@@ -33,6 +37,7 @@ Relax's ``StaticPlanBlockMemory``, which then leaves the planned tensors alone. 
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from dataclasses import dataclass
 from functools import lru_cache
@@ -41,10 +46,11 @@ import tvm
 import tvm_ffi
 from tvm import relax, tirx
 
-from ..codegen.specialize import SymbolicKernel
-from .inplace import elementwise_inputs
+from ..codegen.specialize import SymbolicKernel, free_symbols
+from ..tir_passes import Unsupported
+from .inplace import elementwise_inputs, row_inputs
 from .memory_plan import Lifetime, peak_first
-from .offload_symbolic import EXECUTE_SHAPED
+from .offload_symbolic import EXECUTE_SHAPED, PROBE
 
 ALIGN = 64
 _ALLOC = tvm.ir.Op.get("relax.builtin.alloc_tensor")
@@ -120,6 +126,7 @@ class _Planner:
         self.arenas = 0
         self.found: dict = {}  # allocation var -> [size, first, last] of the function planned
         self.calls: list = []  # its kernel calls in program order, with what their arguments hold
+        self.whole_rows: set = set()  # the variables of DSA calls whose output overwrites a row input
 
     def function(self, func: relax.Function) -> relax.Function:
         body = func.body
@@ -213,9 +220,21 @@ class _Planner:
             return None
         if isinstance(value.op, tvm.ir.GlobalVar) and isinstance(self.mod[value.op], tirx.PrimFunc):
             return self.mod[value.op], list(value.args)
-        if isinstance(value.op, relax.ExternFunc) and value.op.global_symbol == EXECUTE_SHAPED:
+        if _is_shaped(value):
             return SymbolicKernel.deserialize(value.args[0].value).func, list(value.args[2:])
         return None
+
+    def overwritable(self, value) -> list[int] | None:
+        """Indices of the arguments a kernel call's output may overwrite, elementwise inputs first
+        (then, for a DSA kernel that can keep its rows whole, row inputs), after the output's index;
+        None when the kernel is not analysable."""
+        func, args = self.kernel(value)
+        elementwise = elementwise_inputs(func)
+        if elementwise is None or len(args) != len(func.params):
+            return None
+        rows = row_inputs(func) if _is_shaped(value) else None
+        more = sorted(rows[1] - elementwise[1]) if rows and _rows_keepable(value.args[0].value) else []
+        return [elementwise[0], *sorted(elementwise[1]), *more]
 
     def in_place(self, bindings: list, result, where: dict) -> dict:
         """Allocation -> the first allocation of the group it shares bytes with. A kernel's
@@ -227,14 +246,14 @@ class _Planner:
         members: dict = {}  # first allocation -> the group's allocations
         analyzer = tvm.sym.Analyzer()
         for b, held in self.calls:
-            func, args = self.kernel(b.value)
-            decided = elementwise_inputs(func)
-            if decided is None or len(args) != len(func.params):
+            decided = self.overwritable(b.value)
+            if decided is None:
                 continue
-            out, inputs = args[decided[0]], decided[1]
+            _, args = self.kernel(b.value)
+            out, inputs = args[decided[0]], decided[1:]
             if out not in where:
                 continue
-            for i in sorted(inputs):
+            for i in inputs:
                 x = args[i]
                 heads = {group.get(v, v) for v in held.get(x, set())} if isinstance(x, relax.Var) else set()
                 if len(heads) != 1:
@@ -248,6 +267,8 @@ class _Planner:
                         and not _reads_after(bindings, result, b.var, old, self.kernel)):
                     members[head] = old | {out}
                     group.update({v: head for v in members[head]})
+                    if i not in elementwise_inputs(self.kernel(b.value)[0])[1]:
+                        self.whole_rows.add(b.var)
                     break
         return group
 
@@ -276,8 +297,13 @@ class _Planner:
         return head, {t.var: (storage, offset) for t, offset in zip(tensors, offsets)}
 
     def rewrite(self, binding, replace: dict) -> list:
-        """``binding`` with the planned allocations in it (in If branches too) carved from their arena."""
+        """``binding`` with the planned allocations in it (in If branches too) carved from their
+        arena, and a DSA call that overwrites a row input built with whole rows."""
         value = binding.value
+        if binding.var in self.whole_rows:
+            kernel = dataclasses.replace(SymbolicKernel.deserialize(value.args[0].value), whole_rows=True)
+            args = [tvm.ir.StringImm(kernel.serialize()), *value.args[1:]]
+            return [relax.VarBinding(binding.var, relax.Call(value.op, args, value.attrs, value.ty_args))]
         if binding.var in replace:
             storage, offset = replace[binding.var]
             shape, dtype = value.args[0], value.args[1]
@@ -294,6 +320,27 @@ class _Planner:
                         for br in (value.true_branch, value.false_branch)]
             return [relax.VarBinding(binding.var, relax.If(value.cond, *branches))]
         return [binding]
+
+
+def _is_shaped(value) -> bool:
+    """Whether ``value`` calls a DSA kernel with symbolic dims (it carries its PrimFunc)."""
+    return isinstance(value.op, relax.ExternFunc) and value.op.global_symbol == EXECUTE_SHAPED
+
+
+@lru_cache(maxsize=256)
+def _rows_keepable(text: str) -> bool:
+    """Whether a DSA kernel with symbolic dims can be built with whole rows at every shape: its
+    output's rows have a static length, and it lowers so at the probe size (a row's tile then
+    never grows with the shape)."""
+    kernel = SymbolicKernel.deserialize(text)
+    out = kernel.func.params[elementwise_inputs(kernel.func)[0]]
+    if not isinstance(out.ty.shape[-1], tirx.IntImm):
+        return False
+    try:
+        dataclasses.replace(kernel, whole_rows=True).program({s: PROBE for s in free_symbols(kernel.func)})
+    except Unsupported:
+        return False
+    return True
 
 
 def _merged(members: list[_Tensor], group: dict) -> list[_Tensor]:

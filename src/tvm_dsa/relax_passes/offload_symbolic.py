@@ -65,7 +65,7 @@ def _call_tir_funcs(func: relax.Function) -> list:
     return list(seen)
 
 
-def _kernel_text(name: str, func: tirx.PrimFunc, hw: Hardware) -> tuple[str, str]:
+def kernel_text(name: str, func: tirx.PrimFunc, hw: Hardware) -> tuple[str, str]:
     """(packed function, its kernel argument) for one PrimFunc; ``Unsupported`` if the DSA cannot
     run it."""
     symbols = free_symbols(func)
@@ -88,7 +88,7 @@ def offload_symbolic(mod: tvm.IRModule, hw: Hardware, run_id: str = "model"):
             result.host[name] = "a pure reshape: a view on the host, no data moves"
         else:
             try:
-                calls[gv] = _kernel_text(name, func, hw)
+                calls[gv] = kernel_text(name, func, hw)
                 result.dsa.append(name)
             except Unsupported as err:
                 result.host[name] = str(err)

@@ -58,10 +58,12 @@ def lower_with_plan(func, plan: TilePlan):
 
 
 def lower_kernel(func, hw, lb_bytes: int | None = None, parallel: bool = True, simplify: bool = True,
-                 vector: bool = False):
+                 whole_rows: bool = False, vector: bool = False):
     """Lower ``func`` with the largest tiling whose working set fits ``hw``'s LB (its first
     ``lb_bytes`` if given) and — unless ``parallel`` is False — that gives the cluster's cores a
-    tile each where the kernel has that many. Returns (lowered, plan).
+    tile each where the kernel has that many. Returns (lowered, plan). With ``whole_rows`` no
+    tile splits the anchor's last spatial loop (a row of the output: a kernel whose output
+    overwrites an input it reads by rows, ``relax_passes.inplace.row_inputs``).
 
     With ``simplify`` (the default) the kernel is lowered with its indices simplified under the
     iterators' ranges (``tile.simplify_indices``: a legalized reshape's index chains become
@@ -81,7 +83,7 @@ def lower_kernel(func, hw, lb_bytes: int | None = None, parallel: bool = True, s
     lowerings, error = [], None
     for aligned in alignments:
         try:
-            lowerings.append(_lower_aligned(func, hw, lb_bytes, parallel, simplify, aligned, vector))
+            lowerings.append(_lower_aligned(func, hw, lb_bytes, parallel, simplify, aligned, vector, whole_rows))
         except Unsupported as err:
             error = err
     if not lowerings:
@@ -107,7 +109,7 @@ def _tiles(info, plan: TilePlan) -> int:
 
 
 def _lower_aligned(func, hw, lb_bytes: int | None, parallel: bool, simplify: bool, aligned: bool | None = None,
-                   vector: bool = False):
+                   vector: bool = False, whole_rows: bool = False):
     """``lower_kernel`` with one alignment: of the simplified indices or of the indices as they are
     (``aligned``, by default ``simplify``); the simplified kernel is lowered if ``simplify``; the
     contraction on the vector units if ``vector``.
@@ -124,7 +126,8 @@ def _lower_aligned(func, hw, lb_bytes: int | None, parallel: bool, simplify: boo
     for reuse in orders:
         try:
             plans = [replace(p, vector=vector) for p in candidate_plans(info, hw.mme.rows, hw.mme.cols, reuse)]
-            chosen.append(_fitting(func, info, plans, hw, lb_bytes, parallel))
+            chosen.append(_fitting(func, info, _rows_whole(info, plans) if whole_rows else plans, hw, lb_bytes,
+                                   parallel, whole_rows))
         except Unsupported:
             if reuse == orders[-1] and not chosen:
                 raise
@@ -177,8 +180,19 @@ def load_cycles(lowered, hw, lb_bytes: int | None = None) -> float:
     return nbytes / hw.ddr_bytes_per_cycle + transfers * hw.dma_latency_cycles / cores
 
 
-def _fitting(func, info, plans, hw, lb_bytes, parallel):
-    """The first of ``plans`` that lowers within the LB, made parallel (``lower_kernel``)."""
+def _rows_whole(info, plans: list[TilePlan]) -> list[TilePlan]:
+    """``plans`` with the last spatial loop never split (its tile the whole extent), repeats dropped."""
+    out = []
+    for plan in plans:
+        whole = replace(plan, tiles=(*plan.tiles[:-1], info.spatial[-1]))
+        if not out or out[-1] != whole:
+            out.append(whole)
+    return out
+
+
+def _fitting(func, info, plans, hw, lb_bytes, parallel, whole_rows=False):
+    """The first of ``plans`` that lowers within the LB, made parallel (``lower_kernel``; with
+    ``whole_rows`` no tile splits the last spatial loop)."""
     from ..codegen.kernel_ir import plan_lb, read_kernel
 
     tried: dict[int, object] = {}
@@ -218,6 +232,8 @@ def _fitting(func, info, plans, hw, lb_bytes, parallel):
     if not parallel or spread(plans[first]):
         return lowered_if_fits(first), plans[first]
     more = [replace(p, vector=plans[first].vector) for p in parallel_plans(info, plans[first], hw.mme.rows, hw.mme.cols)]
+    if whole_rows:
+        more = [p for p in _rows_whole(info, more) if p != plans[first]]
     if not more:
         return lowered_if_fits(first), plans[first]
     best = min(_bisect(len(more), lambda i: spread(more[i])), len(more) - 1)

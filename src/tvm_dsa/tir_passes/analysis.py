@@ -184,6 +184,21 @@ def contraction(block: SBlock):
     return None
 
 
+def reads_window(block: SBlock) -> bool:
+    """Whether a reduction block reads a window: an index of a load combines a spatial and a
+    reduction iterator (a pooling's ``x[2 h + r]``), unlike a matmul's or a mean's reduced axis."""
+    spatial = {it.var for it in block.iter_vars if int(it.iter_type) != REDUCE_ITER}
+    reduced = {it.var for it in block.iter_vars if int(it.iter_type) == REDUCE_ITER}
+    loads = []
+    tvm_ffi.structural_walk(block.body, [(Load, loads.append)])
+    for ld in loads:
+        for index in ld.indices:
+            used = set(tirx.analysis.undefined_vars(index))
+            if used & spatial and used & reduced:
+                return True
+    return False
+
+
 def classify(block: SBlock) -> StageKind:
     """The stage kind of a leaf block, or ``Unsupported`` with the reason."""
     store = block.body

@@ -1,6 +1,8 @@
 """TileForLB: tile a kernel around its anchor so every tile's working set fits the local buffer.
 
-The anchor is the kernel's contraction block (conv / matmul) or, without one, its last block.
+The anchor is the kernel's contraction block (conv / matmul) — or a pooling that follows it (a
+reduction over a window of its result: the contraction is then computed per tile of the pooling,
+with the overlap the window needs) — or, without one, its last block.
 Every spatial loop of the anchor is split into (tile, point) loops — an extent-1 tile loop where it
 is not tiled, so every kernel has the same shape — and the first reduction loop into (chunk,
 point). Consumers move under the innermost tile loop (``reverse_compute_at``), producers under the
@@ -30,6 +32,7 @@ from .analysis import (
     contraction,
     copy_func,
     int_value,
+    reads_window,
     sch_children,
     sch_get,
     sch_loops,
@@ -73,7 +76,11 @@ def find_anchor(sch: s_tir.Schedule) -> tuple[int, list]:
     mmes = [i for i, k in enumerate(kinds) if k.kind == "mme"]
     if len(mmes) > 1:
         raise Unsupported("kernel has more than one contraction")
-    return (mmes[0] if mmes else len(blocks) - 1), kinds
+    if not mmes:
+        return len(blocks) - 1, kinds
+    pools = [i for i in range(mmes[0] + 1, len(blocks))
+             if kinds[i].kind == "reduce" and reads_window(sch_get(sch, blocks[i]))]
+    return (pools[-1] if pools else mmes[0]), kinds
 
 
 def _loop_roles(sch, block_rv):
