@@ -19,6 +19,8 @@ import tvm
 from tvm import relax, tirx
 
 from .fold import _constant as _value
+from .rewrite import rewrite_functions
+
 
 _OP = {name: tvm.ir.Op.get(f"relax.{name}") for name in
        ("take", "arange", "astype", "multiply", "add", "where", "less")}
@@ -79,8 +81,4 @@ class _Rewrite(relax.PyExprMutator):
 
 @tvm.transform.module_pass(opt_level=0, name="dsa.GatherOfRangeAsSlice")
 def GatherOfRangeAsSlice(mod: tvm.IRModule, _ctx) -> tvm.IRModule:  # noqa: N802 (a pass, named like TVM's)
-    out = mod.clone()  # the caller's module stays as it is
-    for gv, f in mod.functions.items():
-        if isinstance(f, relax.Function):
-            out[gv] = _Rewrite(mod).visit_expr(f)
-    return relax.transform.DeadCodeElimination()(out)
+    return rewrite_functions(mod, _Rewrite)

@@ -16,6 +16,9 @@ from __future__ import annotations
 import tvm
 from tvm import relax
 
+from .rewrite import rewrite_functions
+
+
 _PERMUTE = tvm.ir.Op.get("relax.permute_dims")
 _ALONG_AXIS = {tvm.ir.Op.get(name): getattr(relax.op.nn, name.rsplit(".", 1)[1])
                for name in ("relax.nn.softmax", "relax.nn.log_softmax")}
@@ -50,8 +53,4 @@ class _Cancel(relax.PyExprMutator):
 
 @tvm.transform.module_pass(opt_level=0, name="dsa.CancelTransposePairs")
 def CancelTransposePairs(mod: tvm.IRModule, _ctx) -> tvm.IRModule:  # noqa: N802 (a pass, named like TVM's)
-    out = mod.clone()  # the caller's module stays as it is
-    for gv, f in mod.functions.items():
-        if isinstance(f, relax.Function):
-            out[gv] = _Cancel(mod).visit_expr(f)
-    return relax.transform.DeadCodeElimination()(out)
+    return rewrite_functions(mod, _Cancel)
