@@ -8,8 +8,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from tvm_dsa.relax_passes.memory_plan import (PLANNERS, Lifetime, live_bytes, lower_bound, optimal,
-                                              peak_first_order, place)
+from tvm_dsa.relax_passes.memory_plan import (PLANNERS, Lifetime, best_greedy, greedy_by_size, live_bytes,
+                                              lower_bound, optimal, peak_first, peak_first_order, place)
 
 
 @st.composite
@@ -70,6 +70,18 @@ def test_peak_first_order_starts_with_the_peak_tensors_largest_first():
     assert order[:3] == [1, 2, 3]          # live at step 2, by size
     assert order[3:] == [0, 4]             # then step 1 (40 live) before step 3 (24)
     assert PLANNERS["peak_first"](lts).peak == 52
+
+
+def test_best_greedy_takes_the_least_of_its_orders_where_peak_first_misses():
+    a, b, c, d = Lifetime(8, 0, 1), Lifetime(8, 0, 2), Lifetime(16, 2, 3), Lifetime(8, 1, 1)
+    lts = [a, b, c, d]
+    assert live_bytes(lts) == [16, 24, 24, 16]
+    # peak-first: a, b, d live at step 1 take 0, 8, 16; c (16 bytes, steps 2-3) finds no 16-byte
+    # gap below b and goes above it: 32
+    assert peak_first(lts).offsets == (0, 8, 16, 16) and peak_first(lts).peak == 32
+    # largest first: c at 0; a (gone before c starts) at 0; b above both at 16; d in a..b's gap at 8
+    assert greedy_by_size(lts).offsets == (0, 16, 0, 8)
+    assert best_greedy(lts).peak == 24 == lower_bound(lts)
 
 
 def test_bad_lifetimes_and_orders_are_named():

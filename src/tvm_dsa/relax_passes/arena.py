@@ -26,7 +26,7 @@ Relax's ``StaticPlanBlockMemory``, which then leaves the planned tensors alone. 
   the first segment where its size is computable, allocated just before that segment's first
   tensor. (A tensor in a branch whose size uses a symbol the branch defines is left to Relax.)
 * *The plan.* Sizes in bytes, rounded up to 64 (kernels assume aligned buffers), with lifetimes,
-  go to ``memory_plan.peak_first``. All sizes known at compile time: the offsets are constants.
+  go to ``memory_plan.best_greedy`` (SoD2's peak-first among its orders). All sizes known at compile time: the offsets are constants.
   Some symbolic: the plan is made at run time, once per distinct set of sizes, by the packed
   function ``tvm_dsa.arena_plan`` (the lifetimes are constants of the call); a ``match_cast`` binds
   the arena size and offsets it returns to fresh symbols that the allocations use — the seed's
@@ -49,7 +49,7 @@ from tvm import relax, tirx
 from ..codegen.specialize import SymbolicKernel, free_symbols
 from ..tir_passes import Unsupported
 from .inplace import elementwise_inputs, row_inputs
-from .memory_plan import Lifetime, peak_first
+from .memory_plan import Lifetime, best_greedy
 from .offload_symbolic import EXECUTE_SHAPED, PROBE
 
 ALIGN = 64
@@ -71,9 +71,9 @@ def _aligned(size: int) -> int:
 
 
 def arena_offsets(lifetimes: tuple[tuple[int, int], ...], sizes: tuple[int, ...]) -> tuple[int, ...]:
-    """(arena bytes, offset of each tensor) of the peak-first plan for tensors of ``sizes`` bytes
+    """(arena bytes, offset of each tensor) of the ``best_greedy`` plan for tensors of ``sizes`` bytes
     alive over the inclusive step ranges ``lifetimes``."""
-    plan = peak_first([Lifetime(_aligned(s), a, b) for s, (a, b) in zip(sizes, lifetimes)])
+    plan = best_greedy([Lifetime(_aligned(s), a, b) for s, (a, b) in zip(sizes, lifetimes)])
     return (max(plan.peak, 1), *plan.offsets)
 
 
