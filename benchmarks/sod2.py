@@ -44,7 +44,7 @@ from tvm_dsa.models import TINY
 from tvm_dsa.models.dynamic import DYNAMIC
 from tvm_dsa.relax_passes import rdp
 from tvm_dsa.relax_passes.exec_plan import DataflowGraph, greedy_order, lifetimes, optimal_order, peak_of, topological
-from tvm_dsa.relax_passes.memory_plan import PLANNERS, Lifetime, graph_lifetimes, lower_bound, optimal, peak_first
+from tvm_dsa.relax_passes.memory_plan import PLANNERS, Lifetime, graph_lifetimes, lower_bound, optimal, best_greedy
 from tvm_dsa.relax_passes.rdp_apply import ApplyRDP
 from tvm_dsa.relax_passes.simplify import SimplifyInference
 from tvm_dsa.schedule.graph import OpGraph
@@ -180,11 +180,11 @@ def planning_tables() -> None:
         best = optimal_order(g)
         planned = best or greedy_order(g)
         rows.append([label, len(g.sizes), sum(g.sizes), relax_plan_bytes(mod),
-                     peak_first(lifetimes(g, program)).peak, peak_of(g, program),
-                     planned.peak, peak_first(lifetimes(g, planned.order)).peak,
+                     best_greedy(lifetimes(g, program)).peak, peak_of(g, program),
+                     planned.peak, best_greedy(lifetimes(g, planned.order)).peak,
                      "exact" if best else "greedy"])
-    print("\nIntermediate bytes of the tiny zoo: no reuse, Relax's plan, peak-first arena in program order,\n"
-          "peak of the program order and of the planned order (§4.3), peak-first arena in the planned order\n")
+    print("\nIntermediate bytes of the tiny zoo: no reuse, Relax's plan, arena (best_greedy) in program order,\n"
+          "peak of the program order and of the planned order (§4.3), arena (best_greedy) in the planned order\n")
     _table(["model", "ops", "no reuse", "Relax plan", "arena", "peak", "planned peak", "planned arena", "order"], rows)
 
     rng = np.random.default_rng(0)
@@ -464,7 +464,7 @@ def evaluation_table(repeat: int) -> None:
             online = lambda f, order: in_order(lifetimes(graphs[f], order)).peak  # noqa: E731
             no_opt, fusion = online(False, program[False]), online(True, program[True])
             sep = online(True, planned)
-            dmp = peak_first(lifetimes(graphs[True], planned)).peak
+            dmp = best_greedy(lifetimes(graphs[True], planned)).peak
             relax_bytes, relax_note = relax_default_bytes(static_module(name, shape), decisions)
             ort_peak, ort_run = onnxruntime_memory(name, x)
             label = ["x".join(map(str, shape)) + "".join(" " + "TF"[not d] for d in decisions)]
@@ -481,7 +481,7 @@ def evaluation_table(repeat: int) -> None:
                             *(f"{runs[k][1] * 1e3:.0f}" for k in runs)])
     print("\nPeak intermediate memory (bytes) per dynamic model and input (If decisions T/F): no reuse; the online\n"
           "best-fit allocator in program order with TVM's fusion (no opt.) and RDP-aware fusion (+ fusion); in the\n"
-          "planned order (+ SEP); the peak-first plan in the planned order (+ DMP); Relax's default pipeline on the\n"
+          "planned order (+ SEP); the arena plan (best_greedy) in the planned order (+ DMP); Relax's default pipeline on the\n"
           "model imported at that shape, same branches (StaticPlanBlockMemory; * with ApplyRDP first: Relax alone\n"
           "cannot build it); onnxruntime on CPU: peak process RSS (MiB) and what the run added over the loaded session\n")
     _table(["model", "input", "no reuse", "no opt.", "+ fusion", "+ SEP", "+ DMP", "Relax", "DMP vs Relax",
@@ -527,7 +527,7 @@ def executable_memory_table() -> None:
                          f"{peak[True] / peak['relax'] - 1:+.0%}", f"{peak[True] / peak[False] - 1:+.0%}", f"{err:.1e}"])
     print("\nPeak storage bytes the VM allocates in one run (measured on the executable: every alloc_storage, alive\n"
           "while referenced): Relax's default pipeline for llvm (* with ApplyRDP first), the dsa build with Relax's\n"
-          "StaticPlanBlockMemory, and with the plans (the planned order, the peak-first arena); err: that build\n"
+          "StaticPlanBlockMemory, and with the plans (the planned order, the arena (best_greedy)); err: that build\n"
           "vs onnxruntime\n")
     _table(["model", "input", "Relax default", "dsa + Relax plan", "dsa + plans", "vs Relax default",
             "vs dsa + Relax plan", "err"], rows)
