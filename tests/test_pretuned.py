@@ -13,6 +13,8 @@ from tvm_dsa.codegen.emit import build_program
 from tvm_dsa.driver import Compiled, import_onnx, load_model, max_relative_error
 from tvm_dsa.models import example_inputs
 from tvm_dsa.runtime import simulate
+from tvm_dsa.schedule.set.scheduler import SetOptions
+from tvm_dsa.schedule.set.search import Anneal
 from tvm_dsa.tir_passes import TilePlan, lower_kernel
 from tvm_dsa.pipeline import _tuned_kernels
 from tvm_dsa.tuning import default_seconds, extract_tasks, load_database, merge_records, pretuned, records_dir, tuned_kernel, workload
@@ -60,6 +62,19 @@ def test_the_dsa_pipeline_applies_them_by_default_and_stays_exact():
         gain += task.calls * round((task.default_seconds - tuned) * HW.clock_hz)
     assert gain >= 0
     assert off.run(inputs, mode="timing").report.cycles - default.run(inputs, mode="timing").report.cycles == gain
+
+
+def test_set_trees_use_no_records():
+    # SET tiles its layers to half the LB (the other half keeps data between layers); records are
+    # tuned for the whole LB, so a SET compile is the one without them
+    edge = "dsa/set-edge16-fp16"
+    model = load_model("resnet50", tiny=True)
+    mod, inputs = import_onnx(model), example_inputs(model)
+    assert Compiled.build(mod, edge).offload.tuned  # the preset has records: layerwise replays them
+    options = SetOptions(Anneal(beta=1, seed=0))
+    tree, off = (Compiled.build(mod, edge, "set", options, database=d) for d in (None, False))
+    assert tree.offload.tuned == [] and tree.offload.trees
+    assert tree.run(inputs, mode="timing").report.cycles == off.run(inputs, mode="timing").report.cycles
 
 
 def test_a_target_gets_its_own_presets_records_not_another_presets():
