@@ -101,11 +101,12 @@ def offload(mod: tvm.IRModule, hw: Hardware, schedule: str = "layerwise", run_id
                 lowered[name] = _lower(func, hw, budget)
         except Unsupported as err:
             result.host[name] = str(err)
+    on_vector = {name for name, (func, _) in lowered.items() if on_vector_units(func)}  # contraction not on the MME
     in_part: dict = {}  # PrimFunc name -> lowered within the LB share StitchOptions leaves to tiles
 
     def tiled_in_part(name):  # on the unit the whole-LB lowering took
         if name not in in_part:
-            in_part[name] = _lower(mod[name], hw, stitch.lb_budget(hw), on_vector_units(lowered[name][0]))
+            in_part[name] = _lower(mod[name], hw, stitch.lb_budget(hw), name in on_vector)
         return in_part[name]
     specs = schedules.get(schedule)(mod, hw, set(lowered), options)
     node_of = {n.name: n for n in graph.nodes}
@@ -159,7 +160,7 @@ def offload(mod: tvm.IRModule, hw: Hardware, schedule: str = "layerwise", run_id
         macs = kernel_macs(mod[node.func])
         if node.name in on_dsa:
             result.dsa_macs += macs
-            if node.func in lowered and on_vector_units(lowered[node.func][0]):  # not a SET tree's reshape view
+            if node.func in on_vector:
                 result.vector_macs += macs
         else:
             result.host_macs += macs

@@ -22,7 +22,9 @@ import math
 from dataclasses import dataclass
 
 import tvm
-from tvm import s_tir
+import tvm_ffi
+from tvm import s_tir, tirx
+from tvm.s_tir import SBlock
 
 from .analysis import (
     REDUCE_ITER,
@@ -144,12 +146,6 @@ def anchor_info(func, simplify: bool = True) -> AnchorInfo:
 def _alignment(block, var) -> int:
     """The gcd of the divisors of floordiv/floormod nodes whose operand uses ``var`` in the
     block's body (a tile dividing it divides each of them); 1 when there are none."""
-    import math
-
-    import tvm
-    import tvm_ffi
-    from tvm import tirx
-
     out = 0
 
     def visit(node):
@@ -166,7 +162,6 @@ def _alignment(block, var) -> int:
 
 def _mme_roles(block, is_red) -> list[str]:
     """For each spatial iterator: "M" if only operand a uses it, "N" if only b, "B" if both."""
-    import tvm_ffi
 
     a, b = contraction(block)
 
@@ -243,9 +238,6 @@ def unit_choice(info: AnchorInfo, hw) -> bool:
 
 def on_vector_units(func) -> bool:
     """Whether a lowered kernel runs its contraction on the vector units (``annotate_vector_contraction``)."""
-    import tvm_ffi
-    from tvm.s_tir import SBlock
-
     found = []
     tvm_ffi.structural_walk(func.body, [(SBlock, lambda b: found.append(int(b.annotations.get(VECTOR_CONTRACTION, 0))))])
     return any(found)
