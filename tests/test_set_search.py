@@ -1,6 +1,8 @@
 """SET's tree operators (seed 002 §4.2.1) as property tests on random trees, and the simulated
 annealing engine behind SET, LS and LP (§4.1)."""
 
+import dataclasses
+import math
 import random
 
 import pytest
@@ -10,7 +12,7 @@ from hypothesis import strategies as st
 import tvm_dsa  # noqa: F401  (registers the presets)
 from tvm_dsa import hardware
 from tvm_dsa.schedule.set import Contraction, Cut, Layer, LayerGraph, Leaf, Tree, initial_tree, validate
-from tvm_dsa.schedule.set.evaluate import Evaluator, _Tiles, invocation_order
+from tvm_dsa.schedule.set.evaluate import Evaluator, _Dram, _Tiles, invocation_order, latency_bound
 from tvm_dsa.schedule.set.ops import (LP, LS, OPERATORS, SET, fewer_sub_batches, group, more_sub_batches, mutate,
                                       random_tree, swap, ungroup)
 from tvm_dsa.schedule.set.search import Anneal, anneal
@@ -160,10 +162,26 @@ def test_tile_runs_answer_as_a_time_per_tile_would(tiles, steps):
         lo = min(int(a * tiles), tiles - 1)
         hi = lo + 1 + min(int(b * (tiles - lo)), tiles - lo - 1)
         assert runs.free_at(lo, hi) == max(per_tile[lo:hi])
-        assert runs.busy_after(end / 2) == sum(t > end / 2 for t in per_tile)
         runs.occupy(lo, hi, end)
         per_tile[lo:hi] = [end] * (hi - lo)
         assert [t for k, t in enumerate(runs.times) for _ in range(runs.cuts[k + 1] - runs.cuts[k])] == per_tile
+
+
+@settings(max_examples=200, deadline=None)
+@given(steps=st.lists(st.tuples(st.integers(0, 60), st.integers(0, 12)), max_size=30))
+def test_dram_serves_transfers_in_its_idle_time(steps):
+    """``_Dram`` against unit time slots: a transfer of c cycles from s takes the first c idle
+    slots at or after s and ends after the last; busy intervals stay disjoint and sorted."""
+    dram, busy = _Dram(), [False] * 500
+    for start, cycles in steps:
+        free = [t for t in range(start, len(busy)) if not busy[t]][:cycles]
+        for t in free:
+            busy[t] = True
+        assert dram.transfer(float(start), float(cycles)) == (free[-1] + 1 if free else start)
+        spans = list(zip(dram.starts, dram.ends))
+        assert all(a < b <= c for (a, b), (c, _) in zip(spans, spans[1:] + [(math.inf, 0)]))
+        assert [t for t in range(len(busy)) if any(a <= t < b for a, b in spans)] == \
+            [t for t in range(len(busy)) if busy[t]]
 
 
 def _order_by_definition(tree: Tree) -> list:
@@ -198,3 +216,34 @@ def test_invocation_order_and_remembered_evaluations(seed, n, batch):
         assert seen == Evaluator(graph, EDGE).evaluate(tree)
         assert used.evaluate(tree) is seen
         assert used.evaluate(tree, timeline=True).latency == seen.latency
+
+
+def test_latency_bound_is_the_roofline():
+    """Two layers, derived by hand: 8 samples of 64x64x64 MACs on 16 tiles of 1024 MACs, or
+    the weights once plus the input and output of every sample through 16.384 B/cycle."""
+    layers = [Layer("a", 64 ** 3, 0, 64 * 64, 64 * 64, 64 * 64, Contraction(1, 64, 64, 64), dram_in=64 * 64),
+              Layer("b", 64 ** 3, 0, 64 * 64, 64 * 64, 64 * 64, Contraction(1, 64, 64, 64), output=True)]
+    graph = LayerGraph.build(layers, [(0, 1)])
+    assert EDGE.peak_macs_per_cycle == 16 * 1024 and EDGE.ddr_bytes_per_cycle == 16.384
+    assert latency_bound(graph, EDGE, 8) == max(8 * 2 * 64 ** 3 / 16384, (2 * 4096 + 8 * 2 * 4096) / 16.384)
+    heavy = LayerGraph.build([dataclasses.replace(x, weights=4096 * 64) for x in layers], [(0, 1)])
+    assert latency_bound(heavy, EDGE, 1) == (2 * 4096 * 64 + 2 * 4096) / 16.384  # DRAM-bound
+
+
+@settings(max_examples=150, deadline=None)
+@given(seed=st.integers(0, 10**9), n=st.integers(2, 10), batch=st.sampled_from([1, 2, 8, 64]),
+       preset=st.sampled_from(["set-edge16", "set-cloud144"]))
+def test_no_tree_beats_the_roofline(seed, n, batch, preset):
+    """The evaluator's latency of any tree is at least ``latency_bound``: its compute, DRAM
+    bandwidth shares and pipelines never make up work or bandwidth the chip does not have."""
+    rng = random.Random(seed)
+    layers, edges = [], []
+    for i in range(n):
+        preds = rng.sample(range(i), rng.randint(1, min(3, i))) if i and rng.random() < 0.9 else []
+        edges += [(p, i) for p in preds]
+        m, c = rng.choice([1, 16, 256]), rng.choice([16, 128, 1024])  # from compute- to weight-bound
+        layers.append(Layer(f"n{i}", m * c * c, m * c, m * c, c * c, m * c, Contraction(1, m, c, c),
+                            dram_in=0 if preds else m * c, output=i == n - 1))
+    graph, hw = LayerGraph.build(layers, edges), hardware.get(preset)
+    tree = random_tree(graph, batch, hw.cores, rng)
+    assert Evaluator(graph, hw).evaluate(tree).latency >= latency_bound(graph, hw, batch)

@@ -4,10 +4,11 @@ Latency: every leaf invocation (a layer on its tile group for its batch of sampl
 of the S-T graph. Invocations run in the tree's order on their tiles (a tile runs one layer at a
 time) and start when their tiles are free and the producer invocations holding their samples have
 ended. An invocation lasts ``max(compute, DRAM, NoC) + DMA latency``: compute from the intra-layer
-schedule; DRAM its bytes at its share of the chip's DRAM bandwidth: the channels are shared in
-proportion to tiles among the groups busy when it starts (a group running alone gets all of it, as
-in the simulator, where transfers in flight share DRAM); NoC the load of the busiest mesh link it uses (XY
-routing, ``noc_link_bytes_per_cycle``), loads of its producers added.
+schedule; DRAM until its bytes have gone through the chip's DRAM bandwidth in the time other
+invocations leave it idle (``_Dram``: a group running alone gets all of it, as in the simulator,
+where transfers in flight share DRAM; together no groups move more than it allows); NoC the load of
+the busiest mesh link it uses (XY routing, ``noc_link_bytes_per_cycle``), loads of its producers
+added.
 
 Energy by component (the seed's E_tot = sum DRAM accesses * e_d + sum link flits * e_hop + sum
 tile energy): ``mac`` (MACs of every layer and sample), ``vector``, ``sram`` (buffer accesses at
@@ -103,6 +104,16 @@ class Mesh:
         return hops, peak
 
 
+def latency_bound(graph: LayerGraph, hw: Hardware, batch: int) -> float:
+    """Cycles no tree can beat at ``batch`` (the roofline): every MAC at the chip's peak rate, or
+    every weight once and the graph's inputs and outputs through DRAM at its whole bandwidth."""
+    layers = graph.layers
+    macs = batch * sum(layer.macs for layer in layers)
+    elements = sum(layer.weights for layer in layers) + batch * sum(
+        layer.dram_in + (layer.ofmap if layer.output else 0) for layer in layers)
+    return max(macs / hw.peak_macs_per_cycle, elements * hw.storage_bytes / hw.ddr_bytes_per_cycle)
+
+
 def invocation_order(tree: Tree) -> list[tuple[int, int]]:
     """(layer, invocation) in the tree's order: every cut runs sub-batch k of all its children
     before sub-batch k+1 (a T-cut one child after the other on shared tiles, an S-cut's children
@@ -124,7 +135,7 @@ def invocation_order(tree: Tree) -> list[tuple[int, int]]:
 
 class _Tiles:
     """When each tile is free, as runs of consecutive stripe ids free at the same time: a group
-    occupies a range of ids at once, so a chip has few runs, and the evaluator's three questions
+    occupies a range of ids at once, so a chip has few runs, and the evaluator's two questions
     per invocation cost a few list operations instead of numpy calls on every tile."""
 
     def __init__(self, tiles: int):
@@ -135,11 +146,6 @@ class _Tiles:
         """When all of the tiles [lo, hi) are free."""
         return max(self.times[bisect.bisect_right(self.cuts, lo) - 1:bisect.bisect_left(self.cuts, hi)])
 
-    def busy_after(self, t: float) -> int:
-        """How many tiles are still busy at ``t``."""
-        cuts = self.cuts
-        return sum(cuts[k + 1] - cuts[k] for k, end in enumerate(self.times) if end > t)
-
     def occupy(self, lo: int, hi: int, end: float) -> None:
         """The tiles [lo, hi) are busy until ``end``."""
         cuts, times = self.cuts, self.times
@@ -149,6 +155,36 @@ class _Tiles:
         tail = [hi] if cuts[j] > hi else []
         cuts[i:j] = head + [lo] + tail
         times[i:j] = ([times[i]] if head else []) + [end] + ([times[j - 1]] if tail else [])
+
+
+class _Dram:
+    """When DRAM is busy, as disjoint intervals in time order. An invocation's transfers take
+    DRAM's idle time from its start on at the whole bandwidth (a fluid DRAM served in the tree's
+    order), so invocations running at once never move more bytes than the bandwidth allows: a
+    group alone gets all of it, groups running together share it."""
+
+    def __init__(self):
+        self.starts: list[float] = []
+        self.ends: list[float] = []
+
+    def transfer(self, start: float, cycles: float) -> float:
+        """Reserve ``cycles`` of DRAM time in the idle gaps from ``start`` on; when they end."""
+        if cycles <= 0:
+            return start
+        starts, ends = self.starts, self.ends
+        i = j = bisect.bisect_left(ends, start)  # the first interval not over by ``start``
+        t, left = start, cycles
+        while j < len(starts) and starts[j] - t < left:  # this gap is too short: take it
+            left -= max(starts[j] - t, 0.0)
+            t = ends[j]
+            j += 1
+        end = t + left
+        if j < len(starts) and starts[j] == end:  # the reservation closes the next gap
+            end = ends[j]
+            j += 1
+        lo = min(start, starts[i]) if i < j else start
+        starts[i:j], ends[i:j] = [lo], [max(end, t)]
+        return t + left
 
 
 @dataclass(frozen=True)
@@ -224,7 +260,7 @@ class Evaluator:
                 writes[(src, p)] = max(writes.get((src, p), 0), chunk * (1 - noc))
         root = tree.root
         round_batch = tree.batch // root.sb if root.kind == "T" else tree.batch
-        free = _Tiles(hw.cores)
+        free, drams = _Tiles(hw.cores), _Dram()
         ends: list[list[float]] = [[0.0] * p.invocations for p in plans]
         dram_total = noc_bit_hops = 0.0
         link, ddr_bw, dma = hw.noc_link_bytes_per_cycle, hw.ddr_bytes_per_cycle, hw.dma_latency_cycles
@@ -237,8 +273,6 @@ class Evaluator:
             cost = plan.cost
             ifmap_copies = cost.ifmap_copies
             start = free.free_at(lo, hi)
-            busy = free.busy_after(start)  # tiles of other groups still running
-            bw = ddr_bw * (hi - lo) / (hi - lo + busy)
             ifmap_dram = layer.dram_in * plan.batch  # unique elements read; copies fan out on the NoC
             weight_dram = layer.weights if not plan.pinned or (q * plan.batch) % round_batch == 0 else 0
             noc_load = 0.0
@@ -255,7 +289,7 @@ class Evaluator:
             delivered = (ifmap_dram * ifmap_copies + weight_dram * cost.weight_copies + written) * eb
             noc_bit_hops += (delivered + fixed) * 8 * edge_hops
             dram_total += dram
-            duration = max(cycles, dram / bw, noc_load / link) + dma
+            duration = max(cycles, drams.transfer(start, dram / ddr_bw) - start, noc_load / link) + dma
             end = start + duration
             ends[v][q] = end
             free.occupy(lo, hi, end)
