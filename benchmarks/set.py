@@ -32,6 +32,7 @@ import tvm_dsa  # noqa: F401  (registers the presets)
 from tvm_dsa import hardware
 from tvm_dsa.models import MODELS, get_model
 from tvm_dsa.schedule.set import Evaluator, LayerGraph, Tree
+from tvm_dsa.schedule.set.evaluate import latency_bound
 from tvm_dsa.schedule.set.plot import st_graph
 from tvm_dsa.schedule.set.ops import LP, LS, SET
 from tvm_dsa.schedule.set.search import Anneal, anneal
@@ -95,7 +96,8 @@ def main() -> None:
                         if sim:
                             st_graph(sim[2], graph, hw.cores, args.plot / f"{stem}-simulator.svg", f"{stem} (simulator)")
                 cases.append({"model": model, "preset": preset, "batch": batch, "objective": objective,
-                              "beta": args.beta, **{k: {"latency": e.latency, "joules": e.joules}
+                              "beta": args.beta, "bound": latency_bound(graph, hw, batch),
+                              **{k: {"latency": e.latency, "joules": e.joules}
                                                     for k, e in found.items()}})
     if lowered:
         print(f"\nthe same trees lowered to DSA programs and simulated (timing):\n{'model':<10} {'preset':<13} "
@@ -114,13 +116,14 @@ def main() -> None:
 
 def print_means(cases: list[dict]) -> None:
     """SET's latency and energy ratios to LS and LP per case, then their arithmetic and geometric
-    means: speed-up (the other's latency / SET's) and energy saving (1 - SET's / the other's)."""
+    means: speed-up (the other's latency / SET's) and energy saving (1 - SET's / the other's).
+    ``bound/LS`` is the least SET/LS latency ratio any tree could reach (``latency_bound``)."""
     print(f"\n{'model':<10} {'preset':<13} {'batch':>5} {'objective':<9} {'beta':>5} {'lat SET/LS':>10} "
-          f"{'lat SET/LP':>10} {'E SET/LS':>9} {'E SET/LP':>9}")
+          f"{'lat SET/LP':>10} {'E SET/LS':>9} {'E SET/LP':>9} {'bound/LS':>9}")
     for c in cases:
         s, ls, lp = c["set"], c["ls"], c["lp"]
         r = (s["latency"] / ls["latency"], s["latency"] / lp["latency"], s["joules"] / ls["joules"],
-             s["joules"] / lp["joules"])
+             s["joules"] / lp["joules"], c["bound"] / ls["latency"] if "bound" in c else math.nan)
         print(f"{c['model']:<10} {c['preset']:<13} {c['batch']:>5} {c['objective']:<9} {c['beta']:>5g} "
               + " ".join(f"{x:>9.3f} " for x in r))
     n = len(cases)
