@@ -18,6 +18,7 @@ implies.
 from __future__ import annotations
 
 import bisect
+import functools
 import itertools
 from dataclasses import dataclass, field, replace
 
@@ -259,6 +260,11 @@ class _Call:
     exact: tuple
     read: frozenset  # the objects it read
     written: frozenset  # the objects it wrote
+
+    @functools.cached_property
+    def shape(self) -> tuple:
+        """Its tiles and cores relative to its first (``_relative``)."""
+        return _relative(self.work)
 
 
 # a tile buffer's state in three parts, each read or written whole: (slot, origin) — set when a
@@ -522,9 +528,7 @@ class KernelEmitter:
                 return None
             shapes.append((first.setdefault(tensor, len(first)), r and (r.mem, r.extents, r.dtype)))
             places.append(r and (r.index, r.origin))
-        v0, c0 = work[0]
-        moved = tuple((tuple(a - b for a, b in zip(v, v0)), core - c0) for v, core in work)
-        return (lb_base, moved, tuple(shapes)), (tuple((tuple(v), core) for v, core in work), tuple(places))
+        return (lb_base, _relative(work), tuple(shapes)), (tuple((tuple(v), core) for v, core in work), tuple(places))
 
     def _owners(self, placed: dict) -> dict | None:
         """The key of the object owning each placed region whole; None if one is not owned so."""
@@ -809,13 +813,10 @@ class KernelEmitter:
         are entered anew by the next call), and (the copy's ``_Call``, tile state before and
         after) is returned. None if not."""
         call, before, after, _ = record
-        if len(call.work) != len(work):
+        if len(call.work) != len(work) or call.shape != _relative(work):
             return None
         (v0, c0), (v1, c1) = call.work[0], work[0]
         cores = c1 - c0
-        if any(tuple(a - b for a, b in zip(v, v0)) != tuple(a - b for a, b in zip(w, v1)) or d - c != cores
-               for (v, c), (w, d) in zip(call.work, work)):
-            return None
         shift = {lp.slot: b - a for lp, a, b in zip(layer.ir.tile_loops(), v0, v1) if a != b}
         moved = layer.ir.moves(shift) if shift else {}
         if moved is None:
@@ -1270,6 +1271,13 @@ def _plus(point, delta):
 
 def _same(unit):
     return unit
+
+
+def _relative(work) -> tuple:
+    """Tiles ``(loop values, core)`` relative to the first: what two runs of a layer's tiles must
+    share for one to be the other translated."""
+    v0, c0 = work[0]
+    return tuple((tuple(a - b for a, b in zip(v, v0)), core - c0) for v, core in work)
 
 
 def _rounds(work) -> list:
