@@ -116,7 +116,7 @@ def main() -> None:
 
 def print_means(cases: list[dict]) -> None:
     """SET's latency and energy ratios to LS and LP per case, then their arithmetic and geometric
-    means: speed-up (the other's latency / SET's) and energy saving (1 - SET's / the other's).
+    means: speed-up (the other's latency / SET's), energy and EDP saving (1 - SET's / the other's).
     ``bound/LS`` is the least SET/LS latency ratio any tree could reach (``latency_bound``)."""
     print(f"\n{'model':<10} {'preset':<13} {'batch':>5} {'objective':<9} {'beta':>5} {'lat SET/LS':>10} "
           f"{'lat SET/LP':>10} {'E SET/LS':>9} {'E SET/LP':>9} {'bound/LS':>9}")
@@ -127,12 +127,14 @@ def print_means(cases: list[dict]) -> None:
         print(f"{c['model']:<10} {c['preset']:<13} {c['batch']:>5} {c['objective']:<9} {c['beta']:>5g} "
               + " ".join(f"{x:>9.3f} " for x in r))
     n = len(cases)
-    print(f"\nmeans over {n} cases       speed-up (arith / geo)   energy saving (arith / geo)")
+    print(f"\nmeans over {n} cases       speed-up (arith / geo)   energy saving (arith / geo)   EDP saving (arith / geo)")
     for other in ("lp", "ls"):
         speed = [c[other]["latency"] / c["set"]["latency"] for c in cases]
         energy = [c["set"]["joules"] / c[other]["joules"] for c in cases]
+        edp = [e / s for e, s in zip(energy, speed)]
         print(f"SET vs {other.upper()}                {sum(speed) / n:>6.2f}x / {_geo(speed):>5.2f}x        "
-              f"{100 * (1 - sum(energy) / n):>6.1f} % / {100 * (1 - _geo(energy)):>5.1f} %")
+              f"{100 * (1 - sum(energy) / n):>6.1f} % / {100 * (1 - _geo(energy)):>5.1f} %        "
+              f"{100 * (1 - sum(edp) / n):>6.1f} % / {100 * (1 - _geo(edp)):>5.1f} %")
 
 
 def _geo(xs: list[float]) -> float:
