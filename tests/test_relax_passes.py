@@ -7,7 +7,7 @@ import tvm_ffi
 from tvm import relax
 
 from tvm_dsa.driver import import_onnx, load_model
-from tvm_dsa.relax_passes.fold import EVALUATORS, FoldWeights
+from tvm_dsa.relax_passes.fold import EVALUATORS, FoldConstantsLeft, FoldWeights, _left_to_fold
 
 from test_tir_passes import relax_graph
 
@@ -53,6 +53,34 @@ def test_fold_weights_leaves_other_ops_and_variables_alone():
     tvm_ffi.structural_walk(folded["main"].body, [(tvm.ir.expr.Constant, consts.append)])
     squared = [c.value.numpy() for c in consts if isinstance(c.value, tvm.runtime.Tensor)][-1]
     np.testing.assert_array_equal(squared, w.value.numpy() ** 2)
+
+
+def test_fold_constants_left_folds_what_fold_weights_leaves():
+    """A softmax of a weight (no numpy evaluator) is still folded, by TVM's FoldConstant, through
+    a variable bound to the weight; a model with nothing left (ViT-B/16, BERT) skips it, and the
+    result is the same as FoldConstant's."""
+    w = relax.const(np.random.default_rng(1).standard_normal((4, 6)).astype("float32"))
+    op = relax.op
+    bb = relax.BlockBuilder()
+    x = relax.Var("x", relax.TensorType((2, 4), "float32"))
+    with bb.function("main", [x]):
+        with bb.dataflow():
+            bound = bb.emit(w)
+            out = bb.emit_output(op.matmul(x, bb.emit(op.nn.softmax(bound))))
+        bb.emit_func_output(out)
+    mod = bb.get()
+    assert _left_to_fold(mod["main"])
+    with tvm.target.Target("llvm"):
+        folded = relax.transform.DeadCodeElimination()(FoldConstantsLeft(mod))
+        assert constant_calls(folded) == [] and tvm_ffi.structural_equal(folded, relax.transform.DeadCodeElimination()(
+            relax.transform.FoldConstant()(mod)))
+    for model in ("vit_b16", "bert_base"):
+        prepared = FoldWeights(PREPARE(import_onnx(load_model(model, tiny=True, batch=1))))
+        assert not _left_to_fold(prepared["main"]), model
+        with tvm.target.Target("llvm"):
+            assert FoldConstantsLeft(prepared).same_as(prepared)
+            dce = relax.transform.DeadCodeElimination()  # FoldConstant drops unused constant bindings
+            assert tvm_ffi.structural_equal(dce(relax.transform.FoldConstant()(prepared)), dce(prepared))
 
 
 def test_fold_weights_keeps_int64():

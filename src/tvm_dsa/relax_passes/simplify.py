@@ -3,7 +3,7 @@
 SimplifyInference (batch-norm folding into the preceding convolution where it follows one, the
 remaining batch norms decomposed into scale and shift), then constant folding, which also performs
 the pre-computation of everything that depends only on weights: in numpy where it can
-(``FoldWeights``), with TVM's compile-and-run ``FoldConstant`` for the rest.
+(``FoldWeights``), with TVM's compile-and-run ``FoldConstant`` for the rest (``FoldConstantsLeft``).
 """
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ from __future__ import annotations
 import tvm
 from tvm import relax
 
-from .fold import FoldWeights
+from .fold import FoldConstantsLeft, FoldWeights
 
 
 def SimplifyInference() -> tvm.transform.Pass:  # noqa: N802 - TVM pass naming
@@ -21,7 +21,7 @@ def SimplifyInference() -> tvm.transform.Pass:  # noqa: N802 - TVM pass naming
             relax.transform.DecomposeOpsForInference(),
             relax.transform.CanonicalizeBindings(),
             FoldWeights,
-            relax.transform.FoldConstant(),
+            FoldConstantsLeft,
         ],
         name="dsa.SimplifyInference",
     )

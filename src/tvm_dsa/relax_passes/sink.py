@@ -31,6 +31,8 @@ def _uses(var, expr) -> bool:
 
 def _sink(seq: relax.SeqExpr) -> relax.SeqExpr:
     bindings = [b for block in seq.blocks for b in block.bindings]
+    if not any(isinstance(b.value, relax.If) for b in bindings):
+        return seq  # nowhere to sink to (ViT-B/16's 17k use tests were 0.1 s of its build)
     place: dict = {}  # index of a binding that moves -> (index of its If, branch 0 / 1)
     for k in reversed(range(len(bindings))):
         b = bindings[k]
