@@ -22,6 +22,8 @@ import functools
 import itertools
 from dataclasses import dataclass, field, replace
 
+import numpy as np
+
 from .. import isa
 from ..hardware import Hardware
 from .kernel_ir import (
@@ -1276,8 +1278,9 @@ def _same(unit):
 def _relative(work) -> tuple:
     """Tiles ``(loop values, core)`` relative to the first: what two runs of a layer's tiles must
     share for one to be the other translated."""
-    v0, c0 = work[0]
-    return tuple((tuple(a - b for a, b in zip(v, v0)), core - c0) for v, core in work)
+    values = np.array([v for v, _ in work], dtype=np.int64)
+    cores = np.array([c for _, c in work], dtype=np.int64)
+    return values.shape, (values - values[0]).tobytes(), (cores - cores[0]).tobytes()
 
 
 def _rounds(work) -> list:
