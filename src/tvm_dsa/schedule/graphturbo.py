@@ -110,11 +110,10 @@ def split_info(sgs: SubGraphs, g: int, lb_bytes: int, element_bytes: int) -> lis
     layers = [graph.tensors[graph.nodes[n].output].shape for n in sorted(sgs.groups[g])]
     info = []
     for d, extent in enumerate(out):
-        fits = [v for v in range(1, extent + 1) if extent % v == 0 and math.ceil(peak / v) <= lb_bytes]
-        if not fits:
+        f = next((v for v in range(1, extent + 1) if extent % v == 0 and math.ceil(peak / v) <= lb_bytes), None)
+        if f is None:
             info.append(Split(d, False, 0, 0))
             continue
-        f = fits[0]
         reached = sum(1 for shape in layers if len(shape) == len(out) and shape[d] % f == 0)
         info.append(Split(d, True, reached, f))
     return info
