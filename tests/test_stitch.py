@@ -608,3 +608,36 @@ def test_promotions_come_later_where_early_ones_would_spill(rng):
         assert info.spilled == ()
         peaks[kib] = info.gb_peak
     assert peaks[7] == w1 + out1 <= 7 * KB < w1 + out1 + w2 + align(bias) == peaks[8]
+
+
+def test_a_constant_the_clusters_read_apart_stays_in_ddr_and_clusters_still_copy(monkeypatch, rng):
+    """A constant broadcast along the batch (ViT's class token folds to one row per sample) is
+    read in part by each cluster: it is not promoted whole to every cluster's GB (a weight read
+    alike still is), and clusters 1-3 still copy cluster 0's instructions — the tiles of the
+    concatenation's class-token row read no patch, in every cluster alike."""
+    import importlib
+
+    offload = importlib.import_module("tvm_dsa.relax_passes.offload")
+    seen = []
+    monkeypatch.setattr(offload, "emit_stitched", lambda mod, *a, **k: seen.append(mod) or stitch.emit_stitched(mod, *a, **k))
+    cls = np.repeat(rng.standard_normal((1, 1, 64)).astype("float32"), 4, axis=0)
+    w = rng.standard_normal((64, 32, 2, 2)).astype("float32") * 0.1
+    pos = rng.standard_normal((1, 257, 64)).astype("float32")
+    op = relax.op
+    patches = lambda x: op.permute_dims(op.reshape(op.nn.conv2d(x, relax.const(w), strides=2), (4, 64, 256)), [0, 2, 1])
+    mod = relax_graph([(4, 32, 32, 32)], lambda x: op.add(op.concat([relax.const(cls), patches(x)], axis=1),
+                                                        relax.const(pos)))
+    x = rng.standard_normal((4, 32, 32, 32)).astype("float32")
+    vm, result = _run(mod, "graphturbo")
+    out = vm["main"](tvm.runtime.tensor(x)).numpy()
+    ref = _llvm(mod, [x])
+    assert np.abs(out - ref).max() / np.abs(ref).max() < 5e-3
+    (sub,) = seen
+    sg, _ = stitch.read_subgraph(sub, HW)
+    promoted = set(sub.attrs["dsa.scopes"]["promote"])
+    by_shape = {sg.tensors[t][0]: t for t in sg.weights}
+    assert by_shape[(64, 32, 2, 2)] in promoted and by_shape[(4, 1, 64)] not in promoted
+    # the program the VM ran (its output checked above) has clusters 1-3 as copies of cluster 0
+    compact, _ = stitch.emit_stitched(sub, HW)
+    cpc = HW.cores_per_cluster
+    assert sorted(r.cores for r in compact.kernels[0].replicas if r.cores % cpc == 0) == [cpc, 2 * cpc, 3 * cpc]

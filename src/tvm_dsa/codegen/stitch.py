@@ -522,19 +522,26 @@ def cluster_rounds(cores: list, cpc: int) -> dict[int, ClusterRounds]:
 
 # --------------------------------------------------------------------------------------------
 # the stitched program
-def _translation(sg: SubGraphKernel, prints: dict, inst: Instances, pairs) -> dict | None:
+def _translation(sg: SubGraphKernel, prints: dict, inst: Instances, pairs, fixed: frozenset) -> dict | None:
     """Per tensor, the vector of elements by which the second instance of each pair in ``pairs``
     is moved from the first (along the batch, or along rows when the clusters take turns at row
     blocks): when every layer's tiles of the second read and write exactly the first's boxes moved
-    that way (weights not moved), tile for tile. None when the instances are not translates."""
+    that way (the ``fixed`` tensors, weights promoted to each cluster's GB, not moved), tile for
+    tile, tiles that skip an access skipping it in both. None when the instances are not
+    translates."""
     delta: dict = {}
 
     def agree(tensor, a: Boxes, b: Boxes) -> bool:
+        skip = (a[1] <= a[0]).any(axis=1)  # tiles that do not make the access (an empty box)
+        if (skip != (b[1] <= b[0]).any(axis=1)).any():
+            return False
+        if skip.any():  # ViT's class-token row of the concatenation reads no patch
+            a, b = (a[0][~skip], a[1][~skip]), (b[0][~skip], b[1][~skip])
         d = b[0] - a[0]
         if not len(d) or (d != b[1] - a[1]).any() or (d != d[0]).any():
             return not len(d)
         move = tuple(int(v) for v in d[0])
-        return delta.setdefault(tensor, move) == move and not (tensor in sg.weights and any(move))
+        return delta.setdefault(tensor, move) == move and not (tensor in fixed and any(move))
 
     for i, j in pairs:
         for L in sg.layers:
@@ -574,7 +581,8 @@ def _cluster_shift(sg, prints, inst, cores, cpc, ref: _Part, other: _Part, regio
     if any(ref.rounds.rnd[i] != other.rounds.rnd[j] or cores[j] != tuple(k + moved for k in cores[i])
            for i, j in pairs):
         return None
-    delta = _translation(sg, prints, inst, pairs)
+    promoted = frozenset(b.tensor for b in ref.buffers if b.kind == "w" and b.level != "ddr")
+    delta = _translation(sg, prints, inst, pairs, promoted)
     if delta is None:
         return None
     twin = dict(pairs)

@@ -24,6 +24,7 @@ import dataclasses
 import functools
 import math
 
+import numpy as np
 import tvm
 
 from ..codegen.kernel_ir import ALIGN, align
@@ -83,6 +84,23 @@ class _Kernel:
     @functools.cached_property
     def clusters(self):
         return cluster_rounds(self.cores, self.hw.cores_per_cluster)
+
+    def read_alike(self, tensors) -> set:
+        """Those of ``tensors`` whose part each cluster's instances read (the hull of their reads)
+        is the same for every cluster."""
+        hull: dict = {}  # (tensor, cluster) -> [low, high] corners
+        for c, cr in self.clusters.items():
+            for L in self.sg.layers:
+                rows = np.concatenate([self.inst.rows[i][L.name] for i in cr.members])
+                for param, (lo, hi) in self.prints[L.name].reads.items():
+                    if L.args[param] in tensors and len(rows):
+                        low, high = lo[rows].min(axis=0), hi[rows].max(axis=0)
+                        box = hull.setdefault((L.args[param], c), [low, high])
+                        box[:] = np.minimum(box[0], low), np.maximum(box[1], high)
+        parts: dict = {}
+        for (t, _), (low, high) in hull.items():
+            parts.setdefault(t, set()).add((tuple(low.tolist()), tuple(high.tolist())))
+        return {t for t in tensors if len(parts.get(t, ())) <= 1}
 
     def buffers(self, c: int, order: str, ahead: int, spill: str) -> list[Buffer]:
         """Cluster ``c``'s buffers in instance order ``order`` with its weight promotions issued
@@ -196,7 +214,10 @@ def AssignMemoryScopes(hw, gb: bool = True, lb: bool = False):  # noqa: N802
     """§4.1 with Algorithm 4's scope rule: an intermediate of an instance bound to one core lives
     in that core's LB (``lb``: a share of the LB is set aside, below the layers' tiles); one whose
     producer and consumer tiles run on different cores lives in the cluster's GB (``gb``; else
-    DDR, the layerwise placement). Learned weights are promoted DDR -> GB once per cluster."""
+    DDR, the layerwise placement). Learned weights are promoted DDR -> GB once per cluster, but
+    for one the clusters read different parts of (a constant broadcast along the batch, as
+    ViT's class token folds to): it stays in DDR, where each cluster reads its part and the
+    clusters' parts of the kernel stay translates of one another (``emit_stitched``)."""
 
     def decide(k):
         k.read(hw)
@@ -205,7 +226,7 @@ def AssignMemoryScopes(hw, gb: bool = True, lb: bool = False):  # noqa: N802
         lb_bytes -= lb_bytes % ALIGN
         scopes = [{t: LB_SCOPE if keep and len(k.cores[i]) == 1 else GB_SCOPE if gb else DDR_SCOPE
                    for t in boxes} for i, boxes in enumerate(k.inst.boxes)]
-        return {"dsa.scopes": {"instances": scopes, "promote": sorted(k.sg.weights) if gb else [],
+        return {"dsa.scopes": {"instances": scopes, "promote": sorted(k.read_alike(k.sg.weights)) if gb else [],
                                "lb_bytes": lb_bytes, "gb_bytes": hw.gb_bytes if gb else 0}}
 
     return _annotating("dsa.AssignMemoryScopes", decide)
