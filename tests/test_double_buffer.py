@@ -9,7 +9,7 @@ from tvm import s_tir
 
 from tvm_dsa import hardware
 from tvm_dsa.codegen.emit import build_program
-from tvm_dsa.codegen.kernel_ir import CodegenError, plan_lb, read_kernel
+from tvm_dsa.codegen.kernel_ir import CodegenError, align, plan_lb, read_kernel
 from tvm_dsa.driver import import_onnx, max_relative_error
 from tvm_dsa.runtime import simulate
 from tvm_dsa.tir_passes import TilePlan, anchor_info, lower_with_plan
@@ -73,3 +73,30 @@ def test_the_default_record_keeps_the_default_decision(conv_task):
     # the default tiling double-buffers when two copies fit, as the codegen decides without a knob
     default = lower_with_plan(conv_task.mod["main"], conv_task.default_plan)
     assert conv_task.default_double_buffer == plan_lb(read_kernel(default), HW).double_buffered
+
+
+
+def test_without_a_decision_and_no_room_for_two_of_everything_the_loads_get_two_copies(conv_relu):
+    # 16 -> 24 channels, the whole output in one tile, the input channels in two chunks: one copy
+    # of everything fits the LB and two do not, but two of what the DMAs load (input, weights) do:
+    # the second chunk's loads then run while the MME works on the first
+    (task,) = extract_tasks(import_onnx(conv_relu(16, 24, 16)), TARGET)
+    func, whole = task.mod["main"], TilePlan((1, 24, 16, 16), 8)
+    undecided = lower_with_plan(func, whole)
+    kernel = read_kernel(undecided)
+    single = plan_lb(read_kernel(_lowered(task, whole, False)), HW)
+    loaded = {st.dst.buffer for st in kernel.stages() if st.op == "dma" and st.dst.lb}
+    assert loaded and single.total_bytes <= HW.lb_bytes < 2 * single.total_bytes
+    lb = plan_lb(kernel, HW)
+    assert {name: len(b.slots) for name, b in lb.buffers.items()} == \
+        {name: 2 if name in loaded else 1 for name in lb.buffers}
+    assert lb.total_bytes == single.total_bytes + sum(align(b.nbytes) for n, b in single.buffers.items() if n in loaded)
+    rng = np.random.default_rng(1)
+    args = [rng.standard_normal([int(d) for d in p.shape]).astype("float32") for p in func.params[:-1]]
+    expected = tvm.runtime.tensor(np.zeros([int(d) for d in func.params[-1].shape], "float32"))
+    tvm.compile(task.mod, target="llvm")["main"](*[tvm.runtime.tensor(a) for a in args], expected)
+    program = build_program(undecided, HW, "conv")
+    (out,) = simulate(program, args).outputs
+    assert max_relative_error([out], [expected.numpy()]) < 2e-2
+    one_copy = build_program(_lowered(task, whole, False), HW, "conv")
+    assert simulate(program, mode="timing").report.cycles < simulate(one_copy, mode="timing").report.cycles

@@ -14,8 +14,8 @@ from tvm_dsa.codegen.specialize import timing_cycles
 from tvm_dsa.codegen.kernel_ir import CodegenError, plan_lb, read_kernel
 from tvm_dsa.runtime import simulate
 from tvm_dsa.tir_passes import (
-    LB_SCOPE, AssignScopes, LowerToDSA, TileForLB, TilePlan, _fitting, anchor_info, candidate_plans, load_cycles, loads,
-    lower_kernel, lower_with_plan, working_set_floor,
+    LB_SCOPE, AssignScopes, LowerToDSA, TileForLB, TilePlan, _fitting, anchor_info, candidate_plans, chunk_cycles,
+    load_cycles, loads, lower_kernel, lower_with_plan, working_set_floor,
 )
 
 
@@ -437,3 +437,36 @@ def test_whole_rows_keep_each_tile_to_whole_rows_of_the_output(rng, rows):
         assert plan.tiles[-1] == columns
         out = simulate(build_program(lowered, HW, "linear"), args[:-1]).outputs[0]
         np.testing.assert_allclose(out, ref, rtol=1e-2, atol=5e-3 * np.abs(ref).max())
+
+
+def test_overlap_takes_the_largest_divisor_of_the_chunk_whose_loads_fit_twice(rng):
+    """ViT's fc2 on one sample: 197 rows (prime: tiled whole), bias and residual. The first plan
+    that fits the LB has room for one copy of its chunk loads only, so every chunk's loads wait
+    for the MME. ``overlap`` keeps its tiles and takes the largest divisor of the chunk (at least
+    the PE array's rows) whose loads fit twice, as ``chunk_cycles`` finds it faster: the loads of
+    a chunk at the core's share of the GB's bandwidth beside the product instead of before it. The
+    result computes what llvm computes."""
+    op = relax.op
+    func = fused_kernel(lambda: relax_graph([(1, 197, 768), (768, 768), (768,), (1, 197, 768)],
+                                            lambda x, w, b, r: op.add(op.add(op.matmul(x, w), b), r)))
+    low, plan = lower_kernel(func, HW)
+    assert plan.chunk is not None and not plan_lb(read_kernel(low), HW).double_buffered
+    over, chosen = lower_kernel(func, HW, overlap=True)
+    assert chosen.tiles == plan.tiles
+    lb = plan_lb(read_kernel(over), HW)
+    assert lb.double_buffered and lb.total_bytes <= HW.lb_bytes
+
+    def fits_twice(chunk):
+        return plan_lb(read_kernel(lower_with_plan(func, TilePlan(plan.tiles, chunk))), HW).double_buffered
+
+    assert HW.mme.rows <= chosen.chunk < plan.chunk and plan.chunk % chosen.chunk == 0
+    assert not any(fits_twice(c) for c in range(chosen.chunk + 1, plan.chunk) if plan.chunk % c == 0)
+    # per chunk: an MME pass and two loads (rows of x, the weight tile), each with its set-up
+    single, double = chunk_cycles(read_kernel(low), HW, False), chunk_cycles(read_kernel(over), HW, True)
+    per_core = HW.gb_bytes_per_cycle / HW.cores_per_cluster
+    loads = 2 * HW.dma_latency_cycles + (197 + 24) * chosen.chunk * 2 / per_core
+    assert double >= 768 // chosen.chunk * loads and double < single
+    args = random_args(func, rng)
+    ref = run_llvm(func, args)
+    out = simulate(build_program(over, HW, "fc2"), args[:-1]).outputs[0]
+    np.testing.assert_allclose(out, ref, rtol=1e-2, atol=5e-3 * np.abs(ref).max())

@@ -697,7 +697,9 @@ def scratch_bytes(stage: Stage, dtypes: dict[str, str], storage: str) -> int:
 def plan_lb(kernel: KernelIR, hw: Hardware, lb_bytes: int | None = None) -> LBPlan:
     """Place the kernel's LB buffers in the first ``lb_bytes`` of the LB (all of it by default),
     two copies of each when the kernel asks for double buffering or, without a decision, when two
-    fit; raises ``CodegenError`` when one tile (or the two copies asked for) does not fit.
+    fit; without a decision and without room for two of each, two copies of the buffers DMAs load
+    (each chunk's loads then overlap the compute on the one before; ViT's 197-row matmul tiles);
+    raises ``CodegenError`` when one tile (or the two copies asked for) does not fit.
 
     Buffers a tile computes (not loads) share their place with others whose use in the tile ends
     before theirs begins (``_shared_places``): an elementwise chain's temporaries (a GELU is five)
@@ -706,6 +708,7 @@ def plan_lb(kernel: KernelIR, hw: Hardware, lb_bytes: int | None = None) -> LBPl
     stages = kernel.stages()
     dtypes = lb_dtypes(stages, hw)
     first: dict[str, LBBuffer] = {}
+    loaded: set = set()  # buffers a DMA fills
     for st in stages:
         for acc, is_write in [(st.dst, True)] + [(a, False) for a in st.reads()]:
             if not acc.lb or acc.buffer in first:
@@ -713,6 +716,8 @@ def plan_lb(kernel: KernelIR, hw: Hardware, lb_bytes: int | None = None) -> LBPl
             if not is_write:
                 raise CodegenError(f"LB buffer {acc.buffer} is read by {st.name} before it is written")
             first[acc.buffer] = LBBuffer(acc.buffer, dtypes[acc.buffer], acc.extents(st.shape), st.name)
+            if st.op == "dma":
+                loaded.add(acc.buffer)
     places = _shared_places(kernel, first)  # buffer -> place; a place's size is its largest buffer's
     sizes: dict = {}
     for name, place in places.items():
@@ -724,11 +729,16 @@ def plan_lb(kernel: KernelIR, hw: Hardware, lb_bytes: int | None = None) -> LBPl
     fits_two = 2 * single + scratch <= capacity
     if kernel.double_buffer and not fits_two:
         raise CodegenError(f"double-buffered tile working set {2 * single + scratch} bytes exceeds the LB ({capacity})")
-    copies = 2 if (fits_two if kernel.double_buffer is None else kernel.double_buffer) else 1
+    if fits_two if kernel.double_buffer is None else kernel.double_buffer:
+        doubled = set(sizes)
+    else:  # without a decision, two copies of what DMAs load if they fit: loads overlap compute
+        doubled = {places[name] for name in loaded}
+        if kernel.double_buffer is not None or single + sum(sizes[p] for p in doubled) + scratch > capacity:
+            doubled = set()
     offset, slots = 0, {}
     for place, size in sizes.items():
         slots[place] = []
-        for _ in range(copies):
+        for _ in range(2 if place in doubled else 1):
             slots[place].append(offset)
             offset += size
     placed = {b.name: LBBuffer(b.name, b.dtype, b.extents, b.writer, tuple(slots[places[b.name]]))

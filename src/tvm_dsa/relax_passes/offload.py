@@ -21,7 +21,7 @@ from tvm import relax, tirx
 from .. import schedule as schedules
 from ..schedule import KernelSpec
 from ..codegen.emit import Layer, build_program
-from ..codegen.kernel_ir import ALIGN
+from ..codegen.kernel_ir import ALIGN, plan_lb, read_kernel
 from ..codegen.set_program import TreeKernel, build_tree_program
 from ..codegen.stitch import emit_stitched, subgraph_module
 from ..hardware import Hardware
@@ -108,6 +108,21 @@ def offload(mod: tvm.IRModule, hw: Hardware, schedule: str = "layerwise", run_id
         if name not in in_part:
             in_part[name] = _lower(mod[name], hw, stitch.lb_budget(hw), name in on_vector)
         return in_part[name]
+
+    overlapped: dict = {}  # (PrimFunc name, LB budget) -> lowered for stitched kernels
+
+    def for_stitch(name, part: bool):
+        """A stitched kernel's layer, tiled to the LB share left to tiles (``part``) or the whole
+        LB; a contraction that loads from the GB with its chunk loads overlapping the MME
+        (``lower_kernel``'s ``overlap``; from DDR, as layerwise loads, a smaller chunk costs
+        bursts)."""
+        low, budget = tiled_in_part(name) if part else lowered[name]
+        if not stitch.gb or name in on_vector or (name in result.tuned and not part) or not kernel_macs(mod[name]):
+            return low, budget
+        if (name, budget) not in overlapped:
+            overlapped[name, budget] = (low if plan_lb(read_kernel(low), hw, budget).double_buffered else
+                                        lower_kernel(mod[name], hw, budget, overlap=True)[0], budget)
+        return overlapped[name, budget]
     specs = schedules.get(schedule)(mod, hw, set(lowered), options)
     node_of = {n.name: n for n in graph.nodes}
     kernels = []  # (spec, program text, input exprs, output vars)
@@ -143,7 +158,7 @@ def offload(mod: tvm.IRModule, hw: Hardware, schedule: str = "layerwise", run_id
             program, info = _renamed(program, info, dict(zip(first, names)), spec.name)
         else:
             try:
-                program, info = _stitched(spec, nodes, graph, lowered, tiled_in_part, hw, stitch)
+                program, info = _stitched(spec, nodes, graph, for_stitch, hw, stitch)
             except Unsupported as err:
                 # a layer the kernel cannot run (a flip walks its input backwards) sends only
                 # itself to the host: the others run one kernel each
@@ -195,15 +210,17 @@ def _boundary(nodes, graph) -> tuple[list[str], list[str]]:
     return inputs, outputs
 
 
-def _stitched(spec, nodes, graph, lowered, tiled_in_part, hw, stitch) -> tuple:
-    """(Program, StitchInfo) of a stitched kernel: its sub-graph module through the §4 passes."""
+def _stitched(spec, nodes, graph, layer, hw, stitch) -> tuple:
+    """(Program, StitchInfo) of a stitched kernel: its sub-graph module through the §4 passes;
+    ``layer(PrimFunc name, part)``: the layer lowered for it, within the LB share the options
+    leave to tiles if ``part``."""
     bind = tvm.transform.Sequential([StitchBuffers(hw), BindCores(hw)])
-    sub = bind(_subgraph(spec, nodes, graph, lowered))
+    sub = bind(_subgraph(spec, nodes, graph, {n.func: layer(n.func, False) for n in nodes}))
     # the LB level (Fig. 15's "L1") pays only where Algorithm 4 gives every instance one
     # core (it keeps the intermediates in that core's LB); elsewhere the tiles keep the LB
     lb = stitch.lb_keep > 0 and all(len(c) == 1 for c in sub.attrs["dsa.cores"])
     if lb:
-        sub = bind(_subgraph(spec, nodes, graph, {n.func: tiled_in_part(n.func) for n in nodes}))
+        sub = bind(_subgraph(spec, nodes, graph, {n.func: layer(n.func, True) for n in nodes}))
     later = stitch_passes(hw, stitch.order, stitch.spill, stitch.gb, stitch.prefetch, lb).passes[2:]
     sub = tvm.transform.Sequential(list(later))(sub)  # the passes after BindCores
     return emit_stitched(sub, hw)

@@ -22,7 +22,7 @@ from .analysis import Unsupported, classify
 from .lower import lower_to_dsa
 from .scopes import GB_SCOPE, LB_SCOPE, assign_scopes
 from .tile import (
-    TilePlan, anchor_info, candidate_plans, on_vector_units, parallel_plans, simplify_indices, tile_schedule,
+    TilePlan, _divisor_below, anchor_info, candidate_plans, on_vector_units, parallel_plans, simplify_indices, tile_schedule,
     unit_choice, working_set_floor,
 )
 
@@ -58,7 +58,7 @@ def lower_with_plan(func, plan: TilePlan):
 
 
 def lower_kernel(func, hw, lb_bytes: int | None = None, parallel: bool = True, simplify: bool = True,
-                 whole_rows: bool = False, vector: bool = False):
+                 whole_rows: bool = False, vector: bool = False, overlap: bool = False):
     """Lower ``func`` with the largest tiling whose working set fits ``hw``'s LB (its first
     ``lb_bytes`` if given) and — unless ``parallel`` is False — that gives the cluster's cores a
     tile each where the kernel has that many. Returns (lowered, plan). With ``whole_rows`` no
@@ -75,7 +75,10 @@ def lower_kernel(func, hw, lb_bytes: int | None = None, parallel: bool = True, s
     under the raw alignment, 48 under the other). The contraction runs on the MME, or with
     ``vector`` on the vector units where it may (``tile.unit_choice``: a depthwise convolution;
     a tuning record's choice: timing both units in every compile cost Conformer's batch-8 build
-    3.5 s of 9.4 s)."""
+    3.5 s of 9.4 s). With ``overlap`` a contraction whose chunk loads leave no room for their
+    second copy takes a smaller chunk that does (``_loads_overlapped``): for the layers of stitched
+    kernels, which load from the GB; from DDR the narrower rows of a smaller chunk waste bursts
+    (ViT's fc2 alone at batch 8: 3.30M cycles with chunks of 32, 5.49M with 16, double-buffered)."""
     info = anchor_info(func, simplify)
     alignments = (False, True) if simplify and info.align != anchor_info(func, False).align else (None,)
     if vector and not unit_choice(info, hw):
@@ -83,7 +86,8 @@ def lower_kernel(func, hw, lb_bytes: int | None = None, parallel: bool = True, s
     lowerings, error = [], None
     for aligned in alignments:
         try:
-            lowerings.append(_lower_aligned(func, hw, lb_bytes, parallel, simplify, aligned, vector, whole_rows))
+            lowerings.append(_lower_aligned(func, hw, lb_bytes, parallel, simplify, aligned, vector, whole_rows,
+                                            overlap))
         except Unsupported as err:
             error = err
     if not lowerings:
@@ -109,7 +113,7 @@ def _tiles(info, plan: TilePlan) -> int:
 
 
 def _lower_aligned(func, hw, lb_bytes: int | None, parallel: bool, simplify: bool, aligned: bool | None = None,
-                   vector: bool = False, whole_rows: bool = False):
+                   vector: bool = False, whole_rows: bool = False, overlap: bool = False):
     """``lower_kernel`` with one alignment: of the simplified indices or of the indices as they are
     (``aligned``, by default ``simplify``); the simplified kernel is lowered if ``simplify``; the
     contraction on the vector units if ``vector``.
@@ -131,9 +135,8 @@ def _lower_aligned(func, hw, lb_bytes: int | None, parallel: bool, simplify: boo
         except Unsupported:
             if reuse == orders[-1] and not chosen:
                 raise
-    if len(chosen) == 1:
-        return chosen[0]
-    return min(chosen, key=lambda c: load_cycles(c[0], hw, lb_bytes))
+    lowered, plan = chosen[0] if len(chosen) == 1 else min(chosen, key=lambda c: load_cycles(c[0], hw, lb_bytes))
+    return _loads_overlapped(func, info, plan, lowered, hw, lb_bytes) if overlap else (lowered, plan)
 
 
 def loads(lowered, hw, lb_bytes: int | None = None) -> tuple[int, int]:
@@ -243,6 +246,73 @@ def _fitting(func, info, plans, hw, lb_bytes, parallel, whole_rows=False):
         return lowered_if_fits(first), plans[first]
 
 
+def _loads_overlapped(func, info, plan: TilePlan, lowered, hw, lb_bytes):
+    """(lowered, plan): ``plan``, or where it leaves no room for a second copy of what a chunk
+    loads, the same tiles with the largest divisor of the chunk that does (not below the PE
+    array's rows) if ``chunk_cycles`` finds its tile faster: one copy makes every chunk's loads
+    wait for the MME to finish the chunk before (ViT's 197-row matmul tiles: load and compute take
+    turns); more chunks cost a transfer set-up and an MME pass each. A divisor keeps the boxes
+    aligned as the chunk's were. Matmuls only: a convolution's smaller chunk made ResNet-50 faster
+    (5.91M -> 5.51M cycles) and DenseNet-121 slower (5.32M -> 6.40M: its 1x1 convolutions over
+    the concatenated features moved twice the bytes), which the estimate does not see."""
+    from ..codegen.kernel_ir import plan_lb, read_kernel
+
+    if plan.chunk is None or plan.chunk == info.reduction[0] or plan.vector or "N" not in info.roles \
+            or len(info.reduction) > 1:
+        return lowered, plan  # a chunk of the whole reduction keeps its weight tile from tile to tile
+    kernel = read_kernel(lowered)
+    if plan_lb(kernel, hw, lb_bytes).double_buffered or chunk_cycles(kernel, hw, overlapped=False) is None:
+        return lowered, plan
+    chunk = plan.chunk
+    while True:
+        chunk = _divisor_below(plan.chunk, chunk)
+        if chunk < hw.mme.rows:
+            return lowered, plan
+        smaller = replace(plan, chunk=chunk)
+        try:
+            low = lower_with_plan(func, smaller)
+            other = read_kernel(low)
+            if plan_lb(other, hw, lb_bytes).double_buffered:
+                faster = chunk_cycles(other, hw, overlapped=True) < chunk_cycles(kernel, hw, overlapped=False)
+                return (low, smaller) if faster else (lowered, plan)
+        except Unsupported:  # indices not affine in this chunk
+            return lowered, plan
+
+
+def chunk_cycles(kernel, hw, overlapped: bool) -> float | None:
+    """Estimated cycles of one tile's chunk loop on a core loading from the GB: per chunk, each
+    load's set-up plus its bytes at the core's share of the GB's bandwidth, and the MME's product
+    (``runtime.cost.mme_cycles``); loads and product one after the other, or ``overlapped`` (two
+    copies of the loads) the longer of the two, plus the first chunk's loads. None without a
+    chunk loop or where it computes more than the loads and the product (producers moved under
+    it), which the estimate leaves out."""
+    from ..codegen.kernel_ir import Loop, stages_of
+    from ..runtime.cost import mme_cycles
+
+    chunks = [n for n in kernel.tile_loops()[-1].body if isinstance(n, Loop) and n.kind == "chunk"]
+    if not chunks or any(st.op not in ("dma", "mme") for st in stages_of(chunks[0].body)):
+        return None
+    loop = chunks[0]
+    esize = tvm.runtime.DataType(hw.storage_dtype).bits // 8
+    per_core = hw.gb_bytes_per_cycle / hw.cores_per_cluster
+    load = product = 0.0
+    for st in stages_of(loop.body):
+        if st.op == "dma" and st.dst.lb:
+            load += hw.dma_latency_cycles + math.prod(st.shape) * esize / per_core
+        elif st.op == "mme":
+            a, b = (r.access for r in st.value)
+            dims = {"k": 1, "m": 1, "n": 1, "batch": 1}
+            for i, e in enumerate(st.shape):
+                in_a, in_b = any(row[i] for row in a.inner), any(row[i] for row in b.inner)
+                role = ("k" if not any(row[i] for row in st.dst.inner) else
+                        "m" if in_a and not in_b else "n" if in_b and not in_a else "batch")
+                dims[role] *= e
+            product += mme_cycles(dims["batch"], dims["m"], dims["n"], dims["k"], hw)
+    if overlapped:
+        return loop.extent * max(load, product) + load
+    return loop.extent * (load + product)
+
+
 def _bisect(n: int, pred, lo: int = 0) -> int:
     """Smallest i in [lo, n) with pred(i) for a monotone pred; n if none."""
     hi = n
@@ -269,6 +339,6 @@ def _gallop(lo: int, n: int, pred) -> int:
 
 __all__ = [
     "Unsupported", "classify", "TilePlan", "anchor_info", "candidate_plans", "tile_schedule",
-    "assign_scopes", "lower_to_dsa", "lower_with_plan", "lower_kernel", "loads", "load_cycles",
+    "assign_scopes", "lower_to_dsa", "lower_with_plan", "lower_kernel", "loads", "load_cycles", "chunk_cycles",
     "working_set_floor", "TileForLB", "AssignScopes", "LowerToDSA", "LB_SCOPE", "GB_SCOPE",
 ]
