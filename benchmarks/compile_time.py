@@ -5,8 +5,8 @@
     python benchmarks/compile_time.py --tiny --reps 1           # a quick check of the script
 
 Each workload is imported once and compiled ``--reps`` times by each of llvm, ``layerwise`` and
-``graphturbo`` (every GraphTurbo option on: the last step of the ablation), in turn; the table
-keeps each one's fastest run (the machine is shared and noisy: the minimum is the least
+``graphturbo`` (as ``relax_pipeline="dsa"`` compiles it: the ablation's last row), in turn; the
+table keeps each one's fastest run (the machine is shared and noisy: the minimum is the least
 disturbed) and the ratios to llvm, with their geometric means.
 """
 
