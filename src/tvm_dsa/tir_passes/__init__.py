@@ -22,8 +22,8 @@ from .analysis import Unsupported, classify
 from .lower import lower_to_dsa
 from .scopes import GB_SCOPE, LB_SCOPE, assign_scopes
 from .tile import (
-    TilePlan, _divisor_below, anchor_info, candidate_plans, on_vector_units, parallel_plans, simplify_indices, tile_schedule,
-    unit_choice, working_set_floor,
+    TilePlan, anchor_info, candidate_plans, divisor_below, on_vector_units, parallel_plans, simplify_indices,
+    tile_schedule, unit_choice, working_set_floor,
 )
 
 
@@ -75,10 +75,11 @@ def lower_kernel(func, hw, lb_bytes: int | None = None, parallel: bool = True, s
     under the raw alignment, 48 under the other). The contraction runs on the MME, or with
     ``vector`` on the vector units where it may (``tile.unit_choice``: a depthwise convolution;
     a tuning record's choice: timing both units in every compile cost Conformer's batch-8 build
-    3.5 s of 9.4 s). With ``overlap`` a contraction whose chunk loads leave no room for their
-    second copy takes a smaller chunk that does (``_loads_overlapped``): for the layers of stitched
-    kernels, which load from the GB; from DDR the narrower rows of a smaller chunk waste bursts
-    (ViT's fc2 alone at batch 8: 3.30M cycles with chunks of 32, 5.49M with 16, double-buffered)."""
+    3.5 s of 9.4 s). With ``overlap`` a matmul whose chunk loads leave no room for their second
+    copy takes a smaller chunk that does, where that is faster (``_loads_overlapped``): for the
+    layers of stitched kernels, which load from the GB; from DDR the narrower rows of a smaller
+    chunk waste bursts (ViT's fc2 alone at batch 8: 3.30M cycles with chunks of 32, 5.49M with 16,
+    double-buffered)."""
     info = anchor_info(func, simplify)
     alignments = (False, True) if simplify and info.align != anchor_info(func, False).align else (None,)
     if vector and not unit_choice(info, hw):
@@ -257,15 +258,16 @@ def _loads_overlapped(func, info, plan: TilePlan, lowered, hw, lb_bytes):
     the concatenated features moved twice the bytes), which the estimate does not see."""
     from ..codegen.kernel_ir import plan_lb, read_kernel
 
-    if plan.chunk is None or plan.chunk == info.reduction[0] or plan.vector or "N" not in info.roles \
-            or len(info.reduction) > 1:
-        return lowered, plan  # a chunk of the whole reduction keeps its weight tile from tile to tile
+    # a chunk of the whole reduction keeps its weight tile in the LB from one tile to the next
+    whole = plan.chunk is None or plan.chunk == info.reduction[0]
+    if whole or plan.vector or "N" not in info.roles or len(info.reduction) > 1:
+        return lowered, plan
     kernel = read_kernel(lowered)
     if plan_lb(kernel, hw, lb_bytes).double_buffered or chunk_cycles(kernel, hw, overlapped=False) is None:
         return lowered, plan
     chunk = plan.chunk
     while True:
-        chunk = _divisor_below(plan.chunk, chunk)
+        chunk = divisor_below(plan.chunk, chunk)
         if chunk < hw.mme.rows:
             return lowered, plan
         smaller = replace(plan, chunk=chunk)

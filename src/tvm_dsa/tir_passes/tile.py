@@ -299,7 +299,7 @@ def _aligns(info: AnchorInfo) -> tuple[int, ...]:
     return info.align or (1,) * len(info.spatial)
 
 
-def _divisor_below(n: int, t: int) -> int:
+def divisor_below(n: int, t: int) -> int:
     """Largest divisor of ``n`` smaller than ``t`` (1 if none). Shrinking a tile to a divisor of
     itself keeps it a divisor of the extent and of any alignment it already divides."""
     for d in range(t - 1, 0, -1):
@@ -350,7 +350,7 @@ def candidate_plans(info: AnchorInfo, mme_rows: int, mme_cols: int, reuse: bool 
 
     def shrunk(i):
         ts = list(tiles)
-        ts[i] = _divisor_below(ts[i], ts[i])
+        ts[i] = divisor_below(ts[i], ts[i])
         return ts
 
     def m_or_n():
@@ -379,9 +379,9 @@ def candidate_plans(info: AnchorInfo, mme_rows: int, mme_cols: int, reuse: bool 
         if pick is None:
             return
         if pick == "chunk":
-            chunk = _divisor_below(info.reduction[0], chunk)
+            chunk = divisor_below(info.reduction[0], chunk)
         else:
-            tiles[pick] = _divisor_below(tiles[pick], tiles[pick])
+            tiles[pick] = divisor_below(tiles[pick], tiles[pick])
         yield TilePlan(tuple(tiles), chunk)
 
 
@@ -413,7 +413,7 @@ def parallel_plans(info: AnchorInfo, start: TilePlan, mme_rows: int, mme_cols: i
         for i, (t, r) in enumerate(zip(tiles, roles)):
             if t == 1:
                 continue
-            smaller = _divisor_below(t, t)
+            smaller = divisor_below(t, t)
             if r in floor:
                 others = 1
                 for j, (u, q) in enumerate(zip(tiles, roles)):
@@ -427,5 +427,5 @@ def parallel_plans(info: AnchorInfo, start: TilePlan, mme_rows: int, mme_cols: i
             break
         if pick is None:
             return
-        tiles[pick] = _divisor_below(tiles[pick], tiles[pick])
+        tiles[pick] = divisor_below(tiles[pick], tiles[pick])
         yield TilePlan(tuple(tiles), start.chunk)
