@@ -470,3 +470,26 @@ def test_overlap_takes_the_largest_divisor_of_the_chunk_whose_loads_fit_twice(rn
     ref = run_llvm(func, args)
     out = simulate(build_program(over, HW, "fc2"), args[:-1]).outputs[0]
     np.testing.assert_allclose(out, ref, rtol=1e-2, atol=5e-3 * np.abs(ref).max())
+
+
+def test_a_bare_contraction_writes_its_tile_back_once_after_the_chunk_loop(rng):
+    """A matmul with nothing after it (DenseNet's 1x1 convolutions): its output's write-back sits
+    after the chunk loop, not in it, so every output element goes to DDR once (not once per
+    chunk, the partial sums of all but the last chunk overwritten), and the result is llvm's."""
+    from tvm_dsa.codegen.kernel_ir import Loop
+
+    op = relax.op
+    func = fused_kernel(lambda: relax_graph([(64, 256), (256, 96)], lambda x, w: op.matmul(x, w)))
+    plan = TilePlan((32, 32), 64)  # 6 tiles, 4 chunks each
+    low = lower_with_plan(func, plan)
+    body = read_kernel(low).tile_loops()[-1].body
+    (chunk,) = [n for n in body if isinstance(n, Loop)]
+    stores = [n for n in body if not isinstance(n, Loop) and n.op == "dma" and not n.dst.lb]
+    assert chunk.extent == 4 and len(stores) == 1 and body.index(stores[0]) > body.index(chunk)
+    assert not [st for st in chunk.body if st.op == "dma" and not st.dst.lb]
+    program = build_program(low, HW, "bare_matmul")
+    args = random_args(func, rng)
+    ref = run_llvm(func, args)
+    run = simulate(program, args[:-1])
+    np.testing.assert_allclose(run.outputs[0], ref, rtol=1e-2, atol=5e-3 * np.abs(ref).max())
+    assert run.report.ddr_write == 64 * 96 * 2  # the output once, in fp16

@@ -3,7 +3,8 @@
 Function parameters stay in DDR (``global``). Intermediate buffers of the kernel go to the local
 buffer (``local.dsa_lb``). Compute stages (MME, vector, reduce) may only touch the LB, so their DDR
 inputs get an LB copy (``cache_read``) loaded under the same tile/chunk loop, and their DDR outputs
-an LB staging buffer written back after them (``cache_write``). Reductions are split into an init
+an LB staging buffer written back after them (``cache_write``), once per tile (after the chunk
+loop of a contraction). Reductions are split into an init
 stage (a fill) and an update stage, the init placed before the chunk loop for the anchor so partial
 sums accumulate across chunks.
 """
@@ -26,6 +27,17 @@ def attach_index(sch, block_rv) -> int:
     if not marked:
         raise Unsupported(f"block {sch_get(sch, block_rv).name_hint} is not under a tile loop")
     return marked[-1]
+
+
+def _tile_loop(sch, block_rv):
+    """The innermost tile loop enclosing the block: a contraction's result is final after its last
+    chunk, so it is written back once per tile, not after every chunk (DenseNet-121's bare 1x1
+    convolutions stored their partial sums 32 times a tile)."""
+    loops = sch_loops(sch, block_rv)
+    tiles = [lp for lp in loops if sch_get(sch, lp).annotations.get("dsa.loop") == "tile"]
+    if not tiles:
+        raise Unsupported(f"block {sch_get(sch, block_rv).name_hint} is not under a tile loop")
+    return tiles[-1]
 
 
 def _is_param(buf, params) -> bool:
@@ -55,7 +67,7 @@ def assign_scopes(sch: s_tir.Schedule) -> s_tir.Schedule:
             sch.compute_at(cache, loop, preserve_unit_loops=True)
         if _is_param(sch_get(sch, block_rv).writes[0].source, params):
             cache = sch.cache_write(block_rv, 0, LB_SCOPE)
-            sch.reverse_compute_at(cache, loop, preserve_unit_loops=True)
+            sch.reverse_compute_at(cache, _tile_loop(sch, block_rv), preserve_unit_loops=True)
     for block_rv in leaf_blocks(sch):
         block = sch_get(sch, block_rv)
         if block.init is None:
