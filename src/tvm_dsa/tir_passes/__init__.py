@@ -75,11 +75,11 @@ def lower_kernel(func, hw, lb_bytes: int | None = None, parallel: bool = True, s
     under the raw alignment, 48 under the other). The contraction runs on the MME, or with
     ``vector`` on the vector units where it may (``tile.unit_choice``: a depthwise convolution;
     a tuning record's choice: timing both units in every compile cost Conformer's batch-8 build
-    3.5 s of 9.4 s). With ``overlap`` a matmul whose chunk loads leave no room for their second
-    copy takes a smaller chunk that does, where that is faster (``_loads_overlapped``): for the
-    layers of stitched kernels, which load from the GB; from DDR the narrower rows of a smaller
-    chunk waste bursts (ViT's fc2 alone at batch 8: 3.30M cycles with chunks of 32, 5.49M with 16,
-    double-buffered)."""
+    3.5 s of 9.4 s). With ``overlap`` a contraction whose chunk loads leave no room for their
+    second copy takes a smaller chunk that does, where that is faster (``_loads_overlapped``):
+    for the layers of stitched kernels, which load from the GB; from DDR the narrower rows of a
+    smaller chunk waste bursts (ViT's fc2 alone at batch 8: 3.30M cycles with chunks of 32, 5.49M
+    with 16, double-buffered)."""
     info = anchor_info(func, simplify)
     alignments = (False, True) if simplify and info.align != anchor_info(func, False).align else (None,)
     if vector and not unit_choice(info, hw):
@@ -253,14 +253,12 @@ def _loads_overlapped(func, info, plan: TilePlan, lowered, hw, lb_bytes):
     array's rows) if ``chunk_cycles`` finds its tile faster: one copy makes every chunk's loads
     wait for the MME to finish the chunk before (ViT's 197-row matmul tiles: load and compute take
     turns); more chunks cost a transfer set-up and an MME pass each. A divisor keeps the boxes
-    aligned as the chunk's were. Matmuls only: a convolution's smaller chunk made ResNet-50 faster
-    (5.91M -> 5.51M cycles) and DenseNet-121 slower (5.32M -> 6.40M: its 1x1 convolutions over
-    the concatenated features moved twice the bytes), which the estimate does not see."""
+    aligned as the chunk's were."""
     from ..codegen.kernel_ir import plan_lb, read_kernel
 
     # a chunk of the whole reduction keeps its weight tile in the LB from one tile to the next
     whole = plan.chunk is None or plan.chunk == info.reduction[0]
-    if whole or plan.vector or "N" not in info.roles or len(info.reduction) > 1:
+    if whole or plan.vector or "N" not in info.roles:
         return lowered, plan
     kernel = read_kernel(lowered)
     if plan_lb(kernel, hw, lb_bytes).double_buffered or chunk_cycles(kernel, hw, overlapped=False) is None:
