@@ -117,11 +117,10 @@ def offload(mod: tvm.IRModule, hw: Hardware, schedule: str = "layerwise", run_id
         (``lower_kernel``'s ``overlap``; from DDR, as layerwise loads, a smaller chunk costs
         bursts)."""
         low, budget = tiled_in_part(name) if part else lowered[name]
-        if not stitch.gb or name in on_vector or (name in result.tuned and not part) or not kernel_macs(mod[name]):
-            return low, budget
         if (name, budget) not in overlapped:
-            overlapped[name, budget] = (low if plan_lb(read_kernel(low), hw, budget).double_buffered else
-                                        lower_kernel(mod[name], hw, budget, overlap=True)[0], budget)
+            keep = (not stitch.gb or name in on_vector or (name in result.tuned and not part)
+                    or not kernel_macs(mod[name]) or plan_lb(read_kernel(low), hw, budget).double_buffered)
+            overlapped[name, budget] = (low if keep else lower_kernel(mod[name], hw, budget, overlap=True)[0], budget)
         return overlapped[name, budget]
     specs = schedules.get(schedule)(mod, hw, set(lowered), options)
     node_of = {n.name: n for n in graph.nodes}

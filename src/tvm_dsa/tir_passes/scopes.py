@@ -4,9 +4,8 @@ Function parameters stay in DDR (``global``). Intermediate buffers of the kernel
 buffer (``local.dsa_lb``). Compute stages (MME, vector, reduce) may only touch the LB, so their DDR
 inputs get an LB copy (``cache_read``) loaded under the same tile/chunk loop, and their DDR outputs
 an LB staging buffer written back after them (``cache_write``), once per tile (after the chunk
-loop of a contraction). Reductions are split into an init
-stage (a fill) and an update stage, the init placed before the chunk loop for the anchor so partial
-sums accumulate across chunks.
+loop of a contraction). Reductions are split into an init stage (a fill) and an update stage,
+the init placed before the chunk loop for the anchor so partial sums accumulate across chunks.
 """
 
 from __future__ import annotations
