@@ -9,7 +9,7 @@ from tvm import s_tir
 
 from tvm_dsa import hardware
 from tvm_dsa.codegen.emit import build_program
-from tvm_dsa.codegen.kernel_ir import CodegenError, align, plan_lb, read_kernel
+from tvm_dsa.codegen.kernel_ir import CodegenError, align, chunk_loops, plan_lb, read_kernel, stages_of
 from tvm_dsa.driver import import_onnx, max_relative_error
 from tvm_dsa.runtime import simulate
 from tvm_dsa.tir_passes import TilePlan, anchor_info, lower_with_plan
@@ -99,4 +99,50 @@ def test_without_a_decision_and_no_room_for_two_of_everything_the_loads_get_two_
     (out,) = simulate(program, args).outputs
     assert max_relative_error([out], [expected.numpy()]) < 2e-2
     one_copy = build_program(_lowered(task, whole, False), HW, "conv")
+    assert simulate(program, mode="timing").report.cycles < simulate(one_copy, mode="timing").report.cycles
+
+
+def _projection_model():
+    """x @ W + b + r with x, r graph inputs (BERT's output projection and its residual)."""
+    import onnx
+    from onnx import TensorProto as TP
+    from onnx import helper as h
+    from onnx import numpy_helper as nh
+
+    rng = np.random.default_rng(2)
+    w, b = rng.standard_normal((256, 96)).astype("float32") * 0.1, rng.standard_normal(96).astype("float32")
+    nodes = [h.make_node("MatMul", ["x", "W"], ["m"]), h.make_node("Add", ["m", "b"], ["a"]),
+             h.make_node("Add", ["a", "r"], ["y"])]
+    g = h.make_graph(nodes, "proj", [h.make_tensor_value_info("x", TP.FLOAT, [1, 64, 256]),
+                                     h.make_tensor_value_info("r", TP.FLOAT, [1, 64, 96])],
+                     [h.make_tensor_value_info("y", TP.FLOAT, [1, 64, 96])], [nh.from_array(w, "W"), nh.from_array(b, "b")])
+    model = h.make_model(g, opset_imports=[h.make_opsetid("", 17)])
+    model.ir_version = 10
+    return model
+
+
+def test_without_room_for_two_of_every_load_the_chunk_loop_loads_get_two_copies():
+    # one 64x96 tile, the reduction in chunks of 16: one copy of everything fits the LB; two of
+    # every load (the residual's tile and the bias too) do not, two of each chunk's loads (input
+    # rows, weight rows) do, and those are what overlaps the MME's work on the chunk before
+    (task,) = extract_tasks(import_onnx(_projection_model()), TARGET)
+    func, plan = task.mod["main"], TilePlan((1, 64, 96), 16)
+    kernel = read_kernel(lower_with_plan(func, plan))
+    single = plan_lb(read_kernel(_lowered(task, plan, False)), HW)
+    loaded = {st.dst.buffer for st in kernel.stages() if st.op == "dma" and st.dst.lb}
+    chunked = {st.dst.buffer for st in stages_of(chunk_loops(kernel)) if st.op == "dma"}
+    assert len(chunked) == 2 and len(loaded) == 4  # x, W per chunk; b, r per tile
+    nbytes = {n: align(b.nbytes) for n, b in single.buffers.items()}
+    assert single.total_bytes + sum(nbytes[n] for n in loaded) > HW.lb_bytes
+    lb = plan_lb(kernel, HW)
+    assert {n: len(b.slots) for n, b in lb.buffers.items()} == {n: 2 if n in chunked else 1 for n in lb.buffers}
+    assert lb.total_bytes == single.total_bytes + sum(nbytes[n] for n in chunked) <= HW.lb_bytes
+    rng = np.random.default_rng(3)
+    args = [rng.standard_normal([int(d) for d in p.shape]).astype("float32") for p in func.params[:-1]]
+    expected = tvm.runtime.tensor(np.zeros([int(d) for d in func.params[-1].shape], "float32"))
+    tvm.compile(task.mod, target="llvm")["main"](*[tvm.runtime.tensor(a) for a in args], expected)
+    program = build_program(lower_with_plan(func, plan), HW, "proj")
+    (out,) = simulate(program, args).outputs
+    assert max_relative_error([out], [expected.numpy()]) < 2e-2
+    one_copy = build_program(_lowered(task, plan, False), HW, "proj")
     assert simulate(program, mode="timing").report.cycles < simulate(one_copy, mode="timing").report.cycles

@@ -133,27 +133,51 @@ def test_clusters_alike_share_their_buffers_summary(monkeypatch):
     monkeypatch.setattr(passes._Kernel, "buffers", lambda self, *a: calls.append(a) or buffers(self, *a))
     for order in ("dfs", "bfs"):
         for c in sorted(k.clusters):
-            bufs = buffers(k, c, order, 0, "longest")
-            assert k.summary(c, order, 0, "longest") == (
+            bufs = buffers(k, c, order, {}, "longest")
+            assert k.summary(c, order, {}, "longest") == (
                 sum(b.level == "ddr" for b in bufs), sum(b.level == "lb" for b in bufs),
                 max((b.offset + align(b.nbytes) for b in bufs if b.level == "gb"), default=0))
-    assert calls == [(0, "dfs", 0, "longest"), (0, "bfs", 0, "longest")]
+    assert calls == [(0, "dfs", {}, "longest"), (0, "bfs", {}, "longest")]
 
 
-def test_cross_layer_schedule_promotes_early_only_where_nothing_spills():
+def test_cross_layer_schedule_promotes_each_weight_early_where_the_gb_holds_it():
     """The residual block, a sample per cluster: the 1x1 conv's weights and bias are first read at
-    step 1. Promoting them at step 0 with the 3x3 conv's weights and output needs 7232 bytes of GB:
-    a 7 KiB GB promotes at first use (0 steps early), an 8 KiB one two steps early (from step 0)."""
+    step 1. At step 0 the 3x3 conv's weights and output take 6656 bytes of GB; the 1x1 weights
+    (512 B) fill a 7 KiB GB exactly, so they are promoted a step early and the bias at first use;
+    an 8 KiB GB takes both early."""
     w1, out1, w2, bias = 16 * 16 * 9 * 2, 16 * 8 * 8 * 2, 16 * 16 * 2, 16 * 2
-    assert w1 + out1 + w2 + align(bias) == 7232
+    assert w1 + out1 + w2 == 7 * KB < w1 + out1 + w2 + align(bias) <= 8 * KB
     sub = sub_module(residual_block, split=(0, 4))
-    for kib, ahead in ((7, 0), (8, 2)):
+    for kib, early in ((7, {"a2": 1}), (8, {"a2": 1, "a3": 1})):
         hw = hardware.register(dataclasses.replace(HW, name=f"stcp920-gb{kib}k", gb_bytes=kib * KB), override=True)
         mod = _through(sub, prefetch=2, hw=hw)
-        assert list(mod.attrs["dsa.prefetch"]) == [ahead] * 4
+        assert [dict(m) for m in mod.attrs["dsa.prefetch"]] == [early] * 4
         assert all(b.level == "gb" for b in read_allocation(mod))
         weights = {b.tensor: b.first for b in read_allocation(mod) if b.kind == "w" and b.cluster == 0}
-        assert sorted(weights.values()) == ([0, 1, 1] if ahead == 0 else [0, 0, 0])  # w1; w2 and bias
+        assert weights == {"a1": 0, "a2": 0, "a3": 1 - early.get("a3", 0)}
+
+
+def test_cross_layer_schedule_issues_promotions_in_the_order_of_first_use():
+    """A 10 KiB GB; 6 KiB live through steps 0-3 and 2 KiB at step 1; weights of 1, 3 and 1 KiB
+    first read at steps 1, 2 and 3, two steps early at most. w1 goes a step early (7 KiB at
+    step 0); w2 does not fit at step 1 (12 KiB), so it is issued at step 2; w3
+    would fit two steps early (10 KiB at step 1), but the cluster DMA runs promotions in the order
+    issued, and one issued at step 1 for step 3 would hold up the one step 2 waits for: it goes
+    one step early, with w2."""
+    from tvm_dsa.codegen.stitch import Buffer
+    from tvm_dsa.tir_passes.stitch import _Kernel
+
+    def buf(kind, name, first, last, kib):
+        return Buffer(0, kind, name, 0, first, last, kib * KB, "gb", 0, 0)
+
+    gb = [buf("t", "x", 0, 3, 6), buf("t", "y", 1, 1, 2), buf("w", "w1", 1, 1, 1), buf("w", "w2", 2, 2, 3),
+          buf("w", "w3", 3, 3, 1)]
+    k = _Kernel(None)
+    k.scopes = ([], frozenset(), 0, 10 * KB)
+    k.buffers = lambda c, order, ahead, spill: gb  # placed as they come: nothing spills
+    k.summary = lambda c, order, ahead, spill: (0, 0, 0)
+    k._alike = lambda c: ()
+    assert k.promotions(0, "dfs", 2, "longest") == {"w1": 1, "w3": 1}
 
 
 def test_allocate_buffers_spills_each_cluster_to_its_own_scratch():

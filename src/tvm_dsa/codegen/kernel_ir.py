@@ -697,8 +697,9 @@ def scratch_bytes(stage: Stage, dtypes: dict[str, str], storage: str) -> int:
 def plan_lb(kernel: KernelIR, hw: Hardware, lb_bytes: int | None = None) -> LBPlan:
     """Place the kernel's LB buffers in the first ``lb_bytes`` of the LB (all of it by default),
     two copies of each when the kernel asks for double buffering or, without a decision, when two
-    fit; without a decision and without room for two of each, two copies of the buffers DMAs load
-    (each chunk's loads then overlap the compute on the one before; ViT's 197-row matmul tiles);
+    fit; without a decision and without room for two of each, two copies of the buffers DMAs load,
+    or of those loaded in the chunk loop (each chunk's loads then overlap the compute on the one
+    before; ViT's 197-row matmul tiles, BERT's output projection with its residual tile);
     raises ``CodegenError`` when one tile (or the two copies asked for) does not fit.
 
     Buffers a tile computes (not loads) share their place with others whose use in the tile ends
@@ -732,9 +733,12 @@ def plan_lb(kernel: KernelIR, hw: Hardware, lb_bytes: int | None = None) -> LBPl
     if fits_two if kernel.double_buffer is None else kernel.double_buffer:
         doubled = set(sizes)
     else:  # without a decision, two copies of what DMAs load if they fit: loads overlap compute
-        doubled = {places[name] for name in loaded}
-        if kernel.double_buffer is not None or single + sum(sizes[p] for p in doubled) + scratch > capacity:
-            doubled = set()
+        doubled = set()
+        if kernel.double_buffer is None:  # all loads, else those repeated per chunk of the reduction
+            for names in (loaded, {st.dst.buffer for st in stages_of(chunk_loops(kernel)) if st.op == "dma"} & loaded):
+                if single + sum(sizes[p] for p in {places[n] for n in names}) + scratch <= capacity:
+                    doubled = {places[n] for n in names}
+                    break
     offset, slots = 0, {}
     for place, size in sizes.items():
         slots[place] = []
@@ -744,6 +748,11 @@ def plan_lb(kernel: KernelIR, hw: Hardware, lb_bytes: int | None = None) -> LBPl
     placed = {b.name: LBBuffer(b.name, b.dtype, b.extents, b.writer, tuple(slots[places[b.name]]))
               for b in first.values()}
     return LBPlan(placed, offset, scratch, offset + scratch)
+
+
+def chunk_loops(kernel: KernelIR) -> list[Loop]:
+    """The chunk loops (of a reduction) in the innermost tile loop."""
+    return [n for n in kernel.tile_loops()[-1].body if isinstance(n, Loop) and n.kind == "chunk"]
 
 
 def _shared_places(kernel: KernelIR, buffers: dict[str, LBBuffer]) -> dict[str, tuple]:

@@ -286,10 +286,10 @@ def chunk_cycles(kernel, hw, overlapped: bool) -> float | None:
     copies of the loads) the longer of the two, plus the first chunk's loads. None without a
     chunk loop or where it computes more than the loads and the product (producers moved under
     it), which the estimate leaves out."""
-    from ..codegen.kernel_ir import Loop, stages_of
+    from ..codegen.kernel_ir import chunk_loops, stages_of
     from ..runtime.cost import mme_cycles
 
-    chunks = [n for n in kernel.tile_loops()[-1].body if isinstance(n, Loop) and n.kind == "chunk"]
+    chunks = chunk_loops(kernel)
     if not chunks or any(st.op not in ("dma", "mme") for st in stages_of(chunks[0].body)):
         return None
     loop = chunks[0]

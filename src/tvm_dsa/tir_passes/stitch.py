@@ -12,7 +12,7 @@ pass here adds its decision to the module as an attribute of plain TVM container
     AssignMemoryScopes  §4.1    LB / GB / DDR of each intermediate, the weights promoted
                                 DDR -> GB, the LB share kept for intermediates           dsa.scopes
     OrderInstances      Alg. 3  dfs or bfs: the order that keeps more on chip            dsa.order
-    CrossLayerSchedule  §4.4    how many steps early each cluster promotes its weights   dsa.prefetch
+    CrossLayerSchedule  §4.4    how many steps early each cluster promotes each weight   dsa.prefetch
     AllocateBuffers     §4.3    every buffer's lifetime, level and offset; spills        dsa.allocation
 
 ``codegen.stitch.emit_stitched`` turns the annotated module into a DSA program.
@@ -42,9 +42,11 @@ from ..codegen.stitch import (
     read_instances,
     read_subgraph,
 )
+from ..relax_passes import memory_plan
 from .scopes import GB_SCOPE, LB_SCOPE
 
 DDR_SCOPE = "global"
+PROMOTE_SHARES = (1.0, 0.9, 0.75, 0.5)  # of the GB, that early promotions may fill (``_Kernel.promotions``)
 
 
 def _annotating(name: str, decide):
@@ -102,9 +104,9 @@ class _Kernel:
             parts.setdefault(t, set()).add((tuple(low.tolist()), tuple(high.tolist())))
         return {t for t in tensors if len(parts.get(t, ())) <= 1}
 
-    def buffers(self, c: int, order: str, ahead: int, spill: str) -> list[Buffer]:
-        """Cluster ``c``'s buffers in instance order ``order`` with its weight promotions issued
-        ``ahead`` steps before their first use: each instance's LB-scoped intermediates placed in
+    def buffers(self, c: int, order: str, ahead: dict, spill: str) -> list[Buffer]:
+        """Cluster ``c``'s buffers in instance order ``order`` with each weight's promotion issued
+        ``ahead[weight]`` steps (default 0) before its first use: each instance's LB-scoped intermediates placed in
         its core's LB, what does not fit and the GB-scoped ones with the promoted weights in the
         cluster's GB, what does not fit there in DDR (offsets from 0: the kernel's scratch)."""
         sg, inst, hw = self.sg, self.inst, self.hw
@@ -147,7 +149,8 @@ class _Kernel:
                         if w in promote:
                             uses.setdefault(w, []).append(step(cr.rnd[i], k))
         for w, u in uses.items():
-            lives.append(Lifetime(("w", w, c), esize * math.prod(sg.tensors[w][0]), max(0, min(u) - ahead), max(u)))
+            lives.append(Lifetime(("w", w, c), esize * math.prod(sg.tensors[w][0]), max(0, min(u) - ahead.get(w, 0)),
+                                  max(u)))
         offsets, _ = allocate([x for x in lives if x.key not in ddr_scoped], gb_bytes, spill)
         in_ddr = [x for x in lives if x.key not in offsets and x.key[0] == "t"]
         ddr_offsets, _ = allocate(in_ddr, 1 << 62, spill)
@@ -161,16 +164,49 @@ class _Kernel:
         return [placed(x) for x in lives] + kept
 
 
-    def summary(self, c: int, order: str, ahead: int, spill: str) -> tuple[int, int, int]:
+    def summary(self, c: int, order: str, ahead: dict, spill: str) -> tuple[int, int, int]:
         """(spills to DDR, intermediates kept in LBs, GB peak) of ``buffers(c, ...)``, worked out
         once for clusters whose parts are alike (a cluster's part is usually the first's moved
         along the batch: only sizes, scopes, rounds and cores within the cluster decide them)."""
-        key = (self._alike(c), order, ahead, spill)
+        key = (self._alike(c), order, tuple(sorted(ahead.items())), spill)
         if key not in self._summaries:
             bufs = self.buffers(c, order, ahead, spill)
             self._summaries[key] = (sum(b.level == "ddr" for b in bufs), sum(b.level == "lb" for b in bufs),
                                     max((b.offset + align(b.nbytes) for b in bufs if b.level == "gb"), default=0))
         return self._summaries[key]
+
+    def promotions(self, c: int, order: str, prefetch: int, spill: str) -> dict:
+        """Steps early of each weight cluster ``c`` promotes (§4.4; 0s left out): in order of first
+        use, each weight as early as ``prefetch`` steps while the GB's live bytes (those placed at
+        first use and the earlier promotions) stay within a share of the GB, and no earlier than
+        the promotion before it (the cluster DMA moves them in the order issued: a weight needed
+        later must not hold up one needed sooner). The share is the largest of
+        ``PROMOTE_SHARES`` whose plan spills no more to DDR than promoting at first use (a spilled
+        weight is read from DDR by every tile; live bytes that fit may still not place). Worked
+        out once for clusters alike (``summary``)."""
+        key = (self._alike(c), order, prefetch, spill)
+        if key not in self._summaries:
+            self._summaries[key] = self._promotions(c, order, prefetch, spill)
+        return self._summaries[key]
+
+    def _promotions(self, c: int, order: str, prefetch: int, spill: str) -> dict:
+        gb = [b for b in self.buffers(c, order, {}, spill) if b.level == "gb"]
+        spills = self.summary(c, order, {}, spill)[0]
+        for share in PROMOTE_SHARES:
+            live = memory_plan.live_bytes([memory_plan.Lifetime(align(b.nbytes), b.first, b.last) for b in gb])
+            ahead, issued = {}, 0  # the step the last promotion starts: the cluster DMA runs them in order
+            for b in sorted((b for b in gb if b.kind == "w"), key=lambda b: b.first):
+                size, a = align(b.nbytes), 0
+                while a < min(prefetch, b.first - issued) and live[b.first - a - 1] + size <= share * self.scopes[3]:
+                    a += 1
+                issued = b.first - a
+                for s in range(b.first - a, b.first):
+                    live[s] += size
+                if a:
+                    ahead[b.tensor] = a
+            if not ahead or self.summary(c, order, ahead, spill)[0] <= spills:
+                return ahead
+        return {}
 
     @functools.cached_property
     def _summaries(self) -> dict:
@@ -246,7 +282,7 @@ def OrderInstances(hw, order: str = "best", spill: str = "longest"):  # noqa: N8
         k.read(hw)
 
         def score(o):
-            parts = [k.summary(c, o, 0, spill) for c in k.clusters]
+            parts = [k.summary(c, o, {}, spill) for c in k.clusters]
             return sum(p[0] for p in parts), -sum(p[1] for p in parts), max(p[2] for p in parts)
 
         return {"dsa.order": min(ORDERS, key=score)}
@@ -257,16 +293,15 @@ def OrderInstances(hw, order: str = "best", spill: str = "longest"):  # noqa: N8
 def CrossLayerSchedule(hw, prefetch: int = 2, spill: str = "longest"):  # noqa: N802
     """§4.4: a weight's promotion is issued up to ``prefetch`` steps before the step that first
     reads it, so the cluster DMA moves it while earlier layers compute (its GB space held from
-    then on) — per cluster the earliest that spills no more to DDR than promoting at first use
-    (a spilled weight is read from DDR by every tile, costing far more than the wait)."""
+    then on), each weight as early as the GB holds it (``_Kernel.promotions``): per cluster, the
+    steps early of each weight promoted before its first use."""
 
     def decide(k):
         k.read(hw)
         order = str(k.mod.attrs["dsa.order"])
-        ahead = [0] * hw.clusters
+        ahead = [{} for _ in range(hw.clusters)]
         for c in k.clusters:
-            at_use = k.summary(c, order, 0, spill)[0]
-            ahead[c] = next((a for a in range(prefetch, 0, -1) if k.summary(c, order, a, spill)[0] <= at_use), 0)
+            ahead[c] = k.promotions(c, order, prefetch, spill)
         return {"dsa.prefetch": ahead}
 
     return _annotating("dsa.CrossLayerSchedule", decide)
@@ -281,7 +316,7 @@ def AllocateBuffers(hw, spill: str = "longest"):  # noqa: N802
     def decide(k):
         k.read(hw)
         order = str(k.mod.attrs["dsa.order"])
-        ahead = [int(a) for a in k.mod.attrs["dsa.prefetch"]]
+        ahead = [{str(w): int(a) for w, a in m.items()} for m in k.mod.attrs["dsa.prefetch"]]
         out, scratch = [], 0
         for c in sorted(k.clusters):
             bufs = k.buffers(c, order, ahead[c], spill)
