@@ -106,9 +106,10 @@ class _Kernel:
 
     def buffers(self, c: int, order: str, ahead: dict, spill: str) -> list[Buffer]:
         """Cluster ``c``'s buffers in instance order ``order`` with each weight's promotion issued
-        ``ahead[weight]`` steps (default 0) before its first use: each instance's LB-scoped intermediates placed in
-        its core's LB, what does not fit and the GB-scoped ones with the promoted weights in the
-        cluster's GB, what does not fit there in DDR (offsets from 0: the kernel's scratch)."""
+        ``ahead[weight]`` steps (default 0) before its first use: each instance's LB-scoped
+        intermediates placed in its core's LB, what does not fit and the GB-scoped ones with the
+        promoted weights in the cluster's GB, what does not fit there in DDR (offsets from 0: the
+        kernel's scratch)."""
         sg, inst, hw = self.sg, self.inst, self.hw
         instance_scopes, promote, lb_bytes, gb_bytes = self.scopes
         cr = self.clusters[c]
@@ -185,9 +186,9 @@ class _Kernel:
         weight is read from DDR by every tile; live bytes that fit may still not place). Worked
         out once for clusters alike (``summary``)."""
         key = (self._alike(c), order, prefetch, spill)
-        if key not in self._summaries:
-            self._summaries[key] = self._promotions(c, order, prefetch, spill)
-        return self._summaries[key]
+        if key not in self._promoted:
+            self._promoted[key] = self._promotions(c, order, prefetch, spill)
+        return self._promoted[key]
 
     def _promotions(self, c: int, order: str, prefetch: int, spill: str) -> dict:
         gb = [b for b in self.buffers(c, order, {}, spill) if b.level == "gb"]
@@ -210,6 +211,10 @@ class _Kernel:
 
     @functools.cached_property
     def _summaries(self) -> dict:
+        return {}
+
+    @functools.cached_property
+    def _promoted(self) -> dict:
         return {}
 
     def _alike(self, c: int) -> tuple:
