@@ -2,6 +2,7 @@
 whole sub-graphs on the simulator against llvm."""
 
 import dataclasses
+import math
 
 import numpy as np
 import pytest
@@ -641,3 +642,43 @@ def test_a_constant_the_clusters_read_apart_stays_in_ddr_and_clusters_still_copy
     compact, _ = stitch.emit_stitched(sub, HW)
     cpc = HW.cores_per_cluster
     assert sorted(r.cores for r in compact.kernels[0].replicas if r.cores % cpc == 0) == [cpc, 2 * cpc, 3 * cpc]
+
+
+def test_a_large_weight_is_promoted_in_pieces_and_tiles_wait_for_theirs(monkeypatch, rng):
+    """The MLP of 8 x 64 x 256 -> 1024 -> 256: the second weight (1024 x 256 fp16, 512 KiB) is read
+    by tiles that split its columns into boxes of one width, so it is promoted in column pieces
+    of the fewest such boxes whose rows are whole DDR bursts (each at least PIECE_BYTES), one
+    transfer each, in order; the first tile's load of it waits for the first piece, not the last. Functional runs check every dependency
+    (hazards), and the model computes what llvm does."""
+    import importlib
+
+    op = relax.op
+    offload = importlib.import_module("tvm_dsa.relax_passes.offload")
+    seen = []
+    monkeypatch.setattr(offload, "emit_stitched", lambda mod, *a, **k: seen.append(mod) or stitch.emit_stitched(mod, *a, **k))
+    mod = relax_graph([(8, 64, 256), (256, 1024), (1024, 256)],
+                      lambda x, w1, w2: op.add(op.matmul(op.nn.relu(op.matmul(x, w1)), w2), x))
+    x, w1, w2 = [rng.standard_normal([int(s) for s in p.ty.shape]).astype("float32") * 0.1 for p in mod["main"].params]
+    ref = _llvm(mod, [x, w1, w2])
+    mod = relax.transform.BindParams("main", {"a1": tvm.runtime.tensor(w1), "a2": tvm.runtime.tensor(w2)})(mod)
+    vm, _ = _run(mod, "graphturbo")
+    out = vm["main"](tvm.runtime.tensor(x)).numpy()
+    assert np.abs(out - ref).max() / np.abs(ref).max() < 5e-3
+    ((sub, sg, prints, name),) = [(m, sg, prints, t) for m in seen for sg, prints in [stitch.read_subgraph(m, HW)]
+                                for t, (shape, _) in sg.tensors.items() if tuple(shape) == (1024, 256)]
+    (lo, hi), = [prints[L.name].reads[p] for L in sg.layers for p, t in L.args.items() if t == name]
+    tile = int((hi - lo)[0, 1])
+    assert set((hi - lo)[:, 1]) == {tile} and tile < 256 and not (lo[:, 1] % tile).any()
+    width = tile * HW.ddr_burst_bytes // math.gcd(2 * tile, HW.ddr_burst_bytes)  # rows of whole bursts
+    assert 256 // width >= 2 and 1024 * width * 2 >= stitch.PIECE_BYTES
+    assert stitch.promotion_pieces(sg, prints, name, HW) == (1, width)
+    program, _ = stitch.emit_stitched(sub, HW, replicate=False)
+    ins = program.kernels[0].instructions
+    (base,) = {b.offset for b in stitch.read_allocation(sub) if b.tensor == name and b.cluster == 0}
+    pieces = [i for i, y in enumerate(ins) if isinstance(y, isa.Dma) and y.src.mem == "ddr" and y.dst.mem == "gb"
+              and y.dst.index == 0 and base <= y.dst.offset < base + 1024 * 256 * 2]
+    assert [ins[i].shape for i in pieces] == [(1024, width)] * (256 // width)
+    assert [ins[i].dst.offset for i in pieces] == [base + 2 * j for j in range(0, 256, width)]
+    first = next(y for y in ins if isinstance(y, isa.Dma) and y.src.mem == "gb" and y.src.index == 0
+                 and base <= y.src.offset < base + 1024 * 256 * 2)
+    assert pieces[0] in first.deps and pieces[-1] not in first.deps

@@ -234,6 +234,7 @@ def _row_major(shape) -> list[int]:
 
 
 COPY_SOURCES = 4  # the most recent calls like a layer that it may be a copy of (each try costs)
+_PIECE = "piece"  # key of a piece of a memory object: (_PIECE, the object's key, index)
 PROMOTE = "promote"  # layer mark of whole-tensor copies between memories (weight promotion)
 FANOUT = 4  # copies a core sends of a box it holds before a copy of it is asked to (``_holder``)
 
@@ -356,6 +357,9 @@ class KernelEmitter:
         self.deps = _Deps()
         self.spaces: dict = {}  # (mem, index) -> _Space
         self.claimed: dict = {}  # key -> (mem, index, lo, hi) it was claimed with
+        # key -> (dim, slice width, lo, bytes per step along the dim, the dim's extent): an object
+        # whose slices along one dim are memory objects of their own (``claim``'s ``pieces``)
+        self.pieced: dict = {}
         self.cores_used: set[int] = set()
         self.on_core: dict = {}  # core -> layer whose tile buffers occupy its LB
         self.origin: dict = {}  # (core, buffer) -> origin indices
@@ -387,13 +391,26 @@ class KernelEmitter:
             self.marks.append(isa.LayerMark(first, name, tuple(shape)))
 
     # -- memory objects --------------------------------------------------------------------------
-    def claim(self, region: Region, key, ssa: bool = True) -> None:
-        """``key`` (a tensor's region) now owns its bytes."""
+    def claim(self, region: Region, key, ssa: bool = True, pieces: tuple[int, int] | None = None) -> None:
+        """``key`` (a tensor's region) now owns its bytes. ``pieces`` (dim, width): its slices of
+        ``width`` along ``dim`` are objects of their own (``_key``), each written by its own
+        transfer (``move``), so a reader waits for the slice it reads, not the whole tensor."""
         lo = region.base
         space = self.spaces.setdefault((region.mem, region.index), _Space())
-        old = space.assign(lo, lo + align(region.nbytes), key)
+        old = [k for o in [*space.assign(lo, lo + align(region.nbytes), key), key] for k in self._pieces_of(o)]
         self.claimed[key] = (region.mem, region.index, lo, lo + align(region.nbytes))
-        self.deps.inherit(key, old, ssa)
+        self.pieced.pop(key, None)
+        if pieces is not None:
+            dim, width = pieces
+            self.pieced[key] = (dim, width, lo, isa.DTYPES[region.dtype] * _row_major(region.extents)[dim],
+                                region.extents[dim])
+        for k in self._pieces_of(key):
+            self.deps.inherit(k, old, ssa)
+
+    def _pieces_of(self, key) -> list:
+        """The memory objects of ``key``: itself, or its pieces (``claim``)."""
+        piece = self.pieced.get(key)
+        return [key] if piece is None else [(_PIECE, key, j) for j in range(-(-piece[4] // piece[1]))]
 
     def _enter(self, layer: Layer, core: int, lb_base: int) -> None:
         """Put ``layer``'s tile buffers and scratch into ``core``'s LB (after ``lb_base``)."""
@@ -415,10 +432,19 @@ class KernelEmitter:
 
     def move(self, src: Region, dst: Region, core: int) -> None:
         """Copy the box of ``dst`` from ``src`` (the same box or one holding it) to another memory,
-        e.g. a weight promotion DDR -> GB."""
+        e.g. a weight promotion DDR -> GB; one transfer per piece, in order, where ``dst`` was
+        claimed in pieces."""
         self.cores_used.add(core)
         self._mark(PROMOTE, ())
-        self._push(isa.Dma(core, dst.extents, _whole_operand(dst), _whole_operand(src, dst.origin)), core)
+        boxes = [(dst.origin, dst.extents)]
+        key = self.spaces[(dst.mem, dst.index)].whole_owner(dst.base, dst.base + dst.nbytes)
+        if key in self.pieced:
+            dim, width = self.pieced[key][:2]
+            boxes = [(tuple(o + (j if d == dim else 0) for d, o in enumerate(dst.origin)),
+                      tuple(min(width, e - j) if d == dim else e for d, e in enumerate(dst.extents)))
+                     for j in range(0, dst.extents[dim], width)]
+        for origin, extents in boxes:
+            self._push(isa.Dma(core, extents, _whole_operand(dst, origin), _whole_operand(src, origin)), core)
 
     def replicate(self, start: int, stop: int, cores: int, cluster: int, ddr_shift: dict) -> bool:
         """Record that stream positions [start, stop) — one cluster's part of a kernel — run again
@@ -471,6 +497,7 @@ class KernelEmitter:
             if start <= call.start and call.stop <= stop:
                 low = min(low, call.low)
                 for key in call.before:
+                    key = key[1] if key[0] == _PIECE else key
                     mem, index = self.claimed[key][:2]
                     places.add((mem, index))
                     if mem == "ddr":
@@ -556,7 +583,7 @@ class KernelEmitter:
         moved = self._translation(call, layer, work, placed)
         if moved is None:
             return None
-        cores, moves = moved
+        cores, moves, shifts = moved
         keys: dict = {}
         for p, key in call.owners.items():
             if keys.setdefault(key, owners[p]) != owners[p]:
@@ -564,6 +591,11 @@ class KernelEmitter:
         old, new = call.layer.name, layer.name
         for key in call.before:
             if key not in keys:
+                if key[0] == _PIECE:
+                    keys[key] = self._moved_piece(call, key, keys, shifts)
+                    if keys[key] is None:
+                        return None
+                    continue
                 if key[0] not in ("lb", "scratch") or key[2] != old:
                     return None
                 keys[key] = (key[0], key[1] + cores, new, *key[3:])
@@ -614,14 +646,29 @@ class KernelEmitter:
         self.cores_used |= copy.cores
         return copy
 
+    def _moved_piece(self, call: _Call, key, keys: dict, shifts: dict):
+        """The piece of the object ``keys`` maps ``key``'s object to that a copy of ``call`` touches
+        instead of the piece ``key`` (the accesses moved by ``shifts`` along the pieces' dim, by
+        whole pieces); None where there is no such piece."""
+        _, obj, j = key
+        target = keys.get(obj)
+        params = [p for p, k in call.owners.items() if k == obj]
+        if not params or target not in self.pieced or self.pieced[target][:2] != self.pieced.get(obj, ())[:2]:
+            return None
+        dim, width = self.pieced[obj][:2]
+        moved, rest = divmod(shifts[params[0]][dim], width)
+        n = len(self._pieces_of(target))
+        return (_PIECE, target, j + moved) if not rest and 0 <= j + moved < n else None
+
     def _translation(self, call: _Call, layer: Layer, work, placed: dict):
         """(cores moved, (mem, index) -> sorted [(lo, hi, to_index, shift)]: where each byte range
-        of ``call``'s regions goes) taking ``call``'s instructions to ``layer``'s over ``work``, the
-        same tiles and cores translated (``_signature``): each region in the memory of the moved
-        cores, the offset of an access in it moved by how far the access moves
-        (``KernelIR.moves``) less how far the region's box does. (That the moved tiles stay in
-        their regions is what planning the regions made sure of.) None where that does not hold
-        or two ranges in one place would move differently."""
+        of ``call``'s regions goes, param -> how far its accesses move in its region, per dim)
+        taking ``call``'s instructions to ``layer``'s over ``work``, the same tiles and cores
+        translated (``_signature``): each region in the memory of the moved cores, the offset of
+        an access in it moved by how far the access moves (``KernelIR.moves``) less how far the
+        region's box does. (That the moved tiles stay in their regions is what planning the
+        regions made sure of.) None where that does not hold or two ranges in one place would
+        move differently."""
         (v0, c0), (v1, c1) = call.work[0], work[0]
         cores, cpc = c1 - c0, self.hw.cores_per_cluster
         clusters = {(c + cores) // cpc - c // cpc for _, c in call.work}
@@ -633,6 +680,7 @@ class KernelEmitter:
         if accesses is None:
             return None
         moves: dict = {}
+        shifts: dict = {}
         for p, a in call.placed.items():
             if a is None:
                 continue
@@ -640,6 +688,7 @@ class KernelEmitter:
             to = a.index + (cores if a.mem == "lb" else clusters if a.mem == "gb" else 0)
             moved = accesses.get(p, (0,) * len(a.origin))
             box = tuple(y - x for x, y in zip(a.origin, b.origin))
+            shifts[p] = tuple(m - o for m, o in zip(moved, box))
             if b.index != to:
                 return None
             by = b.base - a.base + isa.DTYPES[a.dtype] * sum(
@@ -649,7 +698,7 @@ class KernelEmitter:
             ranges.sort()
             if any(y[0] < x[1] and y[2:] != x[2:] for x, y in itertools.pairwise(ranges)):
                 return None
-        return cores, moves
+        return cores, moves, shifts
 
     def _remap(self, call: _Call, keys: dict, unit, shift: int) -> dict | None:
         """Where each dependency of ``call`` on an instruction before it goes in a copy ``shift``
@@ -985,8 +1034,8 @@ class KernelEmitter:
     def _push(self, ins, core: int, unit=None) -> None:
         srcs, dst = isa.operands(ins)
         unit = unit or isa.unit_of(ins, self.hw.cores_per_cluster)
-        reads = [self._key(o) for o in srcs]
-        writes = [self._key(dst)]
+        reads = [self._key(o, ins) for o in srcs]
+        writes = [self._key(dst, ins)]
         idx = self.size
         rec = self.rec
         if rec is not None:
@@ -1009,13 +1058,23 @@ class KernelEmitter:
         self.size += 1
         self.deps.record(idx, reads, writes, unit)
 
-    def _key(self, o: isa.Operand):
-        """The memory object an operand touches: a tensor's region, a tile buffer copy, scratch."""
+    def _key(self, o: isa.Operand, ins=None):
+        """The memory object an operand of ``ins`` touches: a tensor's region, a tile buffer copy,
+        scratch; of a tensor in pieces (``claim``), the piece of the transfer box's last element
+        (one unit writes the pieces in order, so waiting for it waits for those before; any other
+        instruction waits for the last piece)."""
         space = self.spaces.get((o.mem, o.index))
         key = space.owner(o.offset) if space else None
         if key is None:
             raise CodegenError(f"{o.mem}[{o.index}] offset {o.offset} belongs to no buffer")
-        return key
+        piece = self.pieced.get(key)
+        if piece is None:
+            return key
+        _, width, lo, step, extent = piece
+        if not isinstance(ins, isa.Dma):
+            return _PIECE, key, -(-extent // width) - 1
+        last = o.offset + isa.DTYPES[o.dtype] * sum((n - 1) * st for n, st in zip(ins.shape, o.strides))
+        return _PIECE, key, (last - lo) // step % extent // width
 
     def _stage(self, stage: Stage, core: int) -> None:
         self.scratch_top = 0

@@ -606,6 +606,35 @@ def _cluster_shift(sg, prints, inst, cores, cpc, ref: _Part, other: _Part, regio
     return shift
 
 
+PIECE_BYTES = 64 * 1024  # a promotion's pieces at least: a transfer's set-up is then a few % of it
+
+
+def promotion_pieces(sg: SubGraphKernel, prints: dict, tensor: str, hw) -> tuple[int, int] | None:
+    """(dim, width) of the pieces a weight is promoted in (``KernelEmitter.claim``), each with a
+    dependency of its own, so the first tiles start when their piece is in, not the whole weight
+    (BERT's FFN2 waited 146 µs per block for its 4.5 MiB): along the outermost dim its readers'
+    tiles split, all into boxes of one width aligned to it, the fewest of those boxes whose
+    contiguous runs in DDR are whole bursts (narrower pieces waste DDR bandwidth); None where
+    there is no such dim or a piece would hold under ``PIECE_BYTES``."""
+    shape = sg.tensors[tensor][0]
+    esize = hw.storage_bytes
+    boxes = [prints[L.name].reads[p] for L in sg.layers for p, t in L.args.items()
+             if t == tensor and p != L.ir.params[-1][0]]
+    for d, extent in enumerate(shape):
+        widths = {int(w) for lo, hi in boxes for w in np.unique(hi[:, d] - lo[:, d])}
+        if widths == {extent}:
+            continue
+        (tile,) = widths if len(widths) == 1 else (0,)
+        if not tile or any((lo[:, d] % tile).any() for lo, _ in boxes):
+            return None
+        run = tile * esize * math.prod(shape[d + 1:])  # bytes of a tile's box per row, contiguous
+        width = tile * hw.ddr_burst_bytes // math.gcd(run, hw.ddr_burst_bytes)
+        if extent // width >= 2 and esize * math.prod(shape) * width // extent >= PIECE_BYTES:
+            return d, width
+        return None
+    return None
+
+
 def emit_stitched(mod: tvm.IRModule, hw, replicate: bool = True, replay: bool = True):
     """(Program, StitchInfo) of a sub-graph module annotated by the passes of
     ``tir_passes.stitch``: each cluster's steps in the chosen order, at each step the buffers that
@@ -658,9 +687,11 @@ def emit_stitched(mod: tvm.IRModule, hw, replicate: bool = True, replay: bool = 
         steps = sorted({step(cr.rnd[i], k) for i in cr.members for k in range(nl)} | set(starts))
         for s in steps:
             for b in starts.get(s, []):
-                emitter.claim(part.place[b.key], b.key)
                 if b.kind == "w":
+                    emitter.claim(part.place[b.key], b.key, pieces=promotion_pieces(sg, prints, b.tensor, hw))
                     emitter.move(regions[b.tensor], part.place[b.key], c * cpc)
+                else:
+                    emitter.claim(part.place[b.key], b.key)
             pending = None  # (layer, work, regions): calls of one layer in the same regions go as one
             for i in cr.members:
                 for k, L in enumerate(sg.layers):
