@@ -682,3 +682,61 @@ def test_a_large_weight_is_promoted_in_pieces_and_tiles_wait_for_theirs(monkeypa
     first = next(y for y in ins if isinstance(y, isa.Dma) and y.src.mem == "gb" and y.src.index == 0
                  and base <= y.src.offset < base + 1024 * 256 * 2)
     assert pieces[0] in first.deps and pieces[-1] not in first.deps
+
+
+def test_a_pieced_weight_goes_after_the_promotions_of_its_step_and_its_tiles_in_piece_order(monkeypatch, rng):
+    """The MLP of 8 x 64 x 256 -> 1024 -> 256 with a bias: the second weight comes in column
+    pieces, so its layer's tiles are emitted in the order of the piece they read (the cores take
+    the first piece together, not one piece each), and the weights promoted at the same step (the
+    bias, first used with it) go before the pieces, not after 512 KiB of them. The model computes
+    what llvm does, with every dependency checked."""
+    import importlib
+
+    op = relax.op
+    offload = importlib.import_module("tvm_dsa.relax_passes.offload")
+    seen = []
+    monkeypatch.setattr(offload, "emit_stitched", lambda mod, *a, **k: seen.append(mod) or stitch.emit_stitched(mod, *a, **k))
+    mod = relax_graph([(8, 64, 256), (256, 1024), (1024, 256), (256,)],
+                      lambda x, w1, w2, b2: op.add(op.add(op.matmul(op.nn.relu(op.matmul(x, w1)), w2), b2), x))
+    args = [rng.standard_normal([int(s) for s in p.ty.shape]).astype("float32") * 0.1 for p in mod["main"].params]
+    ref = _llvm(mod, args)
+    mod = relax.transform.BindParams("main", {f"a{i}": tvm.runtime.tensor(a) for i, a in enumerate(args[1:], 1)})(mod)
+    vm, _ = _run(mod, "graphturbo")
+    out = vm["main"](tvm.runtime.tensor(args[0])).numpy()
+    assert np.abs(out - ref).max() / np.abs(ref).max() < 5e-3
+    ((sub, sg, prints, name),) = [(m, sg, prints, t) for m in seen for sg, prints in [stitch.read_subgraph(m, HW)]
+                                for t, (shape, _) in sg.tensors.items() if tuple(shape) == (1024, 256)]
+    dim, width = stitch.promotion_pieces(sg, prints, name, HW)
+    assert dim == 1
+    program = stitch.emit_stitched(sub, HW, replicate=False)[0].expanded()
+    ins = program.kernels[0].instructions
+    weights = {b.tensor: b for b in stitch.read_allocation(sub) if b.kind == "w" and b.cluster == 0 and b.level == "gb"}
+    w2 = weights[name]
+
+    def promotions(b):
+        return [i for i, y in enumerate(ins) if isinstance(y, isa.Dma) and y.src.mem == "ddr" and y.dst.mem == "gb"
+                and y.dst.index == 0 and b.offset <= y.dst.offset < b.offset + b.nbytes]
+
+    others = [b for b in weights.values() if b.first == w2.first and b is not w2]
+    assert any(b.nbytes == 256 * 2 for b in others), "the bias should be promoted at the second weight's step"
+    assert max(i for b in others for i in promotions(b)) < min(promotions(w2))
+    # the loads of the weight's tiles into the cores' LBs, in stream order: within each instance
+    # of cluster 0 the pieces never go back (tiles dealt by rows, then columns, went 0, 1, 2, 3, 0, ...)
+    loads = [((y.src.offset - w2.offset) // 2 % 256) // width for y in ins if isinstance(y, isa.Dma)
+             and y.src.mem == "gb" and y.src.index == 0 and w2.offset <= y.src.offset < w2.offset + w2.nbytes]
+    (layer,) = [L for L in sg.layers if name in L.args.values()]
+    inst, cores = stitch.read_instances(sub, sg, prints), stitch.read_cores(sub)
+    runs = sum(1 for i, cs in enumerate(cores) if cs[0] < HW.cores_per_cluster and len(inst.rows[i][layer.name]))
+    assert sum(b < a for a, b in zip(loads, loads[1:])) == runs - 1
+    assert set(loads) == set(range(256 // width)) and len(set(loads)) >= 2
+    # instances here hold a row of tiles; over the layer's whole grid (rows, then columns) the
+    # order goes back at every row, and piece_order sorts it stably
+    fp = prints[layer.name]
+    (param,) = [p for p, t in layer.args.items() if t == name]
+    piece = fp.reads[param][0][:, 1] // width
+    rows = np.arange(len(fp.tiles))
+    assert (np.diff(piece) < 0).any()
+    ordered = stitch.piece_order(layer, rows, fp, {name: (1, width)})
+    assert sorted(ordered) == list(rows) and (np.diff(piece[ordered]) >= 0).all()
+    assert all(list(ordered[piece[ordered] == j]) == list(rows[piece == j]) for j in set(piece))
+    assert list(stitch.piece_order(layer, rows, fp, {name: None})) == list(rows)

@@ -635,11 +635,26 @@ def promotion_pieces(sg: SubGraphKernel, prints: dict, tensor: str, hw) -> tuple
     return None
 
 
+def piece_order(layer, rows: np.ndarray, fp: Footprint, pieced: dict) -> np.ndarray:
+    """``rows`` (an instance's tiles of ``layer``) in the order of the pieces they read of a weight
+    promoted in pieces (``pieced``: tensor -> (dim, width) or None), stably: the cores take the
+    first piece's tiles together as its promotion brings it in, and the next piece's after,
+    rather than a piece each that all arrive late."""
+    for p, t in layer.args.items():
+        if pieced.get(t) and p != layer.ir.params[-1][0]:
+            dim, width = pieced[t]
+            return rows[np.argsort(fp.reads[p][0][rows, dim] // width, kind="stable")]
+    return rows
+
+
 def emit_stitched(mod: tvm.IRModule, hw, replicate: bool = True, replay: bool = True):
     """(Program, StitchInfo) of a sub-graph module annotated by the passes of
     ``tir_passes.stitch``: each cluster's steps in the chosen order, at each step the buffers that
-    start there claimed (a weight's promotion DDR -> GB issued), then every layer's tiles of the
-    step's instances on the instances' cores, each tensor read and written where it was placed.
+    start there claimed (a weight's promotion DDR -> GB issued, in order of first use, one promoted
+    in pieces after the others first used with it: a bias needed at the end of the first tiles
+    does not wait behind the megabytes of its weight), then every layer's tiles of the step's
+    instances on the instances' cores (in ``piece_order``), each tensor read and written where it
+    was placed.
 
     A cluster whose instances are the first cluster's moved along the batch, placed alike, gets a
     copy of its instructions (``replicate``; False emits every cluster, for tests). A layer like
@@ -680,15 +695,25 @@ def emit_stitched(mod: tvm.IRModule, hw, replicate: bool = True, replay: bool = 
             if shift is not None and emitter.replicate(*span, (c - reference.cluster) * cpc, c, shift):
                 continue
         step = cr.step(order, nl)
+        pieced: dict = {}  # weight -> (dim, width) of its pieces, as promoted to this cluster's GB
         starts: dict = {}
         for b in mine:
             if b.key in part.place:
                 starts.setdefault(b.first, []).append(b)
         steps = sorted({step(cr.rnd[i], k) for i in cr.members for k in range(nl)} | set(starts))
+        use: dict = {}  # tensor -> the first step a layer reads it at
+        for i in cr.members:
+            for k, L in enumerate(sg.layers):
+                for t in L.args.values() if len(inst.rows[i][L.name]) else ():
+                    use[t] = min(use.get(t, math.inf), step(cr.rnd[i], k))
         for s in steps:
             for b in starts.get(s, []):
                 if b.kind == "w":
-                    emitter.claim(part.place[b.key], b.key, pieces=promotion_pieces(sg, prints, b.tensor, hw))
+                    pieced[b.tensor] = promotion_pieces(sg, prints, b.tensor, hw)
+            for b in sorted(starts.get(s, []),
+                            key=lambda b: (b.kind == "w", use.get(b.tensor, s), bool(pieced.get(b.tensor)))):
+                if b.kind == "w":
+                    emitter.claim(part.place[b.key], b.key, pieces=pieced[b.tensor])
                     emitter.move(regions[b.tensor], part.place[b.key], c * cpc)
                 else:
                     emitter.claim(part.place[b.key], b.key)
@@ -703,7 +728,7 @@ def emit_stitched(mod: tvm.IRModule, hw, replicate: bool = True, replay: bool = 
                         key = ("t", t, i) if t in produced and t not in sg.outputs else ("w", t, c)
                         if key in part.place:
                             local[t] = part.place[key]
-                    tiles = [prints[L.name].tiles[r] for r in rows.tolist()]
+                    tiles = [prints[L.name].tiles[r] for r in piece_order(L, rows, prints[L.name], pieced).tolist()]
                     work = [(t, cores[i][n % len(cores[i])]) for n, t in enumerate(tiles)]
                     if pending and pending[0] is L and pending[2] == local:
                         pending[1].extend(work)
