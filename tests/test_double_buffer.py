@@ -146,3 +146,67 @@ def test_without_room_for_two_of_every_load_the_chunk_loop_loads_get_two_copies(
     assert max_relative_error([out], [expected.numpy()]) < 2e-2
     one_copy = build_program(_lowered(task, plan, False), HW, "proj")
     assert simulate(program, mode="timing").report.cycles < simulate(one_copy, mode="timing").report.cycles
+
+
+def _ffn_model(k: int, n: int):
+    """x @ W + b -> GELU (Erf form, as exported) with x a graph input: BERT's FFN1 in small."""
+    import onnx
+    from onnx import TensorProto as TP
+    from onnx import helper as h
+    from onnx import numpy_helper as nh
+
+    rng = np.random.default_rng(4)
+    consts = {"W": rng.standard_normal((k, n)) * 0.05, "b": rng.standard_normal(n), "sq": np.array(2 ** -0.5),
+              "one": np.array(1.0), "half": np.array(0.5)}
+    nodes = [h.make_node("MatMul", ["x", "W"], ["m"]), h.make_node("Add", ["m", "b"], ["a"]),
+             h.make_node("Mul", ["a", "sq"], ["s"]), h.make_node("Erf", ["s"], ["e"]),
+             h.make_node("Add", ["e", "one"], ["e1"]), h.make_node("Mul", ["a", "e1"], ["g"]),
+             h.make_node("Mul", ["g", "half"], ["y"])]
+    g = h.make_graph(nodes, "ffn", [h.make_tensor_value_info("x", TP.FLOAT, [1, 64, k])],
+                     [h.make_tensor_value_info("y", TP.FLOAT, [1, 64, n])],
+                     [nh.from_array(v.astype("float32"), name) for name, v in consts.items()])
+    model = h.make_model(g, opset_imports=[h.make_opsetid("", 17)])
+    model.ir_version = 10
+    return model
+
+
+def test_an_epilogue_in_strips_leaves_room_for_deeper_double_buffered_chunks():
+    # one 64x96 tile of a matmul + GELU: the GELU's float32 temporaries of the tile's size leave
+    # no room for two copies of a chunk of 32; in 4 strips of 16 rows they hold a strip and do
+    from tvm_dsa.tir_passes import _loads_overlapped
+
+    (task,) = extract_tasks(import_onnx(_ffn_model(768, 96)), TARGET)
+    func = task.mod["main"]
+    whole, strips = TilePlan((1, 64, 96), 32), TilePlan((1, 64, 96), 32, strips=4)
+    kernels = {p: read_kernel(lower_with_plan(func, p)) for p in (whole, strips)}
+    lbs = {p: plan_lb(k, HW) for p, k in kernels.items()}
+    assert not lbs[whole].double_buffered and lbs[strips].double_buffered
+    (loop,) = [n for n in kernels[strips].tile_loops()[-1].body if getattr(n, "kind", None) == "strip"]
+    vector = {st.dst.buffer for st in stages_of(loop.body) if st.op == "vector"}
+    assert loop.extent == 4 and len(vector) == 6  # add, mul, erf, add, mul, mul
+    assert all(lbs[strips].buffers[n].nbytes * 4 == lbs[whole].buffers[n].nbytes for n in vector)
+    # the chunk loop and the tile-level loads are as they were
+    assert [st.name for st in stages_of(chunk_loops(kernels[strips]))] == \
+        [st.name for st in stages_of(chunk_loops(kernels[whole]))]
+    rng = np.random.default_rng(5)
+    args = [rng.standard_normal([int(d) for d in p.shape]).astype("float32") for p in func.params[:-1]]
+    expected = tvm.runtime.tensor(np.zeros([int(d) for d in func.params[-1].shape], "float32"))
+    tvm.compile(task.mod, target="llvm")["main"](*[tvm.runtime.tensor(a) for a in args], expected)
+    cycles = {}
+    for plan in (whole, strips, TilePlan((1, 64, 96), 16)):
+        program = build_program(lower_with_plan(func, plan), HW, "ffn")
+        (out,) = simulate(program, args).outputs
+        assert max_relative_error([out], [expected.numpy()]) < 2e-2
+        cycles[plan] = simulate(program, mode="timing").report.cycles
+    # faster than one copy of the chunk of 32 and than two copies of a chunk of 16
+    assert cycles[strips] < min(cycles[whole], cycles[TilePlan((1, 64, 96), 16)])
+    # and the choice of a stitched kernel's layer, from a plan with chunks of 32 and one copy
+    assert _loads_overlapped(func, anchor_info(func), whole, lower_with_plan(func, whole), HW, None)[1] == strips
+
+
+def test_strips_that_do_not_divide_the_rows_are_refused():
+    from tvm_dsa.tir_passes import Unsupported
+
+    (task,) = extract_tasks(import_onnx(_ffn_model(64, 96)), TARGET)
+    with pytest.raises(Unsupported, match=r"3 strips do not divide the write-back's rows \(64\)"):
+        lower_with_plan(task.mod["main"], TilePlan((1, 64, 96), 32, strips=3))

@@ -33,6 +33,7 @@ from ..tir_passes.analysis import (
     strip_cast,
 )
 from ..tir_passes.scopes import LB_SCOPE
+from ..tir_passes.strip import STRIP
 from ..tir_passes.tile import DOUBLE_BUFFER
 
 SBlockRealize = tvm.s_tir.stmt.SBlockRealize
@@ -183,7 +184,7 @@ class Stage:
 class Loop:
     slot: int
     extent: int
-    kind: str  # tile | chunk
+    kind: str  # tile | chunk | strip
     body: tuple
 
 
@@ -763,8 +764,16 @@ def _shared_places(kernel: KernelIR, buffers: dict[str, LBBuffer]) -> dict[str, 
     element where that one's use ends (a vector stage reading it at the very indices it writes,
     same type and box: in place). Buffers a DMA fills keep places of their own (the emitter may
     find their content still there in the next tile and skip the load). Sharing a place makes two
-    buffers one memory object for the emitter's dependencies, which keeps the order of their uses."""
-    body = kernel.tile_loops()[-1].body
+    buffers one memory object for the emitter's dependencies, which keeps the order of their uses.
+    A strip loop's stages count as nodes of their own (what one strip writes and reads is one
+    strip's), but a buffer from before the loop that a strip reads is in use to the loop's end."""
+    body, strips = [], []  # the nodes in order, a strip loop's stages one by one; its (first, last)
+    for node in kernel.tile_loops()[-1].body:
+        if isinstance(node, Loop) and node.kind == STRIP:
+            strips.append((len(body), len(body) + len(node.body) - 1))
+            body += node.body
+        else:
+            body.append(node)
     ops = {}
     span: dict = {}  # buffer -> (first node, last node)
     for k, node in enumerate(body):
@@ -773,6 +782,8 @@ def _shared_places(kernel: KernelIR, buffers: dict[str, LBBuffer]) -> dict[str, 
             for acc in [st.dst] + st.reads():
                 if acc.lb:
                     span[acc.buffer] = (span.get(acc.buffer, (k, k))[0], k)
+    for lo, hi in strips:
+        span.update({name: (a, hi) for name, (a, b) in span.items() if a < lo <= b})
 
     def in_place(old: str, new: str, k: int) -> bool:
         st = body[k]

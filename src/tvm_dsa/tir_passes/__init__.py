@@ -2,6 +2,7 @@
 
     TileForLB    tile around the anchor so a tile's working set fits the LB   (tile.py)
     AssignScopes DDR / LB storage scopes, LB copies of compute operands      (scopes.py)
+    StripEpilogue  a contraction's epilogue in strips of the tile's rows        (strip.py)
     LowerToDSA   mark each stage as one DSA operation                         (lower.py)
 
 and the passes that make a stitched kernel of a sub-graph's lowered layers (seed 000 §4:
@@ -21,6 +22,7 @@ from tvm import s_tir
 from .analysis import Unsupported, classify
 from .lower import lower_to_dsa
 from .scopes import GB_SCOPE, LB_SCOPE, assign_scopes
+from .strip import STRIP, strip_epilogue
 from .tile import (
     TilePlan, anchor_info, candidate_plans, divisor_below, on_vector_units, parallel_plans, simplify_indices,
     tile_schedule, unit_choice, working_set_floor,
@@ -43,16 +45,22 @@ def AssignScopes():  # noqa: N802
     return _as_pass("dsa.AssignScopes", lambda f: assign_scopes(s_tir.Schedule(f)).mod["main"])
 
 
+def StripEpilogue(strips: int):  # noqa: N802
+    return _as_pass("dsa.StripEpilogue", lambda f: strip_epilogue(s_tir.Schedule(f), strips).mod["main"])
+
+
 def LowerToDSA():  # noqa: N802
     return _as_pass("dsa.LowerToDSA", lambda f: lower_to_dsa(s_tir.Schedule(f)).mod["main"])
 
 
 @functools.lru_cache(maxsize=1024)
 def lower_with_plan(func, plan: TilePlan):
-    """TileForLB -> AssignScopes -> LowerToDSA on one PrimFunc. Cached per function object and
-    plan: the searches for the whole LB and for a share of it try many of the same plans."""
+    """TileForLB -> AssignScopes -> StripEpilogue -> LowerToDSA on one PrimFunc. Cached per
+    function object and plan: the searches for the whole LB and for a share of it try many of the
+    same plans."""
     sch = tile_schedule(func, plan)
     assign_scopes(sch)
+    strip_epilogue(sch, plan.strips)
     lower_to_dsa(sch)
     return sch.mod["main"]
 
@@ -150,7 +158,7 @@ def loads(lowered, hw, lb_bytes: int | None = None) -> tuple[int, int]:
 
     from .. import isa
     from ..codegen.emit import Layer
-    from ..codegen.kernel_ir import Loop
+    from ..codegen.kernel_ir import chunk_loops
     from ..codegen.stitch import footprints
     from ..runtime.cost import ddr_effective_bytes
 
@@ -159,7 +167,7 @@ def loads(lowered, hw, lb_bytes: int | None = None) -> tuple[int, int]:
     shapes = {name: shape for name, shape, _ in layer.ir.params}
     tiles = len(fp.tiles)
     cores = min(tiles, hw.clusters * hw.cores_per_cluster)
-    chunked = any(isinstance(n, Loop) and n.extent > 1 for n in layer.ir.tile_loops()[-1].body)
+    chunked = any(lp.extent > 1 for lp in chunk_loops(layer.ir))
     kept = dict.fromkeys(fp.reads, 0)  # param -> tiles whose box the LB still holds
     if not chunked and tiles > cores:
         for name, (lo, hi) in fp.reads.items():
@@ -249,11 +257,14 @@ def _fitting(func, info, plans, hw, lb_bytes, parallel, whole_rows=False):
 
 def _loads_overlapped(func, info, plan: TilePlan, lowered, hw, lb_bytes):
     """(lowered, plan): ``plan``, or where it leaves no room for a second copy of what a chunk
-    loads, the same tiles with the largest divisor of the chunk that does (not below the PE
-    array's rows) if ``chunk_cycles`` finds its tile faster: one copy makes every chunk's loads
-    wait for the MME to finish the chunk before (ViT's 197-row matmul tiles: load and compute take
-    turns); more chunks cost a transfer set-up and an MME pass each. A divisor keeps the boxes
-    aligned as the chunk's were."""
+    loads, the same tiles with the largest chunk that does — a divisor of the chunk, not below
+    the PE array's rows, the epilogue in as few strips as that takes (``StripEpilogue``: 1, 2, 4
+    or 8) — if ``chunk_cycles`` finds its tile faster, the strips' set-ups counted
+    (``strip_cycles``): one copy makes every chunk's loads wait for the MME to finish the chunk
+    before (ViT's 197-row matmul tiles: load and compute take turns); more chunks cost a transfer
+    set-up and an MME pass each (BERT's FFN tiles of 64 x 96 had chunks of 16 and a GELU's two
+    float32 tile-sized temporaries; in 4 strips they take chunks of 32). A divisor keeps the
+    boxes aligned as the chunk's were."""
     from ..codegen.kernel_ir import plan_lb, read_kernel
 
     # a chunk of the whole reduction keeps its weight tile in the LB from one tile to the next
@@ -264,19 +275,41 @@ def _loads_overlapped(func, info, plan: TilePlan, lowered, hw, lb_bytes):
     if plan_lb(kernel, hw, lb_bytes).double_buffered or chunk_cycles(kernel, hw, overlapped=False) is None:
         return lowered, plan
     chunk = plan.chunk
-    while True:
-        chunk = divisor_below(plan.chunk, chunk)
-        if chunk < hw.mme.rows:
-            return lowered, plan
-        smaller = replace(plan, chunk=chunk)
-        try:
-            low = lower_with_plan(func, smaller)
+    while chunk >= hw.mme.rows:
+        for strips in STRIPS:
+            if (chunk, strips) == (plan.chunk, 1):
+                continue
+            other_plan = replace(plan, chunk=chunk, strips=strips)
+            try:
+                low = lower_with_plan(func, other_plan)
+            except Unsupported:  # indices not affine in this chunk, or no epilogue to strip
+                if strips == 1:
+                    return lowered, plan
+                break
             other = read_kernel(low)
-            if plan_lb(other, hw, lb_bytes).double_buffered:
-                faster = chunk_cycles(other, hw, overlapped=True) < chunk_cycles(kernel, hw, overlapped=False)
-                return (low, smaller) if faster else (lowered, plan)
-        except Unsupported:  # indices not affine in this chunk
-            return lowered, plan
+            try:
+                doubled = plan_lb(other, hw, lb_bytes).double_buffered
+            except Unsupported:  # a deeper chunk that does not fit even once: more strips may
+                continue
+            if doubled:
+                cycles = chunk_cycles(other, hw, overlapped=True) + strip_cycles(other, hw)
+                faster = cycles < chunk_cycles(kernel, hw, overlapped=False)
+                return (low, other_plan) if faster else (lowered, plan)
+        chunk = divisor_below(plan.chunk, chunk)
+    return lowered, plan
+
+
+STRIPS = (1, 2, 4, 8)  # the epilogue strips ``_loads_overlapped`` tries, fewest first
+
+
+def strip_cycles(kernel, hw) -> int:
+    """What running a kernel's epilogue in strips adds per tile: the set-up of each of its stages
+    (a transfer's or a vector instruction's) once more per strip after the first."""
+    from ..codegen.kernel_ir import Loop, stages_of
+
+    loops = [n for n in kernel.tile_loops()[-1].body if isinstance(n, Loop) and n.kind == STRIP]
+    return sum((lp.extent - 1) * sum(hw.dma_latency_cycles if st.op == "dma" else hw.vector_latency_cycles
+                                     for st in stages_of(lp.body)) for lp in loops)
 
 
 def chunk_cycles(kernel, hw, overlapped: bool) -> float | None:
@@ -339,6 +372,6 @@ def _gallop(lo: int, n: int, pred) -> int:
 
 __all__ = [
     "Unsupported", "classify", "TilePlan", "anchor_info", "candidate_plans", "tile_schedule",
-    "assign_scopes", "lower_to_dsa", "lower_with_plan", "lower_kernel", "loads", "load_cycles", "chunk_cycles",
-    "working_set_floor", "TileForLB", "AssignScopes", "LowerToDSA", "LB_SCOPE", "GB_SCOPE",
+    "assign_scopes", "strip_epilogue", "lower_to_dsa", "lower_with_plan", "lower_kernel", "loads", "load_cycles", "chunk_cycles",
+    "working_set_floor", "TileForLB", "AssignScopes", "StripEpilogue", "LowerToDSA", "LB_SCOPE", "GB_SCOPE",
 ]

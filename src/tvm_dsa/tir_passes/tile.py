@@ -49,6 +49,7 @@ class TilePlan:
     tiles: tuple[int, ...]
     chunk: int | None = None
     vector: bool = False  # the contraction runs on the vector units (``annotate_vector_contraction``)
+    strips: int = 1  # the epilogue runs in this many strips of the tile's rows (``StripEpilogue``)
 
 
 @dataclass(frozen=True)
