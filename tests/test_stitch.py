@@ -427,13 +427,13 @@ def test_a_flip_in_a_sub_graph_is_refused_for_its_negative_stride(rng):
     assert np.abs(out - ref).max() / np.abs(ref).max() < 5e-3  # the conv in fp16 on the DSA
 
 
-@pytest.mark.parametrize("batch, rows, hidden, rounds_run", [(8, 64, 1024, True), (8, 128, 384, False),
+@pytest.mark.parametrize("batch, rows, hidden, rounds_run", [(8, 256, 512, True), (8, 128, 384, False),
                                                              (24, 16, 512, True)])
 def test_rounds_and_other_cores_copied_give_what_emitting_them_gives(monkeypatch, rng, batch, rows, hidden,
                                                                      rounds_run):
     """A two-matmul MLP with a residual, batch x rows x 256 -> hidden -> 256: its layers run many
     rounds of tiles on several clusters. Rounds that repeat earlier rounds translated are copies
-    (at 64 x 1024 also whole runs of rounds: the run since the last emitted round), and calls on
+    (at 256 x 512 also whole runs of rounds: the run since the last emitted round), and calls on
     other cores copy calls on the first. At 128 x 384 a round finds the weight tile its
     predecessor left in the LB, which its model round did not: only the tile buffers' state tells
     them apart. At batch 24 (six samples a cluster) runs of rounds on different cores are joined

@@ -9,10 +9,11 @@ import tvm
 from tvm import relax
 
 from tvm_dsa import hardware, isa
-from tvm_dsa.codegen.emit import build_program
+from tvm_dsa.codegen.emit import build_program, deal
 from tvm_dsa.codegen.specialize import timing_cycles
 from tvm_dsa.codegen.kernel_ir import CodegenError, plan_lb, read_kernel
 from tvm_dsa.runtime import simulate
+from tvm_dsa.runtime.cost import ddr_effective_bytes
 from tvm_dsa.tir_passes import (
     LB_SCOPE, AssignScopes, LowerToDSA, TileForLB, TilePlan, _fitting, anchor_info, candidate_plans, chunk_cycles,
     load_cycles, loads, lower_kernel, lower_with_plan, working_set_floor,
@@ -326,6 +327,31 @@ def test_loads_count_each_tiles_bursts_and_a_weight_tile_kept_in_the_lb():
     nbytes, transfers = loads(chunked, HW)
     cores = HW.clusters * HW.cores_per_cluster
     assert load_cycles(chunked, HW) == nbytes / HW.ddr_bytes_per_cycle + transfers * HW.dma_latency_cycles / cores
+
+
+def test_loads_are_the_ddr_loads_of_the_program_its_tiles_dealt_as_build_program_deals_them():
+    """Tiles go to clusters by their first tile loop (the batch split) and round-robin over a
+    cluster's cores (``deal``); a weight tile stays in the LB only where the tile before it on
+    the same core read it. A matmul (8, 128, 256) x (256, 1024) in tiles of 16 x 64 over the whole
+    reduction: on a cluster's 8 cores consecutive tiles alternate their row block and never share
+    a weight column, so every tile loads its 32 KB of weights (counted as kept for every other
+    tile when tiles were taken as round-robin over all 32 cores). ``loads`` counts exactly the
+    program's DDR -> LB transfers, and with the weights counted the lowering takes 64 x 64 tiles
+    in chunks of 32, which also run faster."""
+    func = fused_kernel(lambda: relax_graph([(8, 128, 256), (256, 1024)], relax.op.matmul))
+    assert deal([8, 8, 16], HW)[:18] == [0, 1, 2, 3, 4, 5, 6, 7] * 2 + [0, 1]
+    assert deal([8, 8, 16], HW)[128:130] == [8, 9]  # the second sample: the second cluster
+    cycles, ddr = {}, {}
+    for plan in (TilePlan((1, 16, 64), 256), TilePlan((1, 64, 64), 32)):
+        lowered = lower_with_plan(func, plan)
+        program = build_program(lowered, HW, "mm")
+        ddr[plan] = [i for i in program.expanded().kernels[0].instructions
+                     if isinstance(i, isa.Dma) and i.src.mem == "ddr" and i.dst.mem == "lb"]
+        assert loads(lowered, HW) == (sum(ddr_effective_bytes(i.src, i.shape, HW) for i in ddr[plan]), len(ddr[plan]))
+        cycles[plan] = timing_cycles(program)
+    whole, chunked = cycles
+    assert sum(i.shape == (256, 64) for i in ddr[whole]) == 8 * 8 * 16  # every tile's weights
+    assert cycles[chunked] < cycles[whole] and lower_kernel(func, HW)[1] == chunked
 
 
 def test_a_contraction_keeps_the_order_of_plans_that_loads_faster():

@@ -20,6 +20,7 @@ from __future__ import annotations
 import bisect
 import functools
 import itertools
+import math
 from dataclasses import dataclass, field, replace
 
 import numpy as np
@@ -1400,14 +1401,23 @@ def build_program(func, hw: Hardware, name: str, num_outputs: int = 1) -> isa.Pr
     emitter = KernelEmitter(hw, name)
     for pname, r in regions.items():
         emitter.claim(r, ("ddr", pname))
-    tile_loops = layer.ir.tile_loops()
-    cpc = hw.cores_per_cluster
-    clusters = min(tile_loops[0].extent, hw.clusters)
-    dealt = [0] * clusters
-    work = []
-    for values in itertools.product(*(range(lp.extent) for lp in tile_loops)):
-        cluster = values[0] % clusters
-        work.append((values, cluster * cpc + dealt[cluster] % cpc))
-        dealt[cluster] += 1
+    extents = [lp.extent for lp in layer.ir.tile_loops()]
+    work = list(zip(itertools.product(*map(range, extents)), deal(extents, hw)))
     emitter.layer(layer, work, regions)
     return isa.Program(hw.to_dict(), max(offset, ALIGN), tuple(args), (emitter.kernel(),), name)
+
+
+def deal(extents: list[int], hw: Hardware) -> list[int]:
+    """The core of each tile of a one-layer kernel whose tile loops have ``extents``, tiles in loop
+    order: the first tile loop's value picks the cluster (the batch split), a cluster's tiles go
+    round-robin over its cores."""
+    cpc = hw.cores_per_cluster
+    clusters = min(extents[0], hw.clusters)
+    dealt = [0] * clusters
+    cores = []
+    for first in range(extents[0]):
+        cluster = first % clusters
+        for _ in range(math.prod(extents[1:])):
+            cores.append(cluster * cpc + dealt[cluster] % cpc)
+            dealt[cluster] += 1
+    return cores

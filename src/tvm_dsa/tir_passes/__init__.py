@@ -152,12 +152,12 @@ def loads(lowered, hw, lb_bytes: int | None = None) -> tuple[int, int]:
     """DDR bytes and transfers of a lowered kernel's reads from outside the LB, its inputs in DDR
     (as layerwise has them): every load of every tile (one per chunk) in whole bursts of its
     contiguous runs (``runtime.cost.ddr_effective_bytes``), except where the tile before it on
-    the same core (tiles dealt round-robin) read the same box and the kernel has no chunk loop,
-    so the LB still holds it (a weight tile)."""
+    the same core (tiles dealt as ``codegen.emit.deal`` deals them) read the same box and the
+    kernel has no chunk loop, so the LB still holds it (a weight tile)."""
     import numpy as np
 
     from .. import isa
-    from ..codegen.emit import Layer
+    from ..codegen.emit import Layer, deal
     from ..codegen.kernel_ir import chunk_loops
     from ..codegen.stitch import footprints
     from ..runtime.cost import ddr_effective_bytes
@@ -166,12 +166,16 @@ def loads(lowered, hw, lb_bytes: int | None = None) -> tuple[int, int]:
     fp = footprints(layer)
     shapes = {name: shape for name, shape, _ in layer.ir.params}
     tiles = len(fp.tiles)
-    cores = min(tiles, hw.clusters * hw.cores_per_cluster)
     chunked = any(lp.extent > 1 for lp in chunk_loops(layer.ir))
     kept = dict.fromkeys(fp.reads, 0)  # param -> tiles whose box the LB still holds
-    if not chunked and tiles > cores:
+    if not chunked:
+        # each tile after the one before it on its core
+        cores = np.asarray(deal([lp.extent for lp in layer.ir.tile_loops()], hw))
+        order = np.argsort(cores, kind="stable")
+        after = cores[order][1:] == cores[order][:-1]
         for name, (lo, hi) in fp.reads.items():
-            kept[name] = int((np.all(lo[cores:] == lo[:-cores], axis=1) & np.all(hi[cores:] == hi[:-cores], axis=1)).sum())
+            lo, hi = lo[order], hi[order]
+            kept[name] = int((after & np.all(lo[1:] == lo[:-1], axis=1) & np.all(hi[1:] == hi[:-1], axis=1)).sum())
     nbytes = transfers = 0
     for name, shape, count in fp.loads:
         strides = tuple(math.prod(shapes[name][d + 1:]) for d in range(len(shapes[name])))
