@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import dataclasses
 
+import numpy as np
 import pytest
 import tvm
 from test_stitch import HW, KB, conv_chain, residual_block
@@ -12,7 +13,7 @@ from test_tir_passes import fuse
 
 from tvm_dsa import hardware
 from tvm_dsa.codegen.kernel_ir import ALIGN, align
-from tvm_dsa.codegen.stitch import footprints, read_allocation, read_subgraph, subgraph_module
+from tvm_dsa.codegen.stitch import _runs, footprints, read_allocation, read_rows, read_subgraph, subgraph_module
 from tvm_dsa.relax_passes.offload import _boundary
 from tvm_dsa.schedule.graph import OpGraph
 from tvm_dsa.tir_passes import GB_SCOPE, LB_SCOPE, lower_kernel
@@ -54,11 +55,14 @@ def test_stitch_buffers_records_every_instances_tiles():
     assert len(attr["rows"]) == 4 and float(attr["recompute"]) == 1.0
     for L in sg.layers:
         fp = footprints(L)
-        rows = [list(attr["rows"][i][L.name]) for i in range(4)]
+        rows = [read_rows(attr["rows"][i][L.name]).tolist() for i in range(4)]
         assert sorted(r for rs in rows for r in rs) == list(range(len(fp.tiles)))
         for i, rs in enumerate(rows):  # the first tile loop walks the batch
             assert {fp.tiles[r][0] for r in rs} == {i}
     assert "dsa.instances" in mod.script()  # the decision prints with the module
+    # rows are kept as [start, stop) runs, in their order
+    rows = np.array([0, 1, 2, 5, 7, 8, 4])
+    assert _runs(rows) == [0, 3, 5, 6, 7, 9, 4, 5] and read_rows(_runs(rows)).tolist() == rows.tolist()
 
 
 def rounds_module():
