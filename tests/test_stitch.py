@@ -437,7 +437,9 @@ def test_rounds_and_other_cores_copied_give_what_emitting_them_gives(monkeypatch
     other cores copy calls on the first. At 128 x 384 a round finds the weight tile its
     predecessor left in the LB, which its model round did not: only the tile buffers' state tells
     them apart. At batch 24 (six samples a cluster) runs of rounds on different cores are joined
-    and copied. Written out, each kernel is the one emitting every tile gives: the same
+    and copied. Every layer holds a tile's stores back behind its core's next tile's loads, so a
+    round's copy also releases what its model round did. Written out, each kernel is the one
+    emitting every tile gives: the same
     instructions, every dependency emission's or a later instruction of its unit, the same
     simulated cycles; and the model computes what llvm does."""
     import importlib
@@ -467,6 +469,9 @@ def test_rounds_and_other_cores_copied_give_what_emitting_them_gives(monkeypatch
     monkeypatch.setattr(emit.KernelEmitter, "_copy_run", spy)
     assert seen
     for sub in seen:
+        # the layers hold each tile's stores back behind its core's next tile's loads
+        layers = stitch.read_subgraph(sub, HW)[0].layers
+        assert all(emit._store_split(L.ir.tile_loops()[-1].body, L.plan) for L in layers)
         emitted, _ = stitch.emit_stitched(sub, HW, replay=False)
         compact, _ = stitch.emit_stitched(sub, HW)
         (a,), (b,) = emitted.expanded().kernels, compact.expanded().kernels

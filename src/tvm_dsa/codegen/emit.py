@@ -41,6 +41,7 @@ from .kernel_ir import (
     align,
     plan_lb,
     read_kernel,
+    stages_of,
 )
 
 
@@ -763,12 +764,15 @@ class KernelEmitter:
             self.on_core[core] = None  # a later call of this layer re-enters: nothing carried over
 
     def _emit(self, layer: Layer, work, regions: dict, lb_base: int, placed=None, owners=None) -> bool:
-        """Emit ``layer``'s tiles, round by round (``_rounds``). While the layer is recorded (a
-        call of ``layer``: ``placed``, ``owners``), rounds whose tiles are earlier rounds' of the
-        call translated, the tile buffers in the same state translated, are recorded as a copy
-        of them (``_copy_run``) where the dependencies allow: of one of the last two rounds,
-        or of the whole run of rounds since the last emitted one (so a regular layer takes a
-        number of copies logarithmic in its rounds). False if a round was copied."""
+        """Emit ``layer``'s tiles, round by round (``_rounds``). A tile's trailing stores wait in
+        the core's DMA queue behind its next tile's leading loads (``_store_split``): the loads
+        then run while the tile's product and epilogue do, not after its stores. While the layer
+        is recorded (a call of ``layer``: ``placed``, ``owners``), rounds whose tiles are earlier
+        rounds' of the call translated, the tile buffers in the same state translated and the
+        same stores held back (``_held``), are recorded as a copy of them (``_copy_run``) where
+        the dependencies allow: of one of the last two rounds, or of the whole run of rounds
+        since the last emitted one (so a regular layer takes a number of copies logarithmic in
+        its rounds). False if a round was copied."""
         self.cur, self.regions, self.lb_base = layer, regions, lb_base
         self.views: dict = {}  # (id(access), aliased region) -> _view
         self.aliasable = _aliasable(layer.ir)
@@ -776,6 +780,9 @@ class KernelEmitter:
         self.env = [0] * layer.ir.slots
         tile_loops = layer.ir.tile_loops()
         body = tile_loops[-1].body
+        split = _store_split(body, layer.plan)
+        self.held: dict = {}  # core -> loop values of its last tile, whose stores are held back
+        held_of: dict = {}  # id(a record's _Call) -> ``_held`` of its run when it began
         recorded = self.rec is not None and placed is not None
         parts = _rounds(work) if recorded else [work]
         # records of rounds so far: (_Call, tile state before, after, rounds); the last run of
@@ -794,35 +801,92 @@ class KernelEmitter:
                 copy = None
                 for record in sources:
                     n = record[3]
-                    if i + n <= len(parts) and record[2] is not None:
-                        copy = self._copy_run(record, layer, [x for part in parts[i:i + n] for x in part], placed,
-                                              owners, ())
+                    run = [x for part in parts[i:i + n] for x in part]
+                    if i + n <= len(parts) and record[2] is not None and \
+                            _relative_held(held_of[id(record[0])], record[0].work) == \
+                            _relative_held(self._held(run), run):
+                        copy = self._copy_run(record, layer, run, placed, owners, ())
                         if copy:
                             break
                 if copy:
                     copy = (*copy, n)
+                    held_of[id(copy[0])] = self._held(run)
+                    if split:  # the copy held back the stores of each core's last tile in it
+                        self.held.update((core, values) for values, core in run)
                     if n == 1:
                         singles = singles[-1:] + [copy]
                     else:
                         runs[n] = copy
-                    span = _joined(span, copy) if span and span[0].stop == copy[0].start else copy
+                    if span and span[0].stop == copy[0].start:
+                        joined = _joined(span, copy)
+                        held_of[id(joined[0])] = {**held_of[id(copy[0])], **held_of[id(span[0])]}
+                        span = joined
+                    else:
+                        span = copy
                     literal, i = False, i + n
                     continue
                 outer, self.rec = self.rec, _Record(self.size)
                 start, first, state = self.size, len(self.instructions), self._tile_state(layer, parts[i])
+                held = self._held(parts[i])
             for values, core in parts[i]:
                 for lp, v in zip(tile_loops, values):
                     self.env[lp.slot] = v
-                self._nodes(body, core)
+                if split is None:
+                    self._nodes(body, core)
+                    continue
+                k, j = split
+                chunks = body[0] if isinstance(body[0], Loop) else None
+                if chunks is None:
+                    self._nodes(body[:k], core)
+                    self._release(core, tile_loops, body[j:])
+                    self._nodes(body[k:j], core)
+                else:  # the first chunk's loads lead
+                    self.env[chunks.slot] = 0
+                    self._nodes(chunks.body[:k], core)
+                    self._release(core, tile_loops, body[j:])
+                    self._nodes(chunks.body[k:], core)
+                    for v in range(1, chunks.extent):
+                        self.env[chunks.slot] = v
+                        self._nodes(chunks.body, core)
+                    self._nodes(body[1:j], core)
+                self.held[core] = values
             if recorded:
                 cores = frozenset(ins.core for ins in self.instructions[first:])
                 span = (self._recorded(self.rec, layer, placed, owners, start, first, cores, parts[i], ()),
                         *self._run_states(self.rec, state), 1)
+                held_of[id(span[0])] = held
                 singles = singles[-1:] + [span]
                 outer.add(self.rec)
                 self.rec = outer
             i += 1
+        if split:
+            for core in list(self.held):
+                self._release(core, tile_loops, body[split[1]:])
         return literal
+
+    def _release(self, core: int, tile_loops, stores) -> None:
+        """Emit the ``stores`` held back from ``core``'s last tile, if any."""
+        values = self.held.pop(core, None)
+        if values is None:
+            return
+        now = [self.env[lp.slot] for lp in tile_loops]
+        for lp, v in zip(tile_loops, values):
+            self.env[lp.slot] = v
+        self._nodes(stores, core)
+        for lp, v in zip(tile_loops, now):
+            self.env[lp.slot] = v
+
+    def _held(self, run) -> dict:
+        """Per core of ``run`` (tiles, cores), in order of first appearance: the loop values of
+        the tile whose stores it holds back as the run begins, less those of its first tile in
+        the run (None: it holds none). A copy of a run holds back and releases what the run did
+        only where these agree."""
+        out: dict = {}
+        for values, core in run:
+            if core not in out:
+                h = self.held.get(core)
+                out[core] = None if h is None else tuple(a - b for a, b in zip(h, values))
+        return out
 
     def _recorded(self, rec: _Record, layer: Layer, placed, owners, start: int, literal, cores, work, exact) -> _Call:
         """The ``_Call`` of the run recorded in ``rec`` from stream position ``start`` to here."""
@@ -1341,6 +1405,45 @@ def _relative(work) -> tuple:
     values = np.array([v for v, _ in work], dtype=np.int64)
     cores = np.array([c for _, c in work], dtype=np.int64)
     return values.shape, (values - values[0]).tobytes(), (cores - cores[0]).tobytes()
+
+
+def _store_split(body, plan) -> tuple[int, int] | None:
+    """(k, j) for a tile body whose tail ``body[j:]`` may wait until the core's next tile has
+    issued its leading loads — the first ``k`` stages of the body, or of its first chunk when it
+    begins with a chunk loop: a tail of stores out of the LB and strip loops that store, with
+    something before it, whose LB buffers share no bytes with what those loads write (``plan``'s
+    places). None for another body."""
+    def load(n):
+        return isinstance(n, Stage) and n.op == "dma" and n.dst.lb
+
+    def stores(n):
+        if isinstance(n, Stage):
+            return n.op == "dma" and not n.dst.lb
+        return n.kind == "strip" and any(st.op == "dma" and not st.dst.lb for st in stages_of(n.body))
+
+    first = body[0].body if body and isinstance(body[0], Loop) and body[0].kind == "chunk" else body
+    k = 0
+    while k < len(first) and load(first[k]):
+        k += 1
+    j = len(body)
+    while j > 1 and stores(body[j - 1]):
+        j -= 1
+    if not k or j == len(body) or (first is body and j <= k):
+        return None
+
+    def places(names):
+        return [(o, o + plan.buffers[b].nbytes) for b in names for o in plan.buffers[b].slots]
+
+    loaded = places({st.dst.buffer for st in first[:k]})
+    held = places({acc.buffer for st in stages_of(body[j:]) for acc in (st.dst, *st.reads()) if acc.lb})
+    if any(lo < hi2 and lo2 < hi for lo, hi in loaded for lo2, hi2 in held):
+        return None
+    return k, j
+
+
+def _relative_held(held: dict, work) -> dict:
+    """``KernelEmitter._held`` of a run, its cores counted from the run's first."""
+    return {core - work[0][1]: v for core, v in held.items()}
 
 
 def _rounds(work) -> list:
