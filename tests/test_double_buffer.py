@@ -228,7 +228,7 @@ def test_a_tiles_stores_wait_behind_its_next_tiles_first_loads(conv_task, monkey
     lowered = _lowered(conv_task, TilePlan((1, 16, 1, 16), 8), True)
     kernel = read_kernel(lowered)
     (chunks,) = chunk_loops(kernel)
-    first, _ = emit._store_split(kernel.tile_loops()[-1].body, plan_lb(kernel, HW))  # loads of a chunk
+    _, first, _ = emit._store_split(kernel.tile_loops()[-1].body, plan_lb(kernel, HW))  # loads of a chunk
     streams, cycles = {}, {}
     for held in (True, False):
         if not held:

@@ -439,9 +439,8 @@ def test_rounds_and_other_cores_copied_give_what_emitting_them_gives(monkeypatch
     them apart. At batch 24 (six samples a cluster) runs of rounds on different cores are joined
     and copied. Every layer holds a tile's stores back behind its core's next tile's loads, so a
     round's copy also releases what its model round did. Written out, each kernel is the one
-    emitting every tile gives: the same
-    instructions, every dependency emission's or a later instruction of its unit, the same
-    simulated cycles; and the model computes what llvm does."""
+    emitting every tile gives: the same instructions, every dependency emission's or a later
+    instruction of its unit, the same simulated cycles; and the model computes what llvm does."""
     import importlib
 
     from tvm_dsa.codegen import emit

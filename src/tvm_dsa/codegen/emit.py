@@ -834,8 +834,7 @@ class KernelEmitter:
                 if split is None:
                     self._nodes(body, core)
                     continue
-                k, j = split
-                chunks = body[0] if isinstance(body[0], Loop) else None
+                chunks, k, j = split
                 if chunks is None:
                     self._nodes(body[:k], core)
                     self._release(core, tile_loops, body[j:])
@@ -861,7 +860,7 @@ class KernelEmitter:
             i += 1
         if split:
             for core in list(self.held):
-                self._release(core, tile_loops, body[split[1]:])
+                self._release(core, tile_loops, body[split[2]:])
         return literal
 
     def _release(self, core: int, tile_loops, stores) -> None:
@@ -1407,10 +1406,10 @@ def _relative(work) -> tuple:
     return values.shape, (values - values[0]).tobytes(), (cores - cores[0]).tobytes()
 
 
-def _store_split(body, plan) -> tuple[int, int] | None:
-    """(k, j) for a tile body whose tail ``body[j:]`` may wait until the core's next tile has
-    issued its leading loads — the first ``k`` stages of the body, or of its first chunk when it
-    begins with a chunk loop: a tail of stores out of the LB and strip loops that store, with
+def _store_split(body, plan) -> tuple | None:
+    """(chunks, k, j) for a tile body whose tail ``body[j:]`` may wait until the core's next tile
+    has issued its leading loads — the first ``k`` stages of the body, or of its first chunk when
+    it begins with a chunk loop (``chunks``, else None): a tail of stores out of the LB and strip loops that store, with
     something before it, whose LB buffers share no bytes with what those loads write (``plan``'s
     places). None for another body."""
     def load(n):
@@ -1421,14 +1420,15 @@ def _store_split(body, plan) -> tuple[int, int] | None:
             return n.op == "dma" and not n.dst.lb
         return n.kind == "strip" and any(st.op == "dma" and not st.dst.lb for st in stages_of(n.body))
 
-    first = body[0].body if body and isinstance(body[0], Loop) and body[0].kind == "chunk" else body
+    chunks = body[0] if body and isinstance(body[0], Loop) and body[0].kind == "chunk" else None
+    first = chunks.body if chunks else body
     k = 0
     while k < len(first) and load(first[k]):
         k += 1
     j = len(body)
     while j > 1 and stores(body[j - 1]):
         j -= 1
-    if not k or j == len(body) or (first is body and j <= k):
+    if not k or j == len(body) or (chunks is None and j <= k):
         return None
 
     def places(names):
@@ -1438,7 +1438,7 @@ def _store_split(body, plan) -> tuple[int, int] | None:
     held = places({acc.buffer for st in stages_of(body[j:]) for acc in (st.dst, *st.reads()) if acc.lb})
     if any(lo < hi2 and lo2 < hi for lo, hi in loaded for lo2, hi2 in held):
         return None
-    return k, j
+    return chunks, k, j
 
 
 def _relative_held(held: dict, work) -> dict:
