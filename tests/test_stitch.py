@@ -427,17 +427,20 @@ def test_a_flip_in_a_sub_graph_is_refused_for_its_negative_stride(rng):
     assert np.abs(out - ref).max() / np.abs(ref).max() < 5e-3  # the conv in fp16 on the DSA
 
 
-@pytest.mark.parametrize("batch, rows, hidden, rounds_run", [(8, 256, 512, True), (8, 128, 384, False),
-                                                             (24, 16, 512, True)])
+@pytest.mark.parametrize("batch, rows, hidden, rounds_run, swaps", [(8, 256, 512, True, True),
+                                                                    (8, 128, 384, False, False),
+                                                                    (24, 16, 512, True, False)])
 def test_rounds_and_other_cores_copied_give_what_emitting_them_gives(monkeypatch, rng, batch, rows, hidden,
-                                                                     rounds_run):
+                                                                     rounds_run, swaps):
     """A two-matmul MLP with a residual, batch x rows x 256 -> hidden -> 256: its layers run many
     rounds of tiles on several clusters. Rounds that repeat earlier rounds translated are copies
     (at 256 x 512 also whole runs of rounds: the run since the last emitted round), and calls on
     other cores copy calls on the first. At 128 x 384 a round finds the weight tile its
     predecessor left in the LB, which its model round did not: only the tile buffers' state tells
     them apart. At batch 24 (six samples a cluster) runs of rounds on different cores are joined
-    and copied. Every layer holds a tile's stores back behind its core's next tile's loads, so a
+    and copied. At 256 x 512 a round is also copied from one whose double-buffered tile buffers
+    were in each other's copies (an odd number of tiles before): the copy trades the two copies'
+    places (``_copy_run``'s swap). Every layer holds a tile's stores back behind its core's next tile's loads, so a
     round's copy also releases what its model round did. Written out, each kernel is the one
     emitting every tile gives: the same instructions, every dependency emission's or a later
     instruction of its unit, the same simulated cycles; and the model computes what llvm does."""
@@ -457,7 +460,8 @@ def test_rounds_and_other_cores_copied_give_what_emitting_them_gives(monkeypatch
     ref = _llvm(mod, args)
     assert np.abs(out - ref).max() / np.abs(ref).max() < 5e-3
     runs = []  # per copy: (rounds copied, cores moved)
-    copy_run = emit.KernelEmitter._copy_run
+    swapped = []  # per copy: whether its tile buffers' two copies trade places
+    copy_run, as_copy = emit.KernelEmitter._copy_run, emit.KernelEmitter._as_copy
 
     def spy(self, record, layer, work, *a):
         made = copy_run(self, record, layer, work, *a)
@@ -465,7 +469,14 @@ def test_rounds_and_other_cores_copied_give_what_emitting_them_gives(monkeypatch
             runs.append((record[3], work[0][1] - record[0].work[0][1]))
         return made
 
+    def spy_swap(self, *a):
+        made = as_copy(self, *a)
+        if made:
+            swapped.append(bool(a[-1]))
+        return made
+
     monkeypatch.setattr(emit.KernelEmitter, "_copy_run", spy)
+    monkeypatch.setattr(emit.KernelEmitter, "_as_copy", spy_swap)
     assert seen
     for sub in seen:
         # the layers hold each tile's stores back behind its core's next tile's loads
@@ -485,6 +496,7 @@ def test_rounds_and_other_cores_copied_give_what_emitting_them_gives(monkeypatch
             assert all(latest.get(unit[d], -1) >= d for d in x.deps)
         assert simulate(compact, mode="timing").report.cycles == simulate(emitted, mode="timing").report.cycles
     assert any(moved for _, moved in runs) and any(n > 1 for n, _ in runs) == rounds_run
+    assert any(swapped) == swaps
 
 
 def test_a_copy_waits_for_what_emission_would_unit_for_unit():

@@ -573,7 +573,8 @@ class KernelEmitter:
                 out[p] = found
         return out
 
-    def _as_copy(self, call: _Call, layer: Layer, work, placed: dict, owners: dict | None, exact) -> _Call | None:
+    def _as_copy(self, call: _Call, layer: Layer, work, placed: dict, owners: dict | None, exact,
+                 swap: dict | None = None) -> _Call | None:
         """Record ``layer`` as a copy of ``call`` (``isa.Replica``) if the copy waits for all
         that emitting the layer would wait for: ``call``'s tiles translate to ``layer``'s
         (``_translation``); every object ``call`` touched maps to one the layer touches (its
@@ -582,10 +583,11 @@ class KernelEmitter:
         ``call``'s end state, moved. None if not."""
         if owners is None or call.owners is None:
             return None
-        moved = self._translation(call, layer, work, placed)
+        moved = self._translation(call, layer, work, placed, swap)
         if moved is None:
             return None
         cores, moves, shifts = moved
+        swap = swap or {}
         keys: dict = {}
         for p, key in call.owners.items():
             if keys.setdefault(key, owners[p]) != owners[p]:
@@ -600,7 +602,8 @@ class KernelEmitter:
                     continue
                 if key[0] not in ("lb", "scratch") or key[2] != old:
                     return None
-                keys[key] = (key[0], key[1] + cores, new, *key[3:])
+                keys[key] = (key[0], key[1] + cores, new, *key[3:-1], swap.get(key[-1], key[-1])) \
+                    if key[0] == "lb" else (key[0], key[1] + cores, new)
         if len(set(keys.values())) != len(keys):
             return None
         clusters = (call.work[0][1] + cores) // self.hw.cores_per_cluster - call.work[0][1] // self.hw.cores_per_cluster
@@ -662,13 +665,14 @@ class KernelEmitter:
         n = len(self._pieces_of(target))
         return (_PIECE, target, j + moved) if not rest and 0 <= j + moved < n else None
 
-    def _translation(self, call: _Call, layer: Layer, work, placed: dict):
+    def _translation(self, call: _Call, layer: Layer, work, placed: dict, swap: dict | None = None):
         """(cores moved, (mem, index) -> sorted [(lo, hi, to_index, shift)]: where each byte range
         of ``call``'s regions goes, param -> how far its accesses move in its region, per dim)
         taking ``call``'s instructions to ``layer``'s over ``work``, the same tiles and cores
         translated (``_signature``): each region in the memory of the moved cores, the offset of
         an access in it moved by how far the access moves (``KernelIR.moves``) less how far the
-        region's box does. (That the moved tiles stay in their regions is what planning the
+        region's box does; each tile buffer copy at an offset ``swap`` lists to the offset it
+        gives. (That the moved tiles stay in their regions is what planning the
         regions made sure of.) None where that does not hold or two ranges in one place would
         move differently."""
         (v0, c0), (v1, c1) = call.work[0], work[0]
@@ -696,6 +700,9 @@ class KernelEmitter:
             by = b.base - a.base + isa.DTYPES[a.dtype] * sum(
                 (m - o) * st for m, o, st in zip(moved, box, _row_major(a.extents)))
             moves.setdefault((a.mem, a.index), []).append((a.base, a.base + a.nbytes, to, by))
+        for c in dict.fromkeys(c for _, c in call.work) if swap else ():
+            for s, t in swap.items():  # the two copies of a double-buffered place trade places
+                moves.setdefault(("lb", c), []).append((self.lb_base + s, self.lb_base + s + abs(t - s), c + cores, t - s))
         for ranges in moves.values():
             ranges.sort()
             if any(y[0] < x[1] and y[2:] != x[2:] for x, y in itertools.pairwise(ranges)):
@@ -922,8 +929,11 @@ class KernelEmitter:
         """Record ``layer``'s tiles ``work`` (a call of it, or rounds of one) as a copy of an
         earlier run of it (``record``: its ``_Call``, tile state before and after, rounds) when
         the tiles and cores are the run's translated, the tile buffers now in the run's state
-        before it translated alike (the same slots; contents and aliases in the regions that
-        took the run's regions' place) and ``_as_copy`` agrees. The tile buffers then take the
+        before it translated alike (the same slots, or the other copy of each double-buffered
+        place where lifetimes started an odd number of times since: the copy trades the two
+        copies' places, so the rounds after a layer's first two are copies from the fourth on,
+        not the fifth; contents and aliases in the regions that took the run's regions' place)
+        and ``_as_copy`` agrees. The tile buffers then take the
         run's state after it, translated (or, after a replayed run, whose state was not kept,
         are entered anew by the next call), and (the copy's ``_Call``, tile state before and
         after) is returned. None if not."""
@@ -943,7 +953,7 @@ class KernelEmitter:
                 return value
             if part == _PLACE:
                 slot, origin = value
-                return slot, origin if origin is None else _plus(origin, moved.get(buffer))
+                return swap.get(slot, slot), origin if origin is None else _plus(origin, moved.get(buffer))
             if part == _ALIAS:
                 return regions.get(value, value)
             if isinstance(value, _Miss):
@@ -951,12 +961,18 @@ class KernelEmitter:
             return value[0], regions.get(value[1], value[1]), tuple(_plus(value[2], moved.get(value[0])))
 
         now = self._tile_state(layer, work)
+        swap: dict = {}  # offset of a tile buffer's copy in the run -> of the one it is now
+        for (core, b), state in before.items():
+            slots = layer.plan.buffers[b].slots
+            odd = (now[(core + cores, b)][0] - state[0]) % len(slots)  # lifetimes started since
+            for s, t in zip(slots, slots[::-1] if odd else slots):
+                if swap.setdefault(s, t) != t:
+                    return None  # buffers sharing a place, out of step
+        swap = {s: t for s, t in swap.items() if s != t}
         moved_before = {}
         for (core, b), state in before.items():
             key = (core + cores, b)
             cur = now[key]
-            if (cur[0] - state[0]) % len(layer.plan.buffers[b].slots):
-                return None
             need = [cur[0], _FREE, _FREE, _FREE]
             for part in (_PLACE, _CONTENT, _ALIAS):
                 if state[part] is not _FREE:
@@ -964,7 +980,7 @@ class KernelEmitter:
                     if (cur[part] == value.content) if isinstance(value, _Miss) else cur[part] != value:
                         return None
             moved_before[key] = tuple(need)
-        copy = self._as_copy(call, layer, work, placed, owners, exact)
+        copy = self._as_copy(call, layer, work, placed, owners, exact, swap)
         if copy is None:
             return None
         moved_after = None
