@@ -672,9 +672,9 @@ class KernelEmitter:
         translated (``_signature``): each region in the memory of the moved cores, the offset of
         an access in it moved by how far the access moves (``KernelIR.moves``) less how far the
         region's box does; each tile buffer copy at an offset ``swap`` lists to the offset it
-        gives. (That the moved tiles stay in their regions is what planning the
-        regions made sure of.) None where that does not hold or two ranges in one place would
-        move differently."""
+        gives. (That the moved tiles stay in their regions is what planning the regions made
+        sure of.) None where that does not hold or two ranges in one place would move
+        differently."""
         (v0, c0), (v1, c1) = call.work[0], work[0]
         cores, cpc = c1 - c0, self.hw.cores_per_cluster
         clusters = {(c + cores) // cpc - c // cpc for _, c in call.work}
@@ -931,12 +931,12 @@ class KernelEmitter:
         the tiles and cores are the run's translated, the tile buffers now in the run's state
         before it translated alike (the same slots, or the other copy of each double-buffered
         place where lifetimes started an odd number of times since: the copy trades the two
-        copies' places, so the rounds after a layer's first two are copies from the fourth on,
-        not the fifth; contents and aliases in the regions that took the run's regions' place)
-        and ``_as_copy`` agrees. The tile buffers then take the
-        run's state after it, translated (or, after a replayed run, whose state was not kept,
-        are entered anew by the next call), and (the copy's ``_Call``, tile state before and
-        after) is returned. None if not."""
+        copies' places, so a layer's rounds are copies from the fourth on, not the fifth;
+        contents and aliases in the regions that took the run's regions' place) and
+        ``_as_copy`` agrees. The tile buffers then take the run's state after it, translated
+        (or, after a replayed run, whose state was not kept, are entered anew by the next
+        call), and (the copy's ``_Call``, tile state before and after) is returned. None if
+        not."""
         call, before, after, _ = record
         if len(call.work) != len(work) or call.shape != _relative(work):
             return None
