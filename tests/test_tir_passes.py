@@ -9,9 +9,10 @@ import tvm
 from tvm import relax
 
 from tvm_dsa import hardware, isa
-from tvm_dsa.codegen.emit import build_program, deal
+from tvm_dsa.codegen.emit import Layer, build_program, deal
 from tvm_dsa.codegen.specialize import timing_cycles
 from tvm_dsa.codegen.kernel_ir import CodegenError, plan_lb, read_kernel
+from tvm_dsa.codegen.stitch import footprints
 from tvm_dsa.runtime import simulate
 from tvm_dsa.runtime.cost import ddr_effective_bytes
 from tvm_dsa.tir_passes import (
@@ -318,13 +319,13 @@ def test_loads_count_each_tiles_bursts_and_a_weight_tile_kept_in_the_lb():
     sample, weights, fp16 = 16 * 4 * 4, 32 * 16, 2
     assert sample * fp16 % HW.ddr_burst_bytes == 0 and weights * fp16 % HW.ddr_burst_bytes == 0
     whole = lower_with_plan(func, TilePlan((1, 32, 4, 4), 16))
-    assert loads(whole, HW) == ((64 * sample + 32 * weights) * fp16, 64 + 32)
+    assert loads(whole, HW) == ((64 * sample + 32 * weights) * fp16, 64 + 32, 0)
     # two chunks of 8 channels: the LB ends with the second, so every tile loads its weights;
     # a chunk's weights are 32 runs of 8 channels (16 bytes), each a whole burst
     chunked = lower_with_plan(func, TilePlan((1, 32, 4, 4), 8))
     per_chunk = sample // 2 * fp16 + 32 * HW.ddr_burst_bytes
-    assert loads(chunked, HW) == (64 * 2 * per_chunk, 64 * 2 * 2)
-    nbytes, transfers = loads(chunked, HW)
+    assert loads(chunked, HW) == (64 * 2 * per_chunk, 64 * 2 * 2, 0)
+    nbytes, transfers, _ = loads(chunked, HW)
     cores = HW.clusters * HW.cores_per_cluster
     assert load_cycles(chunked, HW) == nbytes / HW.ddr_bytes_per_cycle + transfers * HW.dma_latency_cycles / cores
 
@@ -347,7 +348,8 @@ def test_loads_are_the_ddr_loads_of_the_program_its_tiles_dealt_as_build_program
         program = build_program(lowered, HW, "mm")
         ddr[plan] = [i for i in program.expanded().kernels[0].instructions
                      if isinstance(i, isa.Dma) and i.src.mem == "ddr" and i.dst.mem == "lb"]
-        assert loads(lowered, HW) == (sum(ddr_effective_bytes(i.src, i.shape, HW) for i in ddr[plan]), len(ddr[plan]))
+        ddr_bytes = sum(ddr_effective_bytes(i.src, i.shape, HW) for i in ddr[plan])
+        assert loads(lowered, HW) == (ddr_bytes, len(ddr[plan]), 0)
         cycles[plan] = timing_cycles(program)
     whole, chunked = cycles
     assert sum(i.shape == (256, 64) for i in ddr[whole]) == 8 * 8 * 16  # every tile's weights
@@ -368,6 +370,40 @@ def test_a_contraction_keeps_the_order_of_plans_that_loads_faster():
         f, p = _fitting(func, info, list(candidate_plans(info, HW.mme.rows, HW.mme.cols, reuse)), HW, None, True)
         cycles[p] = load_cycles(f, HW)
     assert len(cycles) == 2 and plan == min(cycles, key=cycles.get)
+
+
+def test_weights_on_chip_keep_the_output_channels_whole_and_the_input_read_once(rng):
+    """A 1 x 1 convolution 512 -> 128 at 28 x 28, as the first layer of a stitched kernel: its
+    input from DDR, its weights from the GB (``on_chip``). The two default orders tile 32 output
+    channels, so every input element is loaded four times; ``keep_n`` keeps the 128 channels
+    whole, and ranked with the weights' bytes at the GBs' bandwidth it loads fewer cycles: it is
+    lowered, each input element loaded once. Without ``on_chip`` the plan is the default one.
+    The lowered kernel computes what llvm does."""
+    op = relax.op
+    func = fused_kernel(lambda: relax_graph([(2, 512, 28, 28), (128, 512, 1, 1)],
+                                            lambda x, w: op.nn.relu(op.nn.conv2d(x, w))))
+    info = anchor_info(func)
+    n = info.roles.index("N")
+    default, plan = lower_kernel(func, HW)
+    lowered, kept = lower_kernel(func, HW, on_chip=frozenset({1}))
+    assert plan.tiles[n] < 128 and kept.tiles[n] == 128
+    cycles = {}
+    for reuse, keep_n in ((False, False), (True, False), (True, True)):
+        plans = list(candidate_plans(info, HW.mme.rows, HW.mme.cols, reuse, keep_n))
+        f, p = _fitting(func, info, plans, HW, None, True)
+        cycles[p] = load_cycles(f, HW, None, frozenset({1}))
+    assert kept == min(cycles, key=cycles.get)
+
+    def input_reads(low):  # elements of the input the tiles' boxes cover, over all tiles
+        fp = footprints(Layer.of(low, HW, "k"))
+        lo, hi = fp.reads[read_kernel(low).params[0][0]]
+        return int(np.prod(hi - lo, axis=1).sum())
+    elements = 2 * 512 * 28 * 28
+    assert input_reads(lowered) == elements and input_reads(default) == 128 // plan.tiles[n] * elements
+    args = random_args(func, rng)
+    ref = run_llvm(func, args)
+    out = simulate(build_program(lowered, HW, "k"), args[:-1]).outputs[0]
+    np.testing.assert_allclose(out, ref, rtol=2e-2, atol=2e-2 * np.abs(ref).max())
 
 
 def test_a_prime_reduction_takes_rows_of_one_not_chunks_of_one(rng):

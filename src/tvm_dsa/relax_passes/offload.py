@@ -109,19 +109,25 @@ def offload(mod: tvm.IRModule, hw: Hardware, schedule: str = "layerwise", run_id
             in_part[name] = _lower(mod[name], hw, stitch.lb_budget(hw), name in on_vector)
         return in_part[name]
 
-    overlapped: dict = {}  # (PrimFunc name, LB budget) -> lowered for stitched kernels
+    overlapped: dict = {}  # (PrimFunc name, LB budget, inputs on chip) -> lowered for stitched kernels
 
-    def for_stitch(name, part: bool):
+    def for_stitch(name, part: bool, on_chip: frozenset):
         """A stitched kernel's layer, tiled to the LB share left to tiles (``part``) or the whole
-        LB; a contraction that loads from the GB with its chunk loads overlapping the MME
-        (``lower_kernel``'s ``overlap``; from DDR, as layerwise loads, a smaller chunk costs
-        bursts)."""
+        LB, its plans ranked with the inputs at positions ``on_chip`` read from the GB (where the
+        kernel keeps its intermediates and promotes its weights: ``lower_kernel``); a contraction
+        that loads from the GB with its chunk loads overlapping the MME (``overlap``; from DDR, as
+        layerwise loads, a smaller chunk costs bursts)."""
         low, budget = tiled_in_part(name) if part else lowered[name]
-        if (name, budget) not in overlapped:
-            keep = (not stitch.gb or name in on_vector or (name in result.tuned and not part)
+        on_chip = on_chip if stitch.gb else frozenset()
+        if (name, budget, on_chip) not in overlapped:
+            record = name in result.tuned and not part
+            if on_chip and not record:
+                low = lower_kernel(mod[name], hw, budget, vector=name in on_vector, on_chip=on_chip)[0]
+            keep = (not stitch.gb or name in on_vector or record
                     or not kernel_macs(mod[name]) or plan_lb(read_kernel(low), hw, budget).double_buffered)
-            overlapped[name, budget] = (low if keep else lower_kernel(mod[name], hw, budget, overlap=True)[0], budget)
-        return overlapped[name, budget]
+            overlapped[name, budget, on_chip] = (
+                low if keep else lower_kernel(mod[name], hw, budget, overlap=True, on_chip=on_chip)[0], budget)
+        return overlapped[name, budget, on_chip]
     specs = schedules.get(schedule)(mod, hw, set(lowered), options)
     node_of = {n.name: n for n in graph.nodes}
     kernels = []  # (spec, program text, input exprs, output vars)
@@ -211,15 +217,22 @@ def _boundary(nodes, graph) -> tuple[list[str], list[str]]:
 
 def _stitched(spec, nodes, graph, layer, hw, stitch) -> tuple:
     """(Program, StitchInfo) of a stitched kernel: its sub-graph module through the §4 passes;
-    ``layer(PrimFunc name, part)``: the layer lowered for it, within the LB share the options
-    leave to tiles if ``part``."""
+    ``layer(PrimFunc name, part, on_chip)``: the layer lowered for it, within the LB share the
+    options leave to tiles if ``part``, reading the inputs at the positions ``on_chip`` from the
+    GB (those the sub-graph computes and its weights; the others come from DDR)."""
+    inputs, _ = _boundary(nodes, graph)
+
+    def lowered(part: bool) -> dict:
+        return {n.name: layer(n.func, part, frozenset(i for i, t in enumerate(n.inputs)
+                                                      if t not in inputs or graph.tensors[t].constant))
+                for n in nodes}
     bind = tvm.transform.Sequential([StitchBuffers(hw), BindCores(hw)])
-    sub = bind(_subgraph(spec, nodes, graph, {n.func: layer(n.func, False) for n in nodes}))
+    sub = bind(_subgraph(spec, nodes, graph, lowered(False)))
     # the LB level (Fig. 15's "L1") pays only where Algorithm 4 gives every instance one
     # core (it keeps the intermediates in that core's LB); elsewhere the tiles keep the LB
     lb = stitch.lb_keep > 0 and all(len(c) == 1 for c in sub.attrs["dsa.cores"])
     if lb:
-        sub = bind(_subgraph(spec, nodes, graph, {n.func: layer(n.func, True) for n in nodes}))
+        sub = bind(_subgraph(spec, nodes, graph, lowered(True)))
     later = stitch_passes(hw, stitch.order, stitch.spill, stitch.gb, stitch.prefetch, lb).passes[2:]
     sub = tvm.transform.Sequential(list(later))(sub)  # the passes after BindCores
     return emit_stitched(sub, hw)
@@ -253,10 +266,10 @@ def _renamed(program, info, names: dict, name: str) -> tuple:
 
 def _subgraph(spec, nodes, graph, lowered) -> tvm.IRModule:
     """The sub-graph module of ``spec`` for kernel generation, its layers from ``lowered``
-    (PrimFunc name -> (lowered PrimFunc, LB budget))."""
+    (call-site name -> (lowered PrimFunc, LB budget))."""
     inputs, outputs = _boundary(nodes, graph)
     tensors = {t: (graph.tensors[t].shape, graph.tensors[t].dtype) for n in nodes for t in (*n.inputs, n.output)}
-    layers = [(n.name, lowered[n.func][0], (*n.inputs, n.output), lowered[n.func][1]) for n in nodes]
+    layers = [(n.name, lowered[n.name][0], (*n.inputs, n.output), lowered[n.name][1]) for n in nodes]
     weights = frozenset(t for t in inputs if graph.tensors[t].constant)
     split_loop, groups = spec.split if spec.split else (0, 1 << 30)
     return subgraph_module(spec.name, layers, inputs, outputs, tensors, weights, split_loop, groups)

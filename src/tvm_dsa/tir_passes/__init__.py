@@ -66,7 +66,7 @@ def lower_with_plan(func, plan: TilePlan):
 
 
 def lower_kernel(func, hw, lb_bytes: int | None = None, parallel: bool = True, simplify: bool = True,
-                 whole_rows: bool = False, vector: bool = False, overlap: bool = False):
+                 whole_rows: bool = False, vector: bool = False, overlap: bool = False, on_chip=frozenset()):
     """Lower ``func`` with the largest tiling whose working set fits ``hw``'s LB (its first
     ``lb_bytes`` if given) and — unless ``parallel`` is False — that gives the cluster's cores a
     tile each where the kernel has that many. Returns (lowered, plan). With ``whole_rows`` no
@@ -87,7 +87,8 @@ def lower_kernel(func, hw, lb_bytes: int | None = None, parallel: bool = True, s
     second copy takes a smaller chunk that does, where that is faster (``_loads_overlapped``):
     for the layers of stitched kernels, which load from the GB; from DDR the narrower rows of a
     smaller chunk waste bursts (ViT's fc2 alone at batch 8: 3.30M cycles with chunks of 32, 5.49M
-    with 16, double-buffered)."""
+    with 16, double-buffered). ``on_chip``: positions of the parameters a stitched kernel's layer
+    reads from the GB (``load_cycles``), which also tries ``candidate_plans``' ``keep_n`` order."""
     info = anchor_info(func, simplify)
     alignments = (False, True) if simplify and info.align != anchor_info(func, False).align else (None,)
     if vector and not unit_choice(info, hw):
@@ -96,7 +97,7 @@ def lower_kernel(func, hw, lb_bytes: int | None = None, parallel: bool = True, s
     for aligned in alignments:
         try:
             lowerings.append(_lower_aligned(func, hw, lb_bytes, parallel, simplify, aligned, vector, whole_rows,
-                                            overlap))
+                                            overlap, on_chip))
         except Unsupported as err:
             error = err
     if not lowerings:
@@ -122,38 +123,42 @@ def _tiles(info, plan: TilePlan) -> int:
 
 
 def _lower_aligned(func, hw, lb_bytes: int | None, parallel: bool, simplify: bool, aligned: bool | None = None,
-                   vector: bool = False, whole_rows: bool = False, overlap: bool = False):
+                   vector: bool = False, whole_rows: bool = False, overlap: bool = False, on_chip=frozenset()):
     """``lower_kernel`` with one alignment: of the simplified indices or of the indices as they are
     (``aligned``, by default ``simplify``); the simplified kernel is lowered if ``simplify``; the
     contraction on the vector units if ``vector``.
 
     Candidate plans shrink monotonically, so both conditions are found by search (the first plan
     that fits from the first within ``working_set_floor`` of the LB, probing forwards). A
-    contraction tries both orders of ``candidate_plans`` and keeps the plan whose tiles take fewer
-    DMA cycles to load (``load_cycles``)."""
+    contraction tries both orders of ``candidate_plans`` (and ``keep_n`` where some of its inputs
+    are ``on_chip``) and keeps the plan whose tiles take fewer DMA cycles to load
+    (``load_cycles``)."""
     info = anchor_info(func, simplify if aligned is None else aligned)
     if simplify:
         func = simplify_indices(func)
-    orders = (False, True) if "N" in info.roles else (False,)
+    orders = ((False, False), (True, False)) + (((True, True),) if on_chip else ()) if "N" in info.roles \
+        else ((False, False),)
     chosen = []
-    for reuse in orders:
+    for reuse, keep_n in orders:
         try:
-            plans = [replace(p, vector=vector) for p in candidate_plans(info, hw.mme.rows, hw.mme.cols, reuse)]
+            plans = [replace(p, vector=vector) for p in candidate_plans(info, hw.mme.rows, hw.mme.cols, reuse, keep_n)]
             chosen.append(_fitting(func, info, _rows_whole(info, plans) if whole_rows else plans, hw, lb_bytes,
                                    parallel, whole_rows))
         except Unsupported:
-            if reuse == orders[-1] and not chosen:
+            if (reuse, keep_n) == orders[-1] and not chosen:
                 raise
-    lowered, plan = chosen[0] if len(chosen) == 1 else min(chosen, key=lambda c: load_cycles(c[0], hw, lb_bytes))
+    lowered, plan = chosen[0] if len(chosen) == 1 else \
+        min(chosen, key=lambda c: load_cycles(c[0], hw, lb_bytes, on_chip))
     return _loads_overlapped(func, info, plan, lowered, hw, lb_bytes) if overlap else (lowered, plan)
 
 
-def loads(lowered, hw, lb_bytes: int | None = None) -> tuple[int, int]:
-    """DDR bytes and transfers of a lowered kernel's reads from outside the LB, its inputs in DDR
-    (as layerwise has them): every load of every tile (one per chunk) in whole bursts of its
-    contiguous runs (``runtime.cost.ddr_effective_bytes``), except where the tile before it on
-    the same core (tiles dealt as ``codegen.emit.deal`` deals them) read the same box and the
-    kernel has no chunk loop, so the LB still holds it (a weight tile)."""
+def loads(lowered, hw, lb_bytes: int | None = None, on_chip=frozenset()) -> tuple[int, int, int]:
+    """DDR bytes, transfers and GB bytes of a lowered kernel's reads from outside the LB, its
+    inputs in DDR (as layerwise has them) but those at the positions ``on_chip``, in the GB:
+    every load of every tile (one per chunk), from DDR in whole bursts of its contiguous runs
+    (``runtime.cost.ddr_effective_bytes``), except where the tile before it on the same core
+    (tiles dealt as ``codegen.emit.deal`` deals them) read the same box and the kernel has no
+    chunk loop, so the LB still holds it (a weight tile)."""
     import numpy as np
 
     from .. import isa
@@ -176,24 +181,30 @@ def loads(lowered, hw, lb_bytes: int | None = None) -> tuple[int, int]:
         for name, (lo, hi) in fp.reads.items():
             lo, hi = lo[order], hi[order]
             kept[name] = int((after & np.all(lo[1:] == lo[:-1], axis=1) & np.all(hi[1:] == hi[:-1], axis=1)).sum())
-    nbytes = transfers = 0
+    position = {name: i for i, (name, *_) in enumerate(layer.ir.params)}
+    nbytes = transfers = gb = 0
     for name, shape, count in fp.loads:
         strides = tuple(math.prod(shapes[name][d + 1:]) for d in range(len(shapes[name])))
         n = (tiles - kept[name]) * count
-        nbytes += n * ddr_effective_bytes(isa.Operand("ddr", 0, 0, hw.storage_dtype, strides), shape, hw)
+        if position[name] in on_chip:
+            gb += n * math.prod(shape) * hw.storage_bytes
+        else:
+            nbytes += n * ddr_effective_bytes(isa.Operand("ddr", 0, 0, hw.storage_dtype, strides), shape, hw)
         transfers += n
-    return nbytes, transfers
+    return nbytes, transfers, gb
 
 
-def load_cycles(lowered, hw, lb_bytes: int | None = None) -> float:
+def load_cycles(lowered, hw, lb_bytes: int | None = None, on_chip=frozenset()) -> float:
     """Cycles of a lowered kernel's ``loads``, all cores loading at once: the DDR's time for
-    their bytes, plus each core's transfer set-ups. Whole bursts make a strided box costly (a
+    their DDR bytes and the clusters' GBs' for their GB bytes (``on_chip``), plus each core's
+    transfer set-ups. Whole bursts make a strided box costly (a
     column of a row-major tensor, a burst per element) and set-ups make one-deep reduction
     chunks costly: ViT's probs x V (a reduction of 197, prime) had tiles of 197 rows and chunks
     of one, 26 times the cycles of rows of one beside the whole reduction."""
-    nbytes, transfers = loads(lowered, hw, lb_bytes)
+    nbytes, transfers, gb = loads(lowered, hw, lb_bytes, on_chip)
     cores = hw.clusters * hw.cores_per_cluster
-    return nbytes / hw.ddr_bytes_per_cycle + transfers * hw.dma_latency_cycles / cores
+    return (nbytes / hw.ddr_bytes_per_cycle + gb / (hw.gb_bytes_per_cycle * hw.clusters)
+            + transfers * hw.dma_latency_cycles / cores)
 
 
 def _rows_whole(info, plans: list[TilePlan]) -> list[TilePlan]:
