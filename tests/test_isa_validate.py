@@ -10,7 +10,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from tvm_dsa.isa import Dma, Fill, Kernel, Mme, Operand, Program, ProgramError, Reduce, Replica, TensorArg, Vector, validate
+from tvm_dsa.isa import (Dma, Fill, Kernel, LayerMark, Mme, Operand, Program, ProgramError, Reduce, Replica, TensorArg,
+                         Vector, validate)
 from tvm_dsa.runtime import simulate
 
 PRESETS = Path(__file__).resolve().parents[1] / "src" / "tvm_dsa" / "hardware" / "presets"
@@ -289,11 +290,19 @@ def test_a_malformed_replica_is_refused(replicas, message):
         Program.deserialize(_replicated(*replicas).serialize())
 
 
-def test_programs_that_share_instructions_serialize_as_each_alone():
-    """``serialize(encoded)`` encodes a kernel's instructions once per tuple for programs that
-    share them (sub-graphs of one form), and gives each the text it gives alone."""
-    a = _replicated(Replica(0, 3, 3, 8, (("ddr", 0, 0, 128, 0, 128), ("ddr", 0, 4096, 4224, 0, 128))))
-    b = replace(a, name="other", kernels=(replace(a.kernels[0], name="other"),))
-    encoded: dict = {}
-    assert a.serialize(encoded) == a.serialize() and b.serialize(encoded) == b.serialize() and len(encoded) == 1
-    assert Program.deserialize(b.serialize(encoded)).kernels[0].name == "other"
+def test_a_renamed_program_renames_its_args_and_layers_and_keeps_the_rest():
+    """``renamed``: what a sub-graph of the same form runs (``host.execute`` with a call's
+    ``info.names``): the program, its kernels, the args and layer marks ``names`` lists get the
+    new names, everything else is the program it was, instructions and replicas the same tuples."""
+    base = _replicated(Replica(0, 3, 3, 8, (("ddr", 0, 0, 128, 0, 128), ("ddr", 0, 4096, 4224, 0, 128))))
+    args = (TensorArg("x", "input", (64,), "float16", "float32", 0), TensorArg("y", "output", (64,), "float16", "float32", 4096))
+    layers = (LayerMark(0, "conv", (64,)), LayerMark(1, "add", (64,)))
+    a = replace(base, args=args, kernels=(replace(base.kernels[0], layers=layers),))
+    b = Program.deserialize(a.serialize()).renamed("other", {"x": "x2", "add": "add2", "unused": "z"})
+    assert b.name == "other" and [k.name for k in b.kernels] == ["other"]
+    assert [t.name for t in b.args] == ["x2", "y"] and [m.name for m in b.kernels[0].layers] == ["conv", "add2"]
+    assert b.args[0] == replace(args[0], name="x2") and b.kernels[0].layers[1] == replace(layers[1], name="add2")
+    assert b.kernels[0].instructions == a.expanded().kernels[0].instructions
+    c = a.renamed("t", {})
+    assert c == replace(a, kernels=(replace(a.kernels[0], name="t"),)) and c.kernels[0].layers == layers
+    assert c.kernels[0].instructions is a.kernels[0].instructions and c.kernels[0].replicas is a.kernels[0].replicas

@@ -2,11 +2,13 @@
 whole sub-graphs on the simulator against llvm."""
 
 import dataclasses
+import json
 import math
 
 import numpy as np
 import pytest
 import tvm
+import tvm_ffi
 from test_tir_passes import fuse, relax_graph
 from tvm import relax
 
@@ -22,7 +24,7 @@ from tvm_dsa.codegen.stitch import (
     footprints,
     plan_instances,
 )
-from tvm_dsa.relax_passes.offload import StitchOptions
+from tvm_dsa.relax_passes.offload import EXECUTE, StitchOptions
 from tvm_dsa.runtime import simulate
 from tvm_dsa.schedule.graph import OpGraph
 from tvm_dsa.tir_passes import lower_kernel
@@ -540,7 +542,9 @@ def test_sub_graphs_of_one_form_share_one_program(monkeypatch, rng):
     graph) are three stitched kernels of one form: the same PrimFuncs over tensors of the same
     shapes, wired alike. The first is generated; the other two get its program under their own
     tensor, layer and kernel names, which is the program generating them gives, and the model
-    computes what llvm does."""
+    computes what llvm does. The three calls carry one program text; the later two's info names
+    what its args and layers are called there, and what they run (``host.execute``) is the
+    renamed program."""
     import importlib
 
     offload = importlib.import_module("tvm_dsa.relax_passes.offload")
@@ -571,6 +575,19 @@ def test_sub_graphs_of_one_form_share_one_program(monkeypatch, rng):
         own, own_info = stitched(spec, nodes, graph, *rest)
         assert program.name == spec.name and {a.name for a in program.args} >= {n.output for n in nodes[-1:]}
         assert (program, info) == (own, own_info) and program.kernels[0].layers == own.kernels[0].layers
+    specs, programs, calls = [spec for spec, _, _ in forms], [p for p, _ in renamed], []  # compiling again adds more
+    with tvm.target.Target("dsa/stcp920"):
+        lowered = tvm_dsa.pipeline("graphturbo")(mod)
+    tvm_ffi.structural_walk(lowered["main"].body, [(relax.Call, lambda c: calls.append(c)
+                                                    if isinstance(c.op, relax.ExternFunc) else None)])
+    dsa = {json.loads(c.args[1].value)["kernel"]: c for c in calls if str(c.op.global_symbol) == EXECUTE}
+    assert len({dsa[spec.name].args[0].value for spec in specs}) == 1
+    assert "names" not in json.loads(dsa[specs[0].name].args[1].value)
+    ran = {run.name: run.program for run in tvm_dsa.last_kernel_runs()}
+    for spec, program in zip(specs[1:], programs):
+        names = json.loads(dsa[spec.name].args[1].value)["names"]
+        assert names and all(a != b for a, b in names.items())
+        assert ran[spec.name] == program.expanded() and ran[spec.name].kernels[0].layers == program.kernels[0].layers
 
 
 def test_clusters_copy_the_first_clusters_instructions(monkeypatch):

@@ -3,7 +3,8 @@
 Each call runs one kernel's program on the simulator (numerics and time) and writes the outputs
 into the VM's tensors (``execute``; ``execute_shaped`` first builds the program of a kernel with
 symbolic dims for the call's shapes, once per shape). Calls of one model run are gathered into one report: a run starts at the
-call whose ``info.index`` is 0. Programs are parsed once and cached by their text.
+call whose ``info.index`` is 0. Programs are parsed once and cached by their text; a call's
+``info.names`` renames its program's args and layers (sub-graphs of one form share one text).
 """
 
 from __future__ import annotations
@@ -58,8 +59,18 @@ def _program(text: str) -> Program:
     return Program.deserialize(text)
 
 
+@lru_cache(maxsize=4096)
+def _named(text: str, name: str, names: str) -> Program:
+    """The program of ``text`` under the names of a sub-graph of the same form as the one it was
+    made for (``names``: the JSON of its arg and layer names -> the call's)."""
+    return _program(text).renamed(name, json.loads(names))
+
+
 def execute(program_text, info_text, *tensors) -> None:
-    _run(_program(str(program_text)), json.loads(str(info_text)), tensors)
+    info = json.loads(str(info_text))
+    names = info.get("names")
+    program = _program(str(program_text)) if names is None else _named(str(program_text), info["kernel"], json.dumps(names))
+    _run(program, info, tensors)
 
 
 def execute_shaped(kernel_text, info_text, *args) -> None:

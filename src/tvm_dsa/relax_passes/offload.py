@@ -130,10 +130,9 @@ def offload(mod: tvm.IRModule, hw: Hardware, schedule: str = "layerwise", run_id
         return overlapped[name, budget, on_chip]
     specs = schedules.get(schedule)(mod, hw, set(lowered), options)
     node_of = {n.name: n for n in graph.nodes}
-    kernels = []  # (spec, program text, input exprs, output vars)
+    kernels = []  # (spec, program text, input exprs, output vars, names the call renames the program's by)
     programs: dict = {}  # PrimFunc name -> program text of its one-layer kernel
-    generated: dict = {}  # a stitched sub-graph's form (``_form``) -> (names, program, info) of the first
-    encoded: dict = {}  # their instructions' JSON (``Program.serialize``)
+    generated: dict = {}  # a stitched sub-graph's form (``_form``) -> (names, program, info, text) of the first
     specs = list(specs)
     while specs:
         spec = specs.pop(0)
@@ -143,7 +142,8 @@ def offload(mod: tvm.IRModule, hw: Hardware, schedule: str = "layerwise", run_id
             lowered_tree = build_tree_program(tk, hw)
             result.dsa.append(spec.name)
             result.trees[spec.name] = (spec.plan, lowered_tree)
-            kernels.append((spec, lowered_tree.program.serialize(), [graph.tensors[t] for t in tk.inputs], list(tk.outputs)))
+            kernels.append((spec, lowered_tree.program.serialize(), [graph.tensors[t] for t in tk.inputs], list(tk.outputs),
+                            {}))
             continue
         if not spec.stitched:
             (node,) = nodes
@@ -155,11 +155,13 @@ def offload(mod: tvm.IRModule, hw: Hardware, schedule: str = "layerwise", run_id
                     result.host[node.func] = str(err)
                     continue
             inputs = [graph.tensors[t] for t in node.inputs]
-            kernels.append((spec, programs[node.func], inputs, [node.output]))
+            kernels.append((spec, programs[node.func], inputs, [node.output], {}))
             continue
         form, names = _form(spec, nodes, graph)
         if form in generated:  # like an earlier sub-graph (the next transformer block): its program
-            first, program, info = generated[form]
+            first, program, info, text = generated[form]
+            used = {a.name for a in program.args} | {m.name for k in program.kernels for m in k.layers}
+            renames = {a: b for a, b in zip(first, names) if a in used and a != b}
             program, info = _renamed(program, info, dict(zip(first, names)), spec.name)
         else:
             try:
@@ -170,11 +172,12 @@ def offload(mod: tvm.IRModule, hw: Hardware, schedule: str = "layerwise", run_id
                 result.unstitched[spec.name] = str(err)
                 specs[:0] = [KernelSpec(n.func, (n.name,)) for n in nodes]
                 continue
-            generated[form] = (names, program, info)
+            text, renames = program.serialize(), {}
+            generated[form] = (names, program, info, text)
         result.dsa.append(spec.name)
         result.stitched[spec.name] = info
-        kernels.append((spec, program.serialize(encoded), [graph.tensors[a.name] for a in program.args if a.role == "input"],
-                        [a.name for a in program.args if a.role == "output"]))
+        kernels.append((spec, text, [graph.tensors[a.name] for a in program.args if a.role == "input"],
+                        [a.name for a in program.args if a.role == "output"], renames))
     on_dsa = {c for spec, *_ in kernels for c in spec.calls}
     for node in graph.nodes:
         macs = kernel_macs(mod[node.func])
@@ -262,11 +265,7 @@ def _form(spec, nodes, graph) -> tuple:
 def _renamed(program, info, names: dict, name: str) -> tuple:
     """``program`` and ``info`` made for a sub-graph of the same form, named after another one
     (``names``: its tensor and layer names -> the other's; ``name``: the other kernel's)."""
-    kernels = tuple(replace(k, name=name, layers=tuple(replace(m, name=names.get(m.name, m.name)) for m in k.layers))
-                    for k in program.kernels)
-    program = replace(program, name=name, args=tuple(replace(a, name=names[a.name]) for a in program.args),
-                      kernels=kernels)
-    return program, replace(info, spilled=tuple((kind, names[t], owner) for kind, t, owner in info.spilled))
+    return program.renamed(name, names), replace(info, spilled=tuple((kind, names[t], owner) for kind, t, owner in info.spilled))
 
 
 def _subgraph(spec, nodes, graph, lowered) -> tvm.IRModule:
@@ -334,8 +333,12 @@ def _rewrite(mod, kernels, graph, run_id):
 
 
 def _kernel_bindings(kernel, index, count, block, graph, run_id):
-    spec, text, inputs, outputs = kernel
-    info = json.dumps({"run": run_id, "kernel": spec.name, "index": index, "count": count})
+    """The bindings of one DSA call. Sub-graphs of one form share the first's program text, and
+    their call's info names what the program's args and layers are called here (``names``, read by
+    ``host.execute``): one text to compress, embed and parse for a model's repeated blocks."""
+    spec, text, inputs, outputs, renames = kernel
+    info = json.dumps({"run": run_id, "kernel": spec.name, "index": index, "count": count,
+                       **({"names": renames} if renames else {})})
     args = [tvm.ir.StringImm(text), tvm.ir.StringImm(info), *(t.expr for t in inputs)]
     out_vars = [graph.tensors[t].expr for t in outputs]
     types = [v.ty for v in out_vars]
