@@ -40,3 +40,30 @@ def test_tiny_model_on_dsa(name, schedule):
         from tvm_dsa.codegen.stitch import RECOMPUTE_LIMIT
 
         assert on_mme <= report.macs <= RECOMPUTE_LIMIT * on_mme
+
+
+@pytest.mark.parametrize("schedule", ["layerwise", "graphturbo"])
+def test_vit_with_197_tokens_runs_in_overlapping_tiles(schedule, monkeypatch):
+    """ViT at 224 x 224 in patches of 16 has 197 tokens, a prime: layerwise, its kernels over the
+    tokens are tiled in parts that overlap at the end (``ClampTiles``); graphturbo's stitched
+    layers keep tiles that divide. Both compute what llvm does."""
+    from tvm_dsa import tir_passes
+    from tvm_dsa.models.transformer import vit
+
+    clamped, clamp = [], tir_passes.clamp_tiles
+
+    def spy(func):
+        out = clamp(func)
+        if out is not func:
+            clamped.append(out)
+        return out
+
+    monkeypatch.setattr(tir_passes, "clamp_tiles", spy)
+    model = vit(batch=2, image=224, patch=16, layers=1, hidden=64, heads=4, mlp=256, num_classes=10)
+    args = [tvm.runtime.tensor(v) for v in example_inputs(model).values()]
+    mod = rx_onnx.from_onnx(model, keep_params_in_input=False)
+    ref = _first(relax.VirtualMachine(tvm.compile(mod, target="llvm"), tvm.cpu())["main"](*args))
+    ex = tvm.compile(mod, target="dsa/stcp920", relax_pipeline=tvm_dsa.pipeline(schedule))
+    out = _first(relax.VirtualMachine(ex, tvm.cpu())["main"](*args))
+    assert bool(clamped) == (schedule == "layerwise")
+    assert np.abs(out - ref).max() / np.abs(ref).max() < 5e-3

@@ -6,6 +6,7 @@ import math
 import numpy as np
 import pytest
 import tvm
+import tvm_ffi
 from tvm import relax
 
 from tvm_dsa import hardware, isa
@@ -19,6 +20,7 @@ from tvm_dsa.tir_passes import (
     LB_SCOPE, AssignScopes, LowerToDSA, TileForLB, TilePlan, _fitting, anchor_info, candidate_plans, chunk_cycles,
     load_cycles, loads, lower_kernel, lower_with_plan, working_set_floor,
 )
+from tvm_dsa.tir_passes.tile import clampable, smaller_tile
 
 
 def fuse(mod):
@@ -410,19 +412,21 @@ def test_a_prime_reduction_takes_rows_of_one_not_chunks_of_one(rng):
     """probs x V of an attention over 197 tokens (prime): a tile holds 197 rows or one, a chunk
     the whole reduction or one step. With one-deep chunks each step's column of probs is 197
     bursts and a transfer of its own; rows of one beside the whole reduction load contiguous
-    rows. ``load_cycles`` ranks the two as the simulator does."""
+    rows. ``load_cycles`` ranks the two as the simulator does. (In tiles that divide, as a
+    stitched kernel's layer is lowered: ``clamp=False``.)"""
     op = relax.op
     func = fused_kernel(lambda: relax_graph([(1, 2, 197, 197), (1, 2, 197, 64)], lambda p, v: op.matmul(p, v)))
     info = anchor_info(func)
     plans = {}
     for reuse in (False, True):
-        f, p = _fitting(func, info, list(candidate_plans(info, HW.mme.rows, HW.mme.cols, reuse)), HW, None, True)
+        candidates = list(candidate_plans(info, HW.mme.rows, HW.mme.cols, reuse, clamp=False))
+        f, p = _fitting(func, info, candidates, HW, None, True)
         plans[p] = (load_cycles(f, HW), timing_cycles(build_program(f, HW, "k")))
     assert {p.chunk for p in plans} == {1, 197}
     rows, steps = sorted(plans, key=lambda p: -p.chunk)
     assert rows.tiles[2] == 1 and steps.tiles[2] == 197
     assert plans[rows][0] < plans[steps][0] and plans[rows][1] < plans[steps][1]
-    lowered, plan = lower_kernel(func, HW)
+    lowered, plan = lower_kernel(func, HW, clamp=False)
     assert plan == rows
     args = random_args(func, rng)
     ref = run_llvm(func, args)
@@ -507,13 +511,14 @@ def test_overlap_takes_the_largest_divisor_of_the_chunk_whose_loads_fit_twice(rn
     for the MME. ``overlap`` keeps its tiles and takes the largest divisor of the chunk (at least
     the PE array's rows) whose loads fit twice, as ``chunk_cycles`` finds it faster: the loads of
     a chunk at the core's share of the GB's bandwidth beside the product instead of before it. The
-    result computes what llvm computes."""
+    result computes what llvm computes. (In tiles that divide, as a stitched kernel's layer is
+    lowered: ``clamp=False``.)"""
     op = relax.op
     func = fused_kernel(lambda: relax_graph([(1, 197, 768), (768, 768), (768,), (1, 197, 768)],
                                             lambda x, w, b, r: op.add(op.add(op.matmul(x, w), b), r)))
-    low, plan = lower_kernel(func, HW)
+    low, plan = lower_kernel(func, HW, clamp=False)
     assert plan.chunk is not None and not plan_lb(read_kernel(low), HW).double_buffered
-    over, chosen = lower_kernel(func, HW, overlap=True)
+    over, chosen = lower_kernel(func, HW, overlap=True, clamp=False)
     assert chosen.tiles == plan.tiles
     lb = plan_lb(read_kernel(over), HW)
     assert lb.double_buffered and lb.total_bytes <= HW.lb_bytes
@@ -555,3 +560,66 @@ def test_a_bare_contraction_writes_its_tile_back_once_after_the_chunk_loop(rng):
     run = simulate(program, args[:-1])
     np.testing.assert_allclose(run.outputs[0], ref, rtol=1e-2, atol=5e-3 * np.abs(ref).max())
     assert run.report.ddr_write == 64 * 96 * 2  # the output once, in fp16
+
+
+def _matmul_197():
+    """(2, 197, 64) x (64, 96) + bias, ReLU: ViT's 197 tokens (prime) as M."""
+    op = relax.op
+    return fused_kernel(lambda: relax_graph([(2, 197, 64), (64, 96), (96,)],
+                                            lambda x, w, b: op.nn.relu(op.add(op.matmul(x, w), b))))
+
+
+def test_a_prime_extent_is_tiled_in_parts_that_overlap_at_the_end():
+    """197 rows have no divisor but 1: the candidate tiles of the M loop are ⌈197 / k⌉ (99, 66,
+    50, ...), and ``ClampTiles`` moves the last tile back to end at row 197 (origins 0, 66, 131
+    for 66), so every tile has the one shape and no predicate is left. Tiles moved along N
+    translate (their rounds can be copies), along the clamped M they do not."""
+    hw = hardware.get("stcp920")
+    func = _matmul_197()
+    info = anchor_info(func)
+    assert smaller_tile(197, 197, True) == 99 and smaller_tile(197, 99, True) == 66
+    assert clampable(info, hw.mme.rows) == {1}  # not the batch loop, not N
+    tiles_m = {p.tiles[1] for p in candidate_plans(info, hw.mme.rows, hw.mme.cols)}
+    assert {99, 66, 50} <= tiles_m and all(t == 197 or math.ceil(197 / math.ceil(197 / t)) == t for t in tiles_m)
+    lowered = lower_with_plan(func, TilePlan((1, 66, 32), 32))
+    predicates = []
+    tvm_ffi.structural_walk(lowered.body, [(tvm.s_tir.stmt.SBlockRealize, lambda r: predicates.append(r.predicate))])
+    assert all(isinstance(p, tvm.tirx.IntImm) and p.value for p in predicates)
+    ir = read_kernel(lowered)
+    m_slot = ir.tile_loops()[1].slot
+    assert ir.clamped == {m_slot} and [lp.extent for lp in ir.tile_loops()] == [2, 3, 3]
+    lo, hi = footprints(Layer.of(lowered, hw, "m")).write
+    rows = sorted({(int(a[1]), int(b[1])) for a, b in zip(lo, hi)})
+    assert rows == [(0, 66), (66, 132), (131, 197)]  # [low, high) of each tile's rows
+    assert ir.moves({ir.tile_loops()[2].slot: 1}) is not None and ir.moves({m_slot: 1}) is None
+
+
+def test_overlapping_tiles_compute_what_numpy_does(rng):
+    """The rows two tiles share are written twice with the same values, the second write
+    ordered after the first (every dependency checked), for the default plan and a hand-picked
+    one."""
+    hw = hardware.get("stcp920")
+    func = _matmul_197()
+    x = rng.standard_normal((2, 197, 64)).astype("float32")
+    w = (rng.standard_normal((64, 96)) / 8).astype("float32")
+    b = rng.standard_normal(96).astype("float32")
+    ref = np.maximum(x @ w + b, 0)
+    lowered, plan = lower_kernel(func, hw)
+    assert 197 % plan.tiles[1]
+    for low in (lowered, lower_with_plan(func, TilePlan((1, 66, 32), 32))):
+        out = simulate(build_program(low, hw, "m"), [x, w, b], mode="functional").outputs[0]
+        assert np.abs(out - ref).max() / np.abs(ref).max() < 2e-3
+
+
+def test_a_vit_sized_matmul_is_faster_in_overlapping_tiles():
+    """ViT's projection (197 x 768 x 768, batch 2): its M tile was 197 whole, which left room for
+    24 output columns (the input loaded again for every 24); in overlapping tiles of fewer rows
+    the default plan takes fewer cycles."""
+    hw = hardware.get("stcp920")
+    op = relax.op
+    func = fused_kernel(lambda: relax_graph([(2, 197, 768), (768, 768), (768,)],
+                                            lambda x, w, b: op.nn.relu(op.add(op.matmul(x, w), b))))
+    lowered, plan = lower_kernel(func, hw)
+    whole = lower_with_plan(func, TilePlan((1, 197, 24), 32))
+    assert 197 % plan.tiles[1] and plan.tiles[2] > 24
+    assert timing_cycles(build_program(lowered, hw, "m")) < timing_cycles(build_program(whole, hw, "m"))

@@ -511,6 +511,8 @@ class KernelEmitter:
         """Emit ``layer``'s tiles: ``work`` is a list of (tile loop values, core); ``regions``
         maps each parameter's tensor to where it lives for these tiles."""
         self._mark(layer.name, layer.ir.params[-1][1])
+        if layer.ir.clamped:
+            self._written_twice(regions.get(layer.args.get(layer.ir.params[-1][0])))
         sig = self._signature(layer, work, regions, lb_base)
         if sig is None:
             return self._emit(layer, work, regions, lb_base)
@@ -542,6 +544,21 @@ class KernelEmitter:
         # a replay reads no tile state and leaves none behind: it holds for the state it began with
         self.calls.setdefault(sig, []).append((call, state, None, 1) if source else (call, *self._run_states(rec, state), 1))
         self.rec = None
+
+    def _written_twice(self, target) -> None:
+        """The objects holding ``target``, the output of a layer whose tiles overlap
+        (``ClampTiles``), are no longer written once per element: a write of them waits for the
+        other units' writes (the overlapping rows hold the same values; the order is for the
+        dependency checks)."""
+        regions = target.cells.values() if isinstance(target, Pieces) else [target] if target else []
+        for r in regions:
+            space = self.spaces.get((r.mem, r.index))
+            key = space and space.whole_owner(r.base, r.base + r.nbytes)
+            if key is None:
+                raise CodegenError(f"{r.mem}[{r.index}] offset {r.base}: the output of overlapping tiles "
+                                   "is not one object")
+            for k in self._pieces_of(key):
+                self.deps.ssa.discard(k)
 
     def _signature(self, layer: Layer, work, regions: dict, lb_base: int):
         """(what emitting ``layer`` depends on up to translating its tiles and cores and moving its

@@ -31,10 +31,11 @@ from ..tir_passes.analysis import (
     linear_form,
     reduction_update,
     strip_cast,
+    uses_var,
 )
 from ..tir_passes.scopes import LB_SCOPE
 from ..tir_passes.strip import STRIP
-from ..tir_passes.tile import DOUBLE_BUFFER
+from ..tir_passes.tile import CLAMP, DOUBLE_BUFFER
 
 SBlockRealize = tvm.s_tir.stmt.SBlockRealize
 ALIGN = 64
@@ -57,8 +58,8 @@ class Access:
     const: tuple[int, ...]
     outer: tuple[tuple[tuple[int, int], ...], ...]  # per dim: (slot, coeff) pairs
     inner: tuple[tuple[int, ...], ...]  # per dim: coeff per stage loop
-    # per dim: None, or a function of the slot values for an outer part that is not linear
-    # (e.g. ``tile // 2`` when a reshape splits a dimension inside a tile loop)
+    # per dim: None, or a ``SlotFunction`` of the slot values for an outer part that is not
+    # linear (e.g. ``tile // 2`` when a reshape splits a dimension inside a tile loop)
     outer_fn: tuple = ()
 
     def point(self, env: list[int], start=None) -> list[int]:
@@ -202,6 +203,7 @@ class KernelIR:
     slots: int
     params: tuple  # (name, shape, dtype) of the PrimFunc parameters
     double_buffer: bool | None = None  # the schedule's decision (``dsa.double_buffer``); None: if it fits
+    clamped: frozenset = frozenset()  # tile-loop slots whose last tile overlaps the one before (``ClampTiles``)
 
     def stages(self) -> list[Stage]:
         return stages_of([self.root])
@@ -210,8 +212,8 @@ class KernelIR:
         """Per buffer, the vector its accesses' indices move by when the tile-loop slots move by
         ``shift`` (slot -> change): the same for every access of the buffer. None where the tiles
         would not be the same tiles moved: an access differs between its buffer's accesses or is
-        not linear in the moved slots, or a guard, a select's bound or a folded zero-init depends
-        on them."""
+        not linear in the moved slots (a clamped tile's origin), or a guard, a select's bound or a
+        folded zero-init depends on them."""
         memo = self._moving_terms[2]
         key = tuple(sorted(shift.items()))
         if key not in memo:
@@ -222,8 +224,8 @@ class KernelIR:
         terms, fixed, _ = self._moving_terms
         out = {}
         for buffer, forms in terms.items():
-            moved = {None if form is None else tuple(sum(c * shift.get(slot, 0) for slot, c in dim) for dim in form)
-                     for form in forms}
+            moved = {None if bent & shift.keys() else
+                     tuple(sum(c * shift.get(slot, 0) for slot, c in dim) for dim in form) for form, bent in forms}
             if len(moved) != 1 or None in moved:
                 return None
             out[buffer] = moved.pop()
@@ -233,14 +235,14 @@ class KernelIR:
 
     @functools.cached_property
     def _moving_terms(self):
-        """(buffer -> set of its accesses' outer terms, None for one not linear; the outer terms
-        of every bound and of every folded zero-init's slots; a memo of ``moves``)."""
+        """(buffer -> set of its accesses' (outer terms, slots of their non-linear terms); the
+        outer terms of every bound and of every folded zero-init's slots; a memo of ``moves``)."""
         terms: dict = {}
         fixed = []
 
         def note(acc: Access):
-            linear = not any(f is not None for f in acc.outer_fn)
-            terms.setdefault(acc.buffer, set()).add(acc.outer if linear else None)
+            bent = frozenset().union(*(f.slots for f in acc.outer_fn if f is not None))
+            terms.setdefault(acc.buffer, set()).add((acc.outer, bent))
 
         def walk(v):
             if isinstance(v, Select):
@@ -278,6 +280,7 @@ class _Reader:
     def __init__(self):
         self.slot_of: dict = {}  # loop Var -> slot
         self.extent_of: dict = {}  # loop Var -> extent
+        self.clamped: set = set()  # slots of clamped tile loops
 
     def loops(self, stmt) -> list:
         if isinstance(stmt, tirx.SeqStmt):
@@ -288,6 +291,8 @@ class _Reader:
             slot = len(self.slot_of)
             self.slot_of[stmt.loop_var] = slot
             self.extent_of[stmt.loop_var] = _int(stmt.extent)
+            if CLAMP in stmt.annotations:
+                self.clamped.add(slot)
             return [Loop(slot, _int(stmt.extent), str(stmt.annotations["dsa.loop"]), tuple(self.loops(stmt.body)))]
         inner = []
         while isinstance(stmt, tirx.For):
@@ -436,7 +441,7 @@ def _split_form(reader: _Reader, expr, realize, inner, position):
     row, outer = [0] * len(inner), []
 
     def walk(e, sign):
-        if not any(_uses(e, v) for v in position):
+        if not any(uses_var(e, v) for v in position):
             outer.append((sign, e))
         elif isinstance(e, tvm.ir.Var) and e in position:
             row[position[e]] += sign
@@ -452,14 +457,23 @@ def _split_form(reader: _Reader, expr, realize, inner, position):
 
     walk(expr, 1)
     source = " + ".join(f"({sign}) * ({_py(e, reader.slot_of)})" for sign, e in outer) or "0"
-    return 0, (), tuple(row), eval(f"lambda env: {source}")  # noqa: S307 - generated from TIR
+    slots = frozenset(reader.slot_of[v] for _, e in outer for v in reader.slot_of if uses_var(e, v))
+    return 0, (), tuple(row), SlotFunction(eval(f"lambda env: {source}"), slots)  # noqa: S307 - from TIR
 
 
+@dataclass(frozen=True, eq=False)
+class SlotFunction:
+    """A non-linear index term of the tile loops (``tile // 2`` of a reshape, a clamped tile's
+    ``min(tile * T, E - T)``): ``fn(env)`` on slot values (or arrays of them), and the slots it
+    reads (``KernelIR.moves``: tiles moved along other slots still translate)."""
 
-def _uses(e, var) -> bool:
-    hit = []
-    tvm_ffi.structural_walk(e, [(tvm.ir.Var, lambda v: hit.append(v) if v.same_as(var) else None)])
-    return bool(hit)
+    fn: object
+    slots: frozenset
+
+    def __call__(self, env):
+        value = self.fn(env)
+        return int(value) if isinstance(value, np.integer) else value  # np.minimum of two ints
+
 
 
 def _py(e, slot_of) -> str:
@@ -537,7 +551,7 @@ def _read_kernel(stmt, func_params) -> KernelIR:
     if len(nodes) != 1 or not isinstance(nodes[0], Loop) or nodes[0].kind != "tile":
         raise CodegenError("a lowered kernel is one nest of tile loops")
     params = tuple((str(p.name), tuple(int(s) for s in p.shape), str(p.dtype)) for p in func_params)
-    return KernelIR(fold_zero_init(nodes[0]), len(reader.slot_of), params, double)
+    return KernelIR(fold_zero_init(nodes[0]), len(reader.slot_of), params, double, frozenset(reader.clamped))
 
 
 def fold_zero_init(loop: Loop) -> Loop:

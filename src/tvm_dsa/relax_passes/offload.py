@@ -97,8 +97,8 @@ def offload(mod: tvm.IRModule, hw: Hardware, schedule: str = "layerwise", run_id
             if record is not None:
                 lowered[name] = (record, None)
                 result.tuned.append(name)
-            else:
-                lowered[name] = _lower(func, hw, budget)
+            else:  # tiles overlap in layerwise kernels only (``lower_kernel``'s ``clamp``)
+                lowered[name] = _lower(func, hw, budget, clamp=schedule == "layerwise")
         except Unsupported as err:
             result.host[name] = str(err)
     on_vector = {name for name, (func, _) in lowered.items() if on_vector_units(func)}  # contraction not on the MME
@@ -106,7 +106,7 @@ def offload(mod: tvm.IRModule, hw: Hardware, schedule: str = "layerwise", run_id
 
     def tiled_in_part(name):  # on the unit the whole-LB lowering took
         if name not in in_part:
-            in_part[name] = _lower(mod[name], hw, stitch.lb_budget(hw), name in on_vector)
+            in_part[name] = _lower(mod[name], hw, stitch.lb_budget(hw), name in on_vector, clamp=False)
         return in_part[name]
 
     overlapped: dict = {}  # (PrimFunc name, LB budget, inputs on chip) -> lowered for stitched kernels
@@ -116,17 +116,20 @@ def offload(mod: tvm.IRModule, hw: Hardware, schedule: str = "layerwise", run_id
         LB, its plans ranked with the inputs at positions ``on_chip`` read from the GB (where the
         kernel keeps its intermediates and promotes its weights: ``lower_kernel``); a contraction
         that loads from the GB with its chunk loads overlapping the MME (``overlap``; from DDR, as
-        layerwise loads, a smaller chunk costs bursts)."""
+        layerwise loads, a smaller chunk costs bursts); in tiles that divide its loops (no
+        ``clamp``: the instances of ``StitchBuffers`` would take an overlap for a halo and compute
+        both tiles, ViT-B/16's MLP kernel twice its MACs)."""
         low, budget = tiled_in_part(name) if part else lowered[name]
         on_chip = on_chip if stitch.gb else frozenset()
         if (name, budget, on_chip) not in overlapped:
             record = name in result.tuned and not part
             if on_chip and not record:
-                low = lower_kernel(mod[name], hw, budget, vector=name in on_vector, on_chip=on_chip)[0]
+                low = lower_kernel(mod[name], hw, budget, vector=name in on_vector, on_chip=on_chip, clamp=False)[0]
             keep = (not stitch.gb or name in on_vector or record
                     or not kernel_macs(mod[name]) or plan_lb(read_kernel(low), hw, budget).double_buffered)
             overlapped[name, budget, on_chip] = (
-                low if keep else lower_kernel(mod[name], hw, budget, overlap=True, on_chip=on_chip)[0], budget)
+                low if keep else lower_kernel(mod[name], hw, budget, overlap=True, on_chip=on_chip, clamp=False)[0],
+                budget)
         return overlapped[name, budget, on_chip]
     specs = schedules.get(schedule)(mod, hw, set(lowered), options)
     node_of = {n.name: n for n in graph.nodes}
@@ -191,16 +194,17 @@ def offload(mod: tvm.IRModule, hw: Hardware, schedule: str = "layerwise", run_id
     return _rewrite(mod, kernels, graph, run_id), result
 
 
-def _lower(func, hw, lb_bytes, vector: bool = False):
+def _lower(func, hw, lb_bytes, vector: bool = False, clamp: bool = True):
     """(lowered PrimFunc, LB budget it was tiled to): within ``lb_bytes`` where it fits (graphturbo
     leaves the rest of the LB to stitched intermediates), else within the whole LB; the
-    contraction on the unit ``vector`` says (``lower_kernel``)."""
+    contraction on the unit ``vector`` says, tiles overlapping where ``clamp`` lets them
+    (``lower_kernel``)."""
     if lb_bytes is not None:
         try:
-            return lower_kernel(func, hw, lb_bytes, vector=vector)[0], lb_bytes
+            return lower_kernel(func, hw, lb_bytes, vector=vector, clamp=clamp)[0], lb_bytes
         except Unsupported:
             pass
-    return lower_kernel(func, hw, vector=vector)[0], None
+    return lower_kernel(func, hw, vector=vector, clamp=clamp)[0], None
 
 
 def _boundary(nodes, graph) -> tuple[list[str], list[str]]:

@@ -4,6 +4,7 @@
     AssignScopes DDR / LB storage scopes, LB copies of compute operands      (scopes.py)
     StripEpilogue  a contraction's epilogue in strips of the tile's rows        (strip.py)
     LowerToDSA   mark each stage as one DSA operation                         (lower.py)
+    ClampTiles   a tile that does not divide its extent: the last one moved back (clamp.py)
 
 and the passes that make a stitched kernel of a sub-graph's lowered layers (seed 000 §4:
 StitchBuffers, BindCores, AssignMemoryScopes, OrderInstances, CrossLayerSchedule, AllocateBuffers;
@@ -20,6 +21,7 @@ import tvm
 from tvm import s_tir
 
 from .analysis import Unsupported, classify
+from .clamp import clamp_tiles
 from .lower import lower_to_dsa
 from .scopes import GB_SCOPE, LB_SCOPE, assign_scopes
 from .strip import STRIP, strip_epilogue
@@ -53,20 +55,25 @@ def LowerToDSA():  # noqa: N802
     return _as_pass("dsa.LowerToDSA", lambda f: lower_to_dsa(s_tir.Schedule(f)).mod["main"])
 
 
+def ClampTiles():  # noqa: N802
+    return _as_pass("dsa.ClampTiles", clamp_tiles)
+
+
 @functools.lru_cache(maxsize=1024)
 def lower_with_plan(func, plan: TilePlan):
-    """TileForLB -> AssignScopes -> StripEpilogue -> LowerToDSA on one PrimFunc. Cached per
-    function object and plan: the searches for the whole LB and for a share of it try many of the
-    same plans."""
+    """TileForLB -> AssignScopes -> StripEpilogue -> LowerToDSA -> ClampTiles on one PrimFunc.
+    Cached per function object and plan: the searches for the whole LB and for a share of it try
+    many of the same plans."""
     sch = tile_schedule(func, plan)
     assign_scopes(sch)
     strip_epilogue(sch, plan.strips)
     lower_to_dsa(sch)
-    return sch.mod["main"]
+    return clamp_tiles(sch.mod["main"])
 
 
 def lower_kernel(func, hw, lb_bytes: int | None = None, parallel: bool = True, simplify: bool = True,
-                 whole_rows: bool = False, vector: bool = False, overlap: bool = False, on_chip=frozenset()):
+                 whole_rows: bool = False, vector: bool = False, overlap: bool = False, on_chip=frozenset(),
+                 clamp: bool = True):
     """Lower ``func`` with the largest tiling whose working set fits ``hw``'s LB (its first
     ``lb_bytes`` if given) and — unless ``parallel`` is False — that gives the cluster's cores a
     tile each where the kernel has that many. Returns (lowered, plan). With ``whole_rows`` no
@@ -88,7 +95,10 @@ def lower_kernel(func, hw, lb_bytes: int | None = None, parallel: bool = True, s
     for the layers of stitched kernels, which load from the GB; from DDR the narrower rows of a
     smaller chunk waste bursts (ViT's fc2 alone at batch 8: 3.30M cycles with chunks of 32, 5.49M
     with 16, double-buffered). ``on_chip``: positions of the parameters a stitched kernel's layer
-    reads from the GB (``load_cycles``), which also tries ``candidate_plans``' ``keep_n`` order."""
+    reads from the GB (``load_cycles``), which also tries ``candidate_plans``' ``keep_n`` order.
+    With ``clamp`` (the default) a prime extent may be tiled in parts whose last overlaps the one
+    before (``ClampTiles``: ViT's 197 tokens); a stitched kernel's layers are not (its instances
+    would take the overlap for a halo and compute the shared tiles twice)."""
     info = anchor_info(func, simplify)
     alignments = (False, True) if simplify and info.align != anchor_info(func, False).align else (None,)
     if vector and not unit_choice(info, hw):
@@ -97,7 +107,7 @@ def lower_kernel(func, hw, lb_bytes: int | None = None, parallel: bool = True, s
     for aligned in alignments:
         try:
             lowerings.append(_lower_aligned(func, hw, lb_bytes, parallel, simplify, aligned, vector, whole_rows,
-                                            overlap, on_chip))
+                                            overlap, on_chip, clamp))
         except Unsupported as err:
             error = err
     if not lowerings:
@@ -118,12 +128,13 @@ TIMED_TILES_RATIO = 16
 def _tiles(info, plan: TilePlan) -> int:
     n = 1
     for extent, tile in zip(info.spatial, plan.tiles):
-        n *= extent // tile
+        n *= -(-extent // tile)
     return n
 
 
 def _lower_aligned(func, hw, lb_bytes: int | None, parallel: bool, simplify: bool, aligned: bool | None = None,
-                   vector: bool = False, whole_rows: bool = False, overlap: bool = False, on_chip=frozenset()):
+                   vector: bool = False, whole_rows: bool = False, overlap: bool = False, on_chip=frozenset(),
+                   clamp: bool = True):
     """``lower_kernel`` with one alignment: of the simplified indices or of the indices as they are
     (``aligned``, by default ``simplify``); the simplified kernel is lowered if ``simplify``; the
     contraction on the vector units if ``vector``.
@@ -141,7 +152,8 @@ def _lower_aligned(func, hw, lb_bytes: int | None, parallel: bool, simplify: boo
     chosen = []
     for reuse, keep_n in orders:
         try:
-            plans = [replace(p, vector=vector) for p in candidate_plans(info, hw.mme.rows, hw.mme.cols, reuse, keep_n)]
+            plans = [replace(p, vector=vector)
+                     for p in candidate_plans(info, hw.mme.rows, hw.mme.cols, reuse, keep_n, clamp)]
             chosen.append(_fitting(func, info, _rows_whole(info, plans) if whole_rows else plans, hw, lb_bytes,
                                    parallel, whole_rows))
         except Unsupported:
@@ -208,9 +220,12 @@ def load_cycles(lowered, hw, lb_bytes: int | None = None, on_chip=frozenset()) -
 
 
 def _rows_whole(info, plans: list[TilePlan]) -> list[TilePlan]:
-    """``plans`` with the last spatial loop never split (its tile the whole extent), repeats dropped."""
+    """``plans`` with the last spatial loop never split (its tile the whole extent) and no tiles
+    that overlap (a row rewritten in place is read once), repeats dropped."""
     out = []
     for plan in plans:
+        if any(e % t for e, t in zip(info.spatial, plan.tiles)):
+            continue
         whole = replace(plan, tiles=(*plan.tiles[:-1], info.spatial[-1]))
         if not out or out[-1] != whole:
             out.append(whole)
@@ -388,5 +403,6 @@ def _gallop(lo: int, n: int, pred) -> int:
 __all__ = [
     "Unsupported", "classify", "TilePlan", "anchor_info", "candidate_plans", "tile_schedule",
     "assign_scopes", "strip_epilogue", "lower_to_dsa", "lower_with_plan", "lower_kernel", "loads", "load_cycles", "chunk_cycles",
-    "working_set_floor", "TileForLB", "AssignScopes", "StripEpilogue", "LowerToDSA", "LB_SCOPE", "GB_SCOPE",
+    "working_set_floor", "TileForLB", "AssignScopes", "StripEpilogue", "LowerToDSA", "ClampTiles", "LB_SCOPE",
+    "GB_SCOPE",
 ]

@@ -79,6 +79,13 @@ def int_value(e) -> int | None:
     return None
 
 
+def uses_var(expr, var) -> bool:
+    """Whether ``var`` occurs in ``expr``."""
+    hit = []
+    tvm_ffi.structural_walk(expr, [(tvm.ir.Var, lambda v: hit.append(v) if v.same_as(var) else None)])
+    return bool(hit)
+
+
 def linear_form(expr, variables) -> tuple[dict, int]:
     """``expr`` as ``const + sum(coeff * var)`` over ``variables`` (a set of Vars).
 

@@ -40,6 +40,8 @@ from .analysis import (
     sch_loops,
 )
 
+CLAMP = "dsa.clamp"  # tile-loop annotation: (tile, extent) of a tile that does not divide its extent
+
 
 @dataclass(frozen=True)
 class TilePlan:
@@ -192,9 +194,9 @@ def tile_schedule(func, plan: TilePlan) -> s_tir.Schedule:
         t = plan.chunk if index is None else plan.tiles[index]
         if t is None:
             return None
-        if t <= 0 or extent % t:
+        if t <= 0 or t > extent or (index is None and extent % t):
             raise ValueError(f"{'chunk' if index is None else 'tile'} {t} does not divide loop extent {extent}")
-        return [extent // t, t]
+        return [-(-extent // t), t]  # a tile that does not divide: the last one clamped (``ClampTiles``)
 
     tile_anchor(sch, fixed)
     if plan.vector:
@@ -257,11 +259,16 @@ def tile_anchor(sch: s_tir.Schedule, factors, order: tuple[int, ...] | None = No
 
     ``factors(sch, loop, extent, index)`` gives the [tile count, tile size] split of spatial loop
     ``index`` (or of the first reduction loop when ``index`` is None; None there: no chunk loop):
-    plain integers for a fixed plan, sampled variables for a tuning space (``tvm_dsa.tuning``)."""
+    plain integers for a fixed plan, sampled variables for a tuning space (``tvm_dsa.tuning``).
+    A tile that does not divide its loop's extent marks the tile loop for ``ClampTiles``."""
     blocks, idx, spatial, reduction = _anchor_loops(sch)
     outer, inner = [], []
     for i, lp in enumerate(spatial):
-        o, n = sch.split(lp, factors(sch, lp, int_value(sch_get(sch, lp).extent), i))
+        extent = int_value(sch_get(sch, lp).extent)
+        split = factors(sch, lp, extent, i)
+        o, n = sch.split(lp, split)
+        if isinstance(split[1], int) and extent % split[1]:
+            sch.annotate(o, CLAMP, [split[1], extent])
         outer.append(o)
         inner.append(n)
     if order is not None:
@@ -300,6 +307,27 @@ def _aligns(info: AnchorInfo) -> tuple[int, ...]:
     return info.align or (1,) * len(info.spatial)
 
 
+def clampable(info: AnchorInfo, mme_rows: int) -> frozenset[int]:
+    """Spatial loops (not the first, which deals the batch) whose tiles may overlap
+    (``ClampTiles``): a contraction's M loops and other anchors' loops, unaligned, of a prime
+    extent at least two PE-array heights long (ViT's 197 tokens), which divisors would tile whole
+    or by one."""
+    roles = info.roles or ("",) * len(info.spatial)
+    return frozenset(i for i, (e, a, r) in enumerate(zip(info.spatial, _aligns(info), roles))
+                     if i and r in ("M", "") and a == 1 and e >= 2 * mme_rows and divisor_below(e, e) == 1)
+
+
+def smaller_tile(extent: int, tile: int, clamp: bool) -> int:
+    """The tile after ``tile`` in a loop of ``extent``: its largest divisor below it, or with
+    ``clamp`` the largest ⌈extent / parts⌉ below it, the last tile clamped (197: 99, 66, 50, ...)."""
+    if not clamp:
+        return divisor_below(tile, tile)
+    parts = -(-extent // tile) + 1
+    while -(-extent // parts) >= tile:
+        parts += 1
+    return -(-extent // parts)
+
+
 def divisor_below(n: int, t: int) -> int:
     """Largest divisor of ``n`` smaller than ``t`` (1 if none). Shrinking a tile to a divisor of
     itself keeps it a divisor of the extent and of any alignment it already divides."""
@@ -317,7 +345,8 @@ def _intensity(m: int, n: int, rows: int, cols: int) -> float:
     return fill * m * n / (m + n)
 
 
-def candidate_plans(info: AnchorInfo, mme_rows: int, mme_cols: int, reuse: bool = False, keep_n: bool = False):
+def candidate_plans(info: AnchorInfo, mme_rows: int, mme_cols: int, reuse: bool = False, keep_n: bool = False,
+                    clamp: bool = True):
     """Tile plans from the whole output downwards, shrinking one loop at a time.
 
     Order of sacrifice: batch-like loops first (with ``reuse`` the first loop too: it deals the
@@ -334,8 +363,10 @@ def candidate_plans(info: AnchorInfo, mme_rows: int, mme_cols: int, reuse: bool 
     it can: each element of the other operand is then loaded once, the weights once per tile —
     for a layer whose weights come from the GB and its input from DDR (a stitched kernel's first
     layer: ResNet-50's 1 x 1 convolution 512 -> 128 at 28 x 28 read its input four times in
-    tiles of 32 output channels, 258 µs on core 0 where the MME needs 28)."""
+    tiles of 32 output channels, 258 µs on core 0 where the MME needs 28). A ``clampable`` loop
+    (a prime extent) shrinks through tiles that need not divide it, unless ``clamp`` is False."""
     tiles = [math.gcd(e, a) if a > 1 else e for e, a in zip(info.spatial, _aligns(info))]
+    clamp = clampable(info, mme_rows) if clamp else frozenset()
     chunk = info.reduction[0] if info.reduction else None
     roles = list(info.roles) if info.roles else [""] * len(tiles)
     contraction = "N" in roles
@@ -356,7 +387,7 @@ def candidate_plans(info: AnchorInfo, mme_rows: int, mme_cols: int, reuse: bool 
 
     def shrunk(i):
         ts = list(tiles)
-        ts[i] = divisor_below(ts[i], ts[i])
+        ts[i] = smaller_tile(info.spatial[i], ts[i], i in clamp)
         return ts
 
     def m_or_n():
@@ -391,7 +422,7 @@ def candidate_plans(info: AnchorInfo, mme_rows: int, mme_cols: int, reuse: bool 
         if pick == "chunk":
             chunk = divisor_below(info.reduction[0], chunk)
         else:
-            tiles[pick] = divisor_below(tiles[pick], tiles[pick])
+            tiles = shrunk(pick)
         yield TilePlan(tuple(tiles), chunk)
 
 
