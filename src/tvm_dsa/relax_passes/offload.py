@@ -194,7 +194,7 @@ def offload(mod: tvm.IRModule, hw: Hardware, schedule: str = "layerwise", run_id
     return _rewrite(mod, kernels, graph, run_id), result
 
 
-def _lower(func, hw, lb_bytes, vector: bool = False, clamp: bool = True):
+def _lower(func, hw, lb_bytes, vector: bool = False, *, clamp: bool):
     """(lowered PrimFunc, LB budget it was tiled to): within ``lb_bytes`` where it fits (graphturbo
     leaves the rest of the LB to stitched intermediates), else within the whole LB; the
     contraction on the unit ``vector`` says, tiles overlapping where ``clamp`` lets them
