@@ -17,8 +17,8 @@ from tvm_dsa.codegen.stitch import footprints
 from tvm_dsa.runtime import simulate
 from tvm_dsa.runtime.cost import ddr_effective_bytes
 from tvm_dsa.tir_passes import (
-    LB_SCOPE, AssignScopes, LowerToDSA, TileForLB, TilePlan, _fitting, anchor_info, candidate_plans, chunk_cycles,
-    load_cycles, loads, lower_kernel, lower_with_plan, working_set_floor,
+    LB_SCOPE, AssignScopes, ClampTiles, LowerToDSA, TileForLB, TilePlan, _fitting, anchor_info, candidate_plans,
+    chunk_cycles, load_cycles, loads, lower_kernel, lower_with_plan, working_set_floor,
 )
 from tvm_dsa.tir_passes.tile import clampable, smaller_tile
 
@@ -582,6 +582,11 @@ def test_a_prime_extent_is_tiled_in_parts_that_overlap_at_the_end():
     tiles_m = {p.tiles[1] for p in candidate_plans(info, hw.mme.rows, hw.mme.cols)}
     assert {99, 66, 50} <= tiles_m and all(t == 197 or math.ceil(197 / math.ceil(197 / t)) == t for t in tiles_m)
     lowered = lower_with_plan(func, TilePlan((1, 66, 32), 32))
+    passes = [TileForLB(TilePlan((1, 66, 32), 32)), AssignScopes(), LowerToDSA(), ClampTiles()]
+    mod = tvm.IRModule({"main": func})
+    for p in passes:
+        mod = p(mod)
+    tvm.ir.assert_structural_equal(mod["main"], lowered)  # the passes, one at a time, give the same
     predicates = []
     tvm_ffi.structural_walk(lowered.body, [(tvm.s_tir.stmt.SBlockRealize, lambda r: predicates.append(r.predicate))])
     assert all(isinstance(p, tvm.tirx.IntImm) and p.value for p in predicates)
