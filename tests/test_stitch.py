@@ -21,13 +21,15 @@ from tvm_dsa.codegen.stitch import (
     RECOMPUTE_LIMIT,
     Lifetime,
     allocate,
+    binding,
     footprints,
+    makespan,
     plan_instances,
 )
 from tvm_dsa.relax_passes.offload import EXECUTE, StitchOptions
 from tvm_dsa.runtime import simulate
 from tvm_dsa.schedule.graph import OpGraph
-from tvm_dsa.tir_passes import lower_kernel
+from tvm_dsa.tir_passes import TilePlan, lower_kernel, lower_with_plan
 
 HW = hardware.get("stcp920")
 KB = 1024
@@ -165,6 +167,59 @@ def test_a_split_whose_sample_recomputes_too_much_is_not_propagated_in_full(monk
     assert floored.count == full.count and floored.recompute == full.recompute
 
 
+
+def test_a_split_leaving_cores_idle_gives_way_to_a_coarser_even_one():
+    """Two matmuls, 8 samples of 96 rows, each layer in 32 x 32 tiles: 3 row x 4 column tiles a
+    sample. Cut by row ranges, the 24 instances (6 a cluster) get a core each and leave 2 of every
+    8 idle: the busiest core runs 4 tiles of each layer. Cut by samples, the 8 instances get 4
+    cores each, which run 12 / 4 = 3 tiles of each layer: an even share of the chip's 32 cores,
+    no recomputation either way. Without the chip the first split is kept (the finest within
+    the limit); with it, the one whose busiest core does least."""
+    op = relax.op
+    mod = fuse(relax_graph([(8, 96, 64), (64, 128), (128, 128)],
+                           lambda x, w1, w2: op.matmul(op.nn.relu(op.matmul(x, w1)), w2)))
+    graph = OpGraph.from_relax(mod)
+    layers = [Layer.of(lower_with_plan(mod[n.func], TilePlan((1, 32, 32), None)), HW, n.name, (*n.inputs, n.output))
+              for n in graph.nodes]
+    prints = {L.name: footprints(L) for L in layers}
+    assert [len(prints[L.name].tiles) for L in layers] == [8 * 3 * 4] * 2
+    per_tile = sum(prints[L.name].work for L in layers)  # one tile of each layer
+    rows = plan_instances(layers, prints, [graph.outputs[0]], loop=1, groups=3)
+    assert rows.count == 24 and rows.recompute == 1.0
+    assert makespan(layers, prints, rows, binding(24, HW)) == 4 * per_tile
+    samples = plan_instances(layers, prints, [graph.outputs[0]], loop=1, groups=3, hw=HW)
+    assert samples.count == 8 and samples.recompute == 1.0
+    assert binding(8, HW)[0] == (0, 1, 2, 3)
+    assert makespan(layers, prints, samples, binding(8, HW)) == 3 * per_tile == 8 * 12 * per_tile // HW.cores
+
+
+
+@pytest.mark.parametrize("cores, by_column", [(3, True), (4, False)])
+def test_overlapping_tiles_are_dealt_by_columns_where_that_keeps_the_balance(cores, by_column):
+    """197 rows in tiles of 66 (origins 0, 66, 131), 2 samples x 3 column tiles: 18 tiles. On 3
+    cores the 6 columns go 2 to a core (6 tiles each, as many as dealt in turn), each core's tiles
+    ordered by M first and the list a tile of each core in turn, so each emitter round has one M value
+    (a round is the one before moved along M: a copy). On 4 cores whole columns would give a
+    core 6 tiles where 5 are its share: the tiles are dealt in turn."""
+    from test_tir_passes import _matmul_197
+    from tvm_dsa.codegen.emit import _rounds, _shared_values
+
+    layer = Layer.of(lower_with_plan(_matmul_197(), TilePlan((1, 66, 32), 32)), HW, "m")
+    tiles = footprints(layer).tiles
+    assert len(tiles) == 18
+    work = stitch.deal_tiles(layer, tiles, tuple(range(cores)))
+    assert sorted(t for t, _ in work) == sorted(tiles)
+    if not by_column:
+        assert work == [(t, k % cores) for k, t in enumerate(tiles)]
+        return
+    core_of = dict(work)
+    assert all(len({core_of[(b, m, n)] for m in range(3)}) == 1 for b in range(2) for n in range(3))
+    assert np.bincount([c for _, c in work]).tolist() == [6] * 3
+    rounds = _rounds(work)
+    m_slot = layer.ir.tile_loops()[1].slot
+    assert [_shared_values(layer, r) for r in rounds] == [{m_slot: m} for m in (0, 0, 1, 1, 2, 2)]
+
+
 # -- whole sub-graphs against llvm -------------------------------------------------------------
 def residual_block():
     op = relax.op
@@ -270,18 +325,16 @@ def test_two_outputs_leave_one_kernel_as_a_tuple(rng):
 
 
 def test_binding_balances_instances_over_cores():
-    from tvm_dsa.codegen.stitch import binding as _binding
-
     cpc = HW.cores_per_cluster
     # 4 instances: one per cluster, each on all 8 cores of it
-    assert _binding(4, HW) == [tuple(range(c * cpc, (c + 1) * cpc)) for c in range(4)]
+    assert binding(4, HW) == [tuple(range(c * cpc, (c + 1) * cpc)) for c in range(4)]
     # 8 instances: two consecutive ones per cluster, 4 cores each
-    b8 = _binding(8, HW)
+    b8 = binding(8, HW)
     assert b8[0] == (0, 1, 2, 3) and b8[1] == (4, 5, 6, 7) and b8[2] == (8, 9, 10, 11)
     # 6 instances: blocks of 1 or 2, in order
-    assert [c[0] // cpc for c in _binding(6, HW)] == [0, 1, 1, 2, 3, 3]
+    assert [c[0] // cpc for c in binding(6, HW)] == [0, 1, 1, 2, 3, 3]
     # 64 instances: 16 per cluster, one core each, every core twice
-    b64 = _binding(64, HW)
+    b64 = binding(64, HW)
     assert all(len(c) == 1 for c in b64) and sorted(c for (c,) in b64) == sorted(list(range(32)) * 2)
 
 
@@ -429,12 +482,26 @@ def test_a_flip_in_a_sub_graph_is_refused_for_its_negative_stride(rng):
     assert np.abs(out - ref).max() / np.abs(ref).max() < 5e-3  # the conv in fp16 on the DSA
 
 
+def _mlp(monkeypatch, batch, rows, hidden):
+    """A two-matmul MLP with a residual, batch x rows x 256 -> hidden -> 256, and the list the
+    sub-graph modules graphturbo emits go into once it is compiled."""
+    import importlib
+
+    op = relax.op
+    offload = importlib.import_module("tvm_dsa.relax_passes.offload")
+    seen = []
+    monkeypatch.setattr(offload, "emit_stitched", lambda mod, *a, **k: seen.append(mod) or stitch.emit_stitched(mod, *a, **k))
+    mod = relax_graph([(batch, rows, 256), (256, hidden), (hidden, 256)],
+                      lambda x, w1, w2: op.add(op.matmul(op.nn.relu(op.matmul(x, w1)), w2), x))
+    return mod, seen
+
+
 @pytest.mark.parametrize("batch, rows, hidden, rounds_run, swaps", [(8, 256, 512, True, True),
                                                                     (8, 128, 384, False, False),
                                                                     (24, 16, 512, True, False)])
 def test_rounds_and_other_cores_copied_give_what_emitting_them_gives(monkeypatch, rng, batch, rows, hidden,
                                                                      rounds_run, swaps):
-    """A two-matmul MLP with a residual, batch x rows x 256 -> hidden -> 256: its layers run many
+    """The MLP (``_mlp``): its layers run many
     rounds of tiles on several clusters. Rounds that repeat earlier rounds translated are copies
     (at 256 x 512 also whole runs of rounds: the run since the last emitted round), and calls on
     other cores copy calls on the first. At 128 x 384 a round finds the weight tile its
@@ -446,16 +513,9 @@ def test_rounds_and_other_cores_copied_give_what_emitting_them_gives(monkeypatch
     round's copy also releases what its model round did. Written out, each kernel is the one
     emitting every tile gives: the same instructions, every dependency emission's or a later
     instruction of its unit, the same simulated cycles; and the model computes what llvm does."""
-    import importlib
-
     from tvm_dsa.codegen import emit
 
-    op = relax.op
-    offload = importlib.import_module("tvm_dsa.relax_passes.offload")
-    seen = []
-    monkeypatch.setattr(offload, "emit_stitched", lambda mod, *a, **k: seen.append(mod) or stitch.emit_stitched(mod, *a, **k))
-    mod = relax_graph([(batch, rows, 256), (256, hidden), (hidden, 256)],
-                      lambda x, w1, w2: op.add(op.matmul(op.nn.relu(op.matmul(x, w1)), w2), x))
+    mod, seen = _mlp(monkeypatch, batch, rows, hidden)
     args = [rng.standard_normal([int(s) for s in p.ty.shape]).astype("float32") * 0.1 for p in mod["main"].params]
     vm, _ = _run(mod, "graphturbo")
     out = vm["main"](*[tvm.runtime.tensor(a) for a in args]).numpy()
@@ -484,21 +544,57 @@ def test_rounds_and_other_cores_copied_give_what_emitting_them_gives(monkeypatch
         # the layers hold each tile's stores back behind its core's next tile's loads
         layers = stitch.read_subgraph(sub, HW)[0].layers
         assert all(emit._store_split(L.ir.tile_loops()[-1].body, L.plan) for L in layers)
-        emitted, _ = stitch.emit_stitched(sub, HW, replay=False)
-        compact, _ = stitch.emit_stitched(sub, HW)
-        (a,), (b,) = emitted.expanded().kernels, compact.expanded().kernels
-        assert a.layers == b.layers and a.cores == b.cores and len(a.instructions) == len(b.instructions)
-        assert len(compact.kernels[0].instructions) < len(a.instructions)
-        unit = [isa.unit_of(x, HW.cores_per_cluster) for x in a.instructions]
-        for x, y in zip(a.instructions, b.instructions):
-            assert dataclasses.replace(x, deps=()) == dataclasses.replace(y, deps=())
-            latest: dict = {}
-            for d in y.deps:
-                latest[unit[d]] = max(latest.get(unit[d], -1), d)
-            assert all(latest.get(unit[d], -1) >= d for d in x.deps)
-        assert simulate(compact, mode="timing").report.cycles == simulate(emitted, mode="timing").report.cycles
+        _copies_are_emission(sub)
     assert any(moved for _, moved in runs) and any(n > 1 for n, _ in runs) == rounds_run
     assert any(swapped) == swaps
+
+
+def _copies_are_emission(sub):
+    """The sub-graph's kernel with copies is, written out, the one emitting every tile gives: the
+    same instructions, every dependency emission's or a later instruction of its unit, the same
+    simulated cycles."""
+    emitted, _ = stitch.emit_stitched(sub, HW, replay=False)
+    compact, _ = stitch.emit_stitched(sub, HW)
+    (a,), (b,) = emitted.expanded().kernels, compact.expanded().kernels
+    assert a.layers == b.layers and a.cores == b.cores and len(a.instructions) == len(b.instructions)
+    assert len(compact.kernels[0].instructions) < len(a.instructions)
+    unit = [isa.unit_of(x, HW.cores_per_cluster) for x in a.instructions]
+    for x, y in zip(a.instructions, b.instructions):
+        assert dataclasses.replace(x, deps=()) == dataclasses.replace(y, deps=())
+        latest: dict = {}
+        for d in y.deps:
+            latest[unit[d]] = max(latest.get(unit[d], -1), d)
+        assert all(latest.get(unit[d], -1) >= d for d in x.deps)
+    assert simulate(compact, mode="timing").report.cycles == simulate(emitted, mode="timing").report.cycles
+
+
+def test_rounds_moved_along_an_overlapping_loop_are_copies(monkeypatch, rng):
+    """The MLP (``_mlp``) over 197 tokens (prime: tiles that overlap at the end,
+    ``ClampTiles``): its layers' tiles are dealt by columns, so a round has one token-tile value
+    and the next is it moved along the tokens (by a tile, or less into the last one), a copy
+    (``KernelIR.moves``' ``at``); written out, the copies are what emission gives, and the model
+    computes what llvm does."""
+    from tvm_dsa.codegen import emit
+
+    mod, seen = _mlp(monkeypatch, 8, 197, 512)
+    args = [rng.standard_normal([int(s) for s in p.ty.shape]).astype("float32") * 0.1 for p in mod["main"].params]
+    vm, _ = _run(mod, "graphturbo")
+    out = vm["main"](*[tvm.runtime.tensor(a) for a in args]).numpy()
+    assert np.abs(out - _llvm(mod, args)).max() / np.abs(out).max() < 5e-3
+    along = []  # per copy: whether it moves tiles along a clamped loop
+    copy_run = emit.KernelEmitter._copy_run
+
+    def spy(self, record, layer, work, *a):
+        made = copy_run(self, record, layer, work, *a)
+        if made:
+            (v0, _), (v1, _) = record[0].work[0], work[0]
+            along.append(any(a != b for lp, a, b in zip(layer.ir.tile_loops(), v0, v1) if lp.slot in layer.ir.clamped))
+        return made
+
+    monkeypatch.setattr(emit.KernelEmitter, "_copy_run", spy)
+    (sub,) = [s for s in seen if any(L.ir.clamped for L in stitch.read_subgraph(s, HW)[0].layers)]
+    _copies_are_emission(sub)
+    assert any(along)
 
 
 def test_a_copy_waits_for_what_emission_would_unit_for_unit():
@@ -683,14 +779,7 @@ def test_a_large_weight_is_promoted_in_pieces_and_tiles_wait_for_theirs(monkeypa
     of the fewest such boxes whose rows are whole DDR bursts (each at least PIECE_BYTES), one
     transfer each, in order; the first tile's load of it waits for the first piece, not the last. Functional runs check every dependency
     (hazards), and the model computes what llvm does."""
-    import importlib
-
-    op = relax.op
-    offload = importlib.import_module("tvm_dsa.relax_passes.offload")
-    seen = []
-    monkeypatch.setattr(offload, "emit_stitched", lambda mod, *a, **k: seen.append(mod) or stitch.emit_stitched(mod, *a, **k))
-    mod = relax_graph([(8, 64, 256), (256, 1024), (1024, 256)],
-                      lambda x, w1, w2: op.add(op.matmul(op.nn.relu(op.matmul(x, w1)), w2), x))
+    mod, seen = _mlp(monkeypatch, 8, 64, 1024)
     x, w1, w2 = [rng.standard_normal([int(s) for s in p.ty.shape]).astype("float32") * 0.1 for p in mod["main"].params]
     ref = _llvm(mod, [x, w1, w2])
     mod = relax.transform.BindParams("main", {"a1": tvm.runtime.tensor(w1), "a2": tvm.runtime.tensor(w2)})(mod)

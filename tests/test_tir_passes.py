@@ -597,6 +597,13 @@ def test_a_prime_extent_is_tiled_in_parts_that_overlap_at_the_end():
     rows = sorted({(int(a[1]), int(b[1])) for a, b in zip(lo, hi)})
     assert rows == [(0, 66), (66, 132), (131, 197)]  # [low, high) of each tile's rows
     assert ir.moves({ir.tile_loops()[2].slot: 1}) is not None and ir.moves({m_slot: 1}) is None
+    # tiles that all have one M value move along M by the difference of their origins: 66 from
+    # tile 0 to 1, 65 from 1 to the clamped 2 (origin 197 - 66)
+    out, x = ir.params[-1][0], ir.params[0][0]
+    assert ir.bent == {m_slot}
+    for start, rows in ((0, 66), (1, 197 - 66 - 66)):
+        moved = ir.moves({m_slot: 1}, {m_slot: start})
+        assert moved[out] == moved[x] == (0, rows, 0)
 
 
 def test_overlapping_tiles_compute_what_numpy_does(rng):

@@ -208,41 +208,61 @@ class KernelIR:
     def stages(self) -> list[Stage]:
         return stages_of([self.root])
 
-    def moves(self, shift: dict) -> dict | None:
+    def moves(self, shift: dict, at: dict | None = None) -> dict | None:
         """Per buffer, the vector its accesses' indices move by when the tile-loop slots move by
-        ``shift`` (slot -> change): the same for every access of the buffer. None where the tiles
-        would not be the same tiles moved: an access differs between its buffer's accesses or is
-        not linear in the moved slots (a clamped tile's origin), or a guard, a select's bound or a
-        folded zero-init depends on them."""
+        ``shift`` (slot -> change): the same for every access of the buffer. A non-linear term
+        (a clamped tile's origin) of a moved slot moves by the difference of its values from the
+        slot values ``at`` (those of ``bent``, where all the moved tiles have them). None where
+        the tiles would not be the same tiles moved: an access differs between its buffer's
+        accesses, or a non-linear term of a moved slot has no values ``at``, or a guard, a
+        select's bound or a folded zero-init depends on the moved slots."""
         memo = self._moving_terms[2]
-        key = tuple(sorted(shift.items()))
+        key = (tuple(sorted(shift.items())), tuple(sorted(at.items())) if at else ())
         if key not in memo:
-            memo[key] = self._moves(shift)
+            memo[key] = self._moves(shift, at or {})
         return memo[key]
 
-    def _moves(self, shift: dict) -> dict | None:
+    def _moves(self, shift: dict, at: dict) -> dict | None:
         terms, fixed, _ = self._moving_terms
+        start = [0] * self.slots
+        for slot, v in at.items():
+            start[slot] = v
+        end = [v + shift.get(slot, 0) for slot, v in enumerate(start)]
+
+        def moved(form, fns):
+            linear = [sum(c * shift.get(slot, 0) for slot, c in dim) for dim in form]
+            for d, f in enumerate(fns):
+                if f is not None and f.slots & shift.keys():
+                    if not f.slots <= at.keys():
+                        return None
+                    linear[d] += f(end) - f(start)
+            return tuple(linear)
+
         out = {}
         for buffer, forms in terms.items():
-            moved = {None if bent & shift.keys() else
-                     tuple(sum(c * shift.get(slot, 0) for slot, c in dim) for dim in form) for form, bent in forms}
-            if len(moved) != 1 or None in moved:
+            vectors = {moved(form, fns) for form, fns in forms}
+            if len(vectors) != 1 or None in vectors:
                 return None
-            out[buffer] = moved.pop()
+            out[buffer] = vectors.pop()
         if any(sum(c * shift.get(slot, 0) for slot, c in outer) for outer in fixed):
             return None
         return out
 
     @functools.cached_property
+    def bent(self) -> frozenset:
+        """Slots the non-linear index terms read (``moves``' ``at``)."""
+        return frozenset().union(*(f.slots for forms in self._moving_terms[0].values()
+                                   for _, fns in forms for f in fns if f is not None))
+
+    @functools.cached_property
     def _moving_terms(self):
-        """(buffer -> set of its accesses' (outer terms, slots of their non-linear terms); the
+        """(buffer -> set of its accesses' (outer terms, non-linear terms); the
         outer terms of every bound and of every folded zero-init's slots; a memo of ``moves``)."""
         terms: dict = {}
         fixed = []
 
         def note(acc: Access):
-            bent = frozenset().union(*(f.slots for f in acc.outer_fn if f is not None))
-            terms.setdefault(acc.buffer, set()).add((acc.outer, bent))
+            terms.setdefault(acc.buffer, set()).add((acc.outer, acc.outer_fn))
 
         def walk(v):
             if isinstance(v, Select):

@@ -97,8 +97,8 @@ def offload(mod: tvm.IRModule, hw: Hardware, schedule: str = "layerwise", run_id
             if record is not None:
                 lowered[name] = (record, None)
                 result.tuned.append(name)
-            else:  # tiles overlap in layerwise kernels only (``lower_kernel``'s ``clamp``)
-                lowered[name] = _lower(func, hw, budget, clamp=schedule == "layerwise")
+            else:  # SET's tiles divide their loops (``lower_kernel``'s ``clamp``)
+                lowered[name] = _lower(func, hw, budget, clamp=schedule != "set")
         except Unsupported as err:
             result.host[name] = str(err)
     on_vector = {name for name, (func, _) in lowered.items() if on_vector_units(func)}  # contraction not on the MME
@@ -106,7 +106,7 @@ def offload(mod: tvm.IRModule, hw: Hardware, schedule: str = "layerwise", run_id
 
     def tiled_in_part(name):  # on the unit the whole-LB lowering took
         if name not in in_part:
-            in_part[name] = _lower(mod[name], hw, stitch.lb_budget(hw), name in on_vector, clamp=False)
+            in_part[name] = _lower(mod[name], hw, stitch.lb_budget(hw), name in on_vector, clamp=True)
         return in_part[name]
 
     overlapped: dict = {}  # (PrimFunc name, LB budget, inputs on chip) -> lowered for stitched kernels
@@ -116,19 +116,17 @@ def offload(mod: tvm.IRModule, hw: Hardware, schedule: str = "layerwise", run_id
         LB, its plans ranked with the inputs at positions ``on_chip`` read from the GB (where the
         kernel keeps its intermediates and promotes its weights: ``lower_kernel``); a contraction
         that loads from the GB with its chunk loads overlapping the MME (``overlap``; from DDR, as
-        layerwise loads, a smaller chunk costs bursts); in tiles that divide its loops (no
-        ``clamp``: with overlapping tiles ViT-B/16's stitched kernels did 17 % more MACs and took
-        81 % more cycles, for a reason not found yet, docs/graphturbo.md)."""
+        layerwise loads, a smaller chunk costs bursts)."""
         low, budget = tiled_in_part(name) if part else lowered[name]
         on_chip = on_chip if stitch.gb else frozenset()
         if (name, budget, on_chip) not in overlapped:
             record = name in result.tuned and not part
             if on_chip and not record:
-                low = lower_kernel(mod[name], hw, budget, vector=name in on_vector, on_chip=on_chip, clamp=False)[0]
+                low = lower_kernel(mod[name], hw, budget, vector=name in on_vector, on_chip=on_chip)[0]
             keep = (not stitch.gb or name in on_vector or record
                     or not kernel_macs(mod[name]) or plan_lb(read_kernel(low), hw, budget).double_buffered)
             overlapped[name, budget, on_chip] = (
-                low if keep else lower_kernel(mod[name], hw, budget, overlap=True, on_chip=on_chip, clamp=False)[0],
+                low if keep else lower_kernel(mod[name], hw, budget, overlap=True, on_chip=on_chip)[0],
                 budget)
         return overlapped[name, budget, on_chip]
     specs = schedules.get(schedule)(mod, hw, set(lowered), options)

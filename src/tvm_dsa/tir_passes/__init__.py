@@ -97,8 +97,8 @@ def lower_kernel(func, hw, lb_bytes: int | None = None, parallel: bool = True, s
     with 16, double-buffered). ``on_chip``: positions of the parameters a stitched kernel's layer
     reads from the GB (``load_cycles``), which also tries ``candidate_plans``' ``keep_n`` order.
     With ``clamp`` (the default) a prime extent may be tiled in parts whose last overlaps the one
-    before (``ClampTiles``: ViT's 197 tokens); offload keeps a stitched kernel's layers in tiles
-    that divide (``clamp=False``)."""
+    before (``ClampTiles``: ViT's 197 tokens); SET's layers keep tiles that divide
+    (``clamp=False``)."""
     info = anchor_info(func, simplify)
     alignments = (False, True) if simplify and info.align != anchor_info(func, False).align else (None,)
     if vector and not unit_choice(info, hw):

@@ -233,11 +233,13 @@ def StitchBuffers(hw):  # noqa: N802 - TVM pass naming
     """§4.2: the sub-graph's instances. The output layer's tiles are grouped by the scheduler's
     split (Algorithm 1); every other layer's tiles an instance needs are found backwards from
     what its consumers read, so each instance keeps its layers' outputs to itself (a halo is
-    computed by both neighbours: the recomputation, kept under ``RECOMPUTE_LIMIT``)."""
+    computed by both neighbours: the recomputation, kept under ``RECOMPUTE_LIMIT``); of the
+    splits within it, the first whose busiest core does an even share of the work, else the
+    one whose busiest core does least (``makespan``)."""
 
     def decide(k):
         k.read(hw)
-        inst = plan_instances(list(k.sg.layers), k.prints, list(k.sg.outputs), k.sg.split_loop, k.sg.groups)
+        inst = plan_instances(list(k.sg.layers), k.prints, list(k.sg.outputs), k.sg.split_loop, k.sg.groups, hw)
         return {"dsa.instances": instances_attr(inst)}
 
     return _annotating("dsa.StitchBuffers", decide)
