@@ -1485,10 +1485,11 @@ def _relative_held(held: dict, work) -> dict:
 def _shared_values(layer: Layer, work) -> dict | None:
     """The values on the slots of ``layer``'s non-linear index terms (``KernelIR.bent``) that
     all the tiles of ``work`` have (``KernelIR.moves``' ``at``); None where they differ."""
+    bent = [(i, lp.slot) for i, lp in enumerate(layer.ir.tile_loops()) if lp.slot in layer.ir.bent]
     at: dict = {}
     for values, _ in work:
-        for lp, v in zip(layer.ir.tile_loops(), values):
-            if lp.slot in layer.ir.bent and at.setdefault(lp.slot, v) != v:
+        for i, slot in bent:
+            if at.setdefault(slot, values[i]) != values[i]:
                 return None
     return at
 
