@@ -128,7 +128,8 @@ class StageKind:
 
 
 def _is_index_expr(e) -> bool:
-    """True when ``e`` reads no buffer (a function of loop indices and constants only)."""
+    """True when ``e`` (an expression or a list of them) reads no buffer (a function of loop
+    indices and constants only)."""
     found = []
     tvm_ffi.structural_walk(e, [(Load, found.append)])
     return not found
@@ -213,7 +214,7 @@ def classify(block: SBlock) -> StageKind:
         raise Unsupported(f"block {block.name_hint}: body is {type(store).__name__}, not a store")
     indices = list(store.indices)
     tvm_ffi.structural_walk(store.value, [(Load, lambda ld: indices.extend(ld.indices))])
-    if any(not _is_index_expr(i) for i in indices):
+    if not _is_index_expr(indices):  # all at once: one walk per block, not per index
         raise Unsupported(f"block {block.name_hint}: an index reads tensor data (a gather); "
                           "DSA addresses are fixed when the program is compiled")
     if str(store.buffer.dtype) not in FLOAT_DTYPES:
