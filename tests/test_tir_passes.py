@@ -578,6 +578,12 @@ def test_a_prime_extent_is_tiled_in_parts_that_overlap_at_the_end():
     func = _matmul_197()
     info = anchor_info(func)
     assert smaller_tile(197, 197, True) == 99 and smaller_tile(197, 99, True) == 66
+    assert smaller_tile(197, 99, True, halve=True) == 50 and smaller_tile(197, 50, True, halve=True) == 25
+    # another anchor than a contraction (an add over 197 rows) halves its rows' tiles
+    op = relax.op
+    add = anchor_info(fused_kernel(lambda: relax_graph([(2, 197, 512), (2, 197, 512)], lambda x, y: op.add(x, y))))
+    assert clampable(add, hw.mme.rows) == {1}
+    assert {p.tiles[1] for p in candidate_plans(add, hw.mme.rows, hw.mme.cols)} == {197, 99, 50, 25, 13, 7, 4, 2, 1}
     assert clampable(info, hw.mme.rows) == {1}  # not the batch loop, not N
     tiles_m = {p.tiles[1] for p in candidate_plans(info, hw.mme.rows, hw.mme.cols)}
     assert {99, 66, 50} <= tiles_m and all(t == 197 or math.ceil(197 / math.ceil(197 / t)) == t for t in tiles_m)
