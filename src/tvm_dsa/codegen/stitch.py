@@ -679,10 +679,11 @@ def promotion_pieces(sg: SubGraphKernel, prints: dict, tensor: str, hw) -> tuple
 def deal_tiles(layer: Layer, tiles: list, cores: tuple) -> list:
     """(tile, core) for an instance's ``tiles`` of ``layer`` on its ``cores``: in turn, or for a
     layer whose tiles overlap (``ClampTiles``), whole columns along its clamped loops in turn
-    where that leaves no core more tiles, each core's ordered by the clamped loops first, listed a tile
-    of each core in turn: the emitter's rounds (``emit._rounds``) then each have one value of
-    the clamped loops, and a round is the one before moved (a copy: ``KernelIR.moves``' ``at``).
-    ViT-B/16's MLP kernel had 90k literal instructions dealt in turn, 19k so."""
+    where that leaves no core more tiles than in turn (``makespan`` counts so), each core's
+    ordered by the clamped loops first and listed a tile of each core in turn: the emitter's
+    rounds (``emit._rounds``) then each have one value of the clamped loops, and a round is the
+    one before moved (a copy: ``KernelIR.moves``' ``at``). ViT-B/16's MLP kernel had 90k
+    literal instructions dealt in turn, 19k so."""
     n = len(cores)
     if layer.ir.clamped:
         along = [i for i, lp in enumerate(layer.ir.tile_loops()) if lp.slot in layer.ir.clamped]
