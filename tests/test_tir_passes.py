@@ -9,7 +9,7 @@ import tvm
 import tvm_ffi
 from tvm import relax
 
-from tvm_dsa import hardware, isa
+from tvm_dsa import hardware, isa, tir_passes
 from tvm_dsa.codegen.emit import Layer, build_program, deal
 from tvm_dsa.codegen.specialize import timing_cycles
 from tvm_dsa.codegen.kernel_ir import CodegenError, plan_lb, read_kernel
@@ -17,7 +17,8 @@ from tvm_dsa.codegen.stitch import footprints
 from tvm_dsa.runtime import simulate
 from tvm_dsa.runtime.cost import ddr_effective_bytes
 from tvm_dsa.tir_passes import (
-    LB_SCOPE, AssignScopes, ClampTiles, LowerToDSA, TileForLB, TilePlan, _fitting, anchor_info, candidate_plans,
+    LB_SCOPE, AssignScopes, ClampTiles, LowerToDSA, TileForLB, TilePlan, _fitting, _gallop, anchor_info,
+    candidate_plans,
     chunk_cycles, load_cycles, loads, lower_kernel, lower_with_plan, working_set_floor,
 )
 from tvm_dsa.tir_passes.tile import clampable, smaller_tile
@@ -456,6 +457,40 @@ def test_plans_ruled_out_by_the_working_set_floor_do_not_fit():
         assert any(fits) and not all(fits)
         _, chosen = _fitting(func, info, plans, HW, None, False)
         assert chosen == plans[fits.index(True)]
+
+
+@pytest.mark.parametrize("kind", ["layer_norm", "softmax", "matmul"])
+def test_a_too_big_tile_predicts_the_first_that_fits(kind, monkeypatch):
+    """Over 197 rows (prime: clamped tiles of 20-40 ms each to lower), the search lowers three
+    plans: the first within ``working_set_floor`` (too big), the one its bytes predict, shrunk
+    with the boxes (the first that fits), and the one before that (too big: the answer is
+    exact). It chooses what a scan of every plan chooses, with fewer lowerings than galloping."""
+    op = relax.op
+    shapes, body = {
+        "layer_norm": ([(2, 197, 768), (768,), (768,)], lambda x, g, b: op.nn.layer_norm(x, g, b, axes=[-1])),
+        "softmax": ([(2, 4, 197, 197)], lambda x: op.nn.softmax(x)),
+        "matmul": ([(2, 197, 768), (768, 3072), (3072,)], lambda x, w, b: op.nn.gelu(op.add(op.matmul(x, w), b))),
+    }[kind]
+    func = fused_kernel(lambda: relax_graph(shapes, body))
+    info = anchor_info(func)
+    plans = list(candidate_plans(info, HW.mme.rows, HW.mme.cols, reuse=True))
+    fits = []
+    for p in plans:
+        try:
+            fits.append(plan_lb(read_kernel(lower_with_plan(func, p)), HW) is not None)
+        except CodegenError:
+            fits.append(False)
+    first = fits.index(True)
+    floor = next(i for i, p in enumerate(plans)
+                 if working_set_floor(info, p, HW.storage_bytes, HW.accum_bytes) <= HW.lb_bytes)
+    assert floor < first - 1
+    galloped = set()
+    assert _gallop(floor, len(plans), lambda i: galloped.add(i) or fits[i]) == first
+    lowered = []
+    monkeypatch.setattr(tir_passes, "lower_with_plan", lambda f, p: lowered.append(plans.index(p)) or lower_with_plan(f, p))
+    _, chosen = _fitting(func, info, plans, HW, None, False)
+    assert chosen == plans[first]
+    assert sorted(lowered) == [floor, first - 1, first] and len(lowered) < len(galloped)
 
 
 def test_an_epilogues_temporaries_share_lb_places_and_compute_exactly(rng):

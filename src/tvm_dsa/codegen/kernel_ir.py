@@ -695,15 +695,16 @@ def lb_dtypes(stages: list[Stage], hw: Hardware) -> dict[str, str]:
     return out
 
 
-def scratch_bytes(stage: Stage, dtypes: dict[str, str], storage: str) -> int:
+def scratch_bytes(stage: Stage, dtypes: dict[str, str], storage: str, rounding=align) -> int:
     """Bytes of temporaries a stage needs: one per inner op of its expression, a materialised
-    update for a compound reduction, a cast buffer for a copy between element types."""
+    update for a compound reduction, a cast buffer for a copy between element types; each
+    through ``rounding``."""
     box = 1
     for n in stage.shape:
         box *= n
     if stage.op == "dma":
         types = {dtypes[a.buffer] if a.lb else storage for a in [stage.dst] + stage.reads()}
-        return align(4 * box) if len(types) > 1 else 0
+        return rounding(4 * box) if len(types) > 1 else 0
     if stage.op == "mme":
         return 0
 
@@ -711,7 +712,7 @@ def scratch_bytes(stage: Stage, dtypes: dict[str, str], storage: str) -> int:
         n = 1
         for i in dims:
             n *= stage.shape[i]
-        return align(4 * n)
+        return rounding(4 * n)
 
     total = 0
 
@@ -725,7 +726,7 @@ def scratch_bytes(stage: Stage, dtypes: dict[str, str], storage: str) -> int:
 
     walk(stage.value, stage.op == "vector")
     if stage.op == "reduce" and isinstance(stage.value, Op):
-        total += align(4 * box)
+        total += rounding(4 * box)
     return total
 
 
@@ -741,24 +742,7 @@ def plan_lb(kernel: KernelIR, hw: Hardware, lb_bytes: int | None = None) -> LBPl
     before theirs begins (``_shared_places``): an elementwise chain's temporaries (a GELU is five)
     then take two places, not five, and leave room for larger tiles."""
     capacity = hw.lb_bytes if lb_bytes is None else lb_bytes
-    stages = kernel.stages()
-    dtypes = lb_dtypes(stages, hw)
-    first: dict[str, LBBuffer] = {}
-    loaded: set = set()  # buffers a DMA fills
-    for st in stages:
-        for acc, is_write in [(st.dst, True)] + [(a, False) for a in st.reads()]:
-            if not acc.lb or acc.buffer in first:
-                continue
-            if not is_write:
-                raise CodegenError(f"LB buffer {acc.buffer} is read by {st.name} before it is written")
-            first[acc.buffer] = LBBuffer(acc.buffer, dtypes[acc.buffer], acc.extents(st.shape), st.name)
-            if st.op == "dma":
-                loaded.add(acc.buffer)
-    places = _shared_places(kernel, first)  # buffer -> place; a place's size is its largest buffer's
-    sizes: dict = {}
-    for name, place in places.items():
-        sizes[place] = max(sizes.get(place, 0), align(first[name].nbytes))
-    scratch = max((scratch_bytes(st, dtypes, hw.storage_dtype) for st in stages), default=0)
+    first, loaded, places, sizes, scratch = _tile_layout(kernel, hw)
     single = sum(sizes.values())
     if single + scratch > capacity:
         raise CodegenError(f"tile working set {single + scratch} bytes exceeds the LB ({capacity})")
@@ -783,6 +767,39 @@ def plan_lb(kernel: KernelIR, hw: Hardware, lb_bytes: int | None = None) -> LBPl
     placed = {b.name: LBBuffer(b.name, b.dtype, b.extents, b.writer, tuple(slots[places[b.name]]))
               for b in first.values()}
     return LBPlan(placed, offset, scratch, offset + scratch)
+
+
+def _tile_layout(kernel: KernelIR, hw: Hardware, rounding=align):
+    """One tile's LB buffers (by name), those DMAs fill, each buffer's place (``_shared_places``),
+    each place's bytes (its largest buffer's) and the temporaries' bytes of the stage that needs
+    most; every size passed through ``rounding``."""
+    stages = kernel.stages()
+    dtypes = lb_dtypes(stages, hw)
+    first: dict[str, LBBuffer] = {}
+    loaded: set = set()  # buffers a DMA fills
+    for st in stages:
+        for acc, is_write in [(st.dst, True)] + [(a, False) for a in st.reads()]:
+            if not acc.lb or acc.buffer in first:
+                continue
+            if not is_write:
+                raise CodegenError(f"LB buffer {acc.buffer} is read by {st.name} before it is written")
+            first[acc.buffer] = LBBuffer(acc.buffer, dtypes[acc.buffer], acc.extents(st.shape), st.name)
+            if st.op == "dma":
+                loaded.add(acc.buffer)
+    places = _shared_places(kernel, first)  # buffer -> place; a place's size is its largest buffer's
+    sizes: dict = {}
+    for name, place in places.items():
+        sizes[place] = max(sizes.get(place, 0), rounding(first[name].nbytes))
+    scratch = max((scratch_bytes(st, dtypes, hw.storage_dtype, rounding) for st in stages), default=0)
+    return first, loaded, places, sizes, scratch
+
+
+def tile_bytes(kernel: KernelIR, hw: Hardware) -> int:
+    """LB bytes one tile of ``kernel`` needs, one copy of each buffer (``plan_lb``'s least), sizes
+    not rounded up to ``ALIGN``: it shrinks in proportion to the boxes, which lets a tile search
+    predict which smaller tiling fits (``tir_passes.lower_kernel``)."""
+    *_, sizes, scratch = _tile_layout(kernel, hw, rounding=int)
+    return sum(sizes.values()) + scratch
 
 
 def chunk_loops(kernel: KernelIR) -> list[Loop]:
