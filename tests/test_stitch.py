@@ -22,6 +22,7 @@ from tvm_dsa.codegen.stitch import (
     Lifetime,
     allocate,
     binding,
+    cluster_rounds,
     footprints,
     makespan,
     plan_instances,
@@ -336,6 +337,12 @@ def test_binding_balances_instances_over_cores():
     # 64 instances: 16 per cluster, one core each, every core twice
     b64 = binding(64, HW)
     assert all(len(c) == 1 for c in b64) and sorted(c for (c,) in b64) == sorted(list(range(32)) * 2)
+    # 16 instances in two rounds: a cluster's four run two at a time, 4 cores each, the second
+    # two on the first two's cores
+    b16 = binding(16, HW, rounds=2)
+    assert b16[:4] == [(0, 1, 2, 3), (4, 5, 6, 7), (0, 1, 2, 3), (4, 5, 6, 7)]
+    assert cluster_rounds(b16, cpc)[0].rnd == {0: 0, 1: 0, 2: 1, 3: 1}
+    assert binding(16, HW, rounds=1) == binding(16, HW) and all(len(c) == 2 for c in binding(16, HW))
 
 
 @pytest.mark.parametrize("lb_keep", [0.0, 0.5])
@@ -717,6 +724,51 @@ def test_clusters_copy_the_first_clusters_instructions(monkeypatch):
         assert dataclasses.replace(x, deps=()) == dataclasses.replace(y, deps=())
         assert set(y.deps) <= set(x.deps)
         assert all(a.instructions[d].core // cpc != x.core // cpc for d in set(x.deps) - set(y.deps))
+
+
+def test_a_gb_too_small_for_a_clusters_samples_runs_them_in_rounds(monkeypatch, rng):
+    """The MLP (``_mlp``) at batch 8 x 64 rows, 256 -> 256 -> 256, its weights constants (128 KiB
+    each, fp16): two samples a cluster, each sample's hidden tensor 32 KiB. Run at once, a
+    cluster's instances keep both samples' hidden tensors beside a weight: 128 + 64 KiB, over a
+    176 KiB GB, so the plan spills. In two rounds (micro-batches of one sample, each round's
+    instances on twice the cores) a round keeps 128 + 32 KiB and promotes the weights it reads
+    itself: nothing spills, each weight is promoted twice per cluster, and the model computes
+    what llvm does (the functional run checks every dependency)."""
+    import importlib
+
+    offload = importlib.import_module("tvm_dsa.relax_passes.offload")
+    mod, seen = _mlp(monkeypatch, 8, 64, 256)
+    x, w1, w2 = [rng.standard_normal([int(s) for s in p.ty.shape]).astype("float32") * 0.1 for p in mod["main"].params]
+    ref = _llvm(mod, [x, w1, w2])
+    mod = relax.transform.BindParams("main", {"a1": tvm.runtime.tensor(w1), "a2": tvm.runtime.tensor(w2)})(mod)
+    tried = []
+    micro = offload._micro_batched
+
+    def recorded(planned, hw, samples):
+        def plan(rounds):
+            sub = planned(rounds)
+            tried.append((rounds, sum(b.level == "ddr" for b in stitch.read_allocation(sub))))
+            return sub
+        return micro(plan, hw, samples)
+
+    monkeypatch.setattr(offload, "_micro_batched", recorded)
+    hardware.register(dataclasses.replace(HW, name="stcp920-gb176k", gb_bytes=176 * KB), override=True)
+    vm, result = _run(mod, "graphturbo", hw="dsa/stcp920-gb176k")
+    out = vm["main"](tvm.runtime.tensor(x)).numpy()
+    assert np.abs(out - ref).max() / np.abs(ref).max() < 5e-3
+    (info,) = result.stitched.values()
+    assert tried[0][0] == 1 and tried[0][1] > 0 and tried[1] == (2, 0) and len(tried) == 2
+    weight, hidden = 256 * 256 * 2, 64 * 256 * 2
+    assert info.order == "rounds" and info.spilled == () and info.gb_peak == weight + hidden
+    allocation = stitch.read_allocation(seen[-1])
+    promoted = {}
+    for b in allocation:
+        if b.kind == "w":
+            promoted[b.tensor, b.cluster] = promoted.get((b.tensor, b.cluster), 0) + 1
+    assert len(promoted) == 2 * HW.clusters and set(promoted.values()) == {2}
+    _run(mod, "graphturbo")  # the whole GB: one round, each weight promoted once
+    (whole,) = tvm_dsa.pipeline_result().stitched.values()
+    assert whole.order == "dfs" and whole.cores_per_instance * 2 == info.cores_per_instance
 
 
 def test_promotions_come_later_where_early_ones_would_spill(rng):

@@ -124,7 +124,8 @@ def test_order_instances_keeps_the_smaller_gb_peak():
 
 
 def test_clusters_alike_share_their_buffers_summary(monkeypatch):
-    """The order and prefetch decisions read each cluster's (spills, LB-kept, GB peak); the four
+    """The order and prefetch decisions read each cluster's (spills, LB-kept, bytes promoted, GB
+    peak); the four
     clusters of the 64-instance module are the first moved along the batch, so their buffers are
     worked out once per order, and each summary is what the cluster's own buffers give."""
     from tvm_dsa.tir_passes import stitch as passes
@@ -140,6 +141,7 @@ def test_clusters_alike_share_their_buffers_summary(monkeypatch):
             bufs = buffers(k, c, order, {}, "longest")
             assert k.summary(c, order, {}, "longest") == (
                 sum(b.level == "ddr" for b in bufs), sum(b.level == "lb" for b in bufs),
+                sum(b.nbytes for b in bufs if b.kind == "w" and b.level == "gb"),
                 max((b.offset + align(b.nbytes) for b in bufs if b.level == "gb"), default=0))
     assert calls == [(0, "dfs", {}, "longest"), (0, "bfs", {}, "longest")]
 

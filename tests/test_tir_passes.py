@@ -597,6 +597,20 @@ def test_a_bare_contraction_writes_its_tile_back_once_after_the_chunk_loop(rng):
     assert run.report.ddr_write == 64 * 96 * 2  # the output once, in fp16
 
 
+def test_a_first_tile_caps_every_plan_and_the_lowered_tiles():
+    """``first_tile`` (a micro-batch's samples) caps the first loop's tile in every candidate plan
+    and the parallel plans after them: an add over (8, 64, 512) takes plans of the whole batch
+    without it, none over 2 samples with ``first_tile=2``, and lowers so."""
+    hw = hardware.get("stcp920")
+    op = relax.op
+    func = fused_kernel(lambda: relax_graph([(8, 64, 512), (8, 64, 512)], lambda x, y: op.add(x, y)))
+    info = anchor_info(func)
+    assert max(p.tiles[0] for p in candidate_plans(info, hw.mme.rows, hw.mme.cols)) == 8
+    capped = list(candidate_plans(info, hw.mme.rows, hw.mme.cols, first_tile=2))
+    assert capped and max(p.tiles[0] for p in capped) == 2
+    assert lower_kernel(func, hw, first_tile=2)[1].tiles[0] <= 2
+
+
 def _matmul_197():
     """(2, 197, 64) x (64, 96) + bias, ReLU: ViT's 197 tokens (prime) as M."""
     op = relax.op

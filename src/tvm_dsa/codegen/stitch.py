@@ -371,7 +371,9 @@ def allocate(lives: list[Lifetime], capacity: int, policy: str = "longest") -> t
 
 # --------------------------------------------------------------------------------------------
 # the sub-graph module: what the scheduler hands kernel generation, and the passes' decisions
-ORDERS = ("dfs", "bfs")
+# dfs: round by round (on a set of cores), each weight promoted once for all rounds; bfs: layer
+# by layer; rounds: as dfs, each round promoting the weights it reads (a micro-batch's)
+ORDERS = ("dfs", "bfs", "rounds")
 
 
 @dataclass(frozen=True)
@@ -466,7 +468,8 @@ def read_cores(mod: tvm.IRModule) -> list[tuple[int, ...]]:
 @dataclass(frozen=True)
 class Buffer:
     """A buffer of a stitched kernel: an instance's intermediate (``kind`` "t", ``owner`` the
-    instance) or a cluster's promoted weight ("w", owner the cluster), live from step ``first`` to
+    instance) or a cluster's promoted weight ("w", owner the cluster; in the ``rounds`` order
+    ``weight_owner``'s, one per round), live from step ``first`` to
     ``last``, placed at ``level`` lb (``unit`` a core), gb (unit a cluster) or ddr (``offset`` into
     the kernel's scratch; -1 for a weight read where it is)."""
 
@@ -484,6 +487,13 @@ class Buffer:
     @property
     def key(self) -> tuple:
         return self.kind, self.tensor, self.owner
+
+
+def weight_owner(order: str, cluster: int, rnd: int, clusters: int) -> int:
+    """``Buffer.owner`` of a weight cluster ``cluster`` promotes for its instances of round
+    ``rnd``: the cluster, or in the ``rounds`` order one owner per round (cluster + clusters x
+    round), so each round's promotion is a buffer of its own."""
+    return cluster + clusters * rnd if order == "rounds" else cluster
 
 
 def read_allocation(mod: tvm.IRModule) -> list[Buffer]:
@@ -510,18 +520,20 @@ class StitchInfo:
     lb_bytes: int = 0  # bytes of each core's LB set aside for them (the rest holds the layers' tiles)
 
 
-def binding(n: int, hw) -> list[tuple[int, ...]]:
+def binding(n: int, hw, rounds: int = 1) -> list[tuple[int, ...]]:
     """Cores of each instance (Algorithm 4's factors): instances dealt over the clusters in
     consecutive blocks (the batch split: instances run in batch order, so a cluster gets whole
     samples, and its part of the kernel is the first cluster's moved along the batch even when
     instances split a sample, as ViT's attention does by heads), one core each when a cluster has
     at least as many instances as cores, otherwise the largest of 8, 4, 2, 1 cores each that keeps
-    them balanced."""
+    them balanced — or with ``rounds`` > 1, that keeps a ``rounds``-th of them balanced: the
+    others run after them on the same cores (micro-batches, ``cluster_rounds``)."""
     clusters, cpc = min(n, hw.clusters), hw.cores_per_cluster
     per = [list(range(c * n // clusters, (c + 1) * n // clusters)) for c in range(clusters)]
     cores = [()] * n
     for c, members in enumerate(per):
-        share = max([f for f in (8, 4, 2, 1) if f * len(members) <= cpc and f <= cpc] or [1])
+        at_once = -(-len(members) // rounds)
+        share = max([f for f in (8, 4, 2, 1) if f * at_once <= cpc and f <= cpc] or [1])
         for j, i in enumerate(members):
             first = (j * share) % cpc
             cores[i] = tuple(c * cpc + first + k for k in range(share))
@@ -541,9 +553,9 @@ class ClusterRounds:
 
     def step(self, order: str, layers: int):
         """(round, layer index) -> step of the cluster's program in instance order ``order``:
-        dfs runs instance by instance, bfs layer by layer."""
+        dfs (and rounds) runs instance by instance, bfs layer by layer."""
         rounds = self.rounds
-        if order == "dfs":
+        if order in ("dfs", "rounds"):
             return lambda r, k: r * layers + k
         return lambda r, k: k * rounds + r
 
@@ -631,7 +643,7 @@ def _cluster_shift(sg, prints, inst, cores, cpc, ref: _Part, other: _Part, regio
     shift = {("ddr", t): esize * sum(v * math.prod(r.extents[k + 1:]) for k, v in enumerate(delta.get(t, ())))
              for t, r in regions.items()}
     for x in ref.buffers:
-        key = (x.kind, x.tensor, twin[x.owner] if x.kind == "t" else other.cluster)
+        key = (x.kind, x.tensor, twin[x.owner] if x.kind == "t" else x.owner - ref.cluster + other.cluster)
         y = theirs.get(key)
         if y is None or (y.first, y.last, y.nbytes) != (x.first, x.last, x.nbytes):
             return None
@@ -787,7 +799,8 @@ def emit_stitched(mod: tvm.IRModule, hw, replicate: bool = True, replay: bool = 
                         continue
                     local = dict(regions)
                     for t in L.args.values():
-                        key = ("t", t, i) if t in produced and t not in sg.outputs else ("w", t, c)
+                        key = ("t", t, i) if t in produced and t not in sg.outputs else \
+                            ("w", t, weight_owner(order, c, cr.rnd[i], hw.clusters))
                         if key in part.place:
                             local[t] = part.place[key]
                     tiles = [prints[L.name].tiles[r] for r in piece_order(L, rows, prints[L.name], pieced).tolist()]

@@ -23,7 +23,7 @@ from ..schedule import KernelSpec
 from ..codegen.emit import Layer, build_program
 from ..codegen.kernel_ir import ALIGN, plan_lb, read_kernel
 from ..codegen.set_program import TreeKernel, build_tree_program
-from ..codegen.stitch import emit_stitched, subgraph_module
+from ..codegen.stitch import emit_stitched, read_allocation, subgraph_module
 from ..hardware import Hardware
 from ..schedule.graph import OpGraph
 from ..schedule.set.intra import working_set_bytes
@@ -55,7 +55,7 @@ class StitchOptions:
     """Kernel generation choices of stitched kernels (the ablation switches of seed 000 Fig. 15)."""
 
     gb: bool = True  # intermediates and weights in the GB (False: DDR, as layerwise)
-    order: str = "best"  # instance order: dfs, bfs or best (Algorithm 3)
+    order: str = "best"  # instance order: dfs, bfs, rounds or best (Algorithm 3)
     spill: str = "longest"  # spill policy: longest (the seed) or largest (prior work)
     prefetch: int = 2  # cross-layer scheduling: weight promotions issued this many steps early
     # share of each core's LB kept for stitched intermediates (the "L1" level); the layers of
@@ -109,26 +109,34 @@ def offload(mod: tvm.IRModule, hw: Hardware, schedule: str = "layerwise", run_id
             in_part[name] = _lower(mod[name], hw, stitch.lb_budget(hw), name in on_vector, clamp=True)
         return in_part[name]
 
-    overlapped: dict = {}  # (PrimFunc name, LB budget, inputs on chip) -> lowered for stitched kernels
+    # (PrimFunc name, LB budget, inputs on chip, first tile) -> lowered for stitched kernels
+    overlapped: dict = {}
 
-    def for_stitch(name, part: bool, on_chip: frozenset):
+    def for_stitch(name, part: bool, on_chip: frozenset, first_tile: int | None = None):
         """A stitched kernel's layer, tiled to the LB share left to tiles (``part``) or the whole
         LB, its plans ranked with the inputs at positions ``on_chip`` read from the GB (where the
         kernel keeps its intermediates and promotes its weights: ``lower_kernel``); a contraction
         that loads from the GB with its chunk loads overlapping the MME (``overlap``; from DDR, as
-        layerwise loads, a smaller chunk costs bursts)."""
+        layerwise loads, a smaller chunk costs bursts). ``first_tile``: at most so many along the
+        first loop (a micro-batch's samples, ``_micro_batched``) where the tiling holds more."""
         low, budget = tiled_in_part(name) if part else lowered[name]
+        if first_tile is not None and _first_tile(low) <= first_tile:
+            first_tile = None
+        if first_tile is not None:
+            low, budget = _lower(mod[name], hw, stitch.lb_budget(hw) if part else budget, name in on_vector,
+                                 clamp=True, first_tile=first_tile)
         on_chip = on_chip if stitch.gb else frozenset()
-        if (name, budget, on_chip) not in overlapped:
-            record = name in result.tuned and not part
+        key = (name, budget, on_chip, first_tile)
+        if key not in overlapped:
+            record = name in result.tuned and not part and first_tile is None
             if on_chip and not record:
-                low = lower_kernel(mod[name], hw, budget, vector=name in on_vector, on_chip=on_chip)[0]
+                low = lower_kernel(mod[name], hw, budget, vector=name in on_vector, on_chip=on_chip,
+                                   first_tile=first_tile)[0]
             keep = (not stitch.gb or name in on_vector or record
                     or not kernel_macs(mod[name]) or plan_lb(read_kernel(low), hw, budget).double_buffered)
-            overlapped[name, budget, on_chip] = (
-                low if keep else lower_kernel(mod[name], hw, budget, overlap=True, on_chip=on_chip)[0],
-                budget)
-        return overlapped[name, budget, on_chip]
+            overlapped[key] = (low if keep else lower_kernel(mod[name], hw, budget, overlap=True, on_chip=on_chip,
+                                                             first_tile=first_tile)[0], budget)
+        return overlapped[key]
     specs = schedules.get(schedule)(mod, hw, set(lowered), options)
     node_of = {n.name: n for n in graph.nodes}
     kernels = []  # (spec, program text, input exprs, output vars, names the call renames the program's by)
@@ -192,17 +200,23 @@ def offload(mod: tvm.IRModule, hw: Hardware, schedule: str = "layerwise", run_id
     return _rewrite(mod, kernels, graph, run_id), result
 
 
-def _lower(func, hw, lb_bytes, vector: bool = False, *, clamp: bool):
+def _lower(func, hw, lb_bytes, vector: bool = False, *, clamp: bool, first_tile: int | None = None):
     """(lowered PrimFunc, LB budget it was tiled to): within ``lb_bytes`` where it fits (graphturbo
     leaves the rest of the LB to stitched intermediates), else within the whole LB; the
-    contraction on the unit ``vector`` says, tiles overlapping where ``clamp`` lets them
-    (``lower_kernel``)."""
+    contraction on the unit ``vector`` says, tiles overlapping where ``clamp`` lets them, the
+    first loop's at most ``first_tile`` (``lower_kernel``)."""
     if lb_bytes is not None:
         try:
-            return lower_kernel(func, hw, lb_bytes, vector=vector, clamp=clamp)[0], lb_bytes
+            return lower_kernel(func, hw, lb_bytes, vector=vector, clamp=clamp, first_tile=first_tile)[0], lb_bytes
         except Unsupported:
             pass
-    return lower_kernel(func, hw, vector=vector, clamp=clamp)[0], None
+    return lower_kernel(func, hw, vector=vector, clamp=clamp, first_tile=first_tile)[0], None
+
+
+def _first_tile(lowered) -> int:
+    """The tile of a lowered kernel's first loop (along its output's first dim)."""
+    kernel = read_kernel(lowered)
+    return -(-kernel.params[-1][1][0] // kernel.tile_loops()[0].extent)
 
 
 def _boundary(nodes, graph) -> tuple[list[str], list[str]]:
@@ -227,25 +241,56 @@ def _stitched(spec, nodes, graph, layer, hw, stitch) -> tuple:
     ``on_chip`` read from the GB (those the sub-graph computes and its weights) where another
     comes from DDR (a sub-graph's first layers). A layer reading only the GB keeps the plan
     ranked as layerwise ranks it: ranking it so too changed no cycles of the seven models of
-    ``benchmarks/graphturbo.py`` and cost ResNet-50's build 0.6 s."""
-    inputs, _ = _boundary(nodes, graph)
+    ``benchmarks/graphturbo.py`` and cost ResNet-50's build 0.6 s. ``layer(..., first_tile)``:
+    with at most so many samples a tile (micro-batches, ``_micro_batched``)."""
+    inputs, outputs = _boundary(nodes, graph)
+    batch = graph.tensors[outputs[0]].shape[0]  # the first dim of the layers that have it (§2.1)
 
-    def lowered(part: bool) -> dict:
+    def lowered(part: bool, first_tile: int | None) -> dict:
         out = {}
         for n in nodes:
             on_chip = frozenset(i for i, t in enumerate(n.inputs) if t not in inputs or graph.tensors[t].constant)
-            out[n.name] = layer(n.func, part, on_chip if len(on_chip) < len(n.inputs) else frozenset())
+            cap = first_tile if graph.tensors[n.output].shape[0] == batch else None
+            out[n.name] = layer(n.func, part, on_chip if len(on_chip) < len(n.inputs) else frozenset(), cap)
         return out
-    bind = tvm.transform.Sequential([StitchBuffers(hw), BindCores(hw)])
-    sub = bind(_subgraph(spec, nodes, graph, lowered(False)))
-    # the LB level (Fig. 15's "L1") pays only where Algorithm 4 gives every instance one
-    # core (it keeps the intermediates in that core's LB); elsewhere the tiles keep the LB
-    lb = stitch.lb_keep > 0 and all(len(c) == 1 for c in sub.attrs["dsa.cores"])
-    if lb:
-        sub = bind(_subgraph(spec, nodes, graph, lowered(True)))
-    later = stitch_passes(hw, stitch.order, stitch.spill, stitch.gb, stitch.prefetch, lb).passes[2:]
-    sub = tvm.transform.Sequential(list(later))(sub)  # the passes after BindCores
-    return emit_stitched(sub, hw)
+
+    def planned(rounds: int):
+        """The sub-graph through the stitch passes, each cluster's instances in ``rounds`` rounds,
+        its layers' tiles holding no more than a round's share of the samples."""
+        share, rest = divmod(batch, hw.clusters * rounds)
+        first_tile = share if rounds > 1 and share and not rest else None
+        bind = tvm.transform.Sequential([StitchBuffers(hw), BindCores(hw, rounds)])
+        sub = bind(_subgraph(spec, nodes, graph, lowered(False, first_tile)))
+        # the LB level (Fig. 15's "L1") pays only where Algorithm 4 gives every instance one
+        # core (it keeps the intermediates in that core's LB); elsewhere the tiles keep the LB
+        lb = stitch.lb_keep > 0 and all(len(c) == 1 for c in sub.attrs["dsa.cores"])
+        if lb:
+            sub = bind(_subgraph(spec, nodes, graph, lowered(True, first_tile)))
+        later = stitch_passes(hw, stitch.order, stitch.spill, stitch.gb, stitch.prefetch, lb).passes[2:]
+        return tvm.transform.Sequential(list(later))(sub)  # the passes after BindCores
+
+    return emit_stitched(_micro_batched(planned, hw, batch // hw.clusters), hw)
+
+
+def _micro_batched(planned, hw, samples: int):
+    """``planned(rounds)`` (a sub-graph module through the stitch passes, each cluster's
+    instances bound to run in ``rounds`` rounds) with the fewest buffers spilled to DDR, the
+    fewest rounds among those: 1, or where the GB does not hold what a cluster's instances keep
+    at once, twice as many while that spills and a cluster has ``samples`` or instances for
+    them. Micro-batches: each round's intermediates live for the round, and
+    in the ``rounds`` order each round promotes the weights it reads (BERT-128 at batch 16: four
+    samples a cluster spilled each FFN1 output, 3 MB, beside FFN2's 4.5 MB of weights; two
+    rounds of two spill nothing)."""
+    best, rounds = None, 1
+    while True:
+        sub = planned(rounds)
+        spills = sum(b.level == "ddr" for b in read_allocation(sub))
+        if best is None or spills < best[0]:
+            best = (spills, sub)
+        cores = sub.attrs["dsa.cores"]
+        if not spills or 2 * rounds > max(samples, len(cores) // min(len(cores), hw.clusters)):
+            return best[1]
+        rounds *= 2
 
 
 def _form(spec, nodes, graph) -> tuple:

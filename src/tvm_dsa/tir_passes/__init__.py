@@ -73,7 +73,7 @@ def lower_with_plan(func, plan: TilePlan):
 
 def lower_kernel(func, hw, lb_bytes: int | None = None, parallel: bool = True, simplify: bool = True,
                  whole_rows: bool = False, vector: bool = False, overlap: bool = False, on_chip=frozenset(),
-                 clamp: bool = True):
+                 clamp: bool = True, first_tile: int | None = None):
     """Lower ``func`` with the largest tiling whose working set fits ``hw``'s LB (its first
     ``lb_bytes`` if given) and — unless ``parallel`` is False — that gives the cluster's cores a
     tile each where the kernel has that many. Returns (lowered, plan). With ``whole_rows`` no
@@ -98,7 +98,7 @@ def lower_kernel(func, hw, lb_bytes: int | None = None, parallel: bool = True, s
     reads from the GB (``load_cycles``), which also tries ``candidate_plans``' ``keep_n`` order.
     With ``clamp`` (the default) a prime extent may be tiled in parts whose last overlaps the one
     before (``ClampTiles``: ViT's 197 tokens); SET's layers keep tiles that divide
-    (``clamp=False``)."""
+    (``clamp=False``). ``first_tile`` caps the tiles of the first loop (``candidate_plans``)."""
     info = anchor_info(func, simplify)
     alignments = (False, True) if simplify and info.align != anchor_info(func, False).align else (None,)
     if vector and not unit_choice(info, hw):
@@ -107,7 +107,7 @@ def lower_kernel(func, hw, lb_bytes: int | None = None, parallel: bool = True, s
     for aligned in alignments:
         try:
             lowerings.append(_lower_aligned(func, hw, lb_bytes, parallel, simplify, aligned, vector, whole_rows,
-                                            overlap, on_chip, clamp))
+                                            overlap, on_chip, clamp, first_tile))
         except Unsupported as err:
             error = err
     if not lowerings:
@@ -134,7 +134,7 @@ def _tiles(info, plan: TilePlan) -> int:
 
 def _lower_aligned(func, hw, lb_bytes: int | None, parallel: bool, simplify: bool, aligned: bool | None = None,
                    vector: bool = False, whole_rows: bool = False, overlap: bool = False, on_chip=frozenset(),
-                   clamp: bool = True):
+                   clamp: bool = True, first_tile: int | None = None):
     """``lower_kernel`` with one alignment: of the simplified indices or of the indices as they are
     (``aligned``, by default ``simplify``); the simplified kernel is lowered if ``simplify``; the
     contraction on the vector units if ``vector``.
@@ -153,7 +153,7 @@ def _lower_aligned(func, hw, lb_bytes: int | None, parallel: bool, simplify: boo
     for reuse, keep_n in orders:
         try:
             plans = [replace(p, vector=vector)
-                     for p in candidate_plans(info, hw.mme.rows, hw.mme.cols, reuse, keep_n, clamp)]
+                     for p in candidate_plans(info, hw.mme.rows, hw.mme.cols, reuse, keep_n, clamp, first_tile)]
             chosen.append(_fitting(func, info, _rows_whole(info, plans) if whole_rows else plans, hw, lb_bytes,
                                    parallel, whole_rows))
         except Unsupported:

@@ -11,7 +11,7 @@ pass here adds its decision to the module as an attribute of plain TVM container
     BindCores           Alg. 4  the cores of each instance (factors 8, 4, 2, 1)          dsa.cores
     AssignMemoryScopes  §4.1    LB / GB / DDR of each intermediate, the weights promoted
                                 DDR -> GB, the LB share kept for intermediates           dsa.scopes
-    OrderInstances      Alg. 3  dfs or bfs: the order that keeps more on chip            dsa.order
+    OrderInstances      Alg. 3  dfs, bfs or rounds: the order that keeps more on chip    dsa.order
     CrossLayerSchedule  §4.4    how many steps early each cluster promotes each weight   dsa.prefetch
     AllocateBuffers     §4.3    every buffer's lifetime, level and offset; spills        dsa.allocation
 
@@ -41,6 +41,7 @@ from ..codegen.stitch import (
     read_cores,
     read_instances,
     read_subgraph,
+    weight_owner,
 )
 from ..relax_passes import memory_plan
 from .scopes import GB_SCOPE, LB_SCOPE
@@ -142,16 +143,17 @@ class _Kernel:
             kept += [Buffer(c, "t", x.key[1], x.key[2], x.first, x.last, x.nbytes, "lb", core, offsets[x.key])
                      for x in xs if x.key in offsets]
             lives += [x for x in xs if x.key in spilled]  # on to the GB
-        uses: dict = {}
+        uses: dict = {}  # (weight, owner) -> steps reading it
         for i in cr.members:
+            owner = weight_owner(order, c, cr.rnd[i], hw.clusters)
             for k, L in enumerate(sg.layers):
                 if len(inst.rows[i][L.name]):
                     for w in dict.fromkeys(L.args.values()):  # argument order: hash order moved offsets
                         if w in promote:
-                            uses.setdefault(w, []).append(step(cr.rnd[i], k))
-        for w, u in uses.items():
-            lives.append(Lifetime(("w", w, c), esize * math.prod(sg.tensors[w][0]), max(0, min(u) - ahead.get(w, 0)),
-                                  max(u)))
+                            uses.setdefault((w, owner), []).append(step(cr.rnd[i], k))
+        for (w, owner), u in uses.items():
+            lives.append(Lifetime(("w", w, owner), esize * math.prod(sg.tensors[w][0]),
+                                  max(0, min(u) - ahead.get(w, 0)), max(u)))
         offsets, _ = allocate([x for x in lives if x.key not in ddr_scoped], gb_bytes, spill)
         in_ddr = [x for x in lives if x.key not in offsets and x.key[0] == "t"]
         ddr_offsets, _ = allocate(in_ddr, 1 << 62, spill)
@@ -165,14 +167,16 @@ class _Kernel:
         return [placed(x) for x in lives] + kept
 
 
-    def summary(self, c: int, order: str, ahead: dict, spill: str) -> tuple[int, int, int]:
-        """(spills to DDR, intermediates kept in LBs, GB peak) of ``buffers(c, ...)``, worked out
+    def summary(self, c: int, order: str, ahead: dict, spill: str) -> tuple[int, int, int, int]:
+        """(spills to DDR, intermediates kept in LBs, bytes of weights promoted, GB peak) of
+        ``buffers(c, ...)``, worked out
         once for clusters whose parts are alike (a cluster's part is usually the first's moved
         along the batch: only sizes, scopes, rounds and cores within the cluster decide them)."""
         key = (self._alike(c), order, tuple(sorted(ahead.items())), spill)
         if key not in self._summaries:
             bufs = self.buffers(c, order, ahead, spill)
             self._summaries[key] = (sum(b.level == "ddr" for b in bufs), sum(b.level == "lb" for b in bufs),
+                                    sum(b.nbytes for b in bufs if b.kind == "w" and b.level == "gb"),
                                     max((b.offset + align(b.nbytes) for b in bufs if b.level == "gb"), default=0))
         return self._summaries[key]
 
@@ -203,8 +207,8 @@ class _Kernel:
                 issued = b.first - a
                 for s in range(b.first - a, b.first):
                     live[s] += size
-                if a:
-                    ahead[b.tensor] = a
+                ahead[b.tensor] = min(a, ahead.get(b.tensor, a))  # the rounds order: the least of its rounds'
+            ahead = {w: a for w, a in ahead.items() if a}
             if not ahead or self.summary(c, order, ahead, spill)[0] <= spills:
                 return ahead
         return {}
@@ -245,12 +249,13 @@ def StitchBuffers(hw):  # noqa: N802 - TVM pass naming
     return _annotating("dsa.StitchBuffers", decide)
 
 
-def BindCores(hw):  # noqa: N802
+def BindCores(hw, rounds: int = 1):  # noqa: N802
     """Algorithm 4: the cores of each instance — dealt over the clusters in consecutive blocks
     (``codegen.stitch.binding``), one core each where a cluster has as many instances as cores,
-    else the largest balanced factor of 8, 4, 2, 1."""
-    return _annotating("dsa.BindCores",
-                       lambda k: {"dsa.cores": [list(c) for c in binding(len(k.mod.attrs["dsa.instances"]["rows"]), hw)]})
+    else the largest balanced factor of 8, 4, 2, 1; with ``rounds`` > 1 a cluster's instances
+    run in that many rounds (micro-batches), each round's on all the cores it balances over."""
+    return _annotating("dsa.BindCores", lambda k: {"dsa.cores": [
+        list(c) for c in binding(len(k.mod.attrs["dsa.instances"]["rows"]), hw, rounds)]})
 
 
 def AssignMemoryScopes(hw, gb: bool = True, lb: bool = False):  # noqa: N802
@@ -277,9 +282,10 @@ def AssignMemoryScopes(hw, gb: bool = True, lb: bool = False):  # noqa: N802
 
 def OrderInstances(hw, order: str = "best", spill: str = "longest"):  # noqa: N802
     """Algorithm 3: run each cluster's instances depth first (instance by instance) or breadth
-    first (layer by layer); ``best`` keeps the order that uses the on-chip buffers better: fewer
-    spills to DDR, more intermediates kept in the LBs, then the smaller GB peak (weights promoted
-    at first use: cross-layer scheduling comes after)."""
+    first (layer by layer), or in ``rounds`` (depth first, each round promoting the weights it
+    reads: micro-batches); ``best`` keeps the order that uses the on-chip buffers better: fewer
+    spills to DDR, more intermediates kept in the LBs, fewer bytes promoted, then the smaller GB
+    peak (weights promoted at first use: cross-layer scheduling comes after)."""
     if order not in (*ORDERS, "best"):
         raise ValueError(f"unknown instance order {order!r}; known: {ORDERS + ('best',)}")
 
@@ -290,7 +296,7 @@ def OrderInstances(hw, order: str = "best", spill: str = "longest"):  # noqa: N8
 
         def score(o):
             parts = [k.summary(c, o, {}, spill) for c in k.clusters]
-            return sum(p[0] for p in parts), -sum(p[1] for p in parts), max(p[2] for p in parts)
+            return sum(p[0] for p in parts), -sum(p[1] for p in parts), sum(p[2] for p in parts), max(p[3] for p in parts)
 
         return {"dsa.order": min(ORDERS, key=score)}
 
