@@ -277,10 +277,10 @@ def _micro_batched(planned, hw, samples: int):
     instances bound to run in ``rounds`` rounds) with the fewest buffers spilled to DDR, the
     fewest rounds among those: 1, or where the GB does not hold what a cluster's instances keep
     at once, twice as many while that spills and a cluster has ``samples`` or instances for
-    them. Micro-batches: each round's intermediates live for the round, and
-    in the ``rounds`` order each round promotes the weights it reads (BERT-128 at batch 16: four
-    samples a cluster spilled each FFN1 output, 3 MB, beside FFN2's 4.5 MB of weights; two
-    rounds of two spill nothing)."""
+    them. Micro-batches: each round's intermediates live for the round, and in the ``rounds``
+    order each round promotes the weights it reads (BERT-128 at batch 16: four samples a cluster
+    spilled each FFN1 output, 3 MB, beside FFN2's 4.5 MB of weights; two rounds of two spill
+    nothing)."""
     best, rounds = None, 1
     while True:
         sub = planned(rounds)
