@@ -285,7 +285,8 @@ def OrderInstances(hw, order: str = "best", spill: str = "longest"):  # noqa: N8
     first (layer by layer), or in ``rounds`` (depth first, each round promoting the weights it
     reads: micro-batches); ``best`` keeps the order that uses the on-chip buffers better: fewer
     spills to DDR, more intermediates kept in the LBs, fewer bytes promoted, then the smaller GB
-    peak (weights promoted at first use: cross-layer scheduling comes after)."""
+    peak (weights promoted at first use: cross-layer scheduling comes after). Where every
+    cluster runs its instances in one round the orders are one schedule: dfs, unscored."""
     if order not in (*ORDERS, "best"):
         raise ValueError(f"unknown instance order {order!r}; known: {ORDERS + ('best',)}")
 
@@ -293,6 +294,8 @@ def OrderInstances(hw, order: str = "best", spill: str = "longest"):  # noqa: N8
         if order != "best":
             return {"dsa.order": order}
         k.read(hw)
+        if all(cr.rounds == 1 for cr in k.clusters.values()):
+            return {"dsa.order": "dfs"}
 
         def score(o):
             parts = [k.summary(c, o, {}, spill) for c in k.clusters]
