@@ -760,15 +760,20 @@ def test_a_gb_too_small_for_a_clusters_samples_runs_them_in_rounds(monkeypatch, 
     assert tried[0][0] == 1 and tried[0][1] > 0 and tried[1] == (2, 0) and len(tried) == 2
     weight, hidden = 256 * 256 * 2, 64 * 256 * 2
     assert info.order == "rounds" and info.spilled == () and info.gb_peak == weight + hidden
-    allocation = stitch.read_allocation(seen[-1])
-    promoted = {}
-    for b in allocation:
-        if b.kind == "w":
-            promoted[b.tensor, b.cluster] = promoted.get((b.tensor, b.cluster), 0) + 1
+
+    def promotions(sub):  # (weight, cluster) -> how many times the cluster promotes it
+        counts: dict = {}
+        for b in stitch.read_allocation(sub):
+            if b.kind == "w":
+                counts[b.tensor, b.cluster] = counts.get((b.tensor, b.cluster), 0) + 1
+        return counts
+
+    promoted = promotions(seen[-1])
     assert len(promoted) == 2 * HW.clusters and set(promoted.values()) == {2}
     _run(mod, "graphturbo")  # the whole GB: one round, each weight promoted once
     (whole,) = tvm_dsa.pipeline_result().stitched.values()
     assert whole.order == "dfs" and whole.cores_per_instance * 2 == info.cores_per_instance
+    assert set(promotions(seen[-1]).values()) == {1}
 
 
 def test_promotions_come_later_where_early_ones_would_spill(rng):

@@ -399,11 +399,12 @@ def _predicted(floor: int, plans: list[TilePlan], capacity: int, fits, too_big: 
     """The first of ``plans`` from ``floor`` that ``fits`` (monotone), found with few lowerings:
     a plan too big for the LB predicts the first that fits, its tile's bytes (``too_big``) shrunk
     in proportion to each later plan's box (``_box_ratio``); the prediction is lowered, and if too
-    big too, predicts again. A box shrinks by no more than its tiles (by less for a stride, or a
-    weight tile that rows do not cut), so predictions come early, not late; where one fits, the
-    plan before it is checked (it keeps the answer exact where buffers share LB places in one
-    tiling and not in another). A plan whose indices are not affine predicts nothing: from it the
-    search gallops. ViT-B/16's layer norms and softmax: 3 lowerings of 20-40 ms each instead of 7."""
+    big too, predicts again. A box mostly shrinks by no more than its tiles (by less for a window
+    wider than its stride, or a weight tile that rows do not cut), so predictions mostly come
+    early; where one fits, the plan before it is checked, which keeps the answer exact where one
+    comes late (a stride wider than its window, buffers sharing LB places in one tiling and not
+    in another). A plan whose indices are not affine predicts nothing: from it the search
+    gallops. ViT-B/16's layer norms and softmax: 3 lowerings of 20-40 ms each instead of 7."""
     n, last, probe = len(plans), None, floor
     while probe < n and not fits(probe) and probe in too_big:
         last, need, ref = probe, too_big[probe], plans[probe]

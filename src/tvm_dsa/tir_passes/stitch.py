@@ -109,8 +109,9 @@ class _Kernel:
         """Cluster ``c``'s buffers in instance order ``order`` with each weight's promotion issued
         ``ahead[weight]`` steps (default 0) before its first use: each instance's LB-scoped
         intermediates placed in its core's LB, what does not fit and the GB-scoped ones with the
-        promoted weights in the cluster's GB, what does not fit there in DDR (offsets from 0: the
-        kernel's scratch)."""
+        promoted weights in the cluster's GB (once per cluster, or in the ``rounds`` order once per
+        round: ``weight_owner``), what does not fit there in DDR (offsets from 0: the kernel's
+        scratch)."""
         sg, inst, hw = self.sg, self.inst, self.hw
         instance_scopes, promote, lb_bytes, gb_bytes = self.scopes
         cr = self.clusters[c]
@@ -169,9 +170,9 @@ class _Kernel:
 
     def summary(self, c: int, order: str, ahead: dict, spill: str) -> tuple[int, int, int, int]:
         """(spills to DDR, intermediates kept in LBs, bytes of weights promoted, GB peak) of
-        ``buffers(c, ...)``, worked out
-        once for clusters whose parts are alike (a cluster's part is usually the first's moved
-        along the batch: only sizes, scopes, rounds and cores within the cluster decide them)."""
+        ``buffers(c, ...)``, worked out once for clusters whose parts are alike (a cluster's part
+        is usually the first's moved along the batch: only sizes, scopes, rounds and cores within
+        the cluster decide them)."""
         key = (self._alike(c), order, tuple(sorted(ahead.items())), spill)
         if key not in self._summaries:
             bufs = self.buffers(c, order, ahead, spill)
