@@ -1,9 +1,11 @@
 """SET (seed 002 §3): layer graph, resource allocation tree, tile allocation, tree analysis and
 the fast evaluator, on hand-built graphs whose expected figures the tests derive."""
 
+import dataclasses
 import itertools
 import random
 
+import numpy as np
 import pytest
 
 import tvm_dsa  # noqa: F401  (registers the presets)
@@ -14,6 +16,7 @@ from tvm_dsa.schedule.set import (Contraction, Cut, Evaluator, Layer, LayerGraph
                                   Tree, TreeError, dependencies, initial_tree, validate)
 from tvm_dsa.schedule.set.alloc import allocate, imbalance, stripe_order
 from tvm_dsa.schedule.set.analysis import allocate_groups, npt
+from tvm_dsa.schedule.set.evaluate import layout_share
 from tvm_dsa.schedule.set.ops import random_tree
 
 EDGE = hardware.get("set-edge16")
@@ -173,6 +176,85 @@ def test_dataflow_chunk_not_consumed_at_once_goes_through_dram():
     tree = Tree(Cut("T", 1, (Cut("T", 1, (Cut("T", 2, (Leaf(0), Leaf(1))), Leaf(2))),)), 2)
     chunks = {(c.src, c.p): c.noc for c in Evaluator(g, EDGE).schedule(tree).chunks}
     assert chunks == {(0, 0): 0.0, (0, 1): 1.0, (1, 0): 0.0, (1, 1): 1.0}
+
+
+def _xy_links(src, dst) -> set:
+    """The directed links of the XY route from ``src`` to ``dst`` ((x, y) routers), one by one."""
+    (sx, sy), (dx, dy) = src, dst
+    sx_step, sy_step = (1 if dx > sx else -1), (1 if dy > sy else -1)
+    return ({((x, sy), (x + sx_step, sy)) for x in range(sx, dx, sx_step)}
+            | {((dx, y), (dx, y + sy_step)) for y in range(sy, dy, sy_step)})
+
+
+@pytest.mark.parametrize("preset", ["set-edge16", "set-cloud144"])
+def test_multicast_trees_against_the_union_of_xy_routes(preset):
+    """Mesh.multicast / from_dram against trees built link by link: a datum crosses each link of
+    the union of its XY routes once; a single destination is the plain XY route."""
+    hw = hardware.get(preset)
+    mesh = Evaluator(chain(1), hw).mesh
+    w, h = hw.mesh
+    xy = stripe_order(w, h)
+    ports = [p for p in itertools.product(range(w), range(h)) if p[0] in (0, w - 1) or p[1] in (0, h - 1)]
+    rng = random.Random(1)
+    for _ in range(12):
+        a = rng.randrange(hw.cores)
+        src = (a, rng.randrange(a + 1, hw.cores + 1))
+        lo = rng.randrange(hw.cores)
+        room = hw.cores - lo
+        sets = tuple(tuple(sorted(rng.sample(range(room), min(room, rng.randrange(1, 6)))))
+                     for _ in range(rng.randrange(1, 5)))
+        share = np.array([[rng.random() for _ in sets] for _ in range(*src)])
+        share /= share.sum()
+        load: dict = {}
+        links = 0.0
+        for i, s in enumerate(range(*src)):
+            for j, tiles in enumerate(sets):
+                tree = set().union(*(_xy_links(xy[s], xy[lo + t]) for t in tiles))
+                links += share[i, j] * len(tree)
+                for link in tree:
+                    load[link] = load.get(link, 0) + share[i, j]
+        assert mesh.multicast(src, lo, sets, share) == pytest.approx((links, max(load.values(), default=0.0)))
+        from_dram = [1 + min(len(set().union(*(_xy_links(p, xy[lo + t]) for t in tiles))) for p in ports)
+                     for tiles in sets]
+        assert mesh.from_dram(lo, sets) == pytest.approx(sum(from_dram) / len(sets))
+        singles = tuple((t,) for t in range(room))
+        assert mesh.from_dram(lo, singles) == pytest.approx(mesh.edge_hops(lo, hw.cores))
+    # a broadcast to the whole mesh: the port's link and a spanning tree, one link per tile
+    assert mesh.from_dram(0, (tuple(range(hw.cores)),)) == hw.cores
+
+
+def test_layout_share_sends_each_block_where_it_is_needed():
+    # the same 4 row blocks on both sides: each tile keeps its own block
+    assert np.array_equal(layout_share((1, 4, 1), (0, 1, 1), (1, 4, 1), (0, 1, 1)), np.eye(4) / 4)
+    # a producer of 2 samples in 2 row blocks x 3 column blocks, a consumer of its second sample in
+    # 2 row blocks: the second row block's 3 tiles hold all of it, each a third of each consumer block
+    share = layout_share((1, 2, 3), (1, 2, 2), (1, 2, 1), (0, 1, 1))
+    assert np.array_equal(share[:3], np.zeros((3, 2))) and share[3:] == pytest.approx(np.full((3, 2), 1 / 6))
+    # 3 batch blocks into 2: the middle block splits between both; every share sums to the chunk
+    share = layout_share((3, 1, 1), (0, 1, 1), (2, 1, 1), (0, 1, 1))
+    assert share == pytest.approx(np.array([[1 / 3, 0], [1 / 6, 1 / 6], [0, 1 / 3]]))
+
+
+def test_a_chunk_between_layers_on_the_same_blocks_stays_in_place():
+    """Two vector layers with the same partition on the same tiles under a T-cut: each tile reads
+    the block it wrote, nothing crosses the mesh for that edge."""
+    g = LayerGraph.build([Layer("a", 0, 4096, 4096, 0, 4096, dram_in=4096),
+                          Layer("b", 0, 4096, 4096, 0, 4096, output=True)], [(0, 1)])
+    ev = Evaluator(g, EDGE)
+    sched = ev.schedule(Tree(Cut("T", 1, (Cut("T", 1, (Leaf(0), Leaf(1))),)), 1))
+    a, b = sched.leaves
+    assert a.cost.partition == b.cost.partition and a.cost.tiles > 1
+    assert [c.noc for c in sched.chunks] == [1.0]
+    assert ev._route(a, 0, b, 0) == (0.0, 0.0)
+
+
+def test_copy_sets_follow_the_partition():
+    ev = Evaluator(chain(1), EDGE)
+    cost = ev.intra.cost(0, 16, 1)
+    ifmap, weight = dataclasses.replace(cost, partition=(2, 2, 3)).copy_sets()
+    # part (b, m, n) on tile (b*2 + m)*3 + n: an ifmap block's 3 copies side by side, a weight's 2 copies 3 apart
+    assert ifmap == ((0, 1, 2), (3, 4, 5), (6, 7, 8), (9, 10, 11))
+    assert weight == ((0, 3), (1, 4), (2, 5), (6, 9), (7, 10), (8, 11))
 
 
 def test_all_dram_tree_moves_what_the_graph_says():

@@ -7,12 +7,15 @@ ended. An invocation lasts ``max(compute, DRAM, NoC) + DMA latency``: compute fr
 schedule; DRAM until its bytes have gone through the chip's DRAM bandwidth in the time other
 invocations leave it idle (``_Dram``: a group running alone gets all of it, as in the simulator,
 where transfers in flight share DRAM; together no groups move more than it allows); NoC the load of
-the busiest mesh link it uses (XY routing, ``noc_link_bytes_per_cycle``), loads of its producers
-added.
+the busiest mesh link it uses (``noc_link_bytes_per_cycle``), loads of its producers added.
+
+Data on the mesh: a datum several tiles need (the copies a partitioned layer makes) travels its XY
+multicast tree, each link once (``Mesh``); a feature map goes from the producer tiles holding each
+part to the consumer tiles needing it (``layout_share``); DRAM traffic enters at the perimeter.
 
 Energy by component (the seed's E_tot = sum DRAM accesses * e_d + sum link flits * e_hop + sum
 tile energy): ``mac`` (MACs of every layer and sample), ``vector``, ``sram`` (buffer accesses at
-``lb_pj_per_bit``), ``noc`` (bits x hops, feature maps between groups and DRAM traffic between
+``lb_pj_per_bit``), ``noc`` (bits x links crossed, feature maps between groups and DRAM traffic between
 its controllers on the mesh perimeter and the tiles), ``dram`` (bits read and written).
 """
 
@@ -63,7 +66,12 @@ class Evaluation:
 
 
 class Mesh:
-    """XY routing statistics between tile groups on the mesh, memoised per pair of id ranges."""
+    """XY multicast trees between tiles and from DRAM on the mesh, memoised per question.
+
+    A datum several tiles need (the copies a partitioned layer makes, ``LayerCost.copy_sets``)
+    travels once along its XY multicast tree: the union of the XY routes from its source to each
+    destination, every link of it crossed once (the seed authors' evaluator multicasts too). A
+    single destination is the plain XY route."""
 
     def __init__(self, hw: Hardware):
         self.width, self.height = hw.mesh
@@ -71,37 +79,121 @@ class Mesh:
         x, y = self.xy[:, 0], self.xy[:, 1]
         edge = np.minimum(np.minimum(x, self.width - 1 - x), np.minimum(y, self.height - 1 - y)) + 1
         self._edge_sum = [0.0] + np.cumsum(edge).tolist()
-        self._routes: dict = {}
+        border = (x == 0) | (x == self.width - 1) | (y == 0) | (y == self.height - 1)
+        self._ports = self.xy[border]  # the routers next to a DRAM controller, one hop off the mesh
+        self._memo: dict = {}
 
     def edge_hops(self, lo: int, hi: int) -> float:
         """Mean hops between the tiles [lo, hi) and a DRAM controller on the mesh perimeter."""
         return (self._edge_sum[hi] - self._edge_sum[lo]) / (hi - lo)
 
-    def route(self, src: tuple[int, int], dst: tuple[int, int]) -> tuple[float, float]:
-        """(mean hops, load of the busiest directed link) per unit of data spread evenly from the
-        tiles ``src`` to the tiles ``dst`` (id ranges), under XY routing."""
-        key = (src, dst)
-        hit = self._routes.get(key)
+    def multicast(self, src: tuple[int, int], lo: int, sets: tuple[tuple[int, ...], ...],
+                  share: np.ndarray) -> tuple[float, float]:
+        """(mean links, load of the busiest directed link) per unit of data of which tile
+        ``src[0] + i`` sends ``share[i, j]`` to every tile of set ``j`` (offsets from ``lo``), each
+        along its multicast tree."""
+        spans = self._spans(lo, sets)
+        sources = self.xy[src[0]:src[1]]
+        return float((share * self._tree_links(sources, spans)).sum()), self._peak_load(sources, spans, share)
+
+    def from_dram(self, lo: int, sets: tuple[tuple[int, ...], ...]) -> float:
+        """Mean links a unit of data read from DRAM crosses to reach every tile of one of ``sets``
+        (offsets from ``lo``, equally loaded): the hop from the controller to the perimeter router
+        whose multicast tree is smallest, and that tree."""
+        key = ("dram", lo, sets)
+        hit = self._memo.get(key)
         if hit is None:
-            hit = self._routes[key] = self._route(src, dst)
+            hit = self._memo[key] = 1.0 + float(self._tree_links(self._ports, self._spans(lo, sets)).min(axis=0).mean())
         return hit
 
-    def _route(self, src, dst) -> tuple[float, float]:
-        a, b = self.xy[src[0]:src[1]], self.xy[dst[0]:dst[1]]
-        xs, ys = np.repeat(a[:, 0], len(b)), np.repeat(a[:, 1], len(b))
-        xd, yd = np.tile(b[:, 0], len(a)), np.tile(b[:, 1], len(a))
-        f = 1.0 / len(xs)
+    def _spans(self, lo: int, sets) -> tuple:
+        """Per set: its tiles' lowest and highest column, and per column whether the set has a tile
+        there and its lowest and highest row (arrays of shape (sets,) and (sets, width))."""
+        key = ("spans", lo, sets)
+        hit = self._memo.get(key)
+        if hit is None:
+            hit = self._memo[key] = self._spans_of(lo, sets)
+        return hit
+
+    def _spans_of(self, lo: int, sets) -> tuple:
+        n, w = len(sets), self.width
+        xmin, xmax = np.full(n, w), np.full(n, -1)
+        cols = np.zeros((n, w), dtype=bool)
+        ymin, ymax = np.full((n, w), self.height), np.full((n, w), -1)
+        for i, tiles in enumerate(sets):
+            for x, y in self.xy[[lo + t for t in tiles]]:
+                xmin[i], xmax[i] = min(xmin[i], x), max(xmax[i], x)
+                cols[i, x] = True
+                ymin[i, x], ymax[i, x] = min(ymin[i, x], y), max(ymax[i, x], y)
+        return xmin, xmax, cols, ymin, ymax
+
+    @staticmethod
+    def _tree_links(sources: np.ndarray, spans) -> np.ndarray:
+        """Links of the XY multicast tree from each source to each set, shape (sources, sets): the
+        source's row from it to the set's farthest columns, then each column from the source's
+        row to the set's farthest rows in it."""
+        xmin, xmax, cols, ymin, ymax = spans
+        sx, sy = sources[:, 0:1], sources[:, 1:2]
+        row = np.maximum(sx, xmax) - np.minimum(sx, xmin)
+        sy3 = sy[:, :, None]
+        column = (np.maximum(sy3, ymax) - np.minimum(sy3, ymin)) * cols
+        return row + column.sum(axis=2)
+
+    def _peak_load(self, sources: np.ndarray, spans, share: np.ndarray) -> float:
+        """The busiest directed link's share of the data (``share[i, j]`` from source i to set j)."""
+        xmin, xmax, cols, ymin, ymax = spans
+        n, w, h = len(xmin), self.width, self.height
+        f = share.ravel()
+        sx, sy = np.repeat(sources[:, 0], n), np.repeat(sources[:, 1], n)
+        xmin, xmax = np.tile(xmin, len(sources)), np.tile(xmax, len(sources))
         peak = 0.0
-        # horizontal leg in row ys, then vertical leg in column xd; each direction separately
-        for row, s, e, n in ((ys, xs, xd, self.width), (xd, ys, yd, self.height)):
-            for fwd in (e > s, e < s):
-                diff = np.zeros((max(self.width, self.height), n + 1))
-                np.add.at(diff, (row[fwd], np.minimum(s, e)[fwd]), f)
-                np.add.at(diff, (row[fwd], np.maximum(s, e)[fwd]), -f)
-                if fwd.any():
-                    peak = max(peak, float(np.cumsum(diff, axis=1).max()))
-        hops = float(np.mean(np.abs(xs - xd) + np.abs(ys - yd)))
-        return hops, peak
+        # the row leg east and west of the source: links [a, b) of row sy
+        for a, b in ((sx, np.maximum(xmax, sx)), (np.minimum(xmin, sx), sx)):
+            diff = np.zeros((h, w + 1))
+            np.add.at(diff, (sy, a), f)
+            np.add.at(diff, (sy, b), -f)
+            peak = max(peak, float(np.cumsum(diff, axis=1).max()))
+        # each column leg north and south of the source's row: links [a, b) of column x
+        weight = np.tile(cols, (len(sources), 1)) * f[:, None]
+        x = np.broadcast_to(np.arange(w), weight.shape)
+        y = np.broadcast_to(sy[:, None], weight.shape)
+        ylo, yhi = np.tile(ymin, (len(sources), 1)), np.tile(ymax, (len(sources), 1))
+        for a, b in ((y, np.maximum(yhi, y)), (np.minimum(ylo, y), y)):
+            diff = np.zeros((w, h + 1))
+            np.add.at(diff, (x, a), weight)
+            np.add.at(diff, (x, b), -weight)
+            peak = max(peak, float(np.cumsum(diff, axis=1).max()))
+        return peak
+
+
+def _block_overlap(parts: int, rows: tuple[int, int, int], other: int, other_rows: tuple[int, int, int]) -> np.ndarray:
+    """Share of a chunk in each of ``parts`` equal blocks of one side's rows and each of
+    ``other``'s of the other side's, shape (parts, other). ``rows`` = (a, b, n): the chunk is
+    samples [a, b) of that side's n (rows are sample-major; a block is a fraction of them)."""
+    def blocks(k, rows):
+        a, b, n = rows
+        edges = (np.arange(k + 1) * n / k - a) / (b - a)
+        return np.clip(edges[:-1], 0, 1), np.clip(edges[1:], 0, 1)
+
+    lo, hi = blocks(parts, rows)
+    olo, ohi = blocks(other, other_rows)
+    return np.clip(np.minimum(hi[:, None], ohi[None, :]) - np.maximum(lo[:, None], olo[None, :]), 0, None)
+
+
+def layout_share(producer: tuple[int, int, int], rows_u: tuple[int, int, int], consumer: tuple[int, int, int],
+                 rows_v: tuple[int, int, int]) -> np.ndarray:
+    """Share of a chunk each producer tile holds for each consumer ifmap block, shape (producer
+    tiles, consumer blocks), from the two partitions (``LayerCost.copy_sets`` numbers the tiles):
+    a producer part holds its batch block x row block x column block of the output, a consumer
+    block needs its batch block x row block, every column. Blocks of the two sides meet by their
+    fraction of the dimension (rows of consecutive layers follow the samples and their pixels or
+    tokens); convolution halos are not counted."""
+    pb, pm, pn = producer
+    qb, qm, _ = consumer
+    batch = _block_overlap(pb, (0, 1, 1), qb, (0, 1, 1))
+    rows = _block_overlap(pm, rows_u, qm, rows_v)
+    share = (batch[:, None, :, None] * rows[None, :, None, :]).reshape(pb * pm, qb * qm) / pn
+    return np.repeat(share, pn, axis=0)
 
 
 def latency_bound(graph: LayerGraph, hw: Hardware, batch: int) -> float:
@@ -217,6 +309,7 @@ class Evaluator:
         self.intra = IntraLayer(graph, hw)
         self.mesh = Mesh(hw)
         self._memo: dict = {}  # (layer, group, batch) -> _constants
+        self._routes: dict = {}  # (producer tiles and partition, consumer's) and chunk -> _route
         self._evaluated: dict = {}  # tree -> Evaluation
 
     def schedule(self, tree: Tree) -> Schedule:
@@ -234,15 +327,33 @@ class Evaluator:
 
     def _constants(self, plan: LeafPlan) -> tuple:
         """What every invocation of a layer shares: its group, the tiles it uses, compute cycles,
-        DRAM bytes it always moves (re-fetches, returned outputs), the mean hops to DRAM
-        (memoised: they depend on the layer, its group and its batch only)."""
+        DRAM bytes it always moves (re-fetches, returned outputs), the mean hops to DRAM, the mean
+        links an ifmap and a weight element read from DRAM cross to all their copies (memoised:
+        they depend on the layer, its group and its batch only)."""
         key = (plan.layer, plan.group, plan.batch)
         hit = self._memo.get(key)
         if hit is None:
-            hw, layer = self.hw, self.graph.layers[plan.layer]
+            hw, layer, mesh = self.hw, self.graph.layers[plan.layer], self.mesh
             lo, hi = plan.group
             fixed = (plan.cost.refetch + (layer.ofmap * plan.batch if layer.output else 0)) * hw.storage_bytes
-            hit = self._memo[key] = (lo, hi, plan.used, plan.cost.cycles, fixed, self.mesh.edge_hops(lo, hi))
+            ifmap_sets, weight_sets = plan.cost.copy_sets()
+            hit = self._memo[key] = (lo, hi, plan.used, plan.cost.cycles, fixed, mesh.edge_hops(*plan.used),
+                                     mesh.from_dram(lo, ifmap_sets), mesh.from_dram(lo, weight_sets))
+        return hit
+
+    def _route(self, producer: LeafPlan, p: int, consumer: LeafPlan, q: int) -> tuple[float, float]:
+        """(mean links, busiest link's load) per element of the chunk producer invocation ``p``
+        sends consumer invocation ``q`` over the NoC: from the producer tiles holding each part to
+        the consumer tiles needing it (``layout_share``), multicast to an ifmap block's copies."""
+        bu, bv = producer.batch, consumer.batch
+        a, b = max(p * bu, q * bv), min((p + 1) * bu, (q + 1) * bv)  # the chunk's samples
+        rows_u, rows_v = (a - p * bu, b - p * bu, bu), (a - q * bv, b - q * bv, bv)
+        key = (producer.used, producer.cost.partition, consumer.group[0], consumer.cost.partition, rows_u, rows_v)
+        hit = self._routes.get(key)
+        if hit is None:
+            share = layout_share(producer.cost.partition, rows_u, consumer.cost.partition, rows_v)
+            hit = self._routes[key] = self.mesh.multicast(producer.used, consumer.group[0],
+                                                          consumer.cost.copy_sets()[0], share)
         return hit
 
     def evaluate_schedule(self, sched: Schedule, timeline: bool = False) -> Evaluation:
@@ -265,13 +376,11 @@ class Evaluator:
         dram_total = noc_bit_hops = 0.0
         link, ddr_bw, dma = hw.noc_link_bytes_per_cycle, hw.ddr_bytes_per_cycle, hw.dma_latency_cycles
         per_layer = [self._constants(plan) for plan in plans]
-        route = self.mesh.route
+        route = self._route
         slots = []
         for v, q in invocation_order(tree):
             plan, layer = plans[v], graph.layers[v]
-            lo, hi, used, cycles, fixed, edge_hops = per_layer[v]
-            cost = plan.cost
-            ifmap_copies = cost.ifmap_copies
+            lo, hi, used, cycles, fixed, edge_hops, ifmap_links, weight_links = per_layer[v]
             start = free.free_at(lo, hi)
             ifmap_dram = layer.dram_in * plan.batch  # unique elements read; copies fan out on the NoC
             weight_dram = layer.weights if not plan.pinned or (q * plan.batch) % round_batch == 0 else 0
@@ -280,14 +389,14 @@ class Evaluator:
                 start = max(start, ends[src][p])
                 ifmap_dram += elements * (1 - noc)
                 if noc:
-                    hops, peak = route(per_layer[src][2], used)
-                    volume = elements * noc * ifmap_copies * eb
-                    noc_bit_hops += volume * 8 * hops
+                    links, peak = route(plans[src], p, plan, q)
+                    volume = elements * noc * eb
+                    noc_bit_hops += volume * 8 * links
                     noc_load += volume * peak
             written = writes.get((v, q), 0)
             dram = (ifmap_dram + weight_dram + written) * eb + fixed
-            delivered = (ifmap_dram * ifmap_copies + weight_dram * cost.weight_copies + written) * eb
-            noc_bit_hops += (delivered + fixed) * 8 * edge_hops
+            noc_bit_hops += ((ifmap_dram * ifmap_links + weight_dram * weight_links) * eb
+                             + (written * eb + fixed) * edge_hops) * 8
             dram_total += dram
             duration = max(cycles, drams.transfer(start, dram / ddr_bw) - start, noc_load / link) + dma
             end = start + duration

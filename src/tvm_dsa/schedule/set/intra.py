@@ -55,6 +55,16 @@ class LayerCost:
         """Tiles that need each weight element (the M-split)."""
         return self.partition[1]
 
+    def copy_sets(self) -> tuple[tuple[tuple[int, ...], ...], tuple[tuple[int, ...], ...]]:
+        """The tiles (offsets in the group) that need the same ifmap element, and those that need
+        the same weight element. Part ``(b, m, n)`` runs on tile ``(b * pm + m) * pn + n``: an
+        ifmap block's ``pn`` copies sit on consecutive tiles (neighbours in stripe order), a weight
+        block's ``pm`` copies ``pn`` tiles apart."""
+        pb, pm, pn = self.partition
+        ifmap = tuple(tuple(range(r * pn, (r + 1) * pn)) for r in range(pb * pm))
+        weight = tuple(tuple(range(b * pm * pn + n, (b + 1) * pm * pn, pn)) for b in range(pb) for n in range(pn))
+        return ifmap, weight
+
 
 def working_set_bytes(hw: Hardware) -> int:
     """Bytes of a tile's buffer the running layer's tiles may use (half; the other half keeps
