@@ -293,6 +293,23 @@ def test_single_layer_latency_is_its_compute_or_its_dram_time():
     assert e.latency == pytest.approx(max(compute, dram_time) + EDGE.dma_latency_cycles)
 
 
+def test_noc_energy_of_a_layer_is_its_copies_multicast_from_dram():
+    """One layer partitioned over the chip, alone in the tree: its graph input reaches each ifmap
+    block's copies and its weights each weight block's copies along multicast trees from DRAM;
+    its output goes back to the nearest perimeter router of every tile it is on."""
+    g = LayerGraph.build([conv("big", m=4096, n=256, k=1152, dram_in=4096 * 1152 // 4, output=True)], [])
+    ev = Evaluator(g, EDGE)
+    e = ev.evaluate(initial_tree(g, 1))
+    cost = ev.intra.cost(0, 16, 1)
+    assert cost.partition[1] > 1 and cost.partition[2] > 1  # both operands have copies
+    ifmap_sets, weight_sets = cost.copy_sets()
+    layer, mesh, eb = g.layers[0], ev.mesh, EDGE.storage_bytes
+    links = (layer.dram_in * mesh.from_dram(0, ifmap_sets) + layer.weights * mesh.from_dram(0, weight_sets)
+             + (layer.ofmap + cost.refetch) * mesh.edge_hops(0, cost.tiles)) * eb
+    assert e.noc_bit_hops == pytest.approx(8 * links)
+    assert e.energy["noc"] == pytest.approx(8 * links * EDGE.energy.noc_hop_pj_per_bit)
+
+
 def test_feature_maps_beyond_the_buffers_spill():
     """A long chain in one LS segment keeps every feature map on chip; at a batch whose maps
     exceed the retained half of the tiles' buffers the excess goes through DRAM."""
