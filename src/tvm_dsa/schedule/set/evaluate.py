@@ -77,15 +77,14 @@ class Mesh:
         self.width, self.height = hw.mesh
         self.xy = np.array(stripe_order(self.width, self.height))
         x, y = self.xy[:, 0], self.xy[:, 1]
-        edge = np.minimum(np.minimum(x, self.width - 1 - x), np.minimum(y, self.height - 1 - y)) + 1
-        self._edge_sum = [0.0] + np.cumsum(edge).tolist()
         border = (x == 0) | (x == self.width - 1) | (y == 0) | (y == self.height - 1)
         self._ports = self.xy[border]  # the routers next to a DRAM controller, one hop off the mesh
         self._memo: dict = {}
 
     def edge_hops(self, lo: int, hi: int) -> float:
-        """Mean hops between the tiles [lo, hi) and a DRAM controller on the mesh perimeter."""
-        return (self._edge_sum[hi] - self._edge_sum[lo]) / (hi - lo)
+        """Mean hops between the tiles [lo, hi) and a DRAM controller on the mesh perimeter (each
+        tile's own data: ``from_dram`` of one-tile sets)."""
+        return self.from_dram(lo, tuple((t,) for t in range(hi - lo)))
 
     def multicast(self, src: tuple[int, int], lo: int, sets: tuple[tuple[int, ...], ...],
                   share: np.ndarray) -> tuple[float, float]:
