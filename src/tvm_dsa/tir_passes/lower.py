@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from tvm import s_tir
 
-from .analysis import StageKind, Unsupported, classify, sch_get, sch_loops
+from .analysis import StageKind, Unsupported, classify, sch_annotate, sch_get, sch_loops
 from .scopes import LB_SCOPE, attach_index
 from .tile import VECTOR_CONTRACTION, leaf_blocks
 
@@ -34,7 +34,7 @@ def lower_to_dsa(sch: s_tir.Schedule) -> s_tir.Schedule:
             far = [b.name for b in touched if b.scope() != LB_SCOPE]
             if far:
                 raise Unsupported(f"stage {block.name_hint}: compute reads/writes {far} outside the LB")
-        sch.annotate(block_rv, "dsa.op", OP_OF_KIND[kind.kind])
+        sch_annotate(sch, block_rv, "dsa.op", OP_OF_KIND[kind.kind])
         if kind.reduce_op:
-            sch.annotate(block_rv, "dsa.reduce", kind.reduce_op)
+            sch_annotate(sch, block_rv, "dsa.reduce", kind.reduce_op)
     return sch

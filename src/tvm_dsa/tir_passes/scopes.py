@@ -12,7 +12,10 @@ from __future__ import annotations
 
 from tvm import s_tir
 
-from .analysis import Unsupported, classify, sch_get, sch_loops
+from .analysis import (
+    Unsupported, classify, sch_cache_read, sch_cache_write, sch_compute_at, sch_decompose_reduction, sch_get,
+    sch_get_sblock, sch_loops, sch_reverse_compute_at, sch_set_scope,
+)
 from .tile import leaf_blocks
 
 LB_SCOPE = "local.dsa_lb"
@@ -45,12 +48,12 @@ def _is_param(buf, params) -> bool:
 
 def assign_scopes(sch: s_tir.Schedule) -> s_tir.Schedule:
     params = list(sch.mod["main"].params)
-    root_allocs = list(sch_get(sch, sch.get_sblock("root")).alloc_buffers)
+    root_allocs = list(sch_get(sch, sch_get_sblock(sch, "root")).alloc_buffers)
     for block_rv in leaf_blocks(sch):
         block = sch_get(sch, block_rv)
         write = block.writes[0].source
         if any(write.same_as(b) for b in root_allocs):
-            sch.set_scope(block_rv, 0, LB_SCOPE)
+            sch_set_scope(sch, block_rv, 0, LB_SCOPE)
     for block_rv in leaf_blocks(sch):
         block = sch_get(sch, block_rv)
         kind = classify(block).kind
@@ -62,11 +65,11 @@ def assign_scopes(sch: s_tir.Schedule) -> s_tir.Schedule:
             if not _is_param(buf, params):
                 continue
             i = [j for j, r in enumerate(sch_get(sch, block_rv).reads) if r.source.same_as(buf)][0]
-            cache = sch.cache_read(block_rv, i, LB_SCOPE)
-            sch.compute_at(cache, loop, preserve_unit_loops=True)
+            cache = sch_cache_read(sch, block_rv, i, LB_SCOPE)
+            sch_compute_at(sch, cache, loop, preserve_unit_loops=True)
         if _is_param(sch_get(sch, block_rv).writes[0].source, params):
-            cache = sch.cache_write(block_rv, 0, LB_SCOPE)
-            sch.reverse_compute_at(cache, _tile_loop(sch, block_rv), preserve_unit_loops=True)
+            cache = sch_cache_write(sch, block_rv, 0, LB_SCOPE)
+            sch_reverse_compute_at(sch, cache, _tile_loop(sch, block_rv), preserve_unit_loops=True)
     for block_rv in leaf_blocks(sch):
         block = sch_get(sch, block_rv)
         if block.init is None:
@@ -74,9 +77,9 @@ def assign_scopes(sch: s_tir.Schedule) -> s_tir.Schedule:
         loops = sch_loops(sch, block_rv)
         at = attach_index(sch, block_rv)
         if sch_get(sch, loops[at]).annotations["dsa.loop"] == "chunk":
-            sch.decompose_reduction(block_rv, loops[at])
+            sch_decompose_reduction(sch, block_rv, loops[at])
         elif at + 1 < len(loops):
-            sch.decompose_reduction(block_rv, loops[at + 1])
+            sch_decompose_reduction(sch, block_rv, loops[at + 1])
         else:
             raise Unsupported(f"reduction {block.name_hint} has no loop of its own")
     return sch

@@ -13,7 +13,9 @@ from __future__ import annotations
 
 from tvm import s_tir
 
-from .analysis import Unsupported, classify, int_value, sch_get, sch_loops
+from .analysis import (
+    Unsupported, classify, int_value, sch_annotate, sch_compute_at, sch_get, sch_loops, sch_reorder, sch_split,
+)
 from .tile import leaf_blocks
 
 STRIP = "strip"
@@ -37,16 +39,16 @@ def strip_epilogue(sch: s_tir.Schedule, strips: int) -> s_tir.Schedule:
     extent = rows is not None and int_value(sch_get(sch, rows).extent)
     if not extent or extent % strips:
         raise Unsupported(f"{strips} strips do not divide the write-back's rows ({extent})")
-    outer, _ = sch.split(rows, [strips, extent // strips])
-    sch.reorder(outer, *own[:own.index(rows)])
+    outer, _ = sch_split(sch, rows, [strips, extent // strips])
+    sch_reorder(sch, outer, *own[:own.index(rows)])
     for b, k in zip(reversed(blocks[:-1]), reversed(kinds[:-1])):
         if "chunk" in k:
             break
         if classify(sch_get(sch, b)).kind != "vector":
             continue
         try:
-            sch.compute_at(b, outer, preserve_unit_loops=True)
+            sch_compute_at(sch, b, outer, preserve_unit_loops=True)
         except s_tir.ScheduleError:
             break  # a stage read outside the strips: it and those before it stay whole
-    sch.annotate(outer, "dsa.loop", STRIP)
+    sch_annotate(sch, outer, "dsa.loop", STRIP)
     return sch

@@ -35,9 +35,15 @@ from .analysis import (
     copy_func,
     int_value,
     reads_window,
+    sch_annotate,
     sch_children,
+    sch_compute_at,
     sch_get,
+    sch_get_sblock,
     sch_loops,
+    sch_reorder,
+    sch_reverse_compute_at,
+    sch_split,
 )
 
 CLAMP = "dsa.clamp"  # tile-loop annotation: (tile, extent) of a tile that does not divide its extent
@@ -68,7 +74,7 @@ class AnchorInfo:
 
 def leaf_blocks(sch: s_tir.Schedule) -> list:
     try:
-        root = sch.get_sblock("root")
+        root = sch_get_sblock(sch, "root")
     except s_tir.ScheduleError:
         raise Unsupported("no root block: a kernel written as low-level TIR (e.g. TOPI's sort)") from None
     return list(sch_children(sch, root))
@@ -134,7 +140,7 @@ def anchor_info(func, simplify: bool = True) -> AnchorInfo:
     block = sch_get(sch, anchor)
     if simplify:  # the same block in the simplified function (its iterators are new variables)
         simple = s_tir.Schedule(simplify_indices(func))
-        aligned = sch_get(simple, simple.get_sblock(block.name_hint))
+        aligned = sch_get(simple, sch_get_sblock(simple, block.name_hint))
     else:
         aligned = block
     spatial_vars = [it.var for it, r in zip(aligned.iter_vars, is_red) if not r]
@@ -211,7 +217,7 @@ def annotate_double_buffer(sch: s_tir.Schedule, value) -> None:
     """Decide double buffering for the kernel: ``value`` 1 or 0 (an integer or a sampled variable).
     Two copies let the next tile's loads overlap the current tile's compute; one leaves the LB
     room for nothing else but makes every load wait for the previous tile's last reader."""
-    sch.annotate(sch.get_sblock("root"), DOUBLE_BUFFER, value)
+    sch_annotate(sch, sch_get_sblock(sch, "root"), DOUBLE_BUFFER, value)
 
 
 VECTOR_CONTRACTION = "dsa.vector_contraction"  # anchor annotation: 1 on the vector units, 0 the MME
@@ -225,7 +231,7 @@ def annotate_vector_contraction(sch: s_tir.Schedule, value) -> None:
     idx, kinds = find_anchor(sch)
     if kinds[idx].kind != "mme":
         raise Unsupported("the kernel has no contraction to place on a unit")
-    sch.annotate(leaf_blocks(sch)[idx], VECTOR_CONTRACTION, value)
+    sch_annotate(sch, leaf_blocks(sch)[idx], VECTOR_CONTRACTION, value)
 
 
 def unit_choice(info: AnchorInfo, hw) -> bool:
@@ -266,9 +272,9 @@ def tile_anchor(sch: s_tir.Schedule, factors, order: tuple[int, ...] | None = No
     for i, lp in enumerate(spatial):
         extent = int_value(sch_get(sch, lp).extent)
         split = factors(sch, lp, extent, i)
-        o, n = sch.split(lp, split)
+        o, n = sch_split(sch, lp, split)
         if isinstance(split[1], int) and extent % split[1]:
-            sch.annotate(o, CLAMP, [split[1], extent])
+            sch_annotate(sch, o, CLAMP, [split[1], extent])
         outer.append(o)
         inner.append(n)
     if order is not None:
@@ -279,26 +285,26 @@ def tile_anchor(sch: s_tir.Schedule, factors, order: tuple[int, ...] | None = No
     red_inner = list(reduction)
     split = factors(sch, reduction[0], int_value(sch_get(sch, reduction[0]).extent), None) if reduction else None
     if split is not None:
-        ro, ri = sch.split(reduction[0], split)
+        ro, ri = sch_split(sch, reduction[0], split)
         chunk_loops = [ro]
         red_inner = [ri] + reduction[1:]
-    sch.reorder(*outer, *chunk_loops, *inner, *red_inner)
+    sch_reorder(sch, *outer, *chunk_loops, *inner, *red_inner)
     for lp in outer:
-        sch.annotate(lp, "dsa.loop", "tile")
+        sch_annotate(sch, lp, "dsa.loop", "tile")
     for lp in chunk_loops:
-        sch.annotate(lp, "dsa.loop", "chunk")
+        sch_annotate(sch, lp, "dsa.loop", "chunk")
     tile_loop = outer[-1]
     try:
         for b in blocks[idx + 1:]:
-            sch.reverse_compute_at(b, tile_loop, preserve_unit_loops=True)
+            sch_reverse_compute_at(sch, b, tile_loop, preserve_unit_loops=True)
         for b in reversed(blocks[:idx]):
             if chunk_loops:
                 try:
-                    sch.compute_at(b, chunk_loops[0], preserve_unit_loops=True)
+                    sch_compute_at(sch, b, chunk_loops[0], preserve_unit_loops=True)
                     continue
                 except Exception:  # noqa: BLE001 - TVM raises ScheduleError subclasses
                     pass
-            sch.compute_at(b, tile_loop, preserve_unit_loops=True)
+            sch_compute_at(sch, b, tile_loop, preserve_unit_loops=True)
     except Exception as err:  # noqa: BLE001
         raise Unsupported(f"cannot place stages under the tile loop: {str(err).splitlines()[0]}") from None
 
