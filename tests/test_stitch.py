@@ -1,6 +1,7 @@
 """Stitched kernels (seed 000 §4.2-4.3): allocation with spilling, instances with recomputation, and
 whole sub-graphs on the simulator against llvm."""
 
+import collections
 import dataclasses
 import json
 import math
@@ -517,7 +518,9 @@ def test_rounds_and_other_cores_copied_give_what_emitting_them_gives(monkeypatch
     and copied. At 256 x 512 a round is also copied from one whose double-buffered tile buffers
     were in each other's copies (an odd number of tiles before): the copy trades the two copies'
     places (``_copy_run``'s swap). Every layer holds a tile's stores back behind its core's next tile's loads, so a
-    round's copy also releases what its model round did. Written out, each kernel is the one
+    round's copy also releases what its model round did. The chunks of an emitted tile's
+    reduction are copies: of its second chunk, then of the run since it, or of the core's tile
+    before (``_chunk_loop``). Written out, each kernel is the one
     emitting every tile gives: the same instructions, every dependency emission's or a later
     instruction of its unit, the same simulated cycles; and the model computes what llvm does."""
     from tvm_dsa.codegen import emit
@@ -528,24 +531,41 @@ def test_rounds_and_other_cores_copied_give_what_emitting_them_gives(monkeypatch
     out = vm["main"](*[tvm.runtime.tensor(a) for a in args]).numpy()
     ref = _llvm(mod, args)
     assert np.abs(out - ref).max() / np.abs(ref).max() < 5e-3
-    runs = []  # per copy: (rounds copied, cores moved)
-    swapped = []  # per copy: whether its tile buffers' two copies trade places
-    copy_run, as_copy = emit.KernelEmitter._copy_run, emit.KernelEmitter._as_copy
+    runs = []  # per copy of rounds: (rounds copied, cores moved)
+    chunks = []  # per copy of a tile's chunks (``_chunk_loop``): (chunks copied, from another tile)
+    swapped = []  # per copy of rounds: whether its tile buffers' two copies trade places
+    loops = collections.Counter()  # (a layer's call, core) -> the chunk loops of the tiles it emits
+    recorded = []  # the calls' ``_Chunking``s (kept: their ids key ``loops``)
+    copy_run, as_copy, chunk_loop = emit.KernelEmitter._copy_run, emit.KernelEmitter._as_copy, \
+        emit.KernelEmitter._chunk_loop
+
+    def of_chunks(layer, work):
+        return len(work[0][0]) > len(layer.ir.tile_loops())
 
     def spy(self, record, layer, work, *a):
         made = copy_run(self, record, layer, work, *a)
         if made:
-            runs.append((record[3], work[0][1] - record[0].work[0][1]))
+            if of_chunks(layer, work):
+                chunks.append((record[3], work[0][0][:-1] != record[0].work[0][0][:-1]))
+            else:
+                runs.append((record[3], work[0][1] - record[0].work[0][1]))
         return made
 
-    def spy_swap(self, *a):
-        made = as_copy(self, *a)
-        if made:
+    def spy_loop(self, loop, first, core):
+        if self.chunking is not None:  # a tile emitted while its layer is recorded
+            recorded.append(self.chunking)
+            loops[(id(self.chunking), core)] += 1
+        return chunk_loop(self, loop, first, core)
+
+    def spy_swap(self, call, layer, work, *a):
+        made = as_copy(self, call, layer, work, *a)
+        if made and not of_chunks(layer, work):
             swapped.append(bool(a[-1]))
         return made
 
     monkeypatch.setattr(emit.KernelEmitter, "_copy_run", spy)
     monkeypatch.setattr(emit.KernelEmitter, "_as_copy", spy_swap)
+    monkeypatch.setattr(emit.KernelEmitter, "_chunk_loop", spy_loop)
     assert seen
     for sub in seen:
         # the layers hold each tile's stores back behind its core's next tile's loads
@@ -554,6 +574,10 @@ def test_rounds_and_other_cores_copied_give_what_emitting_them_gives(monkeypatch
         _copies_are_emission(sub)
     assert any(moved for _, moved in runs) and any(n > 1 for n, _ in runs) == rounds_run
     assert any(swapped) == swaps
+    # a core's first tile's chunk loop: its second chunk emitted, the third its copy, then runs
+    # since it doubling; a later tile's, a copy of the core's tile before
+    assert {1, 2, 4} <= {n for n, other in chunks if not other}
+    assert any(other for _, other in chunks) == (max(loops.values()) > 1)
 
 
 def _copies_are_emission(sub):

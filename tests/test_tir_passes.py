@@ -12,7 +12,7 @@ from tvm import relax
 from tvm_dsa import hardware, isa, tir_passes
 from tvm_dsa.codegen.emit import Layer, build_program, deal
 from tvm_dsa.codegen.specialize import timing_cycles
-from tvm_dsa.codegen.kernel_ir import CodegenError, plan_lb, read_kernel
+from tvm_dsa.codegen.kernel_ir import CodegenError, chunk_loops, plan_lb, read_kernel
 from tvm_dsa.codegen.stitch import footprints
 from tvm_dsa.runtime import simulate
 from tvm_dsa.runtime.cost import ddr_effective_bytes
@@ -659,6 +659,25 @@ def test_a_prime_extent_is_tiled_in_parts_that_overlap_at_the_end():
     for start, rows in ((0, 66), (1, 197 - 66 - 66)):
         moved = ir.moves({m_slot: 1}, {m_slot: start})
         assert moved[out] == moved[x] == (0, rows, 0)
+
+
+def test_chunks_move_along_the_reduction_past_the_pass_that_folds_the_zero_init():
+    """A matmul's chunk loop (x: 2 x 64 x 128, w: 128 x 96, chunks of 32): its first pass
+    overwrites the accumulator (the zero fill folded in), so chunks moved along the loop are not
+    the same chunks moved — unless none of them is the first (``moves``' ``nonzero``, what
+    ``KernelEmitter._chunk_loop`` copies): then x's boxes move by the chunk along its last dim,
+    w's along its first, and the output not at all."""
+    op = relax.op
+    func = fused_kernel(lambda: relax_graph([(2, 64, 128), (128, 96)], lambda x, w: op.matmul(x, w)))
+    ir = read_kernel(lower_with_plan(func, TilePlan((1, 32, 32), 32)))
+    (chunks,) = chunk_loops(ir)
+    assert chunks.extent == 128 // 32
+    assert [s.overwrite for s in ir.stages() if s.op == "mme"] == [(chunks.slot,)]
+    assert ir.moves({chunks.slot: 1}) is None
+    x, w, out = (name for name, *_ in ir.params)
+    for d in (1, 2):
+        moved = ir.moves({chunks.slot: d}, None, frozenset({chunks.slot}))
+        assert (moved[x], moved[w], moved[out]) == ((0, 0, 32 * d), (32 * d, 0), (0, 0, 0))
 
 
 def test_overlapping_tiles_compute_what_numpy_does(rng):

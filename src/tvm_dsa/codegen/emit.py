@@ -4,7 +4,8 @@ A ``KernelEmitter`` emits one kernel made of layers (lowered PrimFuncs read into
 The caller deals each layer's tiles to cores and says where each tensor lives (a ``Region``: DDR,
 a cluster's GB or a core's LB, possibly a box of the tensor); ``build_program`` is the one-layer
 case (every tensor in DDR, the first tile loop's index picks the cluster, tiles round-robin over
-its cores), ``stitch.emit_stitched`` the multi-layer one. Chunk loops are iterated in place. Every
+its cores), ``stitch.emit_stitched`` the multi-layer one. Chunk loops are iterated in place (from
+the second chunk on, mostly as copies of earlier chunks: ``KernelEmitter._chunk_loop``). Every
 stage becomes instructions whose box is the stage's loop extents; inner loop coefficients give an
 operand's strides, outer ones its base.
 
@@ -39,6 +40,7 @@ from .kernel_ir import (
     Select,
     Stage,
     align,
+    chunk_loops,
     plan_lb,
     read_kernel,
     stages_of,
@@ -294,6 +296,18 @@ class _Miss:
     """A content the run's first load of a buffer found was not ``content``: it loaded."""
 
     content: tuple
+
+
+@dataclass
+class _Chunking:
+    """What ``KernelEmitter._chunk_loop`` copies chunks with while a layer's tiles are recorded:
+    where the layer's tensors are, the objects owning them, the runs of chunks copied so far, and
+    per core the record of the last run of chunks of its last tile (``_chunk_loop``'s span)."""
+
+    placed: dict
+    owners: dict | None
+    copies: int = 0
+    tiles: dict = field(default_factory=dict)
 
 
 @dataclass
@@ -695,16 +709,12 @@ class KernelEmitter:
         gives. (That the moved tiles stay in their regions is what planning the regions made
         sure of.) None where that does not hold or two ranges in one place would move
         differently."""
-        (v0, c0), (v1, c1) = call.work[0], work[0]
-        cores, cpc = c1 - c0, self.hw.cores_per_cluster
+        cores, accesses = _moved(layer, call.work, work)
+        cpc = self.hw.cores_per_cluster
         clusters = {(c + cores) // cpc - c // cpc for _, c in call.work}
-        if len(clusters) != 1:
+        if len(clusters) != 1 or accesses is None:
             return None
         clusters = clusters.pop()
-        tile_shift = {lp.slot: b - a for lp, a, b in zip(layer.ir.tile_loops(), v0, v1) if a != b}
-        accesses = layer.ir.moves(tile_shift, _shared_values(layer, call.work)) if tile_shift else {}
-        if accesses is None:
-            return None
         moves: dict = {}
         shifts: dict = {}
         for p, a in call.placed.items():
@@ -811,6 +821,7 @@ class KernelEmitter:
         self.held: dict = {}  # core -> loop values of its last tile, whose stores are held back
         held_of: dict = {}  # id(a record's _Call) -> ``_held`` of its run when it began
         recorded = self.rec is not None and placed is not None
+        self.chunking = _Chunking(placed, owners) if recorded else None
         parts = _rounds(work) if recorded else [work]
         # records of rounds so far: (_Call, tile state before, after, rounds); the last run of
         # them as one (``span``: copied whole, it doubles), the latest copy of each length (the
@@ -871,9 +882,7 @@ class KernelEmitter:
                     self._nodes(chunks.body[:k], core)
                     self._release(core, tile_loops, body[j:])
                     self._nodes(chunks.body[k:], core)
-                    for v in range(1, chunks.extent):
-                        self.env[chunks.slot] = v
-                        self._nodes(chunks.body, core)
+                    self._chunk_loop(chunks, 1, core)
                     self._nodes(body[1:j], core)
                 self.held[core] = values
             if recorded:
@@ -888,7 +897,66 @@ class KernelEmitter:
         if split:
             for core in list(self.held):
                 self._release(core, tile_loops, body[split[2]:])
-        return literal
+        return literal and not (recorded and self.chunking.copies)
+
+    def _chunk_loop(self, loop: Loop, first: int, core: int) -> None:
+        """Emit the chunks ``first``.. of the current tile's chunk loop on ``core``. While the
+        layer's tiles are recorded (``_emit``), a run of chunks from the second on that is an
+        earlier run of them moved — along the reduction, or to this tile — is recorded as a copy
+        of it (``_copy_run``: the loads' boxes moved, the same LB places or the two copies of each
+        double-buffered one traded): of the last run of the core's previous tile (as many chunks
+        as are left), else of the whole run since the last emitted chunk, which then doubles,
+        else of the latest copy of each length (the rest of the loop too short for the run), else
+        of the last emitted chunk. The pass that folds the zero-init is like no other: never a
+        source or a copy. ViT-B/16's FFN2 tile has 96 chunks of three instructions: all were
+        emitted; now they are one copy, or 11 on a core's first tile."""
+        chunking = self.chunking
+        if chunking is None:
+            for v in range(first, loop.extent):
+                self.env[loop.slot] = v
+                self._nodes(loop.body, core)
+            return
+        layer = self.cur
+        values = tuple(self.env[lp.slot] for lp in layer.ir.tile_loops())
+        if first == 0:  # the pass that folds the zero-init: like no other
+            self.env[loop.slot] = 0
+            self._nodes(loop.body, core)
+            first = 1
+        # records (``_copy_run``'s) of the run since the last emitted chunk, of the latest copy of
+        # each length, of the last emitted chunk, and of the core's previous tile's last run
+        span, runs, last = None, {}, None
+        previous = chunking.tiles.get(core)
+        v = first
+        while v < loop.extent:
+            copy = None
+            for record in ([previous] if previous and v + previous[3] == loop.extent else []) \
+                    + ([span] if span and span[3] > 1 else []) \
+                    + [runs[n] for n in sorted(runs, reverse=True)] + ([last] if last else []):
+                n = record[3]
+                if v + n <= loop.extent:
+                    copy = self._copy_run(record, layer, [(values + (v + j,), core) for j in range(n)],
+                                          chunking.placed, chunking.owners, ())
+                    if copy:
+                        break
+            if copy:
+                copy = (*copy, n)
+                chunking.copies += 1
+                runs[n] = copy
+                span = _joined(span, copy) if span and span[0].stop == copy[0].start else copy
+                v += n
+                continue
+            work = [(values + (v,), core)]
+            self.env[loop.slot] = v
+            outer, self.rec = self.rec, _Record(self.size)
+            start, literal, state = self.size, len(self.instructions), self._tile_state(layer, work)
+            self._nodes(loop.body, core)
+            last = span = (self._recorded(self.rec, layer, chunking.placed, chunking.owners, start, literal,
+                                          frozenset({core}), work, ()), *self._run_states(self.rec, state), 1)
+            outer.add(self.rec)
+            self.rec = outer
+            v += 1
+        if span:
+            chunking.tiles[core] = span
 
     def _release(self, core: int, tile_loops, stores) -> None:
         """Emit the ``stores`` held back from ``core``'s last tile, if any."""
@@ -960,10 +1028,7 @@ class KernelEmitter:
         call, before, after, _ = record
         if len(call.work) != len(work) or call.shape != _relative(work):
             return None
-        (v0, c0), (v1, c1) = call.work[0], work[0]
-        cores = c1 - c0
-        shift = {lp.slot: b - a for lp, a, b in zip(layer.ir.tile_loops(), v0, v1) if a != b}
-        moved = layer.ir.moves(shift, _shared_values(layer, call.work)) if shift else {}
+        cores, moved = _moved(layer, call.work, work)
         if moved is None:
             return None
         regions = {a: placed[p] for p, a in call.placed.items() if a is not None}
@@ -1035,7 +1100,9 @@ class KernelEmitter:
 
     def _nodes(self, nodes, core) -> None:
         for n in nodes:
-            if isinstance(n, Loop):
+            if isinstance(n, Loop) and n.kind == "chunk":
+                self._chunk_loop(n, 0, core)
+            elif isinstance(n, Loop):
                 for v in range(n.extent):
                     self.env[n.slot] = v
                     self._nodes(n.body, core)
@@ -1492,6 +1559,21 @@ def _shared_values(layer: Layer, work) -> dict | None:
             if at.setdefault(slot, values[i]) != values[i]:
                 return None
     return at
+
+
+def _moved(layer: Layer, before, after) -> tuple:
+    """(cores moved, ``KernelIR.moves``) taking the tiles ``before`` to ``after`` (runs of
+    (loop values, core) of one shape): the values are the tile loops', and for a run of chunks
+    (``KernelEmitter._chunk_loop``) the chunk loop's after them — from the second chunk on, so
+    the contraction's zero-init folded on that loop stays unfolded in both runs."""
+    (v0, c0), (v1, c1) = before[0], after[0]
+    tiles = layer.ir.tile_loops()
+    loops = tiles + chunk_loops(layer.ir)[:len(v0) - len(tiles)]
+    shift = {lp.slot: b - a for lp, a, b in zip(loops, v0, v1) if a != b}
+    if not shift:
+        return c1 - c0, {}
+    chunks = frozenset(lp.slot for lp in loops[len(tiles):])
+    return c1 - c0, layer.ir.moves(shift, _shared_values(layer, before), chunks)
 
 
 def _rounds(work) -> list:

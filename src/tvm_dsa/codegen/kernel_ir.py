@@ -208,22 +208,24 @@ class KernelIR:
     def stages(self) -> list[Stage]:
         return stages_of([self.root])
 
-    def moves(self, shift: dict, at: dict | None = None) -> dict | None:
-        """Per buffer, the vector its accesses' indices move by when the tile-loop slots move by
-        ``shift`` (slot -> change): the same for every access of the buffer. A non-linear term
-        (a clamped tile's origin) of a moved slot moves by the difference of its values from the
-        slot values ``at`` (those of ``bent``, where all the moved tiles have them). None where
-        the tiles would not be the same tiles moved: an access differs between its buffer's
-        accesses, or a non-linear term of a moved slot has no values ``at``, or a guard, a
-        select's bound or a folded zero-init depends on the moved slots."""
-        memo = self._moving_terms[2]
-        key = (tuple(sorted(shift.items())), tuple(sorted(at.items())) if at else ())
+    def moves(self, shift: dict, at: dict | None = None, nonzero: frozenset = frozenset()) -> dict | None:
+        """Per buffer, the vector its accesses' indices move by when the tile-loop (or chunk-loop)
+        slots move by ``shift`` (slot -> change): the same for every access of the buffer. A
+        non-linear term (a clamped tile's origin) of a moved slot moves by the difference of its
+        values from the slot values ``at`` (those of ``bent``, where all the moved tiles have
+        them). None where the tiles would not be the same tiles moved: an access differs between
+        its buffer's accesses, or a non-linear term of a moved slot has no values ``at``, or a
+        guard, a select's bound or a folded zero-init depends on the moved slots — but for a
+        zero-init folded on the slots ``nonzero``, which the moved tiles or chunks and the ones
+        they move to never have at 0 (a chunk loop from its second chunk on)."""
+        memo = self._moving_terms[3]
+        key = (tuple(sorted(shift.items())), tuple(sorted(at.items())) if at else (), nonzero)
         if key not in memo:
-            memo[key] = self._moves(shift, at or {})
+            memo[key] = self._moves(shift, at or {}, nonzero)
         return memo[key]
 
-    def _moves(self, shift: dict, at: dict) -> dict | None:
-        terms, fixed, _ = self._moving_terms
+    def _moves(self, shift: dict, at: dict, nonzero: frozenset) -> dict | None:
+        terms, fixed, zeroed, _ = self._moving_terms
         start = [0] * self.slots
         for slot, v in at.items():
             start[slot] = v
@@ -246,6 +248,8 @@ class KernelIR:
             out[buffer] = vectors.pop()
         if any(sum(c * shift.get(slot, 0) for slot, c in outer) for outer in fixed):
             return None
+        if any(shift.get(slot) for slot in zeroed - nonzero):
+            return None
         return out
 
     @functools.cached_property
@@ -257,9 +261,9 @@ class KernelIR:
     @functools.cached_property
     def _moving_terms(self):
         """(buffer -> set of its accesses' (outer terms, non-linear terms); the
-        outer terms of every bound and of every folded zero-init's slots; a memo of ``moves``)."""
+        outer terms of every bound; the slots of every folded zero-init; a memo of ``moves``)."""
         terms: dict = {}
-        fixed = []
+        fixed, zeroed = [], set()
 
         def note(acc: Access):
             terms.setdefault(acc.buffer, set()).add((acc.outer, acc.outer_fn))
@@ -281,8 +285,8 @@ class KernelIR:
                 note(acc)
             walk(stage.value)
             fixed.extend(b.outer for b in stage.guard)
-            fixed.extend(((slot, 1),) for slot in stage.overwrite or ())
-        return terms, fixed, {}
+            zeroed.update(stage.overwrite or ())
+        return terms, fixed, frozenset(zeroed), {}
 
     def tile_loops(self) -> list[Loop]:
         loops, node = [], self.root
