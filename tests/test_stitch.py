@@ -196,32 +196,6 @@ def test_a_split_leaving_cores_idle_gives_way_to_a_coarser_even_one():
 
 
 
-@pytest.mark.parametrize("cores, by_column", [(3, True), (4, False)])
-def test_overlapping_tiles_are_dealt_by_columns_where_that_keeps_the_balance(cores, by_column):
-    """197 rows in tiles of 66 (origins 0, 66, 131), 2 samples x 3 column tiles: 18 tiles. On 3
-    cores the 6 columns go 2 to a core (6 tiles each, as many as dealt in turn), each core's tiles
-    ordered by M first and the list a tile of each core in turn, so each emitter round has one M value
-    (a round is the one before moved along M: a copy). On 4 cores whole columns would give a
-    core 6 tiles where 5 are its share: the tiles are dealt in turn."""
-    from test_tir_passes import _matmul_197
-    from tvm_dsa.codegen.emit import _rounds, _shared_values
-
-    layer = Layer.of(lower_with_plan(_matmul_197(), TilePlan((1, 66, 32), 32)), HW, "m")
-    tiles = footprints(layer).tiles
-    assert len(tiles) == 18
-    work = stitch.deal_tiles(layer, tiles, tuple(range(cores)))
-    assert sorted(t for t, _ in work) == sorted(tiles)
-    if not by_column:
-        assert work == [(t, k % cores) for k, t in enumerate(tiles)]
-        return
-    core_of = dict(work)
-    assert all(len({core_of[(b, m, n)] for m in range(3)}) == 1 for b in range(2) for n in range(3))
-    assert np.bincount([c for _, c in work]).tolist() == [6] * 3
-    rounds = _rounds(work)
-    m_slot = layer.ir.tile_loops()[1].slot
-    assert [_shared_values(layer, r) for r in rounds] == [{m_slot: m} for m in (0, 0, 1, 1, 2, 2)]
-
-
 # -- whole sub-graphs against llvm -------------------------------------------------------------
 def residual_block():
     op = relax.op
@@ -601,10 +575,12 @@ def _copies_are_emission(sub):
 
 def test_rounds_moved_along_an_overlapping_loop_are_copies(monkeypatch, rng):
     """The MLP (``_mlp``) over 197 tokens (prime: tiles that overlap at the end,
-    ``ClampTiles``): its layers' tiles are dealt by columns, so a round has one token-tile value
-    and the next is it moved along the tokens (by a tile, or less into the last one), a copy
-    (``KernelIR.moves``' ``at``); written out, the copies are what emission gives, and the model
-    computes what llvm does."""
+    ``ClampTiles``): its first layer's tiles, dealt to a cluster's 8 cores in turn, are 8 column
+    tiles of each of 6 token tiles for each of 2 samples, so a round of 8 holds half a token
+    tile's, and the rounds repeat every two moved along the tokens (by a tile, or less into the
+    last one: ``KernelIR.moves``' ``at``). A call's first copy is of the two rounds emitted
+    before it (``_emit``'s ``emitted``: with one round as the model no copy is found); written
+    out, the copies are what emission gives, and the model computes what llvm does."""
     from tvm_dsa.codegen import emit
 
     mod, seen = _mlp(monkeypatch, 8, 197, 512)
@@ -612,20 +588,29 @@ def test_rounds_moved_along_an_overlapping_loop_are_copies(monkeypatch, rng):
     vm, _ = _run(mod, "graphturbo")
     out = vm["main"](*[tvm.runtime.tensor(a) for a in args]).numpy()
     assert np.abs(out - _llvm(mod, args)).max() / np.abs(out).max() < 5e-3
-    along = []  # per copy: whether it moves tiles along a clamped loop
+    # per copy of rounds in a call: (the call's ``_Chunking``, rounds copied, whether it moves
+    # along a clamped loop)
+    copies = []
     copy_run = emit.KernelEmitter._copy_run
 
-    def spy(self, record, layer, work, *a):
-        made = copy_run(self, record, layer, work, *a)
-        if made:
-            (v0, _), (v1, _) = record[0].work[0], work[0]
-            along.append(any(a != b for lp, a, b in zip(layer.ir.tile_loops(), v0, v1) if lp.slot in layer.ir.clamped))
+    def spy(self, record, layer, work, placed, owners, exact):
+        made = copy_run(self, record, layer, work, placed, owners, exact)
+        (v0, _), (v1, _) = record[0].work[0], work[0]
+        if made and exact == () and len(v1) == len(layer.ir.tile_loops()):  # rounds, not a call or chunks
+            along = any(a != b for lp, a, b in zip(layer.ir.tile_loops(), v0, v1) if lp.slot in layer.ir.clamped)
+            copies.append((self.chunking, record[3], along))
         return made
 
     monkeypatch.setattr(emit.KernelEmitter, "_copy_run", spy)
     (sub,) = [s for s in seen if any(L.ir.clamped for L in stitch.read_subgraph(s, HW)[0].layers)]
+    first = stitch.read_subgraph(sub, HW)[0].layers[0]
+    assert [lp.extent for lp in first.ir.tile_loops()][1:] == [6, 8] and first.ir.clamped
     _copies_are_emission(sub)
-    assert any(along)
+    assert any(along for *_, along in copies)
+    firsts = {}
+    for call, n, _ in copies:
+        firsts.setdefault(id(call), n)
+    assert 2 in firsts.values()
 
 
 def test_a_copy_waits_for_what_emission_would_unit_for_unit():

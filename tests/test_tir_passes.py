@@ -622,7 +622,8 @@ def test_a_prime_extent_is_tiled_in_parts_that_overlap_at_the_end():
     """197 rows have no divisor but 1: the candidate tiles of the M loop are ⌈197 / k⌉ (99, 66,
     50, ...), and ``ClampTiles`` moves the last tile back to end at row 197 (origins 0, 66, 131
     for 66), so every tile has the one shape and no predicate is left. Tiles moved along N
-    translate (their rounds can be copies), along the clamped M they do not."""
+    translate (their rounds can be copies), along the clamped M only where every tile moved
+    moves as far (``moves``' ``at``: none reaches the clamped last tile)."""
     hw = hardware.get("stcp920")
     func = _matmul_197()
     info = anchor_info(func)
@@ -657,8 +658,16 @@ def test_a_prime_extent_is_tiled_in_parts_that_overlap_at_the_end():
     out, x = ir.params[-1][0], ir.params[0][0]
     assert ir.bent == {m_slot}
     for start, rows in ((0, 66), (1, 197 - 66 - 66)):
-        moved = ir.moves({m_slot: 1}, {m_slot: start})
+        moved = ir.moves({m_slot: 1}, (((m_slot, start),),))
         assert moved[out] == moved[x] == (0, rows, 0)
+    assert ir.moves({m_slot: 1}, (((m_slot, 0),), ((m_slot, 1),))) is None  # tiles 0, 1 would move 66, 65
+    # tiles of 25 rows (origins 0, 25, ..., 150, then 172): two tiles on, the first four move
+    # by 50 rows alike; with the fifth and sixth, the sixth moves into the last by 47
+    ir25 = read_kernel(lower_with_plan(func, TilePlan((1, 25, 32), 32)))
+    m25 = ir25.tile_loops()[1].slot
+    assert ir25.tile_loops()[1].extent == math.ceil(197 / 25)
+    assert ir25.moves({m25: 2}, tuple(((m25, m),) for m in range(4)))[out] == (0, 50, 0)
+    assert ir25.moves({m25: 2}, tuple(((m25, m),) for m in range(6))) is None
 
 
 def test_chunks_move_along_the_reduction_past_the_pass_that_folds_the_zero_init():
@@ -676,7 +685,7 @@ def test_chunks_move_along_the_reduction_past_the_pass_that_folds_the_zero_init(
     assert ir.moves({chunks.slot: 1}) is None
     x, w, out = (name for name, *_ in ir.params)
     for d in (1, 2):
-        moved = ir.moves({chunks.slot: d}, None, frozenset({chunks.slot}))
+        moved = ir.moves({chunks.slot: d}, (), frozenset({chunks.slot}))
         assert (moved[x], moved[w], moved[out]) == ((0, 0, 32 * d), (32 * d, 0), (0, 0, 0))
 
 

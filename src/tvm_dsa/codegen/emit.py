@@ -238,6 +238,7 @@ def _row_major(shape) -> list[int]:
 
 
 COPY_SOURCES = 4  # the most recent calls like a layer that it may be a copy of (each try costs)
+PERIOD = 8  # the most rounds after which a layer's deal of tiles to cores may repeat (``_emit``)
 _PIECE = "piece"  # key of a piece of a memory object: (_PIECE, the object's key, index)
 PROMOTE = "promote"  # layer mark of whole-tensor copies between memories (weight promotion)
 FANOUT = 4  # copies a core sends of a box it holds before a copy of it is asked to (``_holder``)
@@ -807,9 +808,11 @@ class KernelEmitter:
         is recorded (a call of ``layer``: ``placed``, ``owners``), rounds whose tiles are earlier
         rounds' of the call translated, the tile buffers in the same state translated and the
         same stores held back (``_held``), are recorded as a copy of them (``_copy_run``) where
-        the dependencies allow: of one of the last two rounds, or of the whole run of rounds
+        the dependencies allow: of one of the last two rounds, of the whole run of rounds
         since the last emitted one (so a regular layer takes a number of copies logarithmic in
-        its rounds). False if a round was copied."""
+        its rounds), or of the last few rounds emitted since the last copy, up to ``PERIOD``
+        (tiles dealt in turn repeat every few rounds: ViT-B/16's attention scores, 5 token
+        tiles a head on 4 cores, every 5). False if a round or a chunk was copied."""
         self.cur, self.regions, self.lb_base = layer, regions, lb_base
         self.views: dict = {}  # (id(access), aliased region) -> _view
         self.aliasable = _aliasable(layer.ir)
@@ -825,11 +828,26 @@ class KernelEmitter:
         parts = _rounds(work) if recorded else [work]
         # records of rounds so far: (_Call, tile state before, after, rounds); the last run of
         # them as one (``span``: copied whole, it doubles), the latest copy of each length (the
-        # rest of a layer too short for the span), the last two single rounds
-        span, runs, singles = None, {}, []
+        # rest of a layer too short for the span), the last two single rounds, and the emitted
+        # rounds since the last copy (``emitted``: the last few of them, joined, repeat with a
+        # period of that many rounds)
+        span, runs, singles, emitted = None, {}, [], []
         literal, i = True, 0
+
+        def repeats(n):
+            """Whether the next ``n`` rounds are the last ``n`` emitted ones translated."""
+            return i + n <= len(parts) and \
+                _relative([x for r in emitted[-n:] for x in r[0].work]) == _relative(sum(parts[i:i + n], []))
+
+        def run_of(records):
+            """Consecutive records as one; the held stores of each core's first tile in them."""
+            out = functools.reduce(_joined, records)
+            held_of[id(out[0])] = {c: h for r in reversed(records) for c, h in held_of[id(r[0])].items()}
+            return out
+
         while i < len(parts):
             sources = ([span] if span and span[3] > 1 else []) + [runs[n] for n in sorted(runs, reverse=True)] \
+                + [run_of(emitted[-n:]) for n in range(min(len(emitted), PERIOD), 1, -1) if repeats(n)] \
                 + singles[::-1] if recorded else []
             for part in parts[i:i + max((r[3] for r in sources), default=1)]:
                 for _, core in part:
@@ -861,7 +879,7 @@ class KernelEmitter:
                         span = joined
                     else:
                         span = copy
-                    literal, i = False, i + n
+                    literal, i, emitted = False, i + n, []
                     continue
                 outer, self.rec = self.rec, _Record(self.size)
                 start, first, state = self.size, len(self.instructions), self._tile_state(layer, parts[i])
@@ -891,6 +909,7 @@ class KernelEmitter:
                         *self._run_states(self.rec, state), 1)
                 held_of[id(span[0])] = held
                 singles = singles[-1:] + [span]
+                emitted.append(span)
                 outer.add(self.rec)
                 self.rec = outer
             i += 1
@@ -1549,17 +1568,11 @@ def _relative_held(held: dict, work) -> dict:
     return {core - work[0][1]: v for core, v in held.items()}
 
 
-def _shared_values(layer: Layer, work) -> dict | None:
-    """The values on the slots of ``layer``'s non-linear index terms (``KernelIR.bent``) that
-    all the tiles of ``work`` have (``KernelIR.moves``' ``at``); None where they differ."""
+def _bent_values(layer: Layer, work) -> tuple:
+    """The distinct values the tiles of ``work`` have on the slots of ``layer``'s non-linear
+    index terms (``KernelIR.bent``), each as ((slot, value), ...): ``KernelIR.moves``' ``at``."""
     bent = [(i, lp.slot) for i, lp in enumerate(layer.ir.tile_loops()) if lp.slot in layer.ir.bent]
-    at: dict = {}
-    for values, _ in work:
-        for i, slot in bent:
-            if at.setdefault(slot, values[i]) != values[i]:
-                return None
-    return at
-
+    return tuple(sorted({tuple((slot, values[i]) for i, slot in bent) for values, _ in work}))
 
 def _moved(layer: Layer, before, after) -> tuple:
     """(cores moved, ``KernelIR.moves``) taking the tiles ``before`` to ``after`` (runs of
@@ -1573,7 +1586,7 @@ def _moved(layer: Layer, before, after) -> tuple:
     if not shift:
         return c1 - c0, {}
     chunks = frozenset(lp.slot for lp in loops[len(tiles):])
-    return c1 - c0, layer.ir.moves(shift, _shared_values(layer, before), chunks)
+    return c1 - c0, layer.ir.moves(shift, _bent_values(layer, before), chunks)
 
 
 def _rounds(work) -> list:

@@ -208,36 +208,42 @@ class KernelIR:
     def stages(self) -> list[Stage]:
         return stages_of([self.root])
 
-    def moves(self, shift: dict, at: dict | None = None, nonzero: frozenset = frozenset()) -> dict | None:
+    def moves(self, shift: dict, at: tuple = (), nonzero: frozenset = frozenset()) -> dict | None:
         """Per buffer, the vector its accesses' indices move by when the tile-loop (or chunk-loop)
         slots move by ``shift`` (slot -> change): the same for every access of the buffer. A
         non-linear term (a clamped tile's origin) of a moved slot moves by the difference of its
-        values from the slot values ``at`` (those of ``bent``, where all the moved tiles have
-        them). None where the tiles would not be the same tiles moved: an access differs between
-        its buffer's accesses, or a non-linear term of a moved slot has no values ``at``, or a
-        guard, a select's bound or a folded zero-init depends on the moved slots — but for a
-        zero-init folded on the slots ``nonzero``, which the moved tiles or chunks and the ones
-        they move to never have at 0 (a chunk loop from its second chunk on)."""
+        values from the slot values ``at`` (those of ``bent`` of each of the moved tiles,
+        ``((slot, value), ...)`` each), which must be the same for all of them: tiles that do
+        not reach the clamped last one move as far. None where the tiles would not be the same
+        tiles moved: an access differs between its buffer's accesses, or a non-linear term of a
+        moved slot has no values ``at`` or moves by different amounts from them, or a guard, a
+        select's bound or a folded zero-init depends on the moved slots — but for a zero-init
+        folded on the slots ``nonzero``, which the moved tiles or chunks and the ones they move
+        to never have at 0 (a chunk loop from its second chunk on)."""
         memo = self._moving_terms[3]
-        key = (tuple(sorted(shift.items())), tuple(sorted(at.items())) if at else (), nonzero)
+        key = (tuple(sorted(shift.items())), at, nonzero)
         if key not in memo:
-            memo[key] = self._moves(shift, at or {}, nonzero)
+            memo[key] = self._moves(shift, at, nonzero)
         return memo[key]
 
-    def _moves(self, shift: dict, at: dict, nonzero: frozenset) -> dict | None:
+    def _moves(self, shift: dict, at: tuple, nonzero: frozenset) -> dict | None:
         terms, fixed, zeroed, _ = self._moving_terms
-        start = [0] * self.slots
-        for slot, v in at.items():
-            start[slot] = v
-        end = [v + shift.get(slot, 0) for slot, v in enumerate(start)]
+        points = []  # (start, end) slot values of each tile ``at`` names
+        for values in at:
+            start = [0] * self.slots
+            for slot, v in values:
+                start[slot] = v
+            points.append((start, [v + shift.get(slot, 0) for slot, v in enumerate(start)]))
+        known = frozenset.intersection(*(frozenset(slot for slot, _ in values) for values in at)) if at else frozenset()
 
         def moved(form, fns):
             linear = [sum(c * shift.get(slot, 0) for slot, c in dim) for dim in form]
             for d, f in enumerate(fns):
                 if f is not None and f.slots & shift.keys():
-                    if not f.slots <= at.keys():
+                    steps = {f(end) - f(start) for start, end in points}
+                    if not f.slots <= known or len(steps) != 1:
                         return None
-                    linear[d] += f(end) - f(start)
+                    linear[d] += steps.pop()
             return tuple(linear)
 
         out = {}

@@ -688,27 +688,6 @@ def promotion_pieces(sg: SubGraphKernel, prints: dict, tensor: str, hw) -> tuple
     return None
 
 
-def deal_tiles(layer: Layer, tiles: list, cores: tuple) -> list:
-    """(tile, core) for an instance's ``tiles`` of ``layer`` on its ``cores``: in turn, or for a
-    layer whose tiles overlap (``ClampTiles``), whole columns along its clamped loops in turn
-    where that leaves no core more tiles than in turn (``makespan`` counts so), each core's
-    ordered by the clamped loops first and listed a tile of each core in turn: the emitter's
-    rounds (``emit._rounds``) then each have one value of the clamped loops, and a round is the
-    one before moved (a copy: ``KernelIR.moves``' ``at``). ViT-B/16's MLP kernel had 90k
-    literal instructions dealt in turn, 19k so."""
-    n = len(cores)
-    if layer.ir.clamped:
-        along = [i for i, lp in enumerate(layer.ir.tile_loops()) if lp.slot in layer.ir.clamped]
-        columns: dict = {}
-        which = [columns.setdefault(tuple(v for i, v in enumerate(t) if i not in along), len(columns)) % n
-                 for t in tiles]
-        if max(np.bincount(which)) <= -(-len(tiles) // n):
-            mine = [sorted((t for t, k in zip(tiles, which) if k == c), key=lambda t: [t[i] for i in along])
-                    for c in range(n)]
-            return [(t[j], cores[c]) for j in range(max(map(len, mine))) for c, t in enumerate(mine) if j < len(t)]
-    return [(t, cores[k % n]) for k, t in enumerate(tiles)]
-
-
 def piece_order(layer, rows: np.ndarray, fp: Footprint, pieced: dict) -> np.ndarray:
     """``rows`` (an instance's tiles of ``layer``) in the order of the pieces they read of a weight
     promoted in pieces (``pieced``: tensor -> (dim, width) or None), stably: the cores take the
@@ -804,7 +783,7 @@ def emit_stitched(mod: tvm.IRModule, hw, replicate: bool = True, replay: bool = 
                         if key in part.place:
                             local[t] = part.place[key]
                     tiles = [prints[L.name].tiles[r] for r in piece_order(L, rows, prints[L.name], pieced).tolist()]
-                    work = deal_tiles(L, tiles, cores[i])
+                    work = [(t, cores[i][k % len(cores[i])]) for k, t in enumerate(tiles)]  # in turn
                     if pending and pending[0] is L and pending[2] == local:
                         pending[1].extend(work)
                         continue
