@@ -394,6 +394,7 @@ class KernelEmitter:
         # before, after (None: not kept), 1 call)
         self.calls: dict = {}
         self.rec: _Record | None = None  # while a call is recorded
+        self.chunking: _Chunking | None = None  # while a call's tiles are emitted and recorded (``_emit``)
 
     def kernel(self) -> isa.Kernel:
         return isa.Kernel(self.name, tuple(sorted(self.cores_used)), tuple(self.instructions), tuple(self.marks),
