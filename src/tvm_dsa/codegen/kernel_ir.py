@@ -311,6 +311,7 @@ class _Reader:
         self.slot_of: dict = {}  # loop Var -> slot
         self.extent_of: dict = {}  # loop Var -> extent
         self.clamped: set = set()  # slots of clamped tile loops
+        self.buffers: dict = {}  # name -> the buffer accesses name (names key a kernel's buffers)
 
     def loops(self, stmt) -> list:
         if isinstance(stmt, tirx.SeqStmt):
@@ -377,6 +378,8 @@ class _Reader:
             return const, outer, tuple(row), None
 
         def access(buf, indices) -> Access:
+            if not self.buffers.setdefault(str(buf.name), buf).same_as(buf):
+                raise CodegenError(f"two buffers are named {buf.name} (tir_passes.names.UniqueBufferNames)")
             forms = [form(i) for i in indices]
             return Access(str(buf.name), buf.scope() == LB_SCOPE, tuple(f[0] for f in forms),
                           tuple(f[1] for f in forms), tuple(f[2] for f in forms),
