@@ -9,7 +9,8 @@
     tvm-dsa hw [dsa/<chip> | chip.toml] [--json]  # the presets, or validate and show one chip
     tvm-dsa dataflow gemm i=64,j=64,k=64          # TENET metrics of the MME's dataflows (seed 003)
 
-Exit codes: 0 success, 1 numerics outside the tolerance, 2 bad input (model, file, target).
+Exit codes: 0 success, 1 numerics outside the tolerance (or, with ``--strict``, a kernel whose values
+overflowed the chip's number type), 2 bad input (model, file, target).
 """
 
 from __future__ import annotations
@@ -77,6 +78,10 @@ def _run(args: argparse.Namespace) -> int:
         print(run.report if run.report else "no kernel ran on the DSA: no report")
         if args.trace:
             print(f"\ntrace: {len(run.trace)} events written to {args.trace}")
+    for line in run.report.numerics if run.report else ():
+        print(f"tvm-dsa: {'error' if args.strict else 'warning'}: {line}", file=sys.stderr)
+    if args.strict and run.report and run.report.numerics:
+        return 1
     if check and not check["ok"]:
         print(f"tvm-dsa: error: DSA output differs from llvm by {check['max_relative_error']:.2e} "
               f"(relative), above the tolerance {args.tolerance:.0e}", file=sys.stderr)
@@ -106,6 +111,8 @@ def parser() -> argparse.ArgumentParser:
     run.add_argument("--no-check", action="store_true", help="skip the comparison with llvm")
     run.add_argument("--tolerance", type=float, default=TOLERANCE,
                      help=f"max |dsa - llvm| / max |llvm| accepted (default {TOLERANCE:g})")
+    run.add_argument("--strict", action="store_true",
+                     help="exit 1 where a DSA kernel's values overflowed the chip's number type (inf/NaN)")
     run.set_defaults(func=_run)
     show_commands.add_parsers(sub)
     explore_command.add_parser(sub)

@@ -36,20 +36,24 @@ class KernelRun:
 
 _RUN: list[KernelRun] = []  # the kernels of the current (or last) model run, in call order
 _TRACE: list = []
-_MODE = {"mode": "functional", "trace": bool(os.environ.get("TVM_DSA_TRACE")), "check_hazards": True}
+_MODE = {"mode": "functional", "trace": bool(os.environ.get("TVM_DSA_TRACE")), "check_hazards": True, "strict": False}
 
 
-def set_mode(mode: str = "functional", trace: bool | None = None, check_hazards: bool = True) -> None:
+def set_mode(mode: str = "functional", trace: bool | None = None, check_hazards: bool = True,
+             strict: bool = False) -> None:
     """How offloaded kernels run from now on: ``functional`` (numerics and time) or ``timing``
     (time only: outputs are left untouched, so the model's results are meaningless). ``trace``
     records trace events for ``last_trace()``. ``check_hazards=False`` (timing only) trusts the
-    programs' dependency tokens instead of checking them, for speed on large programs."""
+    programs' dependency tokens instead of checking them, for speed on large programs. A kernel
+    whose values the chip's number types cannot hold (an fp16 overflow, inf/NaN from finite
+    inputs) is listed in the report's ``numerics``; with ``strict`` it raises ``FloatingPointError``."""
     if mode not in ("functional", "timing"):
         raise ValueError(f"simulation mode must be 'functional' or 'timing', not {mode!r}")
     if mode == "functional" and not check_hazards:
         raise ValueError("a functional run always checks the dependency tokens (check_hazards=True)")
     _MODE["mode"] = mode
     _MODE["check_hazards"] = check_hazards
+    _MODE["strict"] = strict
     if trace is not None:
         _MODE["trace"] = trace
 
@@ -104,6 +108,8 @@ def _run(program: Program, info: dict, tensors) -> None:
     _RUN.append(KernelRun(info["kernel"], tuple(a.shape for a in program.args if a.role == "output"),
                           result.report, program))
     _TRACE.extend(result.trace_events or [])
+    if _MODE["strict"] and result.report.numerics:
+        raise FloatingPointError(result.report.numerics[0])
     for t, out in zip(tensors[n_in:], result.outputs):
         np.from_dlpack(t)[...] = out
 

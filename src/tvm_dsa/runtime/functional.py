@@ -84,6 +84,9 @@ class Machine:
         self.ddr = np.zeros(ddr_bytes, dtype=np.uint8)
         self.gb: dict[int, np.ndarray] = {}
         self.lb: dict[int, np.ndarray] = {}
+        # (position in the last ``run_all``, largest |value|) of the first instruction whose finite
+        # float32 result did not fit its destination's type and became inf (fp16 overflows at 65,504)
+        self.overflow: tuple[int, float] | None = None
 
     def memory(self, mem: str, index: int) -> np.ndarray:
         if mem == "ddr":
@@ -108,13 +111,17 @@ class Machine:
             self._run(ins)
 
     def run_all(self, instructions) -> None:
-        """Run ``instructions`` one after the other."""
+        """Run ``instructions`` one after the other, noting the first that overflowed (``overflow``)."""
         run = self._run
+        self.overflow = None
         with np.errstate(all="ignore"):
-            for ins in instructions:
-                run(ins)
+            for position, ins in enumerate(instructions):
+                largest = run(ins)
+                if largest is not None and self.overflow is None:
+                    self.overflow = (position, largest)
 
-    def _run(self, ins: Instruction) -> None:
+    def _run(self, ins: Instruction) -> float | None:
+        """Apply ``ins``; the largest |value| of a result that overflowed its destination, else None."""
         kind = type(ins)
         if kind is Dma:
             self.view(ins.dst, ins.shape)[...] = self.view(ins.src, ins.shape)
@@ -125,9 +132,10 @@ class Machine:
         elif kind is Vector:
             srcs = [self.view(s, ins.shape).astype(np.float32) if isinstance(s, Operand) else np.float32(s)
                     for s in ins.srcs]
-            _store(self.view(ins.dst, ins.shape), VECTOR_OPS[ins.op](*srcs))
+            return _store(self.view(ins.dst, ins.shape), VECTOR_OPS[ins.op](*srcs))
         else:
-            self._reduce(ins)
+            return self._reduce(ins)
+        return None
 
     def _mme(self, ins: Mme) -> None:
         """Contract ``a`` and ``b`` with einsum over their non-broadcast dims (one letter per box dim)."""
@@ -150,19 +158,26 @@ class Machine:
         dst = self.view(ins.dst, ins.shape, out)
         dst[...] = dst.astype(acc) + result if ins.accumulate else result
 
-    def _reduce(self, ins: Reduce) -> None:
+    def _reduce(self, ins: Reduce) -> float | None:
         ufunc = REDUCE_UFUNCS[ins.op]
         axes = tuple(d for d, r in enumerate(ins.reduce) if r)
         result = ufunc.reduce(self.view(ins.src, ins.shape).astype(np.float32), axis=axes)
         dst = self.view(ins.dst, ins.shape, [d for d, r in enumerate(ins.reduce) if not r])
-        _store(dst, ufunc(dst.astype(np.float32), result) if ins.accumulate else result)
+        return _store(dst, ufunc(dst.astype(np.float32), result) if ins.accumulate else result)
 
 
-def _store(dst: np.ndarray, values) -> None:
+def _store(dst: np.ndarray, values) -> float | None:
     """Write float32 results into ``dst``: floats round to nearest even on the cast, integers are
-    rounded half to even and saturated to their type's range (requantisation)."""
+    rounded half to even and saturated to their type's range (requantisation). Returns the largest
+    |value| where a finite value became inf in a narrower float type, else None."""
     values = np.asarray(values, dtype=np.float32)
     if np.issubdtype(dst.dtype, np.integer):
         info = np.iinfo(dst.dtype)  # clip in float64: float32 cannot hold int32's bounds exactly
         values = np.clip(np.rint(values.astype(np.float64)), info.min, info.max).astype(dst.dtype)
     dst[...] = values
+    if dst.dtype == np.float16 and np.isinf(dst).any():
+        values = np.broadcast_to(values, dst.shape)
+        lost = np.isinf(dst) & np.isfinite(values)
+        if lost.any():
+            return float(np.abs(values[lost]).max())
+    return None

@@ -44,6 +44,9 @@ class Report:
     lb_peak_bytes: int = 0  # max over kernels and LBs of the bytes written in the kernel
     gb_peak_bytes: int = 0
     compulsory_ddr_bytes: int = 0  # bytes any schedule must move (default: the program's args)
+    # what a functional run computed that the chip's number types could not hold: one line per
+    # kernel that overflowed (a finite value became inf) or gave inf/NaN from finite inputs
+    numerics: tuple[str, ...] = ()
 
     # -- derived ------------------------------------------------------------------------------
     @property
@@ -103,7 +106,8 @@ class Report:
         busy = {u: sum(r.busy.get(u, 0) for r in reports) for u in UNIT_TYPES}
         return cls(hw, **{f: sum(getattr(r, f) for r in reports) for f in _SUMMED}, busy=busy,
                    lb_peak_bytes=max(r.lb_peak_bytes for r in reports),
-                   gb_peak_bytes=max(r.gb_peak_bytes for r in reports))
+                   gb_peak_bytes=max(r.gb_peak_bytes for r in reports),
+                   numerics=tuple(line for r in reports for line in r.numerics))
 
     def with_compulsory(self, nbytes: int) -> "Report":
         return dataclasses.replace(self, compulsory_ddr_bytes=int(nbytes))
@@ -137,6 +141,7 @@ class Report:
         for k, v in self.energy.items():
             rows.append((f"energy {k}", f"{v * 1e6:.4g} uJ"))
         rows.append(("energy total", f"{self.energy_total * 1e6:.4g} uJ"))
+        rows += [("NUMERICS", line) for line in self.numerics]
         width = max(len(k) for k, _ in rows)
         return "\n".join(f"{k:<{width}}  {v}" for k, v in rows)
 
@@ -215,8 +220,9 @@ def _key(ins) -> tuple:
             *[(o.mem, o.dtype, o.strides) if isinstance(o, Operand) else None for o in ins.srcs])
 
 
-def build_report(program: Program, hw: Hardware, timing: ProgramTiming) -> Report:
-    """Count what the program's instructions move and compute, and what the timing made busy."""
+def build_report(program: Program, hw: Hardware, timing: ProgramTiming, numerics: tuple[str, ...] = ()) -> Report:
+    """Count what the program's instructions move and compute, and what the timing made busy;
+    ``numerics``: what the functional run could not hold (``Report.numerics``)."""
     c = dict.fromkeys(_SUMMED, 0)
     busy = dict.fromkeys(UNIT_TYPES, 0)
     peak = {"lb": 0, "gb": 0}
@@ -247,4 +253,4 @@ def build_report(program: Program, hw: Hardware, timing: ProgramTiming) -> Repor
             c[name] += n * count
     c.update(cycles=timing.cycles, kernels=len(program.kernels), instructions=program.num_instructions,
              compulsory_ddr_bytes=sum(a.nbytes for a in program.args))
-    return Report(hw, **c, busy=busy, lb_peak_bytes=peak["lb"], gb_peak_bytes=peak["gb"])
+    return Report(hw, **c, busy=busy, lb_peak_bytes=peak["lb"], gb_peak_bytes=peak["gb"], numerics=numerics)

@@ -49,19 +49,37 @@ def simulate(program: Program, inputs: list[np.ndarray] | None = None, mode: str
         raise ValueError("a functional run always checks the dependency tokens (check_hazards=True)")
     arrays = _check_inputs(program, inputs) if functional or inputs is not None else []
     timing = simulate_program(program, hw, check_hazards)
-    outputs = []
+    outputs, numerics = [], []
     if functional:
         machine = Machine(hw, program.ddr_bytes)
         for arg, x in zip([a for a in program.args if a.role == "input"], arrays):
-            machine.ddr[arg.offset:arg.offset + arg.nbytes] = x.astype(arg.dtype).reshape(-1).view(np.uint8)
+            with np.errstate(over="ignore"):
+                stored = x.astype(arg.dtype)
+            if stored.dtype.kind == "f" and x.dtype.kind == "f" and (np.isinf(stored) & np.isfinite(x)).any():
+                numerics.append(f"kernel {program.name}: input {arg.name} holds {np.abs(x).max():.4g}, beyond the "
+                                f"chip's {arg.dtype} (max {np.finfo(stored.dtype).max:.6g}): it became inf")
+            machine.ddr[arg.offset:arg.offset + arg.nbytes] = stored.reshape(-1).view(np.uint8)
         for k, kt in zip(program.kernels, timing.kernels):
             instrs = k.instructions
             machine.run_all([instrs[i] for i in kt.order])
+            if machine.overflow is not None:
+                numerics.append(_overflowed(k, kt.order, *machine.overflow))
         outputs = [np.ndarray(a.shape, np.dtype(a.dtype), machine.ddr, a.offset).astype(a.host_dtype)
                    for a in program.args if a.role == "output"]
-    report = build_report(program, hw, timing)
+        if not numerics and all(np.isfinite(x).all() for x in arrays if x.dtype.kind == "f"):
+            numerics += [f"kernel {program.name}: output {a.name} has inf or NaN, its inputs are finite"
+                         for a, y in zip([a for a in program.args if a.role == "output"], outputs)
+                         if y.dtype.kind == "f" and not np.isfinite(y).all()]
+    report = build_report(program, hw, timing, tuple(numerics))
     events = trace_events(program, hw, timing, start_cycle) if trace else []
     return SimResult(outputs, report, events)
+
+
+def _overflowed(kernel, order, position: int, largest: float) -> str:
+    """The report's line for ``kernel``'s first overflow: its ``position``-th instruction run."""
+    mark = kernel.layer_of_each()[order[position]]
+    where = f"kernel {kernel.name}" + (f", layer {mark.name}" if mark and mark.name != kernel.name else "")
+    return f"{where}: {largest:.4g} overflowed the chip's float16 (max 65504) and became inf"
 
 
 def _check_inputs(program: Program, inputs) -> list[np.ndarray]:
