@@ -29,6 +29,7 @@ from .relax_passes.rdp_fusion import AnnotateSymbolicReshapes
 from .relax_passes.reorder import ApplyExecutionPlan
 from .relax_passes.sink import SinkIntoBranches
 from .relax_passes.transpose import CancelTransposePairs
+from .relax_passes.wide import KeepWide
 from .schedule.set.scheduler import SetOptions
 from .tir_passes.names import UniqueBufferNames
 
@@ -119,7 +120,8 @@ def _tuned_kernels(database, chip: hardware.Hardware):
 def fuse(mod: tvm.IRModule, rdp_fusion: bool = True) -> tvm.IRModule:
     """The module as the offload sees it (in the current target's scope): simplified (with
     transposes around a softmax cancelled and gathers at a range of indices sliced), legalized and
-    fused, each PrimFunc's buffers named uniquely (``UniqueBufferNames``); a dynamic model with
+    fused, each PrimFunc's buffers named uniquely (``UniqueBufferNames``), the tensors whose values
+    can leave the chip's storage type marked to stay wide (``KeepWide``); a dynamic model with
     RDP's shapes applied, and fused across its dynamic shapes unless ``rdp_fusion`` is False."""
     host = tvm.target.Target.current(allow_none=True) or tvm.target.Target("llvm")
     dynamic = is_dynamic(mod)
@@ -135,7 +137,8 @@ def fuse(mod: tvm.IRModule, rdp_fusion: bool = True) -> tvm.IRModule:
         + cpu_generic.library_dispatch_passes(host)
         + [relax.transform.LegalizeOps(), relax.transform.AnnotateTIROpPattern()]
         + ([AnnotateSymbolicReshapes] if across else [])
-        + [relax.transform.FoldConstant(), relax.transform.FuseOps(), relax.transform.FuseTIR(), UniqueBufferNames]
+        + [relax.transform.FoldConstant(), relax.transform.FuseOps(), relax.transform.FuseTIR(), UniqueBufferNames,
+           KeepWide]
     )(mod)
 
 

@@ -1642,8 +1642,9 @@ def build_program(func, hw: Hardware, name: str, num_outputs: int = 1) -> isa.Pr
     regions, args, offset = {}, [], 0
     for i, (pname, shape, dtype) in enumerate(layer.ir.params):
         role = "output" if i >= len(layer.ir.params) - num_outputs else "input"
-        regions[pname] = Region.whole("ddr", 0, offset, shape, hw.storage_dtype)
-        args.append(isa.TensorArg(pname, role, shape, hw.storage_dtype, dtype, offset))
+        stored = layer.ir.ddr_dtype(pname, hw)
+        regions[pname] = Region.whole("ddr", 0, offset, shape, stored)
+        args.append(isa.TensorArg(pname, role, shape, stored, dtype, offset))
         offset = align(offset + args[-1].nbytes)
     emitter = KernelEmitter(hw, name)
     for pname, r in regions.items():

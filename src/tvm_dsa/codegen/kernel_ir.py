@@ -35,6 +35,7 @@ from ..tir_passes.analysis import (
 )
 from ..tir_passes.scopes import LB_SCOPE
 from ..tir_passes.strip import STRIP
+from ..tir_passes.ranges import WIDE
 from ..tir_passes.tile import CLAMP, DOUBLE_BUFFER
 
 SBlockRealize = tvm.s_tir.stmt.SBlockRealize
@@ -204,6 +205,11 @@ class KernelIR:
     params: tuple  # (name, shape, dtype) of the PrimFunc parameters
     double_buffer: bool | None = None  # the schedule's decision (``dsa.double_buffer``); None: if it fits
     clamped: frozenset = frozenset()  # tile-loop slots whose last tile overlaps the one before (``ClampTiles``)
+    wide: frozenset = frozenset()  # parameters stored at the accumulator's width (``tir_passes.ranges``)
+
+    def ddr_dtype(self, param: str, hw: Hardware) -> str:
+        """The type ``param`` is stored in outside the LB: the chip's, or its wide one."""
+        return hw.wide_dtype if param in self.wide else hw.storage_dtype
 
     def stages(self) -> list[Stage]:
         return stages_of([self.root])
@@ -571,11 +577,12 @@ def read_kernel(func) -> KernelIR:
     """The KernelIR of a lowered PrimFunc (one nest of tile loops). Cached per body and
     parameters (immutable all): the tiling search, the load estimate and the stitcher read the
     same one, and a sub-graph's repeated layers are one lowered body under several attributes."""
-    return _read_kernel(func.body, tuple(func.params))
+    wide = tuple(int(i) for i in func.attrs[WIDE]) if func.attrs is not None and WIDE in func.attrs else ()
+    return _read_kernel(func.body, tuple(func.params), wide)
 
 
 @functools.lru_cache(maxsize=256)
-def _read_kernel(stmt, func_params) -> KernelIR:
+def _read_kernel(stmt, func_params, wide: tuple = ()) -> KernelIR:
     root = stmt.block if isinstance(stmt, SBlockRealize) else None
     body = stmt if root is None else root.body
     double = None if root is None or DOUBLE_BUFFER not in root.annotations else bool(int(root.annotations[DOUBLE_BUFFER]))
@@ -584,7 +591,8 @@ def _read_kernel(stmt, func_params) -> KernelIR:
     if len(nodes) != 1 or not isinstance(nodes[0], Loop) or nodes[0].kind != "tile":
         raise CodegenError("a lowered kernel is one nest of tile loops")
     params = tuple((str(p.name), tuple(int(s) for s in p.shape), str(p.dtype)) for p in func_params)
-    return KernelIR(fold_zero_init(nodes[0]), len(reader.slot_of), params, double, frozenset(reader.clamped))
+    return KernelIR(fold_zero_init(nodes[0]), len(reader.slot_of), params, double, frozenset(reader.clamped),
+                    frozenset(params[i][0] for i in wide))
 
 
 def fold_zero_init(loop: Loop) -> Loop:
@@ -688,16 +696,17 @@ class LBPlan:
         return any(len(b.slots) == 2 for b in self.buffers.values())
 
 
-def lb_dtypes(stages: list[Stage], hw: Hardware) -> dict[str, str]:
+def lb_dtypes(stages: list[Stage], hw: Hardware, wide: frozenset = frozenset()) -> dict[str, str]:
     """Element type of each LB buffer: MME accumulators in the accumulation type, other reduction
     accumulators in float32, what the MME reads or what a DMA moves to/from DDR in the storage
-    type, every other intermediate in float32 (the vector units compute in float32)."""
+    type (but for the ``wide`` parameters), every other intermediate in float32 (the vector units
+    compute in float32)."""
     out: dict[str, str] = {}
     for st in stages:
         if st.op in ("mme", "reduce"):
             out[st.dst.buffer] = hw.mme.accum_dtype if st.op == "mme" else "float32"
     for st in stages:
-        crosses_ddr = st.op == "dma" and not all(a.lb for a in [st.dst] + st.reads())
+        crosses_ddr = st.op == "dma" and not all(a.lb or a.buffer in wide for a in [st.dst] + st.reads())
         for acc in [st.dst] + st.reads():
             if acc.lb and acc.buffer not in out and (st.op == "mme" or crosses_ddr):
                 out[acc.buffer] = hw.storage_dtype
@@ -787,7 +796,7 @@ def _tile_layout(kernel: KernelIR, hw: Hardware, rounding=align):
     each place's bytes (its largest buffer's) and the temporaries' bytes of the stage that needs
     most; every size passed through ``rounding``."""
     stages = kernel.stages()
-    dtypes = lb_dtypes(stages, hw)
+    dtypes = lb_dtypes(stages, hw, kernel.wide)
     first: dict[str, LBBuffer] = {}
     loaded: set = set()  # buffers a DMA fills
     for st in stages:

@@ -111,6 +111,12 @@ class Hardware:
         return STORAGE_DTYPES[self.storage_dtype]
 
     @property
+    def wide_dtype(self) -> str:
+        """Where values can leave the storage type (sums of squares, variances:
+        ``tir_passes.ranges``), a float chip keeps them at its accumulator's width."""
+        return self.mme.accum_dtype if self.is_float else self.storage_dtype
+
+    @property
     def accum_bytes(self) -> int:
         return np.dtype(self.mme.accum_dtype).itemsize
 

@@ -30,7 +30,8 @@ def _shape(expr) -> tuple[int, ...] | None:
     return None
 
 
-def _constant(c) -> np.ndarray | None:
+def constant_value(c) -> np.ndarray | None:
+    """The value of a Relax constant as a numpy array (None where its type has no dtype)."""
     if isinstance(c.value, tvm.runtime.Tensor):
         return c.value.numpy()
     dtype = getattr(c.ty, "dtype", None)
@@ -89,7 +90,7 @@ def _fold_block(block, values: dict, shapes: dict) -> list:
         value = b.value
         name = value.op.name if isinstance(value, relax.Call) and isinstance(value.op, tvm.ir.Op) else None
         if isinstance(value, tvm.ir.expr.Constant):  # a constant bound to a name (the importer's index constants)
-            values[b.var] = _constant(value)
+            values[b.var] = constant_value(value)
         elif isinstance(value, relax.Var):  # an alias
             for known in (values, shapes):
                 if value in known:
@@ -103,7 +104,7 @@ def _fold_block(block, values: dict, shapes: dict) -> list:
             value = relax.const(out, str(value.ty.dtype))
         elif name is not None:
             tensor_args = [a for a in value.args if not isinstance(a, relax.ShapeExpr)]
-            consts = [_constant(a) if isinstance(a, tvm.ir.expr.Constant) else values.get(a)
+            consts = [constant_value(a) if isinstance(a, tvm.ir.expr.Constant) else values.get(a)
                       for a in tensor_args]
             fold = EVALUATORS.get(value.op.name)
             if fold and tensor_args and all(c is not None for c in consts):

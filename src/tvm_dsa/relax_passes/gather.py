@@ -18,7 +18,7 @@ from __future__ import annotations
 import tvm
 from tvm import relax, tirx
 
-from .fold import _constant as _value
+from .fold import constant_value as _value
 from .rewrite import rewrite_functions
 
 

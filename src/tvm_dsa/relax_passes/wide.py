@@ -1,0 +1,102 @@
+"""KeepWide: tensors whose values can leave the chip's storage type are stored at its accumulator's width.
+
+Each ``call_tir`` of ``main`` (and of the functions it branches into), in order: its output is wide
+where ``tir_passes.ranges.wide_output`` says so given which of its inputs are wide (a view or an
+alias of a wide tensor is wide; so are constants with values beyond fp16). Such a call gets a copy of its PrimFunc (``NAME_wide``, one per set of
+positions) with the positions of its wide parameters as the ``dsa.wide`` attribute, which kernel
+generation reads. Calls that pass one tensor twice (``multiply(x, x)``) are read
+with those parameters as one buffer, so the square shows.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import tvm
+from tvm import relax
+
+from ..tir_passes.ranges import FP16_MAX, WIDE, wide_output
+from .fold import constant_value
+
+_CALL_TIR = tvm.ir.Op.get("relax.call_tir")
+
+
+def _bindings(expr):
+    """The bindings of a Relax function body, those inside If branches too, in order."""
+    if isinstance(expr, relax.SeqExpr):
+        for block in expr.blocks:
+            for b in block.bindings:
+                yield b
+                if isinstance(b.value, relax.If):
+                    yield from _bindings(b.value.true_branch)
+                    yield from _bindings(b.value.false_branch)
+
+
+def _beyond_fp16(arg) -> bool:
+    """A constant (weights) with values fp16 cannot hold."""
+    values = constant_value(arg) if isinstance(arg, tvm.ir.expr.Constant) else None
+    if values is None or values.dtype.kind != "f":
+        return False
+    return bool(np.abs(values[np.isfinite(values)], dtype=np.float64).max(initial=0) > FP16_MAX)
+
+
+def _positions(mod: tvm.IRModule) -> dict:
+    """``call_tir`` call -> the positions of its PrimFunc's wide parameters (calls with any)."""
+    wide: set = set()  # wide Relax variables
+    out: dict = {}
+    for gv, func in mod.functions_items():
+        if not isinstance(func, relax.Function):
+            continue
+        for b in _bindings(func.body):
+            value = b.value
+            if isinstance(value, relax.Var) and value in wide:
+                wide.add(b.var)
+            if not (isinstance(value, relax.Call) and value.op.same_as(_CALL_TIR)):
+                continue
+            args = list(value.args[1].fields) if isinstance(value.args[1], relax.Tuple) else [value.args[1]]
+            prim = mod[value.args[0]]
+            if not isinstance(b.var.ty, relax.TensorType) or len(prim.params) != len(args) + 1:
+                continue  # several outputs, or scalar parameters: kept at the storage type
+            inputs = frozenset(i for i, a in enumerate(args) if a in wide or _beyond_fp16(a))
+            first = {}
+            same = {i: first.setdefault(a, i) for i, a in enumerate(args) if isinstance(a, relax.Var)}
+            if wide_output(prim, inputs, {i: j for i, j in same.items() if i != j}):
+                wide.add(b.var)
+                out[value] = (*sorted(inputs), len(args))
+            elif inputs:
+                out[value] = tuple(sorted(inputs))
+    return out
+
+
+@relax.expr_functor.mutator
+class _Mark(relax.PyExprMutator):
+    """Each call with wide positions calls its PrimFunc's copy for them (added to the module)."""
+
+    def __init__(self, mod, positions):
+        super().__init__(mod)
+        self.positions = positions
+        self.copies: dict = {}  # (PrimFunc name, wide positions) -> the copy's GlobalVar
+        for call, wide in positions.items():
+            name = call.args[0].name_hint
+            if (name, wide) not in self.copies:
+                func = mod[name].with_attr(WIDE, [int(i) for i in wide])
+                self.copies[(name, wide)] = self.builder_.add_func(func, f"{name}_wide")
+
+    def visit_call_(self, call):
+        wide = self.positions.get(call)
+        call = super().visit_call_(call)
+        if wide is None:
+            return call
+        copy = self.copies[(call.args[0].name_hint, wide)]
+        return relax.Call(call.op, [copy, *call.args[1:]], call.attrs, call.ty_args)
+
+    def run(self) -> tvm.IRModule:
+        for gv, func in self.builder_.get().functions_items():
+            if isinstance(func, relax.Function):
+                self.builder_.update_func(gv, self.visit_expr(func))
+        return self.builder_.get()
+
+
+@tvm.transform.module_pass(opt_level=0, name="dsa.KeepWide")
+def KeepWide(mod: tvm.IRModule, _ctx) -> tvm.IRModule:  # noqa: N802 (a pass, named like TVM's)
+    positions = _positions(mod)
+    return _Mark(mod, positions).run() if positions else mod
