@@ -149,3 +149,28 @@ def test_cli_warns_of_an_overflow_and_fails_when_strict(tmp_path, capsys):
     assert main(["run", str(path), "--no-check", "--strict"]) == 1
     err = capsys.readouterr().err
     assert "tvm-dsa: error: kernel" in err and "overflowed the chip's float16" in err
+
+
+@pytest.mark.parametrize("target, schedule", [("dsa/stcp920", "layerwise"), ("dsa/stcp920", "graphturbo"),
+                                              ("dsa/set-edge16-fp16", "set")])
+def test_a_wide_layer_inside_a_scheduled_sub_graph(target, schedule, rng):
+    """A conv whose square is summed beside its Relu: the sum is wide; a stitched kernel or a SET
+    tree places its tensors in the storage type, so its layers run one kernel each."""
+    w = (rng.standard_normal((8, 4, 3, 3)) * 0.3).astype("float32")
+    nodes = [h.make_node("Conv", ["x", "W"], ["c"], pads=[1, 1, 1, 1]), h.make_node("Mul", ["c", "c"], ["s"]),
+             h.make_node("ReduceSum", ["s", "axes"], ["r"], keepdims=1), h.make_node("Relu", ["c"], ["y"])]
+    graph = h.make_graph(nodes, "g", [h.make_tensor_value_info("x", TP.FLOAT, [2, 4, 8, 8])],
+                         [h.make_tensor_value_info(n, TP.FLOAT, None) for n in "ry"],
+                         [nh.from_array(w, "W"), nh.from_array(np.array([1, 2, 3], "int64"), "axes")])
+    mod = rx_onnx.from_onnx(h.make_model(graph, opset_imports=[h.make_opsetid("", 17)], ir_version=10),
+                            keep_params_in_input=False)
+    x = (rng.standard_normal((2, 4, 8, 8)) * 40).astype("float32")
+    ex = tvm.compile(mod, target=target, relax_pipeline=tvm_dsa.pipeline(schedule=schedule))
+    r, y = (o.numpy() for o in relax.VirtualMachine(ex, tvm.cpu())["main"](tvm.runtime.tensor(x)))
+    ref = tvm.compile(mod, target="llvm")
+    want_r, want_y = (o.numpy() for o in relax.VirtualMachine(ref, tvm.cpu())["main"](tvm.runtime.tensor(x)))
+    assert want_r.max() > 65504  # beyond fp16: computed wide, or this test tests nothing
+    np.testing.assert_allclose(r, want_r, rtol=2e-3)
+    np.testing.assert_allclose(y, want_y, atol=2e-2 * np.abs(want_y).max())
+    assert tvm_dsa.last_report().numerics == ()
+    assert not tvm_dsa.pipeline_result().host

@@ -147,7 +147,12 @@ def offload(mod: tvm.IRModule, hw: Hardware, schedule: str = "layerwise", run_id
         spec = specs.pop(0)
         nodes = [node_of[c] for c in spec.calls]
         if spec.plan is not None:  # a SET schedule
-            tk = _tree_kernel(spec, nodes, graph, lowered, hw)
+            try:
+                tk = _tree_kernel(spec, nodes, graph, lowered, hw)
+            except Unsupported as err:  # its layers run one kernel each, pure reshapes as views
+                result.unstitched[spec.name] = str(err)
+                specs[:0] = [KernelSpec(n.func, (n.name,)) for n in nodes if n.func in lowered]
+                continue
             lowered_tree = build_tree_program(tk, hw)
             result.dsa.append(spec.name)
             result.trees[spec.name] = (spec.plan, lowered_tree)
@@ -337,6 +342,8 @@ def _tree_kernel(spec, nodes, graph, lowered, hw) -> TreeKernel:
     for lay in spec.plan.graph.layers:
         n = graph.nodes[lay.node]
         layers.append(Layer.of(lowered[n.func][0], hw, n.name, (*n.inputs, n.output), lowered[n.func][1]))
+        if layers[-1].ir.wide:  # the tree's tensors are placed in the storage type
+            raise Unsupported(f"layer {n.name} keeps a tensor wide (tir_passes.ranges)")
     views = {n.output: n.inputs[0] for n in nodes if n.func not in lowered}
     weights = frozenset(t for t in inputs if graph.tensors[t].constant)
     return TreeKernel(spec.name, tuple(layers), views, tuple(inputs), tuple(outputs), tensors, spec.plan.schedule,
