@@ -16,6 +16,7 @@ import json
 from dataclasses import dataclass, field, replace
 
 import tvm
+import tvm_ffi
 from tvm import relax, tirx
 
 from .. import schedule as schedules
@@ -25,14 +26,17 @@ from ..codegen.kernel_ir import ALIGN, plan_lb, read_kernel
 from ..codegen.set_program import TreeKernel, build_tree_program
 from ..codegen.stitch import emit_stitched, read_allocation, subgraph_module
 from ..hardware import Hardware
+from ..isa.validate import validate
 from ..schedule.graph import OpGraph
 from ..schedule.set.intra import working_set_bytes
+from ..schedule.set.layers import LayerGraphError
 from ..tir_passes import Unsupported, lower_kernel
 from ..tir_passes.tile import on_vector_units
 from ..tir_passes.stitch import BindCores, StitchBuffers, stitch_passes
 from .stats import kernel_macs
 
 EXECUTE = "tvm_dsa.execute"
+CALL_TIR = tvm.ir.Op.get("relax.call_tir")
 
 
 @dataclass
@@ -99,8 +103,8 @@ def offload(mod: tvm.IRModule, hw: Hardware, schedule: str = "layerwise", run_id
                 result.tuned.append(name)
             else:  # SET's tiles divide their loops (``lower_kernel``'s ``clamp``)
                 lowered[name] = _lower(func, hw, budget, clamp=schedule != "set")
-        except Unsupported as err:
-            result.host[name] = str(err)
+        except Exception as err:  # noqa: BLE001 - a kernel the DSA path cannot build runs on the host
+            result.host[name] = host_reason(err)
     on_vector = {name for name, (func, _) in lowered.items() if on_vector_units(func)}  # contraction not on the MME
     in_part: dict = {}  # PrimFunc name -> lowered within the LB share StitchOptions leaves to tiles
 
@@ -137,7 +141,11 @@ def offload(mod: tvm.IRModule, hw: Hardware, schedule: str = "layerwise", run_id
             overlapped[key] = (low if keep else lower_kernel(mod[name], hw, budget, overlap=True, on_chip=on_chip,
                                                              first_tile=first_tile)[0], budget)
         return overlapped[key]
-    specs = schedules.get(schedule)(mod, hw, set(lowered), options)
+    try:
+        specs = schedules.get(schedule)(mod, hw, set(lowered), options)
+    except LayerGraphError as err:  # a model SET's layer graph does not describe runs layerwise
+        result.unstitched[schedule] = f"the {schedule} schedule does not apply ({err}): layerwise"
+        specs = schedules.get("layerwise")(mod, hw, set(lowered), None)
     node_of = {n.name: n for n in graph.nodes}
     kernels = []  # (spec, program text, input exprs, output vars, names the call renames the program's by)
     programs: dict = {}  # PrimFunc name -> program text of its one-layer kernel
@@ -149,8 +157,8 @@ def offload(mod: tvm.IRModule, hw: Hardware, schedule: str = "layerwise", run_id
         if spec.plan is not None:  # a SET schedule
             try:
                 tk = _tree_kernel(spec, nodes, graph, lowered, hw)
-            except Unsupported as err:  # its layers run one kernel each, pure reshapes as views
-                result.unstitched[spec.name] = str(err)
+            except Exception as err:  # noqa: BLE001 - its layers run one kernel each, pure reshapes as views
+                result.unstitched[spec.name] = host_reason(err)
                 specs[:0] = [KernelSpec(n.func, (n.name,)) for n in nodes if n.func in lowered]
                 continue
             lowered_tree = build_tree_program(tk, hw)
@@ -163,10 +171,12 @@ def offload(mod: tvm.IRModule, hw: Hardware, schedule: str = "layerwise", run_id
             (node,) = nodes
             if node.func not in programs:
                 try:
-                    programs[node.func] = build_program(lowered[node.func][0], hw, node.func).serialize()
+                    program = build_program(lowered[node.func][0], hw, node.func)
+                    validate(program)  # now, not at run time: an invalid program's kernel runs on the host
+                    programs[node.func] = program.serialize()
                     result.dsa.append(node.func)
-                except Unsupported as err:
-                    result.host[node.func] = str(err)
+                except Exception as err:  # noqa: BLE001 - a kernel the DSA path cannot build runs on the host
+                    result.host[node.func] = host_reason(err)
                     continue
             inputs = [graph.tensors[t] for t in node.inputs]
             kernels.append((spec, programs[node.func], inputs, [node.output], {}))
@@ -180,10 +190,10 @@ def offload(mod: tvm.IRModule, hw: Hardware, schedule: str = "layerwise", run_id
         else:
             try:
                 program, info = _stitched(spec, nodes, graph, for_stitch, hw, stitch)
-            except Unsupported as err:
+            except Exception as err:  # noqa: BLE001
                 # a layer the kernel cannot run (a flip walks its input backwards) sends only
                 # itself to the host: the others run one kernel each
-                result.unstitched[spec.name] = str(err)
+                result.unstitched[spec.name] = host_reason(err)
                 specs[:0] = [KernelSpec(n.func, (n.name,)) for n in nodes]
                 continue
             text, renames = program.serialize(), {}
@@ -192,6 +202,10 @@ def offload(mod: tvm.IRModule, hw: Hardware, schedule: str = "layerwise", run_id
         result.stitched[spec.name] = info
         kernels.append((spec, text, [graph.tensors[a.name] for a in program.args if a.role == "input"],
                         [a.name for a in program.args if a.role == "output"], renames))
+    in_graph = {n.func for n in graph.nodes}
+    for name in _called_prim_funcs(mod["main"]):
+        if name not in in_graph:
+            result.host[name] = "several outputs: the DSA runs kernels of one output"
     on_dsa = {c for spec, *_ in kernels for c in spec.calls}
     for node in graph.nodes:
         macs = kernel_macs(mod[node.func])
@@ -203,6 +217,24 @@ def offload(mod: tvm.IRModule, hw: Hardware, schedule: str = "layerwise", run_id
             result.host_macs += macs
             result.host.setdefault(node.func, "not scheduled on the DSA")
     return _rewrite(mod, kernels, graph, run_id), result
+
+
+def _called_prim_funcs(func: relax.Function) -> list[str]:
+    """The PrimFuncs ``func`` calls with ``call_tir``, by name."""
+    found = []
+    tvm_ffi.structural_walk(func.body, [(relax.Call, lambda c: found.append(c.args[0].name_hint)
+                                         if c.op.same_as(CALL_TIR) else None)])
+    return list(dict.fromkeys(found))
+
+
+def host_reason(err: Exception) -> str:
+    """Why a kernel (or a schedule) was left to the host: what the DSA path refuses
+    (``Unsupported``) or, for any other error while building it, the error. The offload is a fault
+    barrier per kernel: a kernel the DSA path cannot build runs on the host, the model compiles."""
+    if isinstance(err, Unsupported):
+        return str(err)
+    lines = str(err).strip().splitlines()
+    return f"the DSA path failed: {type(err).__name__}: {lines[0] if lines else ''}".rstrip(": ")
 
 
 def _lower(func, hw, lb_bytes, vector: bool = False, *, clamp: bool, first_tile: int | None = None):

@@ -26,8 +26,9 @@ from tvm import relax, tirx
 from ..codegen.emit import build_program
 from ..codegen.specialize import SymbolicKernel, free_symbols
 from ..hardware import Hardware
-from ..tir_passes import Unsupported, lower_kernel
-from .offload import EXECUTE, OffloadResult
+from ..tir_passes import lower_kernel
+from ..isa.validate import validate
+from .offload import EXECUTE, OffloadResult, host_reason
 from .stats import kernel_macs
 
 EXECUTE_SHAPED = "tvm_dsa.execute_shaped"
@@ -67,12 +68,14 @@ def _call_tir_funcs(func: relax.Function) -> list:
 
 def kernel_text(name: str, func: tirx.PrimFunc, hw: Hardware) -> tuple[str, str]:
     """(packed function, its kernel argument) for one PrimFunc; ``Unsupported`` if the DSA cannot
-    run it."""
+    run it, ``ProgramError`` where its program is not valid."""
     symbols = free_symbols(func)
     if not symbols:
-        return EXECUTE, build_program(lower_kernel(func, hw)[0], hw, name).serialize()
+        program = build_program(lower_kernel(func, hw)[0], hw, name)
+        validate(program)
+        return EXECUTE, program.serialize()
     kernel = SymbolicKernel(name, func, hw)
-    kernel.program({s: PROBE for s in symbols})
+    validate(kernel.program({s: PROBE for s in symbols}))
     return EXECUTE_SHAPED, kernel.serialize()
 
 
@@ -90,8 +93,8 @@ def offload_symbolic(mod: tvm.IRModule, hw: Hardware, run_id: str = "model"):
             try:
                 calls[gv] = kernel_text(name, func, hw)
                 result.dsa.append(name)
-            except Unsupported as err:
-                result.host[name] = str(err)
+            except Exception as err:  # noqa: BLE001 - a kernel the DSA path cannot build runs on the host
+                result.host[name] = host_reason(err)
         if gv in calls:
             result.dsa_macs += macs
         else:

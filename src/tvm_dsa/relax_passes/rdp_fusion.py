@@ -47,8 +47,8 @@ def symbolic_reshapes(mod: tvm.IRModule, func: str = "main") -> list:
         if not call.op.same_as(op):
             return
         gv = call.args[0]
-        f = mod[gv]
-        if not (f.attrs and int(f.attrs.get("op_pattern", -1)) == OPAQUE and relax.analysis.has_reshape_pattern(f)):
+        f = mod.functions.get(gv)  # None for a shape function the legalizer left unbound here
+        if not (isinstance(f, tirx.PrimFunc) and f.attrs and int(f.attrs.get("op_pattern", -1)) == OPAQUE and relax.analysis.has_reshape_pattern(f)):
             return
         n_in, n_out = _elements(call.args[1].fields[0].ty), _elements(call.ty)
         equal = n_in is not None and n_out is not None and analyzer.can_prove_equal(n_in, n_out)

@@ -1,6 +1,7 @@
 """The graph the inter-layer schedulers work on: layers (fused ops) and the tensors between them.
 
-Built from ``main`` of a module after ``FuseOps`` + ``FuseTIR``: every ``call_tir`` is a node (a
+Built from ``main`` of a module after ``FuseOps`` + ``FuseTIR``: every ``call_tir`` of one output
+(a kernel of several, a Split, stays on the host) is a node (a
 "layer" in GraphTurbo's sense, seed 000 §1: a straight run of ops with at most one op holding
 learned parameters — exactly what TVM's fusion rules produce around a conv or matmul). Tensors are
 the Relax variables between nodes; constants (weights) are inputs that no node produces.
@@ -102,7 +103,7 @@ class OpGraph:
         for block in f.body.blocks:
             for binding in block.bindings:
                 value, var = binding.value, binding.var
-                if isinstance(value, relax.Call) and value.op.same_as(call_tir):
+                if isinstance(value, relax.Call) and value.op.same_as(call_tir) and isinstance(var.ty, relax.TensorType):
                     # scalar arguments (a dynamic kernel's symbols) are not tensors
                     inputs = tuple(tensor_of(a) for a in value.args[1].fields if isinstance(a.ty, relax.TensorType))
                     name = name_of(var)
@@ -110,7 +111,8 @@ class OpGraph:
                     nodes.append(Node(len(nodes), name, value.args[0].name_hint, inputs, name))
                 elif isinstance(value, relax.Var):
                     names[var] = name_of(value)  # an alias names the same tensor
-                else:  # any other use (a tuple, a host op) takes the tensor off the layer graph
+                else:  # any other use (a tuple, a host op, a kernel of several outputs) takes the
+                    # tensor off the layer graph
                     escaping += [v for v in relax.analysis.free_vars(value)]
         escaping += list(relax.analysis.free_vars(f.body.body))
         outputs = list(dict.fromkeys(names[v] for v in escaping if v in names and names[v] in tensors

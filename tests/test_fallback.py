@@ -1,0 +1,87 @@
+"""What the DSA path cannot build runs on the host, with the reason recorded: nothing that llvm
+compiles and runs makes the ``dsa`` pipeline raise (ONNX's node cases that did)."""
+
+import importlib
+
+import numpy as np
+import pytest
+import tvm
+from onnx import TensorProto as TP
+from onnx import helper as h
+from tvm import relax
+from tvm.relax.frontend import onnx as rx_onnx
+
+import tvm_dsa
+
+
+def one_node(node, inputs: dict, outputs: list[str], opset: int = 18):
+    """A one-node model: ``inputs`` name -> (ONNX type, shape), ``outputs`` names."""
+    graph = h.make_graph([node], "one", [h.make_tensor_value_info(n, t, s) for n, (t, s) in inputs.items()],
+                         [h.make_tensor_value_info(n, TP.UNDEFINED, None) for n in outputs])
+    return rx_onnx.from_onnx(h.make_model(graph, opset_imports=[h.make_opsetid("", opset)], ir_version=10),
+                             keep_params_in_input=False)
+
+
+def run(mod, *inputs, target="dsa/stcp920", schedule="layerwise") -> list[np.ndarray]:
+    ex = tvm.compile(mod, target=target, relax_pipeline=tvm_dsa.pipeline(schedule=schedule))
+    out = relax.VirtualMachine(ex, tvm.cpu())["main"](*(tvm.runtime.tensor(x) for x in inputs))
+    return [out.numpy()] if hasattr(out, "numpy") else [o.numpy() for o in out]
+
+
+def test_an_error_building_a_kernel_sends_it_to_the_host(monkeypatch, rng):
+    def broken(*_args, **_kwargs):
+        raise RuntimeError("boom\nmore")
+
+    monkeypatch.setattr(importlib.import_module("tvm_dsa.relax_passes.offload"), "build_program", broken)
+    mod = one_node(h.make_node("Add", ["a", "b"], ["c"]), {"a": (TP.FLOAT, [4, 8]), "b": (TP.FLOAT, [4, 8])}, ["c"])
+    a, b = rng.standard_normal((2, 4, 8)).astype("float32")
+    (c,) = run(mod, a, b)
+    np.testing.assert_allclose(c, a + b, rtol=1e-6)
+    assert tvm_dsa.pipeline_result().host == {"add": "the DSA path failed: RuntimeError: boom"}
+
+
+def test_a_program_the_validator_rejects_runs_on_the_host(rng):
+    # ArgMax's select_last_index flips its input: a DMA with a negative stride, which the ISA has not
+    mod = one_node(h.make_node("ArgMax", ["x"], ["y"], axis=1, keepdims=1, select_last_index=1),
+                   {"x": (TP.FLOAT, [2, 3, 4])}, ["y"])
+    x = rng.integers(0, 3, (2, 3, 4)).astype("float32")  # ties: the last index counts
+    (y,) = run(mod, x)
+    np.testing.assert_array_equal(y, 2 - np.argmax(x[:, ::-1], axis=1, keepdims=True))
+    assert "negative stride" in tvm_dsa.pipeline_result().host["flip"]
+
+
+def test_a_zero_dimensional_output(rng):
+    mod = one_node(h.make_node("MatMul", ["a", "b"], ["c"]), {"a": (TP.FLOAT, [5]), "b": (TP.FLOAT, [5])}, ["c"])
+    a, b = rng.standard_normal((2, 5)).astype("float32")
+    (c,) = run(mod, a, b)
+    np.testing.assert_allclose(c, a @ b, rtol=1e-5)
+    assert "matmul" in tvm_dsa.pipeline_result().host
+
+
+@pytest.mark.parametrize("schedule", ["layerwise", "graphturbo"])
+def test_a_kernel_of_several_outputs_runs_on_the_host(schedule, rng):
+    mod = one_node(h.make_node("Split", ["x"], ["p", "q"], axis=1, num_outputs=2), {"x": (TP.FLOAT, [2, 6])},
+                   ["p", "q"])
+    x = rng.standard_normal((2, 6)).astype("float32")
+    p, q = run(mod, x, schedule=schedule)
+    np.testing.assert_array_equal(p, x[:, :3])
+    np.testing.assert_array_equal(q, x[:, 3:])
+    assert tvm_dsa.pipeline_result().host == {"split": "several outputs: the DSA runs kernels of one output"}
+
+
+def test_a_slice_with_default_axes_compiles(rng):
+    # FoldConstant before legalization left a call to an undefined shape_func here
+    mod = one_node(h.make_node("Slice", ["x", "starts", "ends"], ["y"]),
+                   {"x": (TP.FLOAT, [20, 10, 5]), "starts": (TP.INT64, [3]), "ends": (TP.INT64, [3])}, ["y"])
+    x = rng.standard_normal((20, 10, 5)).astype("float32")
+    (y,) = run(mod, x, np.array([0, 0, 3]), np.array([20, 10, 4]))
+    np.testing.assert_array_equal(y, x[:, :, 3:4])
+
+
+def test_set_on_a_graph_without_a_batch_runs_layerwise(rng):
+    mod = one_node(h.make_node("ReduceSum", ["x"], ["y"], keepdims=1), {"x": (TP.FLOAT, [4, 64])}, ["y"])
+    x = rng.standard_normal((4, 64)).astype("float32")
+    (y,) = run(mod, x, target="dsa/set-edge16-fp16", schedule="set")
+    np.testing.assert_allclose(y, x.sum(keepdims=True), atol=1e-3 * np.abs(x).sum())  # fp16 inputs
+    result = tvm_dsa.pipeline_result()
+    assert result.unstitched["set"].startswith("the set schedule does not apply (tensor") and not result.host
