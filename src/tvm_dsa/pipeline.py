@@ -31,6 +31,7 @@ from .relax_passes.sink import SinkIntoBranches
 from .relax_passes.transpose import CancelTransposePairs
 from .relax_passes.wide import KeepWide
 from .schedule.set.scheduler import SetOptions
+from .tir_passes.masks import InlineMasks
 from .tir_passes.names import UniqueBufferNames
 
 LAST_OFFLOAD: dict = {}  # "result": the OffloadResult of the last compilation
@@ -120,7 +121,8 @@ def _tuned_kernels(database, chip: hardware.Hardware):
 def fuse(mod: tvm.IRModule, rdp_fusion: bool = True) -> tvm.IRModule:
     """The module as the offload sees it (in the current target's scope): simplified (with
     transposes around a softmax cancelled and gathers at a range of indices sliced), legalized and
-    fused, each PrimFunc's buffers named uniquely (``UniqueBufferNames``), the tensors whose values
+    fused, each PrimFunc's buffers named uniquely (``UniqueBufferNames``) and its bool masks
+    inlined into their readers (``InlineMasks``), the tensors whose values
     can leave the chip's storage type marked to stay wide (``KeepWide``); a dynamic model with
     RDP's shapes applied, and fused across its dynamic shapes unless ``rdp_fusion`` is False."""
     host = tvm.target.Target.current(allow_none=True) or tvm.target.Target("llvm")
@@ -138,7 +140,7 @@ def fuse(mod: tvm.IRModule, rdp_fusion: bool = True) -> tvm.IRModule:
         + [relax.transform.LegalizeOps(), relax.transform.AnnotateTIROpPattern()]
         + ([AnnotateSymbolicReshapes] if across else [])
         + [relax.transform.FoldConstant(), relax.transform.FuseOps(), relax.transform.FuseTIR(), UniqueBufferNames,
-           KeepWide]
+           InlineMasks, KeepWide]
     )(mod)
 
 

@@ -22,11 +22,14 @@ from ..hardware import Hardware
 from ..tir_passes.analysis import (
     BINARY_CALLS,
     BINARY_NODES,
+    COMPARE_NODES,
     UNARY_CALLS,
     Call,
     Load,
     Unsupported,
     call_name,
+    data_select,
+    is_index_expr,
     contraction,
     linear_form,
     reduction_update,
@@ -409,13 +412,16 @@ class _Reader:
             e = strip_cast(e)
             if isinstance(e, Load):
                 return Read(access(e.source, list(e.indices)))
-            if isinstance(e, Call) and call_name(e) == "if_then_else":
+            if isinstance(e, Call) and call_name(e) == "if_then_else" and is_index_expr(e.args[0]):
                 bounds = tuple(b for c in _conjuncts(e.args[0]) for b in bounds_of(c))
                 return Select(bounds, value(e.args[1]), value(e.args[2]))
             kids = _children(e)
             if not kids:
                 return Const(const(e))
-            name = BINARY_NODES.get(type(e)) or UNARY_CALLS.get(call_name(e)) or BINARY_CALLS.get(call_name(e))
+            if isinstance(e, Call):
+                name = UNARY_CALLS.get(call_name(e)) or BINARY_CALLS.get(call_name(e)) or "select"
+            else:
+                name = BINARY_NODES.get(type(e)) or COMPARE_NODES.get(type(e)) or "select"
             vals = tuple(value(k) for k in kids)
             if name == "max" and Const(0.0) in vals and len([v for v in vals if v != Const(0.0)]) == 1:
                 name, vals = "relu", tuple(v for v in vals if v != Const(0.0))
@@ -566,8 +572,10 @@ def _conjuncts(cond) -> list:
 
 
 def _children(e) -> list:
-    if type(e) in BINARY_NODES:
+    if type(e) in BINARY_NODES or type(e) in COMPARE_NODES:
         return [e.a, e.b]
+    if isinstance(e, tirx.Select) or isinstance(e, Call) and call_name(e) == "if_then_else":
+        return list(data_select(e))
     if isinstance(e, Call) and (call_name(e) in UNARY_CALLS or call_name(e) in BINARY_CALLS):
         return list(e.args)
     return []

@@ -71,6 +71,9 @@ UNARY_CALLS = {
 BINARY_NODES = {tirx.Add: "add", tirx.Sub: "sub", tirx.Mul: "mul", tirx.Div: "div",
                 tirx.Max: "max", tirx.Min: "min"}
 BINARY_CALLS = {"pow": "pow"}
+# comparisons (1.0 where they hold, else 0.0) and the logic of such masks, on the vector core
+COMPARE_NODES = {tirx.LT: "lt", tirx.LE: "le", tirx.GT: "gt", tirx.GE: "ge", tirx.EQ: "eq", tirx.NE: "ne",
+                 tirx.And: "min", tirx.Or: "max"}
 
 
 def expr_dtype(e) -> str:
@@ -139,7 +142,7 @@ class StageKind:
     reduce_op: str = ""  # for "reduce"
 
 
-def _is_index_expr(e) -> bool:
+def is_index_expr(e) -> bool:
     """True when ``e`` (an expression or a list of them) reads no buffer (a function of loop
     indices and constants only)."""
     found = []
@@ -152,8 +155,29 @@ def is_copy_like(e) -> bool:
     if isinstance(e, (Load, tirx.FloatImm, tirx.IntImm)):
         return True
     if isinstance(e, Call) and call_name(e) == "if_then_else":
-        return _is_index_expr(e.args[0]) and is_copy_like(e.args[1]) and is_copy_like(e.args[2])
+        return is_index_expr(e.args[0]) and is_copy_like(e.args[1]) and is_copy_like(e.args[2])
     return False
+
+
+def data_select(e) -> tuple:
+    """(condition, then, else) of a ``Select`` or ``if_then_else`` (a select by the data: LeakyRelu,
+    PRelu, Sign; one by the index alone is a box bound, ``codegen.kernel_ir``)."""
+    cond, then, other = (e.condition, e.true_value, e.false_value) if isinstance(e, tirx.Select) else e.args
+    return _mask(cond), then, other
+
+
+def _mask(cond):
+    """A condition as a comparison of floats: ``0 < int(mask)`` and ``int(mask) != 0`` (how
+    ``Where`` reads a bool its inlined ``Greater`` computed) are ``mask``."""
+    while True:
+        if isinstance(cond, tirx.Cast) and expr_dtype(cond.value) == "bool":
+            cond = cond.value
+        elif isinstance(cond, (tirx.LT, tirx.NE)) and int_value(cond.a) == 0 and isinstance(cond.b, tirx.Cast):
+            cond = cond.b
+        elif isinstance(cond, (tirx.GT, tirx.NE)) and int_value(cond.b) == 0 and isinstance(cond.a, tirx.Cast):
+            cond = cond.a
+        else:
+            return cond
 
 
 def check_vector_expr(e) -> None:
@@ -163,15 +187,19 @@ def check_vector_expr(e) -> None:
         if expr_dtype(e) not in FLOAT_DTYPES:
             raise Unsupported(f"{expr_dtype(e)} value {e}")
         return
-    if type(e) in BINARY_NODES:
+    if type(e) in BINARY_NODES or type(e) in COMPARE_NODES:
         check_vector_expr(e.a), check_vector_expr(e.b)
+        return
+    if isinstance(e, tirx.Select) or isinstance(e, Call) and call_name(e) == "if_then_else" and not is_index_expr(e.args[0]):
+        for operand in data_select(e):
+            check_vector_expr(operand)
         return
     if isinstance(e, Call):
         if call_name(e) in UNARY_CALLS:
             return check_vector_expr(e.args[0])
         if call_name(e) in BINARY_CALLS:
             return [check_vector_expr(a) for a in e.args] and None
-    if _is_index_expr(e) and expr_dtype(e) in FLOAT_DTYPES:
+    if is_index_expr(e) and expr_dtype(e) in FLOAT_DTYPES:
         return  # folded to a constant per box by the lowering, or rejected there
     raise Unsupported(f"expression {type(e).__name__} {e} is not supported by the vector units")
 
@@ -226,7 +254,7 @@ def classify(block: SBlock) -> StageKind:
         raise Unsupported(f"block {block.name_hint}: body is {type(store).__name__}, not a store")
     indices = list(store.indices)
     tvm_ffi.structural_walk(store.value, [(Load, lambda ld: indices.extend(ld.indices))])
-    if not _is_index_expr(indices):  # all at once: one walk per block, not per index
+    if not is_index_expr(indices):  # all at once: one walk per block, not per index
         raise Unsupported(f"block {block.name_hint}: an index reads tensor data (a gather); "
                           "DSA addresses are fixed when the program is compiled")
     if str(store.buffer.dtype) not in FLOAT_DTYPES:
