@@ -320,7 +320,7 @@ class _Reader:
         self.slot_of: dict = {}  # loop Var -> slot
         self.extent_of: dict = {}  # loop Var -> extent
         self.clamped: set = set()  # slots of clamped tile loops
-        self.buffers: dict = {}  # name -> the buffer accesses name (names key a kernel's buffers)
+        self.names: dict = {}  # buffer -> its name in the kernel (names key a kernel's buffers)
 
     def loops(self, stmt) -> list:
         if isinstance(stmt, tirx.SeqStmt):
@@ -343,6 +343,19 @@ class _Reader:
         if not isinstance(stmt, SBlockRealize):
             raise CodegenError(f"expected a stage block, found {type(stmt).__name__}")
         return [self.stage(stmt, inner)]
+
+    def name(self, buf) -> str:
+        """``buf``'s name in the kernel: its own, or for a second LB buffer of that name (two
+        blocks' copies of one tensor, ``AssignScopes``) the name with ``#k``; two parameters of one
+        name would key one DDR region (``tir_passes.names.UniqueBufferNames``)."""
+        if buf not in self.names:
+            name, k = str(buf.name), 1
+            while name in self.names.values():
+                if buf.scope() != LB_SCOPE:
+                    raise CodegenError(f"two buffers are named {buf.name} (tir_passes.names.UniqueBufferNames)")
+                name, k = f"{buf.name}#{k}", k + 1
+            self.names[buf] = name
+        return self.names[buf]
 
     def stage(self, realize, inner) -> Stage:
         block = realize.block
@@ -387,10 +400,8 @@ class _Reader:
             return const, outer, tuple(row), None
 
         def access(buf, indices) -> Access:
-            if not self.buffers.setdefault(str(buf.name), buf).same_as(buf):
-                raise CodegenError(f"two buffers are named {buf.name} (tir_passes.names.UniqueBufferNames)")
             forms = [form(i) for i in indices]
-            return Access(str(buf.name), buf.scope() == LB_SCOPE, tuple(f[0] for f in forms),
+            return Access(self.name(buf), buf.scope() == LB_SCOPE, tuple(f[0] for f in forms),
                           tuple(f[1] for f in forms), tuple(f[2] for f in forms),
                           tuple(f[3] for f in forms) if any(f[3] for f in forms) else ())
 

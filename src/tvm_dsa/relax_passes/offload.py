@@ -22,7 +22,7 @@ from tvm import relax, tirx
 from .. import schedule as schedules
 from ..schedule import KernelSpec
 from ..codegen.emit import Layer, build_program
-from ..codegen.kernel_ir import ALIGN, plan_lb, read_kernel
+from ..codegen.kernel_ir import ALIGN, CodegenError, plan_lb, read_kernel
 from ..codegen.set_program import TreeKernel, build_tree_program
 from ..codegen.stitch import emit_stitched, read_allocation, subgraph_module
 from ..hardware import Hardware
@@ -31,6 +31,7 @@ from ..schedule.graph import OpGraph
 from ..schedule.set.intra import working_set_bytes
 from ..schedule.set.layers import LayerGraphError
 from ..tir_passes import Unsupported, lower_kernel
+from ..tir_passes.scopes import COPY_EACH
 from ..tir_passes.tile import on_vector_units
 from ..tir_passes.stitch import BindCores, StitchBuffers, stitch_passes
 from .stats import kernel_macs
@@ -102,7 +103,7 @@ def offload(mod: tvm.IRModule, hw: Hardware, schedule: str = "layerwise", run_id
                 lowered[name] = (record, None)
                 result.tuned.append(name)
             else:  # SET's tiles divide their loops (``lower_kernel``'s ``clamp``)
-                lowered[name] = _lower(func, hw, budget, clamp=schedule != "set")
+                lowered[name] = _lower_either(func, hw, budget, clamp=schedule != "set")
         except Exception as err:  # noqa: BLE001 - a kernel the DSA path cannot build runs on the host
             result.host[name] = host_reason(err)
     on_vector = {name for name, (func, _) in lowered.items() if on_vector_units(func)}  # contraction not on the MME
@@ -171,8 +172,12 @@ def offload(mod: tvm.IRModule, hw: Hardware, schedule: str = "layerwise", run_id
             (node,) = nodes
             if node.func not in programs:
                 try:
-                    program = build_program(lowered[node.func][0], hw, node.func)
-                    validate(program)  # now, not at run time: an invalid program's kernel runs on the host
+                    try:
+                        program = _program(lowered[node.func][0], hw, node.func)
+                    except CodegenError:  # stages that read one tensor in different boxes
+                        low, budget = lowered[node.func]
+                        each = _lower(mod[node.func].with_attr(COPY_EACH, True), hw, budget, clamp=schedule != "set")
+                        program = _program(each[0], hw, node.func)
                     programs[node.func] = program.serialize()
                     result.dsa.append(node.func)
                 except Exception as err:  # noqa: BLE001 - a kernel the DSA path cannot build runs on the host
@@ -235,6 +240,27 @@ def host_reason(err: Exception) -> str:
         return str(err)
     lines = str(err).strip().splitlines()
     return f"the DSA path failed: {type(err).__name__}: {lines[0] if lines else ''}".rstrip(": ")
+
+
+def _program(lowered, hw, name: str):
+    """The one-layer program of a lowered kernel, validated now (an invalid program's kernel runs
+    on the host, not the model's run into an error)."""
+    program = build_program(lowered, hw, name)
+    validate(program)
+    return program
+
+
+def _lower_either(func, hw, lb_bytes, *, clamp: bool):
+    """``_lower``, or where no tiling lowers, ``_lower`` with an LB copy of each DDR input per
+    stage (``COPY_EACH``): the copy stages share holds only the box the first reads (a residual
+    over the conv that reads it, a concat of two functions of one tensor)."""
+    try:
+        return _lower(func, hw, lb_bytes, clamp=clamp)
+    except Unsupported as err:
+        try:
+            return _lower(func.with_attr(COPY_EACH, True), hw, lb_bytes, clamp=clamp)
+        except Unsupported:
+            raise err from None
 
 
 def _lower(func, hw, lb_bytes, vector: bool = False, *, clamp: bool, first_tile: int | None = None):

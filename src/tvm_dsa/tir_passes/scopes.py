@@ -2,7 +2,7 @@
 
 Function parameters stay in DDR (``global``). Intermediate buffers of the kernel go to the local
 buffer (``local.dsa_lb``). Compute stages (MME, vector, reduce) may only touch the LB, so their DDR
-inputs get an LB copy (``cache_read``) loaded under the same tile/chunk loop, and their DDR outputs
+inputs get an LB copy (``cache_read``; one per stage with ``COPY_EACH``) loaded under the same tile/chunk loop, and their DDR outputs
 an LB staging buffer written back after them (``cache_write``), once per tile (after the chunk
 loop of a contraction). Reductions are split into an init stage (a fill) and an update stage,
 the init placed before the chunk loop for the anchor so partial sums accumulate across chunks.
@@ -19,6 +19,9 @@ from .analysis import (
 from .tile import leaf_blocks
 
 LB_SCOPE = "local.dsa_lb"
+# PrimFunc attribute: every compute stage gets an LB copy of its own of each DDR input, not one
+# copy shared by the stages reading the tensor (which holds only the box the first one reads)
+COPY_EACH = "dsa.copy_each"
 GB_SCOPE = "global.dsa_gb"
 
 
@@ -48,6 +51,8 @@ def _is_param(buf, params) -> bool:
 
 def assign_scopes(sch: s_tir.Schedule) -> s_tir.Schedule:
     params = list(sch.mod["main"].params)
+    attrs = sch.mod["main"].attrs
+    each = attrs is not None and bool(attrs.get(COPY_EACH, False))
     root_allocs = list(sch_get(sch, sch_get_sblock(sch, "root")).alloc_buffers)
     for block_rv in leaf_blocks(sch):
         block = sch_get(sch, block_rv)
@@ -65,7 +70,7 @@ def assign_scopes(sch: s_tir.Schedule) -> s_tir.Schedule:
             if not _is_param(buf, params):
                 continue
             i = [j for j, r in enumerate(sch_get(sch, block_rv).reads) if r.source.same_as(buf)][0]
-            cache = sch_cache_read(sch, block_rv, i, LB_SCOPE)
+            cache = sch_cache_read(sch, block_rv, i, LB_SCOPE, [block_rv] if each else None)
             sch_compute_at(sch, cache, loop, preserve_unit_loops=True)
         if _is_param(sch_get(sch, block_rv).writes[0].source, params):
             cache = sch_cache_write(sch, block_rv, 0, LB_SCOPE)
