@@ -23,6 +23,7 @@ from .relax_passes.offload import StitchOptions
 from .relax_passes.arena import PlanArena
 from .relax_passes.gather import GatherOfRangeAsSlice
 from .relax_passes.offload_symbolic import is_dynamic, offload_symbolic
+from .relax_passes.pool_divisor import ExactPoolDivisor
 from .relax_passes.pool_fusion import FusePooling
 from .relax_passes.rdp_apply import ApplyRDP
 from .relax_passes.rdp_fusion import AnnotateSymbolicReshapes
@@ -120,17 +121,19 @@ def _tuned_kernels(database, chip: hardware.Hardware):
 
 def fuse(mod: tvm.IRModule, rdp_fusion: bool = True) -> tvm.IRModule:
     """The module as the offload sees it (in the current target's scope): simplified (with
-    transposes around a softmax cancelled and gathers at a range of indices sliced), legalized and
-    fused, each PrimFunc's buffers named uniquely (``UniqueBufferNames``) and its bool masks
-    inlined into their readers (``InlineMasks``), the tensors whose values
-    can leave the chip's storage type marked to stay wide (``KeepWide``); a dynamic model with
-    RDP's shapes applied, and fused across its dynamic shapes unless ``rdp_fusion`` is False."""
+    transposes around a softmax cancelled, gathers at a range of indices sliced, and an average
+    pooling that excludes the padding made one that counts it, times a constant:
+    ``ExactPoolDivisor``), legalized and fused, each PrimFunc's buffers named uniquely
+    (``UniqueBufferNames``) and its bool masks inlined into their readers (``InlineMasks``), the
+    tensors whose values can leave the chip's storage type marked to stay wide (``KeepWide``); a
+    dynamic model with RDP's shapes applied, and fused across its dynamic shapes unless
+    ``rdp_fusion`` is False."""
     host = tvm.target.Target.current(allow_none=True) or tvm.target.Target("llvm")
     dynamic = is_dynamic(mod)
     across = dynamic and rdp_fusion
     return tvm.transform.Sequential(
         ([ApplyRDP()] if dynamic else [])
-        + [SimplifyInference(), CancelTransposePairs, GatherOfRangeAsSlice]
+        + [SimplifyInference(), CancelTransposePairs, GatherOfRangeAsSlice, ExactPoolDivisor]
         # dataflow blocks (an importer gives none to a function with an If) for FuseOps, and RDP
         # again: FoldBatchnormToConv2D and ConvertToDataflow lose the shapes of If results,
         # CanonicalizeBindings drops casts that only assert dims (docs/sod2.md)

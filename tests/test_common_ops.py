@@ -1,0 +1,50 @@
+"""Common CNN patterns that used to leave kernels on the host run on the DSA under every schedule:
+an average pooling that excludes the padding (``relax_passes.pool_divisor``), a residual over the
+convolution that reads it and a concat of two functions of one tensor (``tir_passes.scopes``'
+``COPY_EACH``)."""
+
+import numpy as np
+import pytest
+import tvm
+from onnx import TensorProto as TP
+from onnx import helper as h
+from onnx import numpy_helper as nh
+from tvm import relax
+from tvm.relax.frontend import onnx as rx_onnx
+
+import tvm_dsa
+from tvm_dsa.relax_passes.pool_divisor import covered
+
+PATTERNS = {
+    "avgpool_exclude_pad": [h.make_node("Conv", ["x", "W"], ["c"], pads=[1, 1, 1, 1]),
+                            h.make_node("AveragePool", ["c"], ["y"], kernel_shape=[3, 3], pads=[1, 1, 1, 1])],
+    "avgpool_exclude_pad_stride2": [h.make_node("Conv", ["x", "W"], ["c"], pads=[1, 1, 1, 1]),
+                                    h.make_node("AveragePool", ["c"], ["y"], kernel_shape=[3, 3], strides=[2, 2],
+                                                pads=[1, 1, 1, 1])],
+    "residual_over_one_conv": [h.make_node("Conv", ["x", "W"], ["c"], pads=[1, 1, 1, 1]),
+                               h.make_node("Add", ["c", "x"], ["y"])],
+    "concat_of_two_functions": [h.make_node("Relu", ["x"], ["a"]), h.make_node("Sigmoid", ["x"], ["b"]),
+                                h.make_node("Concat", ["a", "b"], ["y"], axis=1)],
+}
+
+
+def test_covered_counts_the_window_positions_on_the_input():
+    # 8 inputs, 3-wide windows, stride 2, one pad before: windows [-1, 2), [1, 4), [3, 6), [5, 8)
+    np.testing.assert_array_equal(covered(8, 4, 3, 2, 1), [2, 3, 3, 3])
+    np.testing.assert_array_equal(covered(5, 5, 3, 1, 1), [2, 3, 3, 3, 2])
+
+
+@pytest.mark.parametrize("schedule", ["layerwise", "graphturbo"])
+@pytest.mark.parametrize("pattern", sorted(PATTERNS))
+def test_pattern_runs_on_the_dsa(pattern, schedule, rng):
+    w = (rng.standard_normal((8, 8, 3, 3)) * 0.2).astype("float32")
+    graph = h.make_graph(PATTERNS[pattern], "g", [h.make_tensor_value_info("x", TP.FLOAT, [1, 8, 8, 8])],
+                         [h.make_tensor_value_info("y", TP.FLOAT, None)], [nh.from_array(w, "W")])
+    model = h.make_model(graph, opset_imports=[h.make_opsetid("", 17)], ir_version=10)
+    mod = rx_onnx.from_onnx(model, keep_params_in_input=False)
+    x = rng.standard_normal((1, 8, 8, 8)).astype("float32")
+    want = relax.VirtualMachine(tvm.compile(mod, target="llvm"), tvm.cpu())["main"](tvm.runtime.tensor(x)).numpy()
+    ex = tvm.compile(mod, target="dsa/stcp920", relax_pipeline=tvm_dsa.pipeline(schedule=schedule))
+    got = relax.VirtualMachine(ex, tvm.cpu())["main"](tvm.runtime.tensor(x)).numpy()
+    assert tvm_dsa.pipeline_result().host == {}
+    assert np.abs(got - want).max() <= 2e-2 * np.abs(want).max()
