@@ -21,6 +21,7 @@ from . import hardware
 from .relax_passes import SimplifyInference, offload
 from .relax_passes.offload import StitchOptions
 from .relax_passes.arena import PlanArena
+from .relax_passes.conv_transpose import ConvTransposeAsConv
 from .relax_passes.gather import GatherOfRangeAsSlice
 from .relax_passes.offload_symbolic import is_dynamic, offload_symbolic
 from .relax_passes.pool_divisor import ExactPoolDivisor
@@ -123,7 +124,7 @@ def fuse(mod: tvm.IRModule, rdp_fusion: bool = True) -> tvm.IRModule:
     """The module as the offload sees it (in the current target's scope): simplified (with
     transposes around a softmax cancelled, gathers at a range of indices sliced, and an average
     pooling that excludes the padding made one that counts it, times a constant:
-    ``ExactPoolDivisor``), legalized and fused, each PrimFunc's buffers named uniquely
+    ``ExactPoolDivisor``, a transposed convolution a convolution: ``ConvTransposeAsConv``), legalized and fused, each PrimFunc's buffers named uniquely
     (``UniqueBufferNames``) and its bool masks inlined into their readers (``InlineMasks``), the
     tensors whose values can leave the chip's storage type marked to stay wide (``KeepWide``); a
     dynamic model with RDP's shapes applied, and fused across its dynamic shapes unless
@@ -133,7 +134,7 @@ def fuse(mod: tvm.IRModule, rdp_fusion: bool = True) -> tvm.IRModule:
     across = dynamic and rdp_fusion
     return tvm.transform.Sequential(
         ([ApplyRDP()] if dynamic else [])
-        + [SimplifyInference(), CancelTransposePairs, GatherOfRangeAsSlice, ExactPoolDivisor]
+        + [SimplifyInference(), CancelTransposePairs, GatherOfRangeAsSlice, ExactPoolDivisor, ConvTransposeAsConv]
         # dataflow blocks (an importer gives none to a function with an If) for FuseOps, and RDP
         # again: FoldBatchnormToConv2D and ConvertToDataflow lose the shapes of If results,
         # CanonicalizeBindings drops casts that only assert dims (docs/sod2.md)

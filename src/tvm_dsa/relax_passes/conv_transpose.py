@@ -1,0 +1,68 @@
+"""ConvTransposeAsConv: a transposed convolution with constant weights becomes a convolution of
+the input with zeros inserted between its pixels.
+
+TOPI's ``conv2d_transpose`` dilates its input by the stride with ``i % s == 0`` tests and walks
+its weights backwards: neither is an affine access, so every ConvTranspose ran on the host. The
+same value as the DSA computes it: ``x`` (N, C, H, W) gets ``s - 1`` zeros after each pixel (a
+view as (N, C, H, 1, W, 1), padded with zeros to (N, C, H, s, W, s), a view as (N, C, H s, W s);
+the pad is a copy with index bounds), then an ordinary convolution with the weights flipped and
+their in/out channels swapped (in numpy, once), padded by ``k - 1 - pad`` (plus the output
+padding, less the trailing zeros). NCHW / IOHW, dilation 1, constant weights; others are kept.
+
+    mod = ConvTransposeAsConv(mod)   # before legalization
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import tvm
+from tvm import relax
+
+from .fold import constant_value
+from .rewrite import rewrite_functions
+
+_CONV2D_TRANSPOSE = tvm.ir.Op.get("relax.nn.conv2d_transpose")
+
+
+def flipped_weights(w: np.ndarray, groups: int) -> np.ndarray:
+    """IOHW transposed-convolution weights (I, O / g, kh, kw) as OIHW convolution weights
+    (O, I / g, kh, kw), each kernel turned by 180 degrees."""
+    i, og, kh, kw = w.shape
+    w = w.reshape(groups, i // groups, og, kh, kw).transpose(0, 2, 1, 3, 4)  # g, O/g, I/g, kh, kw
+    return np.ascontiguousarray(w.reshape(groups * og, i // groups, kh, kw)[:, :, ::-1, ::-1])
+
+
+@relax.expr_functor.mutator
+class _AsConv(relax.PyExprMutator):
+    def visit_call_(self, call):
+        call = super().visit_call_(call)
+        if not call.op.same_as(_CONV2D_TRANSPOSE):
+            return call
+        a = call.attrs
+        w = constant_value(call.args[1]) if isinstance(call.args[1], tvm.ir.expr.Constant) else None
+        shape = call.args[0].ty.shape
+        if (w is None or str(a.data_layout) != "NCHW" or str(a.kernel_layout) != "IOHW" or str(a.out_layout) != "NCHW"
+                or any(int(d) != 1 for d in a.dilation) or not all(isinstance(d, tvm.tirx.IntImm) for d in shape)):
+            return call
+        (sh, sw), (top, left, bottom, right), (oh, ow) = (
+            tuple(int(v) for v in t) for t in (a.strides, a.padding, a.output_padding))
+        n, c, h, wd = (int(d) for d in shape)
+        kh, kw = w.shape[2:]
+        x = call.args[0]
+        if sh > 1 or sw > 1:  # s - 1 zeros after each pixel: (H s, W s), the last s - 1 rows zeros
+            x = self.builder_.emit(relax.op.reshape(x, (n, c, h, 1, wd, 1)))
+            x = self.builder_.emit(relax.op.nn.pad(x, (0, 0, 0, 0, 0, 0, 0, sh - 1, 0, 0, 0, sw - 1)))
+            x = self.builder_.emit(relax.op.reshape(x, (n, c, h * sh, wd * sw)))
+        pads = [kh - 1 - top, kw - 1 - left, kh - 1 - bottom + oh - (sh - 1), kw - 1 - right + ow - (sw - 1)]
+        if min(pads) < 0:  # a crop: the padding would remove data (its zeros) instead of adding
+            begin, end = [max(-pads[0], 0), max(-pads[1], 0)], [h * sh + min(pads[2], 0), wd * sw + min(pads[3], 0)]
+            x = self.builder_.emit(relax.op.strided_slice(x, [2, 3], begin, end))
+            pads = [max(p, 0) for p in pads]
+        weights = relax.const(flipped_weights(w, int(a.groups)).astype(str(call.args[1].ty.dtype)))
+        return relax.op.nn.conv2d(x, weights, padding=pads, groups=int(a.groups),
+                                  out_dtype=str(a.out_dtype) if a.out_dtype else None)
+
+
+@tvm.transform.module_pass(opt_level=0, name="dsa.ConvTransposeAsConv")
+def ConvTransposeAsConv(mod: tvm.IRModule, _ctx) -> tvm.IRModule:  # noqa: N802 (a pass, named like TVM's)
+    return rewrite_functions(mod, _AsConv)
