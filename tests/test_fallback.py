@@ -85,3 +85,17 @@ def test_set_on_a_graph_without_a_batch_runs_layerwise(rng):
     np.testing.assert_allclose(y, x.sum(keepdims=True), atol=1e-3 * np.abs(x).sum())  # fp16 inputs
     result = tvm_dsa.pipeline_result()
     assert result.unstitched["set"].startswith("the set schedule does not apply (tensor") and not result.host
+
+
+def test_a_set_tree_that_does_not_build_runs_its_layers_one_kernel_each(monkeypatch, rng):
+    def broken(*_args, **_kwargs):
+        raise IndexError("tuple index out of range")
+
+    monkeypatch.setattr(importlib.import_module("tvm_dsa.relax_passes.offload"), "build_tree_program", broken)
+    mod = one_node(h.make_node("Relu", ["x"], ["y"]), {"x": (TP.FLOAT, [4, 8, 4, 4])}, ["y"])
+    x = rng.standard_normal((4, 8, 4, 4)).astype("float32")
+    (y,) = run(mod, x, target="dsa/set-edge16-fp16", schedule="set")
+    np.testing.assert_allclose(y, np.maximum(x, 0), rtol=1e-3, atol=1e-3)
+    result = tvm_dsa.pipeline_result()
+    assert list(result.unstitched.values()) == ["the DSA path failed: IndexError: tuple index out of range"]
+    assert result.dsa == ["relu"] and not result.host

@@ -158,11 +158,11 @@ def offload(mod: tvm.IRModule, hw: Hardware, schedule: str = "layerwise", run_id
         if spec.plan is not None:  # a SET schedule
             try:
                 tk = _tree_kernel(spec, nodes, graph, lowered, hw)
+                lowered_tree = build_tree_program(tk, hw)
             except Exception as err:  # noqa: BLE001 - its layers run one kernel each, pure reshapes as views
                 result.unstitched[spec.name] = host_reason(err)
                 specs[:0] = [KernelSpec(n.func, (n.name,)) for n in nodes if n.func in lowered]
                 continue
-            lowered_tree = build_tree_program(tk, hw)
             result.dsa.append(spec.name)
             result.trees[spec.name] = (spec.plan, lowered_tree)
             kernels.append((spec, lowered_tree.program.serialize(), [graph.tensors[t] for t in tk.inputs], list(tk.outputs),
