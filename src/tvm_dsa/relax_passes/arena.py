@@ -50,7 +50,7 @@ from ..codegen.specialize import SymbolicKernel, free_symbols
 from ..tir_passes import Unsupported
 from .inplace import elementwise_inputs, row_inputs
 from .memory_plan import Lifetime, best_greedy
-from .offload_symbolic import EXECUTE_SHAPED, PROBE
+from .offload_symbolic import EXECUTE_SHAPED, probe
 
 ALIGN = 64
 _ALLOC = tvm.ir.Op.get("relax.builtin.alloc_tensor")
@@ -337,7 +337,7 @@ def _rows_keepable(text: str) -> bool:
     if not isinstance(out.ty.shape[-1], tirx.IntImm):
         return False
     try:
-        dataclasses.replace(kernel, whole_rows=True).program({s: PROBE for s in free_symbols(kernel.func)})
+        dataclasses.replace(kernel, whole_rows=True).program(probe(free_symbols(kernel.func)))
     except Unsupported:
         return False
     return True

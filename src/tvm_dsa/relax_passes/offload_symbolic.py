@@ -11,7 +11,7 @@ DSA can run becomes one DSA call, ``layerwise`` (one kernel per fused op):
   needs nothing but the arguments.
 
 Whether the DSA can run a symbolic PrimFunc is decided now, by lowering it at a probe size
-(every symbol ``PROBE``): what the DSA refuses (gathers, integer arithmetic) does not depend on
+(every symbol ``PROBE``, less where there are many: ``probe``): what the DSA refuses (gathers, integer arithmetic) does not depend on
 the size. Pure reshapes stay on the host as views, as in ``offload``.
 """
 
@@ -33,6 +33,14 @@ from .stats import kernel_macs
 
 EXECUTE_SHAPED = "tvm_dsa.execute_shaped"
 PROBE = 16  # the size every symbol takes when deciding whether the DSA can run a kernel
+
+
+def probe(symbols) -> dict:
+    """The size each symbol takes for the decision: ``PROBE``, smaller where more than two symbols
+    would make the probe kernel large (a tensor of five symbolic dims, 16^5 elements, took 414 s
+    to emit) — what the DSA refuses does not depend on the size."""
+    value = PROBE if len(symbols) <= 2 else max(2, round(PROBE ** (2 / len(symbols))))
+    return {s: value for s in symbols}
 
 
 def is_dynamic(mod: tvm.IRModule, func: str = "main") -> bool:
@@ -75,7 +83,7 @@ def kernel_text(name: str, func: tirx.PrimFunc, hw: Hardware) -> tuple[str, str]
         validate(program)
         return EXECUTE, program.serialize()
     kernel = SymbolicKernel(name, func, hw)
-    validate(kernel.program({s: PROBE for s in symbols}))
+    validate(kernel.program(probe(symbols)))
     return EXECUTE_SHAPED, kernel.serialize()
 
 
