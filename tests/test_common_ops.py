@@ -1,7 +1,9 @@
-"""Common CNN patterns that used to leave kernels on the host run on the DSA under every schedule:
-an average pooling that excludes the padding (``relax_passes.pool_divisor``), a residual over the
-convolution that reads it and a concat of two functions of one tensor (``tir_passes.scopes``'
-``COPY_EACH``)."""
+"""Common patterns that used to leave kernels on the host run on the DSA under every schedule:
+selects by the data (LeakyRelu, PRelu, Sign, Where of a comparison: compare ops give 1.0 / 0.0
+masks, ``select`` picks by them, ``isa.VEC_OPS``; a fused kernel's bool mask is inlined,
+``tir_passes.masks``), an average pooling that excludes the padding (``relax_passes.pool_divisor``),
+a residual over the convolution that reads it and a concat of two functions of one tensor
+(``tir_passes.scopes``' ``COPY_EACH``)."""
 
 import numpy as np
 import pytest
@@ -15,14 +17,18 @@ from tvm.relax.frontend import onnx as rx_onnx
 import tvm_dsa
 from tvm_dsa.relax_passes.pool_divisor import covered
 
+CONV = h.make_node("Conv", ["x", "W"], ["c"], pads=[1, 1, 1, 1])
 PATTERNS = {
-    "avgpool_exclude_pad": [h.make_node("Conv", ["x", "W"], ["c"], pads=[1, 1, 1, 1]),
-                            h.make_node("AveragePool", ["c"], ["y"], kernel_shape=[3, 3], pads=[1, 1, 1, 1])],
-    "avgpool_exclude_pad_stride2": [h.make_node("Conv", ["x", "W"], ["c"], pads=[1, 1, 1, 1]),
-                                    h.make_node("AveragePool", ["c"], ["y"], kernel_shape=[3, 3], strides=[2, 2],
-                                                pads=[1, 1, 1, 1])],
-    "residual_over_one_conv": [h.make_node("Conv", ["x", "W"], ["c"], pads=[1, 1, 1, 1]),
-                               h.make_node("Add", ["c", "x"], ["y"])],
+    "LeakyRelu": [CONV, h.make_node("LeakyRelu", ["c"], ["y"], alpha=0.1)],
+    "PRelu": [CONV, h.make_node("PRelu", ["c", "slope"], ["y"])],
+    "Sign": [CONV, h.make_node("Sign", ["c"], ["y"])],
+    "Where": [CONV, h.make_node("Greater", ["c", "half"], ["m"]), h.make_node("Where", ["m", "c", "slope"], ["y"])],
+    "Clip": [CONV, h.make_node("Clip", ["c", "lo", "hi"], ["y"])],
+    "HardSigmoid": [CONV, h.make_node("HardSigmoid", ["c"], ["y"])],
+    "avgpool_exclude_pad": [CONV, h.make_node("AveragePool", ["c"], ["y"], kernel_shape=[3, 3], pads=[1, 1, 1, 1])],
+    "avgpool_exclude_pad_stride2": [CONV, h.make_node("AveragePool", ["c"], ["y"], kernel_shape=[3, 3],
+                                                      strides=[2, 2], pads=[1, 1, 1, 1])],
+    "residual_over_one_conv": [CONV, h.make_node("Add", ["c", "x"], ["y"])],
     "concat_of_two_functions": [h.make_node("Relu", ["x"], ["a"]), h.make_node("Sigmoid", ["x"], ["b"]),
                                 h.make_node("Concat", ["a", "b"], ["y"], axis=1)],
 }
@@ -37,14 +43,23 @@ def test_covered_counts_the_window_positions_on_the_input():
 @pytest.mark.parametrize("schedule", ["layerwise", "graphturbo"])
 @pytest.mark.parametrize("pattern", sorted(PATTERNS))
 def test_pattern_runs_on_the_dsa(pattern, schedule, rng):
-    w = (rng.standard_normal((8, 8, 3, 3)) * 0.2).astype("float32")
-    graph = h.make_graph(PATTERNS[pattern], "g", [h.make_tensor_value_info("x", TP.FLOAT, [1, 8, 8, 8])],
-                         [h.make_tensor_value_info("y", TP.FLOAT, None)], [nh.from_array(w, "W")])
-    model = h.make_model(graph, opset_imports=[h.make_opsetid("", 17)], ir_version=10)
-    mod = rx_onnx.from_onnx(model, keep_params_in_input=False)
+    nodes = PATTERNS[pattern]
+    inits = [nh.from_array((rng.standard_normal((8, 8, 3, 3)) * 0.2).astype("float32"), "W"),
+             nh.from_array(np.array(-0.5, "float32"), "lo"), nh.from_array(np.array(0.7, "float32"), "hi"),
+             nh.from_array(np.array(0.5, "float32"), "half"),
+             nh.from_array(np.linspace(0.1, 0.8, 8, dtype="float32").reshape(8, 1, 1), "slope")]
+    used = {i for n in nodes for i in n.input}
+    graph = h.make_graph(nodes, "g", [h.make_tensor_value_info("x", TP.FLOAT, [1, 8, 8, 8])],
+                         [h.make_tensor_value_info("y", TP.FLOAT, None)], [t for t in inits if t.name in used])
+    mod = rx_onnx.from_onnx(h.make_model(graph, opset_imports=[h.make_opsetid("", 17)], ir_version=10),
+                            keep_params_in_input=False)
     x = rng.standard_normal((1, 8, 8, 8)).astype("float32")
     want = relax.VirtualMachine(tvm.compile(mod, target="llvm"), tvm.cpu())["main"](tvm.runtime.tensor(x)).numpy()
     ex = tvm.compile(mod, target="dsa/stcp920", relax_pipeline=tvm_dsa.pipeline(schedule=schedule))
     got = relax.VirtualMachine(ex, tvm.cpu())["main"](tvm.runtime.tensor(x)).numpy()
     assert tvm_dsa.pipeline_result().host == {}
     assert np.abs(got - want).max() <= 2e-2 * np.abs(want).max()
+    if pattern == "Sign":  # a mask picks exact values: the signs agree but where |c| is near 0
+        assert np.mean(got == want) > 0.95
+    if pattern == "Where":  # the same branch taken but where c is near the threshold
+        assert np.mean((got > 0.5) == (want > 0.5)) > 0.95
