@@ -63,3 +63,22 @@ def test_pattern_runs_on_the_dsa(pattern, schedule, rng):
         assert np.mean(got == want) > 0.95
     if pattern == "Where":  # the same branch taken but where c is near the threshold
         assert np.mean((got > 0.5) == (want > 0.5)) > 0.95
+
+
+@pytest.mark.parametrize("op", ["Softmax", "LogSoftmax"])
+def test_a_softmax_over_the_samples_is_not_split_by_sample(op, rng):
+    """graphturbo splits stitched kernels, and the clusters, by the leading dim; a softmax over
+    axis 0 mixes the samples, so it runs as a kernel of its own (``graphturbo.sample_wise``)."""
+    graph = h.make_graph([h.make_node(op, ["x"], ["y"], axis=0)], "g",
+                         [h.make_tensor_value_info("x", TP.FLOAT, [8, 4, 5])],
+                         [h.make_tensor_value_info("y", TP.FLOAT, [8, 4, 5])])
+    mod = rx_onnx.from_onnx(h.make_model(graph, opset_imports=[h.make_opsetid("", 13)], ir_version=10))
+    x = rng.standard_normal((8, 4, 5)).astype("float32")
+    e = np.exp(x - x.max(axis=0, keepdims=True))
+    want = e / e.sum(axis=0, keepdims=True)
+    want = np.log(want) if op == "LogSoftmax" else want
+    ex = tvm.compile(mod, target="dsa/stcp920", relax_pipeline=tvm_dsa.pipeline(schedule="graphturbo"))
+    got = relax.VirtualMachine(ex, tvm.cpu())["main"](tvm.runtime.tensor(x)).numpy()
+    assert np.abs(got - want).max() <= 2e-2 * np.abs(want).max()
+    result = tvm_dsa.pipeline_result()
+    assert not result.stitched and not result.host

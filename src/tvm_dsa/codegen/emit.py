@@ -1184,6 +1184,7 @@ class KernelEmitter:
         if backwards:  # e.g. a flip: the ISA has no negative strides (a box is walked forwards)
             raise CodegenError(f"stage {stage.name}: {acc.buffer} is walked backwards along loop {backwards[0]} "
                                f"(stride {strides[backwards[0]]}); DSA operands have no negative strides")
+        strides = tuple(max(st, 0) if n == 1 else st for st, n in zip(strides, stage.shape))  # one step: no walk
         return mem, dtype, isa.DTYPES[dtype], extents, estrides, strides, _last_points(acc, extents, stage.shape), region
 
     def _adds(self, stage: Stage) -> bool:

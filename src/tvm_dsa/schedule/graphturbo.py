@@ -45,6 +45,11 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
+import tvm_ffi
+from tvm import tirx
+from tvm.s_tir import SBlockRealize
+
+from ..tir_passes.analysis import Load, uses_var
 from . import KernelSpec, register
 from .graph import OpGraph, SubGraphs
 
@@ -298,10 +303,16 @@ def graphturbo(mod, hw, supported, options=None) -> list[KernelSpec]:
     graph, share = OpGraph.from_relax(mod).per_cluster(hw.clusters)
     esize = tvm_dtype_bytes(hw.storage_dtype)
     host = frozenset(n.index for n in graph.nodes if n.func not in supported)
-    sgs = group_two_levels(SubGraphs(graph), hw.lb_bytes, hw.gb_bytes, esize, host)
+    alone = frozenset(n.index for n in graph.nodes if n.index not in host and not sample_wise(
+        mod[n.func], frozenset(i for i, t in enumerate(n.inputs) if graph.tensors[t].constant)))
+    sgs = group_two_levels(SubGraphs(graph), hw.lb_bytes, hw.gb_bytes, esize, host | alone)
     specs = []
     for g, members in enumerate(sgs.groups):
         if members & host:
+            continue
+        if members & alone:
+            (n,) = members
+            specs.append(KernelSpec(graph.nodes[n].func, (graph.nodes[n].name,)))
             continue
         best = best_split(split_info(sgs, g, hw.lb_bytes, esize))
         d, f = (best.d, best.f) if best else (0, 1)
@@ -310,6 +321,31 @@ def graphturbo(mod, hw, supported, options=None) -> list[KernelSpec]:
         calls = tuple(graph.nodes[n].name for n in sorted(members))
         specs.append(KernelSpec(f"sg{len(specs)}_{calls[0]}", calls, True, (d, f)))
     return specs
+
+
+def sample_wise(func, weights: frozenset = frozenset()) -> bool:
+    """Whether each sample (a value of the leading dim) of ``func``'s output depends on the same
+    sample of its inputs alone, as the batch split of stitched kernels and of the clusters
+    assumes (§2.1): no reduction iterator indexes the leading dim of an access to an activation
+    (not the parameters at positions ``weights``) of the output's rank. A softmax over axis 0 mixes the samples: it runs as a kernel of its own
+    (stitched, ONNX's ``test_softmax_axis_0`` was wrong by 0.84)."""
+    rank = len(func.params[-1].shape)
+    constant = {p for i, p in enumerate(func.params) if i in weights}
+    mixed = []
+
+    def visit(realize):
+        block = realize.block
+        reduce = {iv.var for iv in block.iter_vars if int(iv.iter_type) != 0}
+        if not reduce or not isinstance(block.body, tirx.BufferStore):
+            return
+        loads = []
+        tvm_ffi.structural_walk(block.body.value, [(Load, loads.append)])
+        for indices in [list(ld.indices) for ld in loads if ld.source not in constant] + [list(block.body.indices)]:
+            if len(indices) == rank and any(uses_var(indices[0], v) for v in reduce):
+                mixed.append(block)
+
+    tvm_ffi.structural_walk(func.body, [(SBlockRealize, visit)])
+    return not mixed
 
 
 def tvm_dtype_bytes(dtype: str) -> int:

@@ -268,6 +268,8 @@ def tile_anchor(sch: s_tir.Schedule, factors, order: tuple[int, ...] | None = No
     plain integers for a fixed plan, sampled variables for a tuning space (``tvm_dsa.tuning``).
     A tile that does not divide its loop's extent marks the tile loop for ``ClampTiles``."""
     blocks, idx, spatial, reduction = _anchor_loops(sch)
+    if not spatial:
+        raise Unsupported("a 0-d output (a scalar): the DSA tiles a kernel along its output's dims")
     outer, inner = [], []
     for i, lp in enumerate(spatial):
         extent = int_value(sch_get(sch, lp).extent)
