@@ -2,6 +2,7 @@
 compiles and runs makes the ``dsa`` pipeline raise (ONNX's node cases that did)."""
 
 import importlib
+import re
 
 import numpy as np
 import pytest
@@ -38,7 +39,9 @@ def test_an_error_building_a_kernel_sends_it_to_the_host(monkeypatch, rng):
     a, b = rng.standard_normal((2, 4, 8)).astype("float32")
     (c,) = run(mod, a, b)
     np.testing.assert_allclose(c, a + b, rtol=1e-6)
-    assert tvm_dsa.pipeline_result().host == {"add": "the DSA path failed: RuntimeError: boom"}
+    # the error's first line and the innermost line of tvm_dsa it passed (here: the call of the patch)
+    (reason,) = tvm_dsa.pipeline_result().host.values()
+    assert re.fullmatch(r"the DSA path failed: RuntimeError: boom \(relax_passes/offload\.py:\d+\)", reason)
 
 
 def test_a_program_the_validator_rejects_runs_on_the_host(monkeypatch, rng):
@@ -52,8 +55,8 @@ def test_a_program_the_validator_rejects_runs_on_the_host(monkeypatch, rng):
     x = rng.standard_normal((4, 8)).astype("float32")
     (y,) = run(mod, x)
     np.testing.assert_array_equal(y, np.maximum(x, 0))
-    assert tvm_dsa.pipeline_result().host == {
-        "relu": "the DSA path failed: ProgramError: kernel relu instruction 0 (dma): src0 has a negative stride (-2, 1)"}
+    assert tvm_dsa.pipeline_result().host["relu"].startswith(
+        "the DSA path failed: ProgramError: kernel relu instruction 0 (dma): src0 has a negative stride (-2, 1) (")
 
 
 @pytest.mark.parametrize("schedule", ["layerwise", "graphturbo"])
@@ -114,5 +117,6 @@ def test_a_set_tree_that_does_not_build_runs_its_layers_one_kernel_each(monkeypa
     (y,) = run(mod, x, target="dsa/set-edge16-fp16", schedule="set")
     np.testing.assert_allclose(y, np.maximum(x, 0), rtol=1e-3, atol=1e-3)
     result = tvm_dsa.pipeline_result()
-    assert list(result.unstitched.values()) == ["the DSA path failed: IndexError: tuple index out of range"]
+    (reason,) = result.unstitched.values()
+    assert reason.startswith("the DSA path failed: IndexError: tuple index out of range (relax_passes/offload.py:")
     assert result.dsa == ["relu"] and not result.host

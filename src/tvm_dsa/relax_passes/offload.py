@@ -13,6 +13,8 @@ cannot run keeps its ``call_tir`` and runs on the host; the reason is recorded.
 from __future__ import annotations
 
 import json
+import os
+import traceback
 from dataclasses import dataclass, field, replace
 
 import tvm
@@ -37,6 +39,7 @@ from ..tir_passes.stitch import BindCores, StitchBuffers, stitch_passes
 from .stats import kernel_macs
 
 EXECUTE = "tvm_dsa.execute"
+_PACKAGE = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # src/tvm_dsa
 CALL_TIR = tvm.ir.Op.get("relax.call_tir")
 
 
@@ -234,12 +237,15 @@ def _called_prim_funcs(func: relax.Function) -> list[str]:
 
 def host_reason(err: Exception) -> str:
     """Why a kernel (or a schedule) was left to the host: what the DSA path refuses
-    (``Unsupported``) or, for any other error while building it, the error. The offload is a fault
-    barrier per kernel: a kernel the DSA path cannot build runs on the host, the model compiles."""
+    (``Unsupported``) or, for any other error while building it, the error and the line of tvm_dsa
+    it came from. The offload is a fault barrier per kernel: a kernel the DSA path cannot build
+    runs on the host, the model compiles."""
     if isinstance(err, Unsupported):
         return str(err)
     lines = str(err).strip().splitlines()
-    return f"the DSA path failed: {type(err).__name__}: {lines[0] if lines else ''}".rstrip(": ")
+    ours = [f for f in traceback.extract_tb(err.__traceback__) if f"{os.sep}tvm_dsa{os.sep}" in f.filename]
+    where = f" ({os.path.relpath(ours[-1].filename, _PACKAGE)}:{ours[-1].lineno})" if ours else ""
+    return f"the DSA path failed: {type(err).__name__}: {lines[0] if lines else ''}".rstrip(": ") + where
 
 
 def _program(lowered, hw, name: str):
