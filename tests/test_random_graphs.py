@@ -34,7 +34,6 @@ KNOWN_FALLBACKS = {
     r"src0 is in ddr, but MME, vector and reduce instructions": "square_then_matmul",
     r"scratch overflow": "square_then_conv",
     r"KeyError: \(\d+, '\w+_local\.dsa_lb'\)": "concat_same_tensor_twice",
-    r"IndexError: tuple index out of range": "conv_then_Clip",
 }
 
 
@@ -212,7 +211,6 @@ FALLING_BACK_NOW = {
     "residual_one_conv": (LAYER_BY_LAYER, "'stage x_local.dsa_lb: access to x leaves its region': layer by layer"),
     "residual_grouped_conv": (LAYER_BY_LAYER, "'loop bound ... is not a constant' (the channel tile of a conv in 2 "
                                               "groups): layer by layer"),
-    "conv_then_Clip": (("set",), "IndexError in codegen/set_program.py _cells_of: the tree runs layer by layer"),
     "conv_transpose_asymmetric": (ALL, "the pad and strided_slice before the conv: 'condition v_i3 < 1 is not a "
                                        "box bound'"),
     "concat_after_elementwise": (LAYER_BY_LAYER, "'access to x leaves its region': layer by layer"),

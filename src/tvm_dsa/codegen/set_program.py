@@ -242,8 +242,12 @@ class _Kept:
 
 
 def _cells_of(kept: _Kept, chunk: int, itemsize: int):
-    """(cell index, origin, extents) of every piece of chunk ``chunk``."""
+    """(cell index, origin, extents) of every piece of chunk ``chunk`` (a scalar, Clip's bound:
+    one piece)."""
     shape, dim = kept.pieces.shape, kept.dim
+    if not shape:
+        yield (), (), ()
+        return
     bounds = (0, *kept.pieces.cuts[dim], shape[dim]) if dim is not None else (0, shape[0])
     for j in range(len(bounds) - 1):
         index, origin, extents = [0] * len(shape), [0] * len(shape), list(shape)
