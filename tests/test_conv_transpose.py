@@ -22,6 +22,8 @@ CASES = [  # (kernel, stride, pads, output_padding, groups)
     (4, 2, [1, 1, 1, 1], [0, 0], 2),
     (3, 3, [0, 2, 1, 0], [2, 1], 1),
     (5, 2, [0, 0, 0, 0], [1, 0], 1),
+    (2, 2, [0, 0, 0, 1], [0, 0], 1),  # the zeros before each pixel along the width
+    (3, 3, [1, 1, 1, 1], [0, 0], 1),  # negative pads both ways: the output cropped
 ]
 
 

@@ -30,7 +30,6 @@ from tvm_dsa.models.random_graphs import (KINDS, SCHEDULES, TOLERANCE, DsaRun, b
 KNOWN_FALLBACKS = {
     r"access to [\w.]+ leaves its region": "concat_after_elementwise, concat_of_normalised",
     r"loop bound .* is not a constant": "residual_grouped_conv",
-    r"condition .* is not a box bound": "conv_transpose_asymmetric",
     r"src0 is in ddr, but MME, vector and reduce instructions": "square_then_matmul",
     r"scratch overflow": "square_then_conv",
     r"KeyError: \(\d+, '\w+_local\.dsa_lb'\)": "concat_same_tensor_twice",
@@ -211,8 +210,6 @@ FALLING_BACK_NOW = {
     "residual_one_conv": (LAYER_BY_LAYER, "'stage x_local.dsa_lb: access to x leaves its region': layer by layer"),
     "residual_grouped_conv": (LAYER_BY_LAYER, "'loop bound ... is not a constant' (the channel tile of a conv in 2 "
                                               "groups): layer by layer"),
-    "conv_transpose_asymmetric": (ALL, "the pad and strided_slice before the conv: 'condition v_i3 < 1 is not a "
-                                       "box bound'"),
     "concat_after_elementwise": (LAYER_BY_LAYER, "'access to x leaves its region': layer by layer"),
     "concat_of_normalised": (ALL, "'stage x_local.dsa_lb: access to x leaves its region'"),
     "concat_same_tensor_twice": (ALL, "KeyError (0, 'compute_intermediate_local.dsa_lb') in codegen/emit.py _operand"),

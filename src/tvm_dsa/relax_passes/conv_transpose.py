@@ -7,7 +7,7 @@ same value as the DSA computes it: ``x`` (N, C, H, W) gets ``s - 1`` zeros after
 view as (N, C, H, 1, W, 1), padded with zeros to (N, C, H, s, W, s), a view as (N, C, H s, W s);
 the pad is a copy with index bounds), then an ordinary convolution with the weights flipped and
 their in/out channels swapped (in numpy, once), padded by ``k - 1 - pad`` (plus the output
-padding, less the trailing zeros). NCHW / IOHW, dilation 1, constant weights; others are kept.
+padding, less the trailing zeros; where that is negative, by 0 and its output cropped). NCHW / IOHW, dilation 1, constant weights; others are kept.
 
     mod = ConvTransposeAsConv(mod)   # before legalization
 """
@@ -32,6 +32,14 @@ def flipped_weights(w: np.ndarray, groups: int) -> np.ndarray:
     return np.ascontiguousarray(w.reshape(groups * og, i // groups, kh, kw)[:, :, ::-1, ::-1])
 
 
+def _inserted(kernel: int, stride: int, pad_before: int, pad_after: int) -> tuple[bool, tuple[int, int]]:
+    """(zeros before each pixel?, the convolution's pads before and after) along one dim: the
+    dilated input of H pixels is H s long, its s - 1 zeros after each pixel or before it."""
+    after = (kernel - 1 - pad_before, kernel - 1 - pad_after - (stride - 1))
+    before = (kernel - 1 - pad_before - (stride - 1), kernel - 1 - pad_after)
+    return (True, before) if min(after) < 0 <= min(before) else (False, after)
+
+
 @relax.expr_functor.mutator
 class _AsConv(relax.PyExprMutator):
     def visit_call_(self, call):
@@ -48,19 +56,29 @@ class _AsConv(relax.PyExprMutator):
             tuple(int(v) for v in t) for t in (a.strides, a.padding, a.output_padding))
         n, c, h, wd = (int(d) for d in shape)
         kh, kw = w.shape[2:]
+        # per spatial dim, the s - 1 zeros go after each pixel (the last s - 1 rows zeros) or,
+        # where that would ask for a negative pad at the end, before it
+        (lead_h, (top_pad, bottom_pad)), (lead_w, (left_pad, right_pad)) = (
+            _inserted(kh, sh, top, bottom - oh), _inserted(kw, sw, left, right - ow))
         x = call.args[0]
-        if sh > 1 or sw > 1:  # s - 1 zeros after each pixel: (H s, W s), the last s - 1 rows zeros
+        if sh > 1 or sw > 1:
+            zeros_h = (sh - 1, 0) if lead_h else (0, sh - 1)
+            zeros_w = (sw - 1, 0) if lead_w else (0, sw - 1)
             x = self.builder_.emit(relax.op.reshape(x, (n, c, h, 1, wd, 1)))
-            x = self.builder_.emit(relax.op.nn.pad(x, (0, 0, 0, 0, 0, 0, 0, sh - 1, 0, 0, 0, sw - 1)))
+            x = self.builder_.emit(relax.op.nn.pad(x, (0, 0, 0, 0, 0, 0, *zeros_h, 0, 0, *zeros_w)))
             x = self.builder_.emit(relax.op.reshape(x, (n, c, h * sh, wd * sw)))
-        pads = [kh - 1 - top, kw - 1 - left, kh - 1 - bottom + oh - (sh - 1), kw - 1 - right + ow - (sw - 1)]
-        if min(pads) < 0:  # a crop: the padding would remove data (its zeros) instead of adding
-            begin, end = [max(-pads[0], 0), max(-pads[1], 0)], [h * sh + min(pads[2], 0), wd * sw + min(pads[3], 0)]
-            x = self.builder_.emit(relax.op.strided_slice(x, [2, 3], begin, end))
-            pads = [max(p, 0) for p in pads]
+        pads = [top_pad, left_pad, bottom_pad, right_pad]
         weights = relax.const(flipped_weights(w, int(a.groups)).astype(str(call.args[1].ty.dtype)))
-        return relax.op.nn.conv2d(x, weights, padding=pads, groups=int(a.groups),
+        conv = relax.op.nn.conv2d(x, weights, padding=[max(p, 0) for p in pads], groups=int(a.groups),
                                   out_dtype=str(a.out_dtype) if a.out_dtype else None)
+        if min(pads) >= 0:
+            return conv
+        # a negative pad removes rows (the inserted zeros, or data the ConvTranspose's pads drop):
+        # the convolution padded by 0 there, its output cropped
+        out = call.ty.shape
+        begin = [max(-pads[0], 0), max(-pads[1], 0)]
+        return relax.op.strided_slice(self.builder_.emit(conv), [2, 3], begin,
+                                      [begin[0] + int(out[2]), begin[1] + int(out[3])])
 
 
 @tvm.transform.module_pass(opt_level=0, name="dsa.ConvTransposeAsConv")
