@@ -141,10 +141,13 @@ def test_symbolic_kernels_are_dispatched_by_shape():
     assert any("writes int64" in r for r in result.host.values())
 
 
-def test_symbolic_module_needs_layerwise():
+def test_symbolic_module_runs_layerwise_under_another_schedule():
     mod = from_onnx(DYNAMIC["cnn"](), keep_params_in_input=False)
-    with pytest.raises(ValueError, match="a dynamic model compiles with schedule='layerwise'"):
-        tvm.compile(mod, target="dsa/stcp920", relax_pipeline=tvm_dsa.pipeline("graphturbo"))
+    tvm.compile(mod, target="dsa/stcp920", relax_pipeline=tvm_dsa.pipeline("graphturbo"))
+    result = tvm_dsa.pipeline_result()
+    assert result.unstitched == {"graphturbo": "the graphturbo schedule needs static shapes and no control flow: "
+                                               "a dynamic model runs layerwise"}
+    assert result.dsa and not result.stitched
 
 
 def test_apply_rdp_substitutes_proven_symbols():

@@ -62,9 +62,6 @@ def pipeline(schedule: str = "layerwise", hw: hardware.Hardware | str | None = N
         chip = hardware.get(hw) if isinstance(hw, str) else hw or hardware.from_target(target)
         host = target or tvm.target.Target("llvm")
         dynamic = is_dynamic(mod)
-        if dynamic and schedule != "layerwise":
-            raise ValueError(f"schedule {schedule!r} needs static shapes and no control flow; a dynamic "
-                             "model compiles with schedule='layerwise'")
         with host, _no_cyclic_gc():
             mod = fuse(mod, rdp_fusion)
             if dynamic:
@@ -74,6 +71,9 @@ def pipeline(schedule: str = "layerwise", hw: hardware.Hardware | str | None = N
             mod, result = (offload_symbolic(mod, chip) if dynamic
                            else offload(mod, chip, schedule, options=options,
                                         tuned=_tuned_kernels(database, chip)))
+            if dynamic and schedule != "layerwise":
+                result.unstitched[schedule] = (f"the {schedule} schedule needs static shapes and no control "
+                                               "flow: a dynamic model runs layerwise")
             LAST_OFFLOAD["result"] = result
             mod = tvm.transform.Sequential(
                 [relax.transform.DeadCodeElimination()]
