@@ -28,8 +28,7 @@ from tvm_dsa.models.random_graphs import (KINDS, SCHEDULES, TOLERANCE, DsaRun, b
 #: fallbacks (``random_graphs.fallbacks``) of ops the DSA supports, known and not fixed yet:
 #: reason pattern -> the regressions whose ``test_regression_runs_on_dsa`` xfails (strictly) on it
 KNOWN_FALLBACKS = {
-    r"access to [\w.]+ leaves its region": "concat_after_elementwise, concat_of_normalised",
-    r"loop bound .* is not a constant": "residual_grouped_conv",
+    r"access to [\w.]+ leaves its region": "concat_of_normalised",
     r"src0 is in ddr, but MME, vector and reduce instructions": "square_then_matmul",
     r"scratch overflow": "square_then_conv",
     r"KeyError: \(\d+, '\w+_local\.dsa_lb'\)": "concat_same_tensor_twice",
@@ -207,10 +206,6 @@ REGRESSIONS = {
 ALL = tuple(SCHEDULES)
 LAYER_BY_LAYER = ("graphturbo", "set")  # a stitched sub-graph or SET tree that does not build
 FALLING_BACK_NOW = {
-    "residual_one_conv": (LAYER_BY_LAYER, "'stage x_local.dsa_lb: access to x leaves its region': layer by layer"),
-    "residual_grouped_conv": (LAYER_BY_LAYER, "'loop bound ... is not a constant' (the channel tile of a conv in 2 "
-                                              "groups): layer by layer"),
-    "concat_after_elementwise": (LAYER_BY_LAYER, "'access to x leaves its region': layer by layer"),
     "concat_of_normalised": (ALL, "'stage x_local.dsa_lb: access to x leaves its region'"),
     "concat_same_tensor_twice": (ALL, "KeyError (0, 'compute_intermediate_local.dsa_lb') in codegen/emit.py _operand"),
     "square_then_matmul": (ALL, "ProgramError: the float32 input is read from DDR by a vector instruction ('src0 is "

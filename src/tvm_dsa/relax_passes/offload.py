@@ -33,7 +33,7 @@ from ..schedule.graph import OpGraph
 from ..schedule.set.intra import working_set_bytes
 from ..schedule.set.layers import LayerGraphError
 from ..tir_passes import Unsupported, lower_kernel
-from ..tir_passes.scopes import COPY_EACH
+from ..tir_passes.scopes import COPY_EACH, read_twice
 from ..tir_passes.tile import on_vector_units
 from ..tir_passes.stitch import BindCores, StitchBuffers, stitch_passes
 from .stats import kernel_macs
@@ -89,6 +89,7 @@ def offload(mod: tvm.IRModule, hw: Hardware, schedule: str = "layerwise", run_id
     stitch = options if isinstance(options, StitchOptions) else StitchOptions()
     graph = OpGraph.from_relax(mod)
     lowered: dict = {}  # PrimFunc name -> (lowered, LB budget it was tiled to; None: the whole LB)
+    funcs: dict = {}  # PrimFunc name -> the PrimFunc as lowered (with ``COPY_EACH`` where it takes one)
     for name in dict.fromkeys(n.func for n in graph.nodes):
         func = mod[name]
         if not isinstance(func, tirx.PrimFunc):
@@ -103,10 +104,10 @@ def offload(mod: tvm.IRModule, hw: Hardware, schedule: str = "layerwise", run_id
         try:
             record = tuned(func) if tuned is not None and budget is None else None
             if record is not None:
-                lowered[name] = (record, None)
+                funcs[name], lowered[name] = func, (record, None)
                 result.tuned.append(name)
             else:  # SET's tiles divide their loops (``lower_kernel``'s ``clamp``)
-                lowered[name] = _lower_either(func, hw, budget, clamp=schedule != "set")
+                funcs[name], lowered[name] = _lowered(func, hw, budget, clamp=schedule != "set")
         except Exception as err:  # noqa: BLE001 - a kernel the DSA path cannot build runs on the host
             result.host[name] = host_reason(err)
     on_vector = {name for name, (func, _) in lowered.items() if on_vector_units(func)}  # contraction not on the MME
@@ -114,7 +115,7 @@ def offload(mod: tvm.IRModule, hw: Hardware, schedule: str = "layerwise", run_id
 
     def tiled_in_part(name):  # on the unit the whole-LB lowering took
         if name not in in_part:
-            in_part[name] = _lower(mod[name], hw, stitch.lb_budget(hw), name in on_vector, clamp=True)
+            in_part[name] = _lower(funcs[name], hw, stitch.lb_budget(hw), name in on_vector, clamp=True)
         return in_part[name]
 
     # (PrimFunc name, LB budget, inputs on chip, first tile) -> lowered for stitched kernels
@@ -131,18 +132,18 @@ def offload(mod: tvm.IRModule, hw: Hardware, schedule: str = "layerwise", run_id
         if first_tile is not None and _first_tile(low) <= first_tile:
             first_tile = None
         if first_tile is not None:
-            low, budget = _lower(mod[name], hw, stitch.lb_budget(hw) if part else budget, name in on_vector,
+            low, budget = _lower(funcs[name], hw, stitch.lb_budget(hw) if part else budget, name in on_vector,
                                  clamp=True, first_tile=first_tile)
         on_chip = on_chip if stitch.gb else frozenset()
         key = (name, budget, on_chip, first_tile)
         if key not in overlapped:
             record = name in result.tuned and not part and first_tile is None
             if on_chip and not record:
-                low = lower_kernel(mod[name], hw, budget, vector=name in on_vector, on_chip=on_chip,
+                low = lower_kernel(funcs[name], hw, budget, vector=name in on_vector, on_chip=on_chip,
                                    first_tile=first_tile)[0]
             keep = (not stitch.gb or name in on_vector or record
                     or not kernel_macs(mod[name]) or plan_lb(read_kernel(low), hw, budget).double_buffered)
-            overlapped[key] = (low if keep else lower_kernel(mod[name], hw, budget, overlap=True, on_chip=on_chip,
+            overlapped[key] = (low if keep else lower_kernel(funcs[name], hw, budget, overlap=True, on_chip=on_chip,
                                                              first_tile=first_tile)[0], budget)
         return overlapped[key]
     try:
@@ -175,13 +176,7 @@ def offload(mod: tvm.IRModule, hw: Hardware, schedule: str = "layerwise", run_id
             (node,) = nodes
             if node.func not in programs:
                 try:
-                    try:
-                        program = _program(lowered[node.func][0], hw, node.func)
-                    except CodegenError:  # stages that read one tensor in different boxes
-                        low, budget = lowered[node.func]
-                        each = _lower(mod[node.func].with_attr(COPY_EACH, True), hw, budget, clamp=schedule != "set")
-                        program = _program(each[0], hw, node.func)
-                    programs[node.func] = program.serialize()
+                    programs[node.func] = _program(lowered[node.func][0], hw, node.func).serialize()
                     result.dsa.append(node.func)
                 except Exception as err:  # noqa: BLE001 - a kernel the DSA path cannot build runs on the host
                     result.host[node.func] = host_reason(err)
@@ -256,17 +251,25 @@ def _program(lowered, hw, name: str):
     return program
 
 
-def _lower_either(func, hw, lb_bytes, *, clamp: bool):
-    """``_lower``, or where no tiling lowers, ``_lower`` with an LB copy of each DDR input per
-    stage (``COPY_EACH``): the copy stages share holds only the box the first reads (a residual
-    over the conv that reads it, a concat of two functions of one tensor)."""
+def _lowered(func, hw, lb_bytes, *, clamp: bool) -> tuple:
+    """(the PrimFunc as lowered, ``_lower`` of it): ``func``, or ``func`` with an LB copy of each
+    DDR input per stage (``COPY_EACH``) where two stages read one input and the copy they would
+    share holds only the box the first reads (a residual over the conv that reads it, a concat of
+    two functions of one tensor): ``func`` does not lower, or its one-layer program does not emit."""
+    each = func.with_attr(COPY_EACH, True)
     try:
-        return _lower(func, hw, lb_bytes, clamp=clamp)
+        low = _lower(func, hw, lb_bytes, clamp=clamp)
     except Unsupported as err:
         try:
-            return _lower(func.with_attr(COPY_EACH, True), hw, lb_bytes, clamp=clamp)
+            return each, _lower(each, hw, lb_bytes, clamp=clamp)
         except Unsupported:
             raise err from None
+    if read_twice(func):
+        try:
+            build_program(low[0], hw, "shared copies")
+        except CodegenError:
+            return each, _lower(each, hw, lb_bytes, clamp=clamp)
+    return func, low
 
 
 def _lower(func, hw, lb_bytes, vector: bool = False, *, clamp: bool, first_tile: int | None = None):

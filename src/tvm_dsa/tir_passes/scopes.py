@@ -10,7 +10,9 @@ the init placed before the chunk loop for the anchor so partial sums accumulate 
 
 from __future__ import annotations
 
+import tvm_ffi
 from tvm import s_tir
+from tvm.s_tir import SBlockRealize
 
 from .analysis import (
     Unsupported, classify, sch_cache_read, sch_cache_write, sch_compute_at, sch_decompose_reduction, sch_get,
@@ -23,6 +25,19 @@ LB_SCOPE = "local.dsa_lb"
 # copy shared by the stages reading the tensor (which holds only the box the first one reads)
 COPY_EACH = "dsa.copy_each"
 GB_SCOPE = "global.dsa_gb"
+
+
+def read_twice(func) -> bool:
+    """Whether two blocks of ``func`` read one of its parameters (where ``COPY_EACH`` may matter)."""
+    readers: dict = {}
+
+    def visit(realize):
+        for region in realize.block.reads:
+            if any(region.source.same_as(p) for p in func.params):
+                readers.setdefault(region.source, set()).add(realize.block.name_hint)
+
+    tvm_ffi.structural_walk(func.body, [(SBlockRealize, visit)])
+    return any(len(blocks) > 1 for blocks in readers.values())
 
 
 def attach_index(sch, block_rv) -> int:
