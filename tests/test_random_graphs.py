@@ -29,8 +29,6 @@ from tvm_dsa.models.random_graphs import (KINDS, SCHEDULES, TOLERANCE, DsaRun, b
 #: reason pattern -> the regressions whose ``test_regression_runs_on_dsa`` xfails (strictly) on it
 KNOWN_FALLBACKS = {
     r"access to [\w.]+ leaves its region": "concat_of_normalised",
-    r"src0 is in ddr, but MME, vector and reduce instructions": "square_then_matmul",
-    r"scratch overflow": "square_then_conv",
     r"KeyError: \(\d+, '\w+_local\.dsa_lb'\)": "concat_same_tensor_twice",
 }
 
@@ -208,9 +206,6 @@ LAYER_BY_LAYER = ("graphturbo", "set")  # a stitched sub-graph or SET tree that 
 FALLING_BACK_NOW = {
     "concat_of_normalised": (ALL, "'stage x_local.dsa_lb: access to x leaves its region'"),
     "concat_same_tensor_twice": (ALL, "KeyError (0, 'compute_intermediate_local.dsa_lb') in codegen/emit.py _operand"),
-    "square_then_matmul": (ALL, "ProgramError: the float32 input is read from DDR by a vector instruction ('src0 is "
-                                "in ddr')"),
-    "square_then_conv": (ALL, "'stage pad_temp: scratch overflow' (set: 'src0 is in ddr')"),
 }
 
 

@@ -1392,11 +1392,16 @@ class KernelEmitter:
             return
         if isinstance(v, Read):
             src = self._operand(stage, v.access, core, start, extent)
-            if src.dtype != sub_dst.dtype:
+            if src.dtype == sub_dst.dtype:
+                self._dma(core, shape, sub_dst, src)
+            elif (src.mem, src.index) == ("lb", core):  # converted here, then moved
                 tmp = self._scratch(set(range(len(shape))), stage, core, sub_dst.dtype)
                 self._push(isa.Vector(core, "vme", "copy", shape, tmp, (src,)), core)
-                src = tmp
-            self._dma(core, shape, sub_dst, src)
+                self._dma(core, shape, sub_dst, tmp)
+            else:  # moved here (a wide tensor to an fp16 MME operand), then converted
+                tmp = self._scratch(set(range(len(shape))), stage, core, src.dtype)
+                self._dma(core, shape, tmp, src)
+                self._push(isa.Vector(core, "vme", "copy", shape, sub_dst, (tmp,)), core)
         elif isinstance(v, Const) and sub_dst.mem == "lb":
             self._push(isa.Fill(core, shape, sub_dst, v.value), core)
         else:

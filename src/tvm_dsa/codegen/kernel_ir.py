@@ -736,15 +736,15 @@ def lb_dtypes(stages: list[Stage], hw: Hardware, wide: frozenset = frozenset()) 
     return out
 
 
-def scratch_bytes(stage: Stage, dtypes: dict[str, str], storage: str, rounding=align) -> int:
+def scratch_bytes(stage: Stage, dtypes: dict[str, str], ddr_dtype, rounding=align) -> int:
     """Bytes of temporaries a stage needs: one per inner op of its expression, a materialised
-    update for a compound reduction, a cast buffer for a copy between element types; each
-    through ``rounding``."""
+    update for a compound reduction, a cast buffer for a copy between element types (LB buffers'
+    ``dtypes``, ``ddr_dtype(param)`` outside); each through ``rounding``."""
     box = 1
     for n in stage.shape:
         box *= n
     if stage.op == "dma":
-        types = {dtypes[a.buffer] if a.lb else storage for a in [stage.dst] + stage.reads()}
+        types = {dtypes[a.buffer] if a.lb else ddr_dtype(a.buffer) for a in [stage.dst] + stage.reads()}
         return rounding(4 * box) if len(types) > 1 else 0
     if stage.op == "mme":
         return 0
@@ -831,7 +831,7 @@ def _tile_layout(kernel: KernelIR, hw: Hardware, rounding=align):
     sizes: dict = {}
     for name, place in places.items():
         sizes[place] = max(sizes.get(place, 0), rounding(first[name].nbytes))
-    scratch = max((scratch_bytes(st, dtypes, hw.storage_dtype, rounding) for st in stages), default=0)
+    scratch = max((scratch_bytes(st, dtypes, lambda b: kernel.ddr_dtype(b, hw), rounding) for st in stages), default=0)
     return first, loaded, places, sizes, scratch
 
 
