@@ -27,10 +27,7 @@ from tvm_dsa.models.random_graphs import (KINDS, SCHEDULES, TOLERANCE, DsaRun, b
 
 #: fallbacks (``random_graphs.fallbacks``) of ops the DSA supports, known and not fixed yet:
 #: reason pattern -> the regressions whose ``test_regression_runs_on_dsa`` xfails (strictly) on it
-KNOWN_FALLBACKS = {
-    r"access to [\w.]+ leaves its region": "concat_of_normalised",
-    r"KeyError: \(\d+, '\w+_local\.dsa_lb'\)": "concat_same_tensor_twice",
-}
+KNOWN_FALLBACKS: dict = {}
 
 
 def known(reason: str) -> bool:
@@ -203,10 +200,7 @@ REGRESSIONS = {
 #: regression -> (the schedules under which it falls back now, why)
 ALL = tuple(SCHEDULES)
 LAYER_BY_LAYER = ("graphturbo", "set")  # a stitched sub-graph or SET tree that does not build
-FALLING_BACK_NOW = {
-    "concat_of_normalised": (ALL, "'stage x_local.dsa_lb: access to x leaves its region'"),
-    "concat_same_tensor_twice": (ALL, "KeyError (0, 'compute_intermediate_local.dsa_lb') in codegen/emit.py _operand"),
-}
+FALLING_BACK_NOW: dict = {}
 
 
 @functools.cache

@@ -21,6 +21,7 @@ from . import hardware
 from .relax_passes import SimplifyInference, offload
 from .relax_passes.offload import StitchOptions
 from .relax_passes.arena import PlanArena
+from .relax_passes.concat import ConcatApart
 from .relax_passes.conv_transpose import ConvTransposeAsConv
 from .relax_passes.gather import GatherOfRangeAsSlice
 from .relax_passes.offload_symbolic import is_dynamic, offload_symbolic
@@ -122,13 +123,14 @@ def _tuned_kernels(database, chip: hardware.Hardware):
 
 def fuse(mod: tvm.IRModule, rdp_fusion: bool = True) -> tvm.IRModule:
     """The module as the offload sees it (in the current target's scope): simplified (with
-    transposes around a softmax cancelled, gathers at a range of indices sliced, and an average
+    transposes around a softmax cancelled, gathers at a range of indices sliced, an average
     pooling that excludes the padding made one that counts it, times a constant:
-    ``ExactPoolDivisor``, a transposed convolution a convolution: ``ConvTransposeAsConv``), legalized and fused, each PrimFunc's buffers named uniquely
-    (``UniqueBufferNames``) and its bool masks inlined into their readers (``InlineMasks``), the
-    tensors whose values can leave the chip's storage type marked to stay wide (``KeepWide``); a
-    dynamic model with RDP's shapes applied, and fused across its dynamic shapes unless
-    ``rdp_fusion`` is False."""
+    ``ExactPoolDivisor``, a transposed convolution a convolution: ``ConvTransposeAsConv``),
+    legalized and fused (a concatenation of two values of one tensor left unfused:
+    ``ConcatApart``), each PrimFunc's buffers named uniquely (``UniqueBufferNames``) and its bool
+    masks inlined into their readers (``InlineMasks``), the tensors whose values can leave the
+    chip's storage type marked to stay wide (``KeepWide``); a dynamic model with RDP's shapes
+    applied, and fused across its dynamic shapes unless ``rdp_fusion`` is False."""
     host = tvm.target.Target.current(allow_none=True) or tvm.target.Target("llvm")
     dynamic = is_dynamic(mod)
     across = dynamic and rdp_fusion
@@ -141,7 +143,7 @@ def fuse(mod: tvm.IRModule, rdp_fusion: bool = True) -> tvm.IRModule:
         + ([relax.transform.ConvertToDataflow()] if across else [])
         + ([ApplyRDP()] if dynamic else [])
         + cpu_generic.library_dispatch_passes(host)
-        + [relax.transform.LegalizeOps(), relax.transform.AnnotateTIROpPattern()]
+        + [relax.transform.LegalizeOps(), relax.transform.AnnotateTIROpPattern(), ConcatApart]
         + ([AnnotateSymbolicReshapes] if across else [])
         + [relax.transform.FoldConstant(), relax.transform.FuseOps(), relax.transform.FuseTIR(), UniqueBufferNames,
            InlineMasks, KeepWide]

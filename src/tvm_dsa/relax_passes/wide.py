@@ -16,6 +16,7 @@ from tvm import relax
 
 from ..tir_passes.ranges import FP16_MAX, WIDE, wide_output
 from .fold import constant_value
+from .rewrite import with_copies
 
 _CALL_TIR = tvm.ir.Op.get("relax.call_tir")
 
@@ -67,36 +68,7 @@ def _positions(mod: tvm.IRModule) -> dict:
     return out
 
 
-@relax.expr_functor.mutator
-class _Mark(relax.PyExprMutator):
-    """Each call with wide positions calls its PrimFunc's copy for them (added to the module)."""
-
-    def __init__(self, mod, positions):
-        super().__init__(mod)
-        self.positions = positions
-        self.copies: dict = {}  # (PrimFunc name, wide positions) -> the copy's GlobalVar
-        for call, wide in positions.items():
-            name = call.args[0].name_hint
-            if (name, wide) not in self.copies:
-                func = mod[name].with_attr(WIDE, [int(i) for i in wide])
-                self.copies[(name, wide)] = self.builder_.add_func(func, f"{name}_wide")
-
-    def visit_call_(self, call):
-        wide = self.positions.get(call)
-        call = super().visit_call_(call)
-        if wide is None:
-            return call
-        copy = self.copies[(call.args[0].name_hint, wide)]
-        return relax.Call(call.op, [copy, *call.args[1:]], call.attrs, call.ty_args)
-
-    def run(self) -> tvm.IRModule:
-        for gv, func in self.builder_.get().functions_items():
-            if isinstance(func, relax.Function):
-                self.builder_.update_func(gv, self.visit_expr(func))
-        return self.builder_.get()
-
-
 @tvm.transform.module_pass(opt_level=0, name="dsa.KeepWide")
 def KeepWide(mod: tvm.IRModule, _ctx) -> tvm.IRModule:  # noqa: N802 (a pass, named like TVM's)
     positions = _positions(mod)
-    return _Mark(mod, positions).run() if positions else mod
+    return with_copies(mod, {call: (WIDE, [int(i) for i in wide]) for call, wide in positions.items()}, "wide")
