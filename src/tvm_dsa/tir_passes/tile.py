@@ -144,11 +144,12 @@ def anchor_info(func, simplify: bool = True) -> AnchorInfo:
     else:
         aligned = block
     spatial_vars = [it.var for it, r in zip(aligned.iter_vars, is_red) if not r]
+    fused = any(not any(r.source.same_as(p) for p in func.params) for r in block.reads)
     return AnchorInfo(
         block.name_hint, kinds[idx],
         tuple(e for e, r in zip(extents, is_red) if not r),
         tuple(e for e, r in zip(extents, is_red) if r), tuple(roles),
-        tuple(_alignment(aligned, v) for v in spatial_vars),
+        tuple(_joint(_alignment(aligned, v), _select_bounds(aligned, v) if fused else 0) for v in spatial_vars),
     )
 
 
@@ -167,6 +168,28 @@ def _alignment(block, var) -> int:
 
     tvm_ffi.structural_walk(block.body, [((tirx.FloorDiv, tirx.FloorMod), visit)])
     return out or 1
+
+
+def _joint(alignment: int, bounds: int) -> int:
+    """The alignment a tile must divide for both: its divisors' (1: none) and its bounds' (0: none)."""
+    return math.gcd(alignment if alignment > 1 else 0, bounds) or 1
+
+
+def _select_bounds(block, var) -> int:
+    """The gcd of the constants ``var`` is compared with in the block's body (a concatenation's
+    ``4 <= v1``: where its inputs meet), 0 when there are none. A tile that divides it lies within
+    one input; one across two would compute, for each of them, the producers fused into it over
+    the whole tile, reading outside their inputs."""
+    out = 0
+
+    def visit(node):
+        nonlocal out
+        for side, bound in ((node.a, node.b), (node.b, node.a)):
+            if isinstance(bound, tirx.IntImm) and side.same_as(var):
+                out = math.gcd(out, int(bound.value))
+
+    tvm_ffi.structural_walk(block.body, [((tirx.LT, tirx.LE, tirx.GT, tirx.GE), visit)])
+    return out
 
 
 def _mme_roles(block, is_red) -> list[str]:
