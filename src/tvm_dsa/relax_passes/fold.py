@@ -165,8 +165,8 @@ def FoldConstantsLeft(mod: tvm.IRModule, _ctx) -> tvm.IRModule:  # noqa: N802 - 
     funcs = [f for f in mod.functions.values() if isinstance(f, relax.Function)]
     if any(not isinstance(f.body, relax.SeqExpr) or _left_to_fold(f) for f in funcs):
         folded = relax.transform.FoldConstant()(mod)
-        try:
-            return folded if relax.analysis.well_formed(folded) else mod
-        except ValueError:  # TVM's check raises on an undefined GlobalVar
+        try:  # TVM 0.27's check raises on an undefined GlobalVar (and returns None when it passes)
+            return mod if relax.analysis.well_formed(folded) is False else folded
+        except ValueError:
             return mod
     return mod
