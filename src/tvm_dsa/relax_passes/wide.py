@@ -44,6 +44,7 @@ def _positions(mod: tvm.IRModule) -> dict:
     """``call_tir`` call -> the positions of its PrimFunc's wide parameters (calls with any)."""
     wide: set = set()  # wide Relax variables
     out: dict = {}
+    decided: dict = {}  # (PrimFunc, wide inputs, same) -> wide output: a model's repeated blocks ask alike
     for gv, func in mod.functions_items():
         if not isinstance(func, relax.Function):
             continue
@@ -60,7 +61,11 @@ def _positions(mod: tvm.IRModule) -> dict:
             inputs = frozenset(i for i, a in enumerate(args) if a in wide or _beyond_fp16(a))
             first = {}
             same = {i: first.setdefault(a, i) for i, a in enumerate(args) if isinstance(a, relax.Var)}
-            if wide_output(prim, inputs, {i: j for i, j in same.items() if i != j}):
+            same = tuple((i, j) for i, j in same.items() if i != j)
+            key = (value.args[0].name_hint, inputs, same)
+            if key not in decided:
+                decided[key] = wide_output(prim, inputs, dict(same))
+            if decided[key]:
                 wide.add(b.var)
                 out[value] = (*sorted(inputs), len(args))
             elif inputs:
