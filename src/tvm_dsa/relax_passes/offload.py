@@ -90,6 +90,7 @@ def offload(mod: tvm.IRModule, hw: Hardware, schedule: str = "layerwise", run_id
     graph = OpGraph.from_relax(mod)
     lowered: dict = {}  # PrimFunc name -> (lowered, LB budget it was tiled to; None: the whole LB)
     funcs: dict = {}  # PrimFunc name -> the PrimFunc as lowered (with ``COPY_EACH`` where it takes one)
+    built: dict = {}  # PrimFunc name -> its one-layer program where ``_lowered`` built it already
     for name in dict.fromkeys(n.func for n in graph.nodes):
         func = mod[name]
         if not isinstance(func, tirx.PrimFunc):
@@ -107,7 +108,7 @@ def offload(mod: tvm.IRModule, hw: Hardware, schedule: str = "layerwise", run_id
                 funcs[name], lowered[name] = func, (record, None)
                 result.tuned.append(name)
             else:  # SET's tiles divide their loops (``lower_kernel``'s ``clamp``)
-                funcs[name], lowered[name] = _lowered(func, hw, budget, clamp=schedule != "set")
+                funcs[name], lowered[name], built[name] = _lowered(func, hw, budget, name, clamp=schedule != "set")
         except Exception as err:  # noqa: BLE001 - a kernel the DSA path cannot build runs on the host
             result.host[name] = host_reason(err)
     on_vector = {name for name, (func, _) in lowered.items() if on_vector_units(func)}  # contraction not on the MME
@@ -176,7 +177,8 @@ def offload(mod: tvm.IRModule, hw: Hardware, schedule: str = "layerwise", run_id
             (node,) = nodes
             if node.func not in programs:
                 try:
-                    programs[node.func] = _program(lowered[node.func][0], hw, node.func).serialize()
+                    program = built.get(node.func) or _program(lowered[node.func][0], hw, node.func)
+                    programs[node.func] = program.serialize()
                     result.dsa.append(node.func)
                 except Exception as err:  # noqa: BLE001 - a kernel the DSA path cannot build runs on the host
                     result.host[node.func] = host_reason(err)
@@ -251,25 +253,26 @@ def _program(lowered, hw, name: str):
     return program
 
 
-def _lowered(func, hw, lb_bytes, *, clamp: bool) -> tuple:
-    """(the PrimFunc as lowered, ``_lower`` of it): ``func``, or ``func`` with an LB copy of each
-    DDR input per stage (``COPY_EACH``) where two stages read one input and the copy they would
-    share holds only the box the first reads (a residual over the conv that reads it, a concat of
-    two functions of one tensor): ``func`` does not lower, or its one-layer program does not emit."""
+def _lowered(func, hw, lb_bytes, name: str, *, clamp: bool) -> tuple:
+    """(the PrimFunc as lowered, ``_lower`` of it, its one-layer program ``name`` where that was
+    built to decide, else None): ``func``, or ``func`` with an LB copy of each DDR input per stage
+    (``COPY_EACH``) where two stages read one input and the copy they would share holds only the
+    box the first reads (a residual over the conv that reads it, a concat of two functions of one
+    tensor): ``func`` does not lower, or its one-layer program does not emit."""
     each = func.with_attr(COPY_EACH, True)
     try:
         low = _lower(func, hw, lb_bytes, clamp=clamp)
     except Unsupported as err:
         try:
-            return each, _lower(each, hw, lb_bytes, clamp=clamp)
+            return each, _lower(each, hw, lb_bytes, clamp=clamp), None
         except Unsupported:
             raise err from None
     if read_twice(func):
         try:
-            build_program(low[0], hw, "shared copies")
+            return func, low, _program(low[0], hw, name)
         except CodegenError:
-            return each, _lower(each, hw, lb_bytes, clamp=clamp)
-    return func, low
+            return each, _lower(each, hw, lb_bytes, clamp=clamp), None
+    return func, low, None
 
 
 def _lower(func, hw, lb_bytes, vector: bool = False, *, clamp: bool, first_tile: int | None = None):
