@@ -12,8 +12,8 @@ from __future__ import annotations
 
 __version__ = "0.1.0"
 
-from . import hardware
-from .hardware import Hardware, HardwareError
+from tvm_dsa import hardware
+from tvm_dsa.hardware import Hardware, HardwareError
 
 _INITIALISED = False
 
@@ -25,7 +25,7 @@ def _autoload() -> None:
         return
     _INITIALISED = True
     hardware.init()
-    from . import host, pipeline
+    from tvm_dsa import host, pipeline
 
     pipeline.register()
     host.register()
@@ -33,14 +33,14 @@ def _autoload() -> None:
 
 _autoload()
 
-from .host import KernelRun, last_kernel_runs, last_report, last_trace, set_mode  # noqa: E402
-from .pipeline import pipeline, pipeline_result  # noqa: E402
+from tvm_dsa.host import KernelRun, last_kernel_runs, last_report, last_trace, set_mode  # noqa: E402
+from tvm_dsa.pipeline import pipeline, pipeline_result  # noqa: E402
 
 
 def tune(mod, target: str = "dsa/stcp920", trials: int = 64, work_dir="tune", **options):
     """Tune the DSA kernels of a Relax module with meta-schedule, measured on the simulator;
     returns a ``tvm_dsa.tuning.TuneResult`` (options and details: ``tvm_dsa.tuning.tune``)."""
-    from .tuning import tune as run
+    from tvm_dsa.tuning import tune as run
 
     return run(mod, target, trials, work_dir, **options)
 

@@ -20,12 +20,14 @@ import json
 import sys
 from pathlib import Path
 
-from .dataflow import command as dataflow_command
-from .driver import Compiled, InputError, check_target, dsa_mac_share, import_onnx, load_model, max_relative_error
-from .models import MODELS, example_inputs
-from .runtime import write_trace
-from .show import commands as show_commands
-from .show import explore as explore_command
+from tvm_dsa.dataflow import command as dataflow_command
+from tvm_dsa.driver import (
+    Compiled, InputError, check_target, dsa_mac_share, import_onnx, load_model, max_relative_error
+)
+from tvm_dsa.models import MODELS, example_inputs
+from tvm_dsa.runtime import write_trace
+from tvm_dsa.show import commands as show_commands
+from tvm_dsa.show import explore as explore_command
 
 TOLERANCE = 2e-2  # fp16 storage: max |dsa - llvm| relative to max |llvm|
 

@@ -19,11 +19,11 @@ import onnx
 import tvm
 from tvm import relax
 
-from . import hardware, host
-from .models import MODELS, TINY, get_model
-from .pipeline import pipeline, pipeline_result
-from .relax_passes.offload import OffloadResult
-from .runtime import Report
+from tvm_dsa import hardware, host
+from tvm_dsa.models import MODELS, TINY, get_model
+from tvm_dsa.pipeline import pipeline, pipeline_result
+from tvm_dsa.relax_passes.offload import OffloadResult
+from tvm_dsa.runtime import Report
 
 
 class InputError(ValueError):
@@ -55,7 +55,7 @@ def load_model(spec: str, tiny: bool = False, batch: int | None = None) -> onnx.
 def import_onnx(model: onnx.ModelProto) -> tvm.IRModule:
     """The Relax module of an ONNX model, weights embedded as constants (TVM's importer with the
     converters of ``tvm_dsa.frontend``)."""
-    from .frontend import from_onnx
+    from tvm_dsa.frontend import from_onnx
 
     try:
         return from_onnx(model, keep_params_in_input=False)

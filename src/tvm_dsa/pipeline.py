@@ -17,25 +17,25 @@ import tvm
 from tvm import relax
 from tvm.relax.backend import cpu_generic
 
-from . import hardware
-from .relax_passes import SimplifyInference, offload
-from .relax_passes.offload import StitchOptions
-from .relax_passes.arena import PlanArena
-from .relax_passes.concat import ConcatApart
-from .relax_passes.conv_transpose import ConvTransposeAsConv
-from .relax_passes.gather import GatherOfRangeAsSlice
-from .relax_passes.offload_symbolic import is_dynamic, offload_symbolic
-from .relax_passes.pool_divisor import ExactPoolDivisor
-from .relax_passes.pool_fusion import FusePooling
-from .relax_passes.rdp_apply import ApplyRDP
-from .relax_passes.rdp_fusion import AnnotateSymbolicReshapes
-from .relax_passes.reorder import ApplyExecutionPlan
-from .relax_passes.sink import SinkIntoBranches
-from .relax_passes.transpose import CancelTransposePairs
-from .relax_passes.wide import KeepWide
-from .schedule.set.scheduler import SetOptions
-from .tir_passes.masks import InlineMasks
-from .tir_passes.names import UniqueBufferNames
+from tvm_dsa import hardware
+from tvm_dsa.relax_passes import SimplifyInference, offload
+from tvm_dsa.relax_passes.offload import StitchOptions
+from tvm_dsa.relax_passes.arena import PlanArena
+from tvm_dsa.relax_passes.concat import ConcatApart
+from tvm_dsa.relax_passes.conv_transpose import ConvTransposeAsConv
+from tvm_dsa.relax_passes.gather import GatherOfRangeAsSlice
+from tvm_dsa.relax_passes.offload_symbolic import is_dynamic, offload_symbolic
+from tvm_dsa.relax_passes.pool_divisor import ExactPoolDivisor
+from tvm_dsa.relax_passes.pool_fusion import FusePooling
+from tvm_dsa.relax_passes.rdp_apply import ApplyRDP
+from tvm_dsa.relax_passes.rdp_fusion import AnnotateSymbolicReshapes
+from tvm_dsa.relax_passes.reorder import ApplyExecutionPlan
+from tvm_dsa.relax_passes.sink import SinkIntoBranches
+from tvm_dsa.relax_passes.transpose import CancelTransposePairs
+from tvm_dsa.relax_passes.wide import KeepWide
+from tvm_dsa.schedule.set.scheduler import SetOptions
+from tvm_dsa.tir_passes.masks import InlineMasks
+from tvm_dsa.tir_passes.names import UniqueBufferNames
 
 LAST_OFFLOAD: dict = {}  # "result": the OffloadResult of the last compilation
 
@@ -53,7 +53,7 @@ def pipeline(schedule: str = "layerwise", hw: hardware.Hardware | str | None = N
     to Relax's ``StaticPlanBlockMemory``, instead of the execution plan (kernels only one branch of
     an If uses run in that branch, ``relax_passes.sink``; the order, ``relax_passes.reorder``) and
     the peak-first arena with in-place outputs (``relax_passes.arena``)."""
-    from . import schedule as schedules
+    from tvm_dsa import schedule as schedules
 
     schedules.get(schedule)  # fail early on an unknown name
 
@@ -106,7 +106,7 @@ def _tuned_kernels(database, chip: hardware.Hardware):
     database in scope, else the chip's shipped records), or None without one (or with False)."""
     from tvm.s_tir import meta_schedule as ms
 
-    from .tuning import load_database, pretuned, tuned_kernel
+    from tvm_dsa.tuning import load_database, pretuned, tuned_kernel
 
     if database is False:
         return None

@@ -26,24 +26,11 @@ from dataclasses import dataclass, field, replace
 
 import numpy as np
 
-from .. import isa
-from ..hardware import Hardware
-from .kernel_ir import (
-    ALIGN,
-    Access,
-    CodegenError,
-    Const,
-    KernelIR,
-    Loop,
-    Op,
-    Read,
-    Select,
-    Stage,
-    align,
-    chunk_loops,
-    plan_lb,
-    read_kernel,
-    stages_of,
+from tvm_dsa import isa
+from tvm_dsa.hardware import Hardware
+from tvm_dsa.codegen.kernel_ir import (
+    ALIGN, Access, CodegenError, Const, KernelIR, Loop, Op, Read, Select, Stage, align, chunk_loops, plan_lb,
+    read_kernel, stages_of
 )
 
 

@@ -21,11 +21,11 @@ import tvm
 import tvm_ffi
 from tvm import tirx
 
-from ..hardware import Hardware
-from ..isa import Program
-from ..runtime import simulate
-from ..tir_passes import Unsupported, anchor_info, lower_kernel
-from .emit import build_program
+from tvm_dsa.hardware import Hardware
+from tvm_dsa.isa import Program
+from tvm_dsa.runtime import simulate
+from tvm_dsa.tir_passes import Unsupported, anchor_info, lower_kernel
+from tvm_dsa.codegen.emit import build_program
 
 _FOLDABLE = (tirx.Add, tirx.Sub, tirx.Mul, tirx.FloorDiv, tirx.FloorMod, tirx.Min, tirx.Max)
 

@@ -27,9 +27,9 @@ from dataclasses import dataclass
 import numpy as np
 import tvm
 
-from .emit import Layer
-from ..relax_passes import memory_plan
-from .kernel_ir import Loop, align
+from tvm_dsa.codegen.emit import Layer
+from tvm_dsa.relax_passes import memory_plan
+from tvm_dsa.codegen.kernel_ir import Loop, align
 
 RECOMPUTE_LIMIT = 1.25  # assumed (the seed gives no number): at most 25 % of the work computed twice
 
@@ -712,9 +712,9 @@ def emit_stitched(mod: tvm.IRModule, hw, replicate: bool = True, replay: bool = 
     A cluster whose instances are the first cluster's moved along the batch, placed alike, gets a
     copy of its instructions (``replicate``; False emits every cluster, for tests). A layer like
     an earlier one is replayed from it (``replay``, ``KernelEmitter``)."""
-    from .. import isa
-    from .emit import KernelEmitter, Region, place_arguments
-    from .kernel_ir import ALIGN
+    from tvm_dsa import isa
+    from tvm_dsa.codegen.emit import KernelEmitter, Region, place_arguments
+    from tvm_dsa.codegen.kernel_ir import ALIGN
 
     sg, prints = read_subgraph(mod, hw)
     inst = read_instances(mod, sg, prints)

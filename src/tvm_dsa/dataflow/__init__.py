@@ -5,10 +5,11 @@
     print(analyse(df, PEArray((2, 2), systolic_2d(), bandwidth=4)))
 """
 
-from .expr import NotationError
-from .metrics import DataflowMetrics, TensorVolumes, analyse
-from .notation import (Access, Dataflow, Interconnect, PEArray, TensorOp, mesh, multicast, systolic_1d,
-                       systolic_2d)
+from tvm_dsa.dataflow.expr import NotationError
+from tvm_dsa.dataflow.metrics import DataflowMetrics, TensorVolumes, analyse
+from tvm_dsa.dataflow.notation import (
+    Access, Dataflow, Interconnect, PEArray, TensorOp, mesh, multicast, systolic_1d, systolic_2d
+)
 
 __all__ = [
     "NotationError", "DataflowMetrics", "TensorVolumes", "analyse", "Access", "Dataflow", "Interconnect",

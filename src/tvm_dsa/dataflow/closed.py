@@ -35,8 +35,8 @@ from functools import lru_cache
 from pathlib import Path
 from typing import Callable
 
-from .library import BENCHMARKS, VARIANTS, stationary
-from .metrics import DataflowMetrics, TensorVolumes
+from tvm_dsa.dataflow.library import BENCHMARKS, VARIANTS, stationary
+from tvm_dsa.dataflow.metrics import DataflowMetrics, TensorVolumes
 
 PARAMS = {"i": "M", "j": "N", "k": "K"}  # the GEMM's loops and the names of their sizes
 PIPELINED = ", systolic, pipelined"
@@ -55,7 +55,7 @@ class _Stored(Mapping):
     used (Python compiles only the forms a chip needs)."""
 
     def __init__(self):
-        from .closed_forms import INDEX
+        from tvm_dsa.dataflow.closed_forms import INDEX
         self.index = INDEX
 
     def __getitem__(self, key: Key) -> dict[str, Callable[..., int]]:
@@ -158,8 +158,8 @@ def _extents(size: int, side: int) -> dict[int, int]:
 def preset_keys() -> list[Key]:
     """Every standard GEMM dataflow on each distinct MME (array, interconnect) of the shipped presets;
     pipelined ones only over systolic links (``composable``)."""
-    from .. import hardware
-    from .notation import interconnect
+    from tvm_dsa import hardware
+    from tvm_dsa.dataflow.notation import interconnect
 
     meshes = sorted({(hw.mme.rows, hw.mme.cols, hw.mme.interconnect) for hw in map(hardware.get, hardware.names())})
     return [(kind + variant, rows, cols, links) for rows, cols, links in meshes
@@ -174,8 +174,8 @@ def composable(links) -> bool:
 
 def derive(key: Key) -> dict:
     """The closed forms (``isl.PwQPolynomial``, count name -> form) of dataflow ``key``."""
-    from . import relations as rel
-    from .notation import PEArray, interconnect
+    from tvm_dsa.dataflow import relations as rel
+    from tvm_dsa.dataflow.notation import PEArray, interconnect
 
     name, rows, cols, links = key
     op = _gemm()
@@ -197,8 +197,8 @@ def derive(key: Key) -> dict:
 
 
 def _cards(st) -> dict:
-    from . import relations as rel
-    from .metrics import reuse_sets
+    from tvm_dsa.dataflow import relations as rel
+    from tvm_dsa.dataflow.metrics import reuse_sets
 
     op = st.df.op
     out = {"instances": rel.card(rel.domain(op, PARAMS)), "time_stamps": rel.card(st.time_stamps)}
@@ -212,8 +212,8 @@ def _cards(st) -> dict:
 def _across(tile, array, first, second) -> dict:
     """Per tensor, the accesses reused (and temporally reused) across two consecutive tiles with Θ
     pieces ``first`` and ``second``: reused in the pair, not within either tile."""
-    from . import relations as rel
-    from .metrics import overlap
+    from tvm_dsa.dataflow import relations as rel
+    from tvm_dsa.dataflow.metrics import overlap
 
     st = rel.SpaceTime(tile, array, PARAMS, first.union(second))
     out = {}
@@ -232,8 +232,8 @@ def _pair_theta(op, kind: str, shape: tuple[int, int], axis: int):
     stamps later."""
     import islpy as isl
 
-    from . import relations as rel
-    from .notation import Dataflow
+    from tvm_dsa.dataflow import relations as rel
+    from tvm_dsa.dataflow.notation import Dataflow
 
     (s0, s1), (t,) = BENCHMARKS["gemm"].stationary[kind]
     side, space = shape[axis], [s0, s1]

@@ -16,18 +16,18 @@ import json
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from .. import hardware
-from ..driver import InputError
-from ..hardware import HardwareError
-from . import counting
-from .choose import Ranked, model_products, rank
-from .expr import NotationError
-from .library import BENCHMARKS, Evaluated, evaluate, evaluate_standard, mme_bandwidth
-from .metrics import summary
-from .notation import INTERCONNECTS, Dataflow, PEArray, TensorOp, interconnect
+from tvm_dsa import hardware
+from tvm_dsa.driver import InputError
+from tvm_dsa.hardware import HardwareError
+from tvm_dsa.dataflow import counting
+from tvm_dsa.dataflow.choose import Ranked, model_products, rank
+from tvm_dsa.dataflow.expr import NotationError
+from tvm_dsa.dataflow.library import BENCHMARKS, Evaluated, evaluate, evaluate_standard, mme_bandwidth
+from tvm_dsa.dataflow.metrics import summary
+from tvm_dsa.dataflow.notation import INTERCONNECTS, Dataflow, PEArray, TensorOp, interconnect
 
 if TYPE_CHECKING:  # imported in run(): it needs islpy, which the CLI and the ranking (--model) do not
-    from .explore import Exploration
+    from tvm_dsa.dataflow.explore import Exploration
 
 
 def parse_sizes(text: str) -> dict[str, int]:
@@ -60,7 +60,7 @@ class Outcome:
 def run(args: argparse.Namespace) -> Outcome:
     """The dataflows the arguments ask for, evaluated (the best first), and the best one the design-space
     exploration finds on the array and interconnect (none when a --dataflow is given)."""
-    from .explore import best_relation
+    from tvm_dsa.dataflow.explore import best_relation
 
     if args.bandwidth is not None and not args.bandwidth > 0:
         raise InputError(f"--bandwidth must be positive, got {args.bandwidth:g}")

@@ -24,8 +24,8 @@ import math
 import re
 from dataclasses import dataclass
 
-from .expr import NotationError, linear_form
-from .notation import Dataflow, PEArray, TensorOp
+from tvm_dsa.dataflow.expr import NotationError, linear_form
+from tvm_dsa.dataflow.notation import Dataflow, PEArray, TensorOp
 
 
 @dataclass(frozen=True)

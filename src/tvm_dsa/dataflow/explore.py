@@ -42,12 +42,12 @@ from time import perf_counter
 import islpy as isl
 import numpy as np
 
-from . import relations as rel
-from .datacentric import DataCentric, Directive, Estimate
-from .expr import linear_form
-from .library import VARIANTS, Evaluated, evaluate, expression_range, stationary
-from .metrics import unique_volume
-from .notation import Dataflow, PEArray, TensorOp
+from tvm_dsa.dataflow import relations as rel
+from tvm_dsa.dataflow.datacentric import DataCentric, Directive, Estimate
+from tvm_dsa.dataflow.expr import linear_form
+from tvm_dsa.dataflow.library import VARIANTS, Evaluated, evaluate, expression_range, stationary
+from tvm_dsa.dataflow.metrics import unique_volume
+from tvm_dsa.dataflow.notation import Dataflow, PEArray, TensorOp
 
 
 def datacentric_space(op: TensorOp, shape: tuple[int, ...]) -> list[DataCentric]:

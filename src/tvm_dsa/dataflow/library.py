@@ -11,10 +11,10 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from time import perf_counter
 
-from ..hardware.model import STORAGE_DTYPES, Hardware
-from .expr import NotationError, linear_form
-from .metrics import DataflowMetrics, analyse
-from .notation import Dataflow, Interconnect, PEArray, TensorOp, multicast, systolic_2d
+from tvm_dsa.hardware.model import STORAGE_DTYPES, Hardware
+from tvm_dsa.dataflow.expr import NotationError, linear_form
+from tvm_dsa.dataflow.metrics import DataflowMetrics, analyse
+from tvm_dsa.dataflow.notation import Dataflow, Interconnect, PEArray, TensorOp, multicast, systolic_2d
 
 
 @dataclass(frozen=True)

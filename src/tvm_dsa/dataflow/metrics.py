@@ -20,10 +20,10 @@ import math
 from dataclasses import asdict, dataclass
 from typing import TYPE_CHECKING, Mapping
 
-from .notation import Dataflow, PEArray
+from tvm_dsa.dataflow.notation import Dataflow, PEArray
 
 if TYPE_CHECKING:  # counting needs islpy with barvinok; the closed forms' DataflowMetrics do not
-    from . import relations as rel
+    from tvm_dsa.dataflow import relations as rel
 
 
 @dataclass(frozen=True)
@@ -151,13 +151,13 @@ def reuse_sets(st: rel.SpaceTime, tensor: str):
 def _total(st: rel.SpaceTime, tensor: str) -> int:
     # Θ is a bijection onto the stamps (check_fits), so sum(A_D,F) = sum(A_S,F), which has no
     # existential variables to count through.
-    from . import relations as rel
+    from tvm_dsa.dataflow import relations as rel
     return rel.count(rel.access(st.df.op, tensor))
 
 
 def tensor_volumes(st: rel.SpaceTime, tensor: str) -> TensorVolumes:
     """Total, temporal and spatial reuse of ``tensor`` (exact counts)."""
-    from . import relations as rel
+    from tvm_dsa.dataflow import relations as rel
     reuse, temporal_reuse = (rel.count(s) for s in reuse_sets(st, tensor))
     return TensorVolumes(tensor, tensor == st.df.op.output.tensor, _total(st, tensor), temporal_reuse,
                          reuse - temporal_reuse)
@@ -165,13 +165,13 @@ def tensor_volumes(st: rel.SpaceTime, tensor: str) -> TensorVolumes:
 
 def unique_volume(st: rel.SpaceTime, tensor: str) -> int:
     """``tensor_volumes(st, tensor).unique`` with one count fewer (the search's inner loop)."""
-    from . import relations as rel
+    from tvm_dsa.dataflow import relations as rel
     return _total(st, tensor) - rel.count(overlap(st.assignment(tensor), st.neighbours))
 
 
 def analyse(df: Dataflow, array: PEArray) -> DataflowMetrics:
     """The metrics of dataflow ``df`` on ``array`` (raises ``NotationError`` if it does not fit)."""
-    from . import relations as rel
+    from tvm_dsa.dataflow import relations as rel
     rel.check_fits(df, array)
     st = rel.SpaceTime(df, array)
     return DataflowMetrics(

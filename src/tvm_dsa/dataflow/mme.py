@@ -17,11 +17,11 @@ import math
 import warnings
 from functools import lru_cache
 
-from ..hardware.model import MME, Hardware
-from . import closed, counting
-from .library import BENCHMARKS, mme_bandwidth, standard_dataflows
-from .metrics import DataflowMetrics, analyse
-from .notation import PEArray, interconnect
+from tvm_dsa.hardware.model import MME, Hardware
+from tvm_dsa.dataflow import closed, counting
+from tvm_dsa.dataflow.library import BENCHMARKS, mme_bandwidth, standard_dataflows
+from tvm_dsa.dataflow.metrics import DataflowMetrics, analyse
+from tvm_dsa.dataflow.notation import PEArray, interconnect
 
 
 def cost_model(hw: Hardware) -> str:

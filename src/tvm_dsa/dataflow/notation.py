@@ -21,7 +21,7 @@ from dataclasses import dataclass
 from itertools import product
 from typing import Mapping
 
-from .expr import NotationError, constraint_to_isl, to_isl
+from tvm_dsa.dataflow.expr import NotationError, constraint_to_isl, to_isl
 
 
 def _subscripts(node: ast.Subscript) -> tuple[str, ...]:

@@ -20,8 +20,8 @@ from typing import Mapping
 
 import islpy as isl
 
-from .expr import NotationError, constraint_to_isl, to_isl
-from .notation import Dataflow, PEArray, TensorOp
+from tvm_dsa.dataflow.expr import NotationError, constraint_to_isl, to_isl
+from tvm_dsa.dataflow.notation import Dataflow, PEArray, TensorOp
 
 STAMP = "ST"
 

@@ -253,9 +253,9 @@ def _validate(hw: Hardware) -> None:
 def _validate_dataflow(mme: MME) -> None:
     """The MME's interconnect, dataflow and cost model name things the dataflow model knows."""
     # Imported here: the dataflow package imports this module.
-    from ..dataflow.expr import NotationError
-    from ..dataflow.library import BENCHMARKS, standard_names
-    from ..dataflow.notation import INTERCONNECTS, interconnect
+    from tvm_dsa.dataflow.expr import NotationError
+    from tvm_dsa.dataflow.library import BENCHMARKS, standard_names
+    from tvm_dsa.dataflow.notation import INTERCONNECTS, interconnect
 
     if mme.model not in MME_MODELS:
         raise HardwareError(f"field 'mme.model' must be one of {list(MME_MODELS)}, got {mme.model!r}")

@@ -12,7 +12,7 @@ import tomllib
 from importlib import resources
 from pathlib import Path
 
-from .model import Hardware, HardwareError
+from tvm_dsa.hardware.model import Hardware, HardwareError
 
 DEFAULT = "stcp920"
 _REGISTRY: dict[str, Hardware] = {}

@@ -1,12 +1,12 @@
 """The DSA program format: the only thing the compiler and the simulator share."""
 
-from .asm import disassemble
-from .instructions import (
-    DTYPES, OP_ARITY, REDUCE_OPS, VEC_OPS, VME_OPS,
-    Dma, Fill, Instruction, Mme, Operand, Reduce, Vector, macs, moved, operands, replaced, unit_of,
+from tvm_dsa.isa.asm import disassemble
+from tvm_dsa.isa.instructions import (
+    DTYPES, OP_ARITY, REDUCE_OPS, VEC_OPS, VME_OPS, Dma, Fill, Instruction, Mme, Operand, Reduce, Vector, macs,
+    moved, operands, replaced, unit_of
 )
-from .program import VERSION, Kernel, LayerMark, Program, ProgramError, Replica, TensorArg
-from .validate import validate
+from tvm_dsa.isa.program import VERSION, Kernel, LayerMark, Program, ProgramError, Replica, TensorArg
+from tvm_dsa.isa.validate import validate
 
 __all__ = [
     "DTYPES", "OP_ARITY", "REDUCE_OPS", "VEC_OPS", "VME_OPS",

@@ -6,8 +6,8 @@
 
 from __future__ import annotations
 
-from .instructions import Dma, Fill, Mme, Operand, Reduce, Vector
-from .program import Program
+from tvm_dsa.isa.instructions import Dma, Fill, Mme, Operand, Reduce, Vector
+from tvm_dsa.isa.program import Program
 
 _SHORT = {"float16": "f16", "float32": "f32", "int8": "i8", "int32": "i32"}
 

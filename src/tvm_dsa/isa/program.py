@@ -18,18 +18,8 @@ import json
 import zlib
 from dataclasses import dataclass, field, replace
 
-from .instructions import (
-    OPCODE_OF,
-    OPCODES,
-    Dma,
-    Fill,
-    Instruction,
-    Mme,
-    Operand,
-    Reduce,
-    Vector,
-    moved,
-    replaced,
+from tvm_dsa.isa.instructions import (
+    OPCODE_OF, OPCODES, Dma, Fill, Instruction, Mme, Operand, Reduce, Vector, moved, replaced
 )
 
 VERSION = 4  # 2: kernels may carry replicas; 3: a replica goes where it says, moved by ranges; 4: remaps deps
@@ -54,7 +44,7 @@ class TensorArg:
 
     @property
     def nbytes(self) -> int:
-        from .instructions import DTYPES
+        from tvm_dsa.isa.instructions import DTYPES
 
         n = DTYPES[self.dtype]
         for e in self.shape:

@@ -23,21 +23,10 @@ from __future__ import annotations
 
 from numbers import Integral, Real
 
-from .instructions import (
-    DTYPES,
-    MEMORIES,
-    OP_ARITY,
-    REDUCE_OPS,
-    VEC_OPS,
-    VME_OPS,
-    Dma,
-    Fill,
-    Mme,
-    Operand,
-    Reduce,
-    Vector,
+from tvm_dsa.isa.instructions import (
+    DTYPES, MEMORIES, OP_ARITY, REDUCE_OPS, VEC_OPS, VME_OPS, Dma, Fill, Mme, Operand, Reduce, Vector
 )
-from .program import Program, ProgramError
+from tvm_dsa.isa.program import Program, ProgramError
 
 UNIT_OPS = {"vme": VME_OPS, "vec": VEC_OPS}
 

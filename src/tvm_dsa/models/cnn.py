@@ -10,7 +10,7 @@ from typing import Sequence
 
 import onnx
 
-from .builder import GraphBuilder
+from tvm_dsa.models.builder import GraphBuilder
 
 # Gamma of the last BatchNorm of a residual branch: var(x + f(x)) = var(x) (1 + g^2), so a
 # small g keeps the residual stream from growing by 2x per block (cf. zero-init-residual).

@@ -9,7 +9,7 @@ from __future__ import annotations
 import numpy as np
 import onnx
 
-from .builder import GraphBuilder
+from tvm_dsa.models.builder import GraphBuilder
 
 
 def _half_ffn(b: GraphBuilder, x: str, d: int, expansion: int, name: str) -> str:

@@ -8,7 +8,7 @@ from typing import Sequence
 import numpy as np
 import onnx
 
-from .builder import GraphBuilder
+from tvm_dsa.models.builder import GraphBuilder
 
 
 def interaction_indices(n: int) -> np.ndarray:

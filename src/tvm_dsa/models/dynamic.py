@@ -18,7 +18,7 @@ import numpy as np
 import onnx
 from onnx import TensorProto, helper
 
-from .builder import GraphBuilder
+from tvm_dsa.models.builder import GraphBuilder
 
 
 def _dims(b: GraphBuilder, x: str, start: int, end: int) -> str:

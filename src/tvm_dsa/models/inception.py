@@ -13,7 +13,7 @@ from typing import Sequence
 
 import onnx
 
-from .builder import GraphBuilder
+from tvm_dsa.models.builder import GraphBuilder
 
 # -------------------------------------------------------------------------------- GoogLeNet
 # Inception modules (Szegedy et al. 2015, Table 1): input channels are the previous module's

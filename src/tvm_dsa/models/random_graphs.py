@@ -46,10 +46,10 @@ from typing import Callable, NamedTuple
 import numpy as np
 import onnx
 
-from ..driver import Compiled, import_onnx, max_relative_error
-from ..relax_passes.offload import OffloadResult
-from . import example_inputs, model_config
-from .builder import GraphBuilder
+from tvm_dsa.driver import Compiled, import_onnx, max_relative_error
+from tvm_dsa.relax_passes.offload import OffloadResult
+from tvm_dsa.models import example_inputs, model_config
+from tvm_dsa.models.builder import GraphBuilder
 
 KINDS = ("cnn", "transformer", "any")
 

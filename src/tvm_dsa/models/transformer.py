@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import onnx
 
-from .builder import GraphBuilder
+from tvm_dsa.models.builder import GraphBuilder
 
 
 def _ffn(b: GraphBuilder, x: str, hidden: int, ffn: int, out_gain: float = 1.0) -> str:

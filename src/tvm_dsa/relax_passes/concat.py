@@ -16,7 +16,7 @@ from __future__ import annotations
 import tvm
 from tvm import relax
 
-from .rewrite import with_copies
+from tvm_dsa.relax_passes.rewrite import with_copies
 
 _CALL_TIR = tvm.ir.Op.get("relax.call_tir")
 INJECTIVE, OPAQUE = 2, 8  # TVM's OpPatternKind values

@@ -18,8 +18,8 @@ import numpy as np
 import tvm
 from tvm import relax
 
-from .fold import constant_value
-from .rewrite import rewrite_functions
+from tvm_dsa.relax_passes.fold import constant_value
+from tvm_dsa.relax_passes.rewrite import rewrite_functions
 
 _CONV2D_TRANSPOSE = tvm.ir.Op.get("relax.nn.conv2d_transpose")
 

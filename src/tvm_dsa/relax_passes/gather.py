@@ -18,8 +18,8 @@ from __future__ import annotations
 import tvm
 from tvm import relax, tirx
 
-from .fold import constant_value as _value
-from .rewrite import rewrite_functions
+from tvm_dsa.relax_passes.fold import constant_value as _value
+from tvm_dsa.relax_passes.rewrite import rewrite_functions
 
 
 _OP = {name: tvm.ir.Op.get(f"relax.{name}") for name in

@@ -16,9 +16,9 @@ from typing import Sequence
 import tvm
 from tvm import relax
 
-from ..schedule.graph import OpGraph
-from .exec_plan import DataflowGraph
-from .rdp_apply import ApplyRDP
+from tvm_dsa.schedule.graph import OpGraph
+from tvm_dsa.relax_passes.exec_plan import DataflowGraph
+from tvm_dsa.relax_passes.rdp_apply import ApplyRDP
 
 
 @relax.expr_functor.mutator

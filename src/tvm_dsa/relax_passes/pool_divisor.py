@@ -17,7 +17,7 @@ import numpy as np
 import tvm
 from tvm import relax
 
-from .rewrite import rewrite_functions
+from tvm_dsa.relax_passes.rewrite import rewrite_functions
 
 _AVG_POOL2D = tvm.ir.Op.get("relax.nn.avg_pool2d")
 

@@ -45,9 +45,11 @@ import tvm_ffi
 from tvm import relax, tirx
 from tvm.ir.expr import Constant
 
-from .dynamism import RELAX_IF, Dynamism
-from .lattice import DIMS_NAC, DIMS_UNDEF, FACT_NAC, FACT_UNDEF, NAC, UNDEF, Dim, Dims, Fact, Kind, show
-from .rdp_transfer import MAX_TRACKED, backward, forward, op_class, tracks
+from tvm_dsa.relax_passes.dynamism import RELAX_IF, Dynamism
+from tvm_dsa.relax_passes.lattice import (
+    DIMS_NAC, DIMS_UNDEF, FACT_NAC, FACT_UNDEF, NAC, UNDEF, Dim, Dims, Fact, Kind, show
+)
+from tvm_dsa.relax_passes.rdp_transfer import MAX_TRACKED, backward, forward, op_class, tracks
 
 # ------------------------------------------------------------------------------ results
 @dataclass(frozen=True)

@@ -20,8 +20,8 @@ from __future__ import annotations
 import tvm
 from tvm import relax, tirx
 
-from .lattice import Kind
-from .rdp import RDPResult, analyze
+from tvm_dsa.relax_passes.lattice import Kind
+from tvm_dsa.relax_passes.rdp import RDPResult, analyze
 
 
 def known_dims(result: RDPResult) -> dict:

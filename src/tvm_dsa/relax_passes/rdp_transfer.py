@@ -16,8 +16,8 @@ import tvm
 from tvm import relax, tirx
 from tvm.ir.expr import Constant
 
-from .dynamism import Dynamism, Family, OpClass, classify_relax
-from .lattice import DIMS_NAC, DIMS_UNDEF, FACT_NAC, FACT_UNDEF, NAC, UNDEF, Dim, Dims, Fact, Kind
+from tvm_dsa.relax_passes.dynamism import Dynamism, Family, OpClass, classify_relax
+from tvm_dsa.relax_passes.lattice import DIMS_NAC, DIMS_UNDEF, FACT_NAC, FACT_UNDEF, NAC, UNDEF, Dim, Dims, Fact, Kind
 
 #: integer tensors with at most this many elements (rank <= 1) have their value tracked
 MAX_TRACKED = 16

@@ -18,9 +18,9 @@ import tvm
 import tvm_ffi
 from tvm import relax, tirx
 
-from .arena import tensor_bytes
-from .exec_plan import DataflowGraph, peak_of, plan_order
-from .offload_symbolic import PROBE
+from tvm_dsa.relax_passes.arena import tensor_bytes
+from tvm_dsa.relax_passes.exec_plan import DataflowGraph, peak_of, plan_order
+from tvm_dsa.relax_passes.offload_symbolic import PROBE
 
 
 def _nbytes(ty, analyzer) -> int:

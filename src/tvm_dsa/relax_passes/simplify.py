@@ -11,7 +11,7 @@ from __future__ import annotations
 import tvm
 from tvm import relax
 
-from .fold import FoldConstantsLeft, FoldWeights
+from tvm_dsa.relax_passes.fold import FoldConstantsLeft, FoldWeights
 
 
 def SimplifyInference() -> tvm.transform.Pass:  # noqa: N802 - TVM pass naming

@@ -16,7 +16,7 @@ from __future__ import annotations
 import tvm
 from tvm import relax
 
-from .rewrite import rewrite_functions
+from tvm_dsa.relax_passes.rewrite import rewrite_functions
 
 
 _PERMUTE = tvm.ir.Op.get("relax.permute_dims")

@@ -14,9 +14,9 @@ import numpy as np
 import tvm
 from tvm import relax
 
-from ..tir_passes.ranges import FP16_MAX, WIDE, wide_output
-from .fold import constant_value
-from .rewrite import with_copies
+from tvm_dsa.tir_passes.ranges import FP16_MAX, WIDE, wide_output
+from tvm_dsa.relax_passes.fold import constant_value
+from tvm_dsa.relax_passes.rewrite import with_copies
 
 _CALL_TIR = tvm.ir.Op.get("relax.call_tir")
 

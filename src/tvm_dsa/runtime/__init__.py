@@ -3,14 +3,14 @@
 Imports nothing from the compiler: only the program format (``tvm_dsa.isa``) and the hardware model.
 """
 
-from .cost import (
+from tvm_dsa.runtime.cost import (
     bandwidth, compute_cycles, ddr_effective_bytes, dma_cycles, dma_demand, dma_latency, instruction_cycles,
-    mme_dims,
+    mme_dims
 )
-from .hazards import HazardError
-from .report import Report
-from .simulator import SimResult, simulate
-from .trace import write_trace
+from tvm_dsa.runtime.hazards import HazardError
+from tvm_dsa.runtime.report import Report
+from tvm_dsa.runtime.simulator import SimResult, simulate
+from tvm_dsa.runtime.trace import write_trace
 
 __all__ = [
     "simulate", "SimResult", "Report", "HazardError", "write_trace",

@@ -12,9 +12,9 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from ..dataflow.mme import cost_model, tile_cycles, tile_metrics
-from ..hardware.model import Hardware
-from ..isa.instructions import Dma, Fill, Instruction, Mme, Operand, Reduce, Vector
+from tvm_dsa.dataflow.mme import cost_model, tile_cycles, tile_metrics
+from tvm_dsa.hardware.model import Hardware
+from tvm_dsa.isa.instructions import Dma, Fill, Instruction, Mme, Operand, Reduce, Vector
 
 Resource = tuple
 

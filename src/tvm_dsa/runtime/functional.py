@@ -13,8 +13,8 @@ import string
 
 import numpy as np
 
-from ..hardware.model import Hardware
-from ..isa.instructions import Dma, Fill, Instruction, Mme, Operand, Reduce, Vector
+from tvm_dsa.hardware.model import Hardware
+from tvm_dsa.isa.instructions import Dma, Fill, Instruction, Mme, Operand, Reduce, Vector
 
 
 def erf(x: np.ndarray) -> np.ndarray:

@@ -26,7 +26,7 @@ from bisect import bisect_left, bisect_right
 
 import numpy as np
 
-from ..isa.instructions import DTYPES, Dma, Fill, Instruction, Mme, Operand, Vector, operands
+from tvm_dsa.isa.instructions import DTYPES, Dma, Fill, Instruction, Mme, Operand, Vector, operands
 
 GRANULE_SHIFT = 6  # 64-byte granules
 MAX_GRANULES = 1 << 22  # per memory; larger memories get coarser granules

@@ -9,11 +9,11 @@ from __future__ import annotations
 import dataclasses
 from dataclasses import dataclass, field
 
-from ..hardware.model import Hardware
-from ..isa.instructions import Dma, Fill, Mme, Operand, Reduce, macs, operands
-from ..isa.program import Program
-from .cost import ddr_effective_bytes, elements, mme_traffic, noc_hops, stream_bytes
-from .timing import ProgramTiming
+from tvm_dsa.hardware.model import Hardware
+from tvm_dsa.isa.instructions import Dma, Fill, Mme, Operand, Reduce, macs, operands
+from tvm_dsa.isa.program import Program
+from tvm_dsa.runtime.cost import ddr_effective_bytes, elements, mme_traffic, noc_hops, stream_bytes
+from tvm_dsa.runtime.timing import ProgramTiming
 
 UNIT_TYPES = ("dma", "cdma", "mme", "vme", "vec")
 TRAFFIC = ("ddr_read", "ddr_write", "gb_read", "gb_write", "lb_read", "lb_write")

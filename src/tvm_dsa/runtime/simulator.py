@@ -11,13 +11,13 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from ..hardware.model import Hardware
-from ..isa.program import Program
-from ..isa.validate import validate
-from .functional import Machine
-from .report import Report, build_report
-from .timing import simulate_program
-from .trace import trace_events
+from tvm_dsa.hardware.model import Hardware
+from tvm_dsa.isa.program import Program
+from tvm_dsa.isa.validate import validate
+from tvm_dsa.runtime.functional import Machine
+from tvm_dsa.runtime.report import Report, build_report
+from tvm_dsa.runtime.timing import simulate_program
+from tvm_dsa.runtime.trace import trace_events
 
 MODES = ("functional", "timing")
 

@@ -16,11 +16,11 @@ import heapq
 import math
 from dataclasses import dataclass
 
-from ..hardware.model import Hardware
-from ..isa.instructions import OPCODE_OF, Dma, Fill, Mme
-from ..isa.program import Kernel, Program
-from .cost import bandwidth, compute_cycles, dma_demand, dma_latency
-from .hazards import HazardError, HazardTracker, exact_conflict
+from tvm_dsa.hardware.model import Hardware
+from tvm_dsa.isa.instructions import OPCODE_OF, Dma, Fill, Mme
+from tvm_dsa.isa.program import Kernel, Program
+from tvm_dsa.runtime.cost import bandwidth, compute_cycles, dma_demand, dma_latency
+from tvm_dsa.runtime.hazards import HazardError, HazardTracker, exact_conflict
 
 _FINISH, _MOVE = 0, 1  # events: an instruction finished; a transfer's latency is over
 _EPS = 1e-6  # cycles: a transfer this close to done is done

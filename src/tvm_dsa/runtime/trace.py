@@ -13,11 +13,11 @@ from __future__ import annotations
 import itertools
 import json
 
-from ..hardware.model import Hardware
-from ..isa.instructions import OPCODE_OF, Dma, Fill, Mme, macs
-from ..isa.program import Program
-from .cost import elements
-from .timing import ProgramTiming
+from tvm_dsa.hardware.model import Hardware
+from tvm_dsa.isa.instructions import OPCODE_OF, Dma, Fill, Mme, macs
+from tvm_dsa.isa.program import Program
+from tvm_dsa.runtime.cost import elements
+from tvm_dsa.runtime.timing import ProgramTiming
 
 TRACKS = ("dma", "mme", "vme", "vec", "cdma")
 _FLOW_IDS = itertools.count()  # unique in the process: traces of several runs concatenate

@@ -47,5 +47,5 @@ def get(name: str):
     return SCHEDULERS[name]
 
 
-from . import graphturbo, layerwise  # noqa: E402,F401  (register "graphturbo", "layerwise")
-from .set import scheduler  # noqa: E402,F401  (registers "set")
+from tvm_dsa.schedule import graphturbo, layerwise  # noqa: E402,F401  (register "graphturbo", "layerwise")
+from tvm_dsa.schedule.set import scheduler  # noqa: E402,F401  (registers "set")

@@ -49,9 +49,9 @@ import tvm_ffi
 from tvm import tirx
 from tvm.s_tir import SBlockRealize
 
-from ..tir_passes.analysis import Load, uses_var
-from . import KernelSpec, register
-from .graph import OpGraph, SubGraphs
+from tvm_dsa.tir_passes.analysis import Load, uses_var
+from tvm_dsa.schedule import KernelSpec, register
+from tvm_dsa.schedule.graph import OpGraph, SubGraphs
 
 
 @dataclass(frozen=True)

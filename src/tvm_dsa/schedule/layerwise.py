@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from . import KernelSpec, register
-from .graph import OpGraph
+from tvm_dsa.schedule import KernelSpec, register
+from tvm_dsa.schedule.graph import OpGraph
 
 
 @register("layerwise")

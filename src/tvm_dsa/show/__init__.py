@@ -1,5 +1,5 @@
 """What a user looks at: tables for the CLI, plots of simulated runs (per-unit Gantt, roofline)."""
 
-from .table import render_table
+from tvm_dsa.show.table import render_table
 
 __all__ = ["render_table"]

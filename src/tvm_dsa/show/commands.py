@@ -17,16 +17,16 @@ import sys
 from contextlib import nullcontext
 from pathlib import Path
 
-from .. import hardware
-from ..driver import Compiled, InputError, check_target, import_onnx, load_model
-from ..models import MODELS, example_inputs
-from ..runtime import write_trace
-from ..runtime.report import UNIT_TYPES
-from .table import render_table
+from tvm_dsa import hardware
+from tvm_dsa.driver import Compiled, InputError, check_target, import_onnx, load_model
+from tvm_dsa.models import MODELS, example_inputs
+from tvm_dsa.runtime import write_trace
+from tvm_dsa.runtime.report import UNIT_TYPES
+from tvm_dsa.show.table import render_table
 
 
 def _positive_int(text: str) -> int:
-    from ..cli import _positive_int as positive  # the cli module is loaded: it builds the parser
+    from tvm_dsa.cli import _positive_int as positive  # the cli module is loaded: it builds the parser
 
     return positive(text)
 
@@ -59,7 +59,7 @@ def _compare(args) -> int:
         if len(targets) != 1:
             raise InputError("--roofline draws one chip's roofline: give a single --target")
         _check_plot_path(args.roofline)
-    from ..tuning.pretuned import pretuned
+    from tvm_dsa.tuning.pretuned import pretuned
 
     mod, inputs = import_onnx(model), example_inputs(model)
     # False: no records; None: the default (a shipped database for the chip, if any)
@@ -72,7 +72,7 @@ def _compare(args) -> int:
             raise InputError(f"no kernel of {args.model} runs on {target}: nothing to compare")
         records = "none" if db is False else db or ("shipped" if pretuned(hardware.get(target).name) else "none")
         if args.roofline:
-            from .plots import roofline_point
+            from tvm_dsa.show.plots import roofline_point
 
             points.append(roofline_point(f"{schedule} ({records})", report))
         rows.append({"target": target, "schedule": schedule, "records": records,
@@ -84,7 +84,7 @@ def _compare(args) -> int:
     for r in rows:
         r["speedup"] = base / r["seconds"] if r["seconds"] else 0.0
     if args.roofline:
-        from .plots import plot_roofline
+        from tvm_dsa.show.plots import plot_roofline
 
         plot_roofline(points, hardware.get(targets[0]), args.roofline, title=f"{args.model} on {targets[0]}")
     if args.json:
@@ -101,7 +101,7 @@ def _compare(args) -> int:
 
 # -- trace ---------------------------------------------------------------------------------------
 def _check_plot_path(path: str) -> None:
-    from .plots import check_path
+    from tvm_dsa.show.plots import check_path
 
     try:
         check_path(path)
@@ -120,7 +120,7 @@ def _trace(args) -> int:
         _check_plot_path(args.lifetimes)
     model = load_model(args.model, tiny=args.tiny, batch=args.batch)
     check_target(args.target, model, timing_only=True)
-    from .lifetimes import capture_allocations
+    from tvm_dsa.show.lifetimes import capture_allocations
 
     with capture_allocations() as stitched:
         _, run = _timed_run(import_onnx(model), example_inputs(model), args.target, args.schedule, trace=True)
@@ -129,7 +129,7 @@ def _trace(args) -> int:
     write_trace(run.trace, args.output)
     summary = trace_summary(run.trace)
     if args.gantt:
-        from .plots import plot_gantt
+        from tvm_dsa.show.plots import plot_gantt
 
         plot_gantt(run.trace, args.gantt, title=f"{args.model} on {args.target} ({args.schedule})")
     lifetimes = _plot_lifetimes(stitched, args.lifetimes, f"{args.model} on {args.target}") if args.lifetimes else {}
@@ -154,7 +154,7 @@ def _trace(args) -> int:
 def _plot_lifetimes(stitched: dict, path: str, title: str) -> dict:
     """Each stitched kernel's lifetimes plot (cluster 0): at ``path`` for one kernel, else at
     ``path`` with the kernel's name before the suffix. Returns kernel name -> file."""
-    from .lifetimes import plot_lifetimes
+    from tvm_dsa.show.lifetimes import plot_lifetimes
 
     if not stitched:
         raise InputError("the model has no stitched kernel: no tensor lifetimes to draw")
@@ -181,7 +181,7 @@ def _tune(args) -> int:
     model = load_model(args.model, tiny=args.tiny, batch=args.batch)
     check_target(args.target, model, timing_only=True)
     mod = import_onnx(model)
-    from ..tuning import tune  # meta-schedule: imported only when tuning
+    from tvm_dsa.tuning import tune  # meta-schedule: imported only when tuning
 
     with _progress(args.json) as bar:
         try:

@@ -14,9 +14,9 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass
 
-from ..driver import InputError, check_target, load_model
-from ..models import MODELS
-from .table import render_table
+from tvm_dsa.driver import InputError, check_target, load_model
+from tvm_dsa.models import MODELS
+from tvm_dsa.show.table import render_table
 
 
 @dataclass(frozen=True)
@@ -35,9 +35,9 @@ class Explored:
 
 def explore(model, hw, batch: int, objective: str, beta: float, seed: int):
     """(layer graph, evaluator, [Explored for SET, LS, LP]) of ``model`` (ONNX, batch 1) on ``hw``."""
-    from ..schedule.set import Evaluator, LayerGraph, LayerGraphError
-    from ..schedule.set.ops import LP, LS, SET
-    from ..schedule.set.search import Anneal, anneal
+    from tvm_dsa.schedule.set import Evaluator, LayerGraph, LayerGraphError
+    from tvm_dsa.schedule.set.ops import LP, LS, SET
+    from tvm_dsa.schedule.set.search import Anneal, anneal
 
     try:
         graph = LayerGraph.from_onnx(model)
@@ -51,14 +51,14 @@ def explore(model, hw, batch: int, objective: str, beta: float, seed: int):
 
 
 def _explore(args) -> int:
-    from ..schedule.set.search import OBJECTIVES
+    from tvm_dsa.schedule.set.search import OBJECTIVES
 
     if args.objective not in OBJECTIVES:
         raise InputError(f"unknown objective {args.objective!r}; one of {', '.join(OBJECTIVES)}")
     if args.beta <= 0:
         raise InputError(f"--beta must be positive, not {args.beta:g}")
     if args.plot:
-        from .commands import _check_plot_path
+        from tvm_dsa.show.commands import _check_plot_path
 
         _check_plot_path(args.plot)
     model = load_model(args.model, tiny=args.tiny)
@@ -66,7 +66,7 @@ def _explore(args) -> int:
     graph, evaluator, runs = explore(model, hw, args.batch, args.objective, args.beta, args.seed)
     best = runs[0].result
     if args.plot:
-        from ..schedule.set.plot import st_graph
+        from tvm_dsa.schedule.set.plot import st_graph
 
         st_graph(evaluator.evaluate(best.tree, timeline=True).timeline, graph, hw.cores, args.plot,
                  f"{args.model} on {args.target}, batch {args.batch}: SET", clock_hz=hw.clock_hz)
@@ -98,7 +98,7 @@ def _explore(args) -> int:
 
 
 def add_parser(sub) -> None:
-    from .commands import _positive_int
+    from tvm_dsa.show.commands import _positive_int
 
     p = sub.add_parser("explore", help="search SET resource allocation trees for a model (vs LS / LP)",
                        description="Simulated annealing over resource allocation trees (seed 002, docs/set.md) for "

@@ -20,8 +20,8 @@ from dataclasses import dataclass
 
 import tvm
 
-from ..codegen.stitch import Buffer, read_allocation
-from .plots import check_path
+from tvm_dsa.codegen.stitch import Buffer, read_allocation
+from tvm_dsa.show.plots import check_path
 
 ALLOCATE_PASS = "dsa.AllocateBuffers"
 COLOURS = {"t": "tab:green", "w": "tab:blue"}  # intermediates of an instance, promoted weights

@@ -11,8 +11,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
-from ..hardware import Hardware
-from ..runtime import Report
+from tvm_dsa.hardware import Hardware
+from tvm_dsa.runtime import Report
 
 COLOURS = {"dma": "tab:blue", "cdma": "tab:cyan", "mme": "tab:red", "vme": "tab:green", "vec": "tab:olive"}
 FORMATS = (".png", ".svg")

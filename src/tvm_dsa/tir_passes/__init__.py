@@ -20,14 +20,14 @@ from dataclasses import replace
 import tvm
 from tvm import s_tir
 
-from .analysis import Unsupported, classify
-from .clamp import clamp_tiles
-from .lower import lower_to_dsa
-from .scopes import GB_SCOPE, LB_SCOPE, assign_scopes
-from .strip import STRIP, strip_epilogue
-from .tile import (
+from tvm_dsa.tir_passes.analysis import Unsupported, classify
+from tvm_dsa.tir_passes.clamp import clamp_tiles
+from tvm_dsa.tir_passes.lower import lower_to_dsa
+from tvm_dsa.tir_passes.scopes import GB_SCOPE, LB_SCOPE, assign_scopes
+from tvm_dsa.tir_passes.strip import STRIP, strip_epilogue
+from tvm_dsa.tir_passes.tile import (
     TilePlan, anchor_info, candidate_plans, divisor_below, on_vector_units, parallel_plans, simplify_indices,
-    tile_schedule, unit_choice, working_set_floor,
+    tile_schedule, unit_choice, working_set_floor
 )
 
 
@@ -116,8 +116,8 @@ def lower_kernel(func, hw, lb_bytes: int | None = None, parallel: bool = True, s
     lowerings = [lp for lp in lowerings if _tiles(info, lp[1]) < TIMED_TILES_RATIO * fewest]
     if len(lowerings) == 1:
         return lowerings[0]
-    from ..codegen.emit import build_program
-    from ..codegen.specialize import timing_cycles
+    from tvm_dsa.codegen.emit import build_program
+    from tvm_dsa.codegen.specialize import timing_cycles
 
     return min(lowerings, key=lambda lp: timing_cycles(build_program(lp[0], hw, "kernel")))
 
@@ -173,11 +173,11 @@ def loads(lowered, hw, lb_bytes: int | None = None, on_chip=frozenset()) -> tupl
     chunk loop, so the LB still holds it (a weight tile)."""
     import numpy as np
 
-    from .. import isa
-    from ..codegen.emit import Layer, deal
-    from ..codegen.kernel_ir import chunk_loops
-    from ..codegen.stitch import footprints
-    from ..runtime.cost import ddr_effective_bytes
+    from tvm_dsa import isa
+    from tvm_dsa.codegen.emit import Layer, deal
+    from tvm_dsa.codegen.kernel_ir import chunk_loops
+    from tvm_dsa.codegen.stitch import footprints
+    from tvm_dsa.runtime.cost import ddr_effective_bytes
 
     layer = Layer.of(lowered, hw, "estimate", None, lb_bytes)
     fp = footprints(layer)
@@ -235,7 +235,7 @@ def _rows_whole(info, plans: list[TilePlan]) -> list[TilePlan]:
 def _fitting(func, info, plans, hw, lb_bytes, parallel, whole_rows=False):
     """The first of ``plans`` that lowers within the LB, made parallel (``lower_kernel``; with
     ``whole_rows`` no tile splits the last spatial loop)."""
-    from ..codegen.kernel_ir import plan_lb, read_kernel, tile_bytes
+    from tvm_dsa.codegen.kernel_ir import plan_lb, read_kernel, tile_bytes
 
     tried: dict[int, object] = {}
     too_big: dict[int, int] = {}  # plan index -> LB bytes its tile needs, for those that do not fit
@@ -302,7 +302,7 @@ def _loads_overlapped(func, info, plan: TilePlan, lowered, hw, lb_bytes):
     set-up and an MME pass each (BERT's FFN tiles of 64 x 96 had chunks of 16 and a GELU's two
     float32 tile-sized temporaries; in 4 strips they take chunks of 32). A divisor keeps the
     boxes aligned as the chunk's were."""
-    from ..codegen.kernel_ir import plan_lb, read_kernel
+    from tvm_dsa.codegen.kernel_ir import plan_lb, read_kernel
 
     # a chunk of the whole reduction keeps its weight tile in the LB from one tile to the next
     whole = plan.chunk is None or plan.chunk == info.reduction[0]
@@ -342,7 +342,7 @@ STRIPS = (1, 2, 4, 8)  # the epilogue strips ``_loads_overlapped`` tries, fewest
 def strip_cycles(kernel, hw) -> int:
     """What running a kernel's epilogue in strips adds per tile: the set-up of each of its stages
     (a transfer's or a vector instruction's) once more per strip after the first."""
-    from ..codegen.kernel_ir import Loop, stages_of
+    from tvm_dsa.codegen.kernel_ir import Loop, stages_of
 
     loops = [n for n in kernel.tile_loops()[-1].body if isinstance(n, Loop) and n.kind == STRIP]
     return sum((lp.extent - 1) * sum(hw.dma_latency_cycles if st.op == "dma" else hw.vector_latency_cycles
@@ -356,8 +356,8 @@ def chunk_cycles(kernel, hw, overlapped: bool) -> float | None:
     copies of the loads) the longer of the two, plus the first chunk's loads. None without a
     chunk loop or where it computes more than the loads and the product (producers moved under
     it), which the estimate leaves out."""
-    from ..codegen.kernel_ir import chunk_loops, stages_of
-    from ..runtime.cost import mme_cycles
+    from tvm_dsa.codegen.kernel_ir import chunk_loops, stages_of
+    from tvm_dsa.runtime.cost import mme_cycles
 
     chunks = chunk_loops(kernel)
     if not chunks or any(st.op not in ("dma", "mme") for st in stages_of(chunks[0].body)):

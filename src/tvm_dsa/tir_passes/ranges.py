@@ -18,7 +18,7 @@ import tvm_ffi
 from tvm import tirx
 from tvm.s_tir import SBlockRealize
 
-from .analysis import Call, Load, call_name
+from tvm_dsa.tir_passes.analysis import Call, Load, call_name
 
 WIDE = "dsa.wide"  # PrimFunc attribute: positions of the parameters stored wide
 FP16_MAX = 65504.0

@@ -14,11 +14,11 @@ import tvm_ffi
 from tvm import s_tir
 from tvm.s_tir import SBlockRealize
 
-from .analysis import (
+from tvm_dsa.tir_passes.analysis import (
     Unsupported, classify, sch_cache_read, sch_cache_write, sch_compute_at, sch_decompose_reduction, sch_get,
-    sch_get_sblock, sch_loops, sch_reverse_compute_at, sch_set_scope,
+    sch_get_sblock, sch_loops, sch_reverse_compute_at, sch_set_scope
 )
-from .tile import leaf_blocks
+from tvm_dsa.tir_passes.tile import leaf_blocks
 
 LB_SCOPE = "local.dsa_lb"
 # PrimFunc attribute: every compute stage gets an LB copy of its own of each DDR input, not one

@@ -13,10 +13,10 @@ from __future__ import annotations
 
 from tvm import s_tir
 
-from .analysis import (
-    Unsupported, classify, int_value, sch_annotate, sch_compute_at, sch_get, sch_loops, sch_reorder, sch_split,
+from tvm_dsa.tir_passes.analysis import (
+    Unsupported, classify, int_value, sch_annotate, sch_compute_at, sch_get, sch_loops, sch_reorder, sch_split
 )
-from .tile import leaf_blocks
+from tvm_dsa.tir_passes.tile import leaf_blocks
 
 STRIP = "strip"
 

@@ -26,24 +26,10 @@ import tvm_ffi
 from tvm import s_tir, tirx
 from tvm.s_tir import SBlock
 
-from .analysis import (
-    REDUCE_ITER,
-    StageKind,
-    Unsupported,
-    classify,
-    contraction,
-    copy_func,
-    int_value,
-    reads_window,
-    sch_annotate,
-    sch_children,
-    sch_compute_at,
-    sch_get,
-    sch_get_sblock,
-    sch_loops,
-    sch_reorder,
-    sch_reverse_compute_at,
-    sch_split,
+from tvm_dsa.tir_passes.analysis import (
+    REDUCE_ITER, StageKind, Unsupported, classify, contraction, copy_func, int_value, reads_window, sch_annotate,
+    sch_children, sch_compute_at, sch_get, sch_get_sblock, sch_loops, sch_reorder, sch_reverse_compute_at,
+    sch_split
 )
 
 CLAMP = "dsa.clamp"  # tile-loop annotation: (tile, extent) of a tile that does not divide its extent

@@ -24,16 +24,16 @@ from tvm import relax, s_tir, tirx
 from tvm.ir.utils import derived_object
 from tvm.s_tir import meta_schedule as ms
 
-from .. import hardware
-from ..codegen.emit import build_program
-from ..codegen.kernel_ir import plan_lb, read_kernel
-from ..hardware import Hardware
-from ..schedule.graph import OpGraph
-from ..tir_passes import TilePlan, Unsupported, anchor_info, lower_kernel
-from ..tir_passes.analysis import copy_func
-from .measure import DSABuilder, DSARunner, build_candidate, simulated_seconds
-from .pretuned import merge_records, pretuned, records_dir
-from .space import lower_scheduled, sample_tiling, space_generator, tile_orders, unit_choice
+from tvm_dsa import hardware
+from tvm_dsa.codegen.emit import build_program
+from tvm_dsa.codegen.kernel_ir import plan_lb, read_kernel
+from tvm_dsa.hardware import Hardware
+from tvm_dsa.schedule.graph import OpGraph
+from tvm_dsa.tir_passes import TilePlan, Unsupported, anchor_info, lower_kernel
+from tvm_dsa.tir_passes.analysis import copy_func
+from tvm_dsa.tuning.measure import DSABuilder, DSARunner, build_candidate, simulated_seconds
+from tvm_dsa.tuning.pretuned import merge_records, pretuned, records_dir
+from tvm_dsa.tuning.space import lower_scheduled, sample_tiling, space_generator, tile_orders, unit_choice
 
 
 # Random samples a round needs besides the records' mutations: on a full-size layer most random
@@ -116,7 +116,7 @@ def workload(func: tirx.PrimFunc) -> tvm.IRModule:
 def extract_tasks(mod: tvm.IRModule, target: str = "dsa/stcp920") -> list[Task]:
     """The kernels the ``dsa`` pipeline would offload from ``mod`` (a Relax module before the
     pipeline), one task per distinct PrimFunc, with the number of calls to it."""
-    from ..pipeline import fuse
+    from tvm_dsa.pipeline import fuse
 
     hw = hardware.get(target)
     host = hardware.make_target(target)

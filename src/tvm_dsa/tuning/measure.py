@@ -18,12 +18,12 @@ from tvm.s_tir.meta_schedule.builder import BuilderResult
 from tvm.s_tir.meta_schedule.runner import RunnerFuture, RunnerResult
 from tvm.ir.utils import derived_object
 
-from .. import hardware
-from ..codegen.emit import build_program
-from ..isa import Program
-from ..runtime import simulate
-from ..tir_passes import Unsupported
-from .space import lower_scheduled
+from tvm_dsa import hardware
+from tvm_dsa.codegen.emit import build_program
+from tvm_dsa.isa import Program
+from tvm_dsa.runtime import simulate
+from tvm_dsa.tir_passes import Unsupported
+from tvm_dsa.tuning.space import lower_scheduled
 
 BUILT: dict[str, Program] = {}  # artifact handle -> program built and not yet measured
 _HANDLES = itertools.count()

@@ -110,9 +110,9 @@ def merge_records(sources, chip: str, folder: str | os.PathLike | None = None) -
     workload's records are re-measured now, fastest stored time first: the first whose program is
     not slower than the default tiling's is written with its new time; a workload none of whose
     records does as well as the default gets none (the default applies)."""
-    from .. import hardware
-    from ..tir_passes import Unsupported
-    from . import default_seconds, load_database, replayed_seconds
+    from tvm_dsa import hardware
+    from tvm_dsa.tir_passes import Unsupported
+    from tvm_dsa.tuning import default_seconds, load_database, replayed_seconds
 
     hw = hardware.get(chip)
     candidates: dict = {}  # structural hash of the workload -> its records

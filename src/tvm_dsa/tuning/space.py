@@ -37,19 +37,14 @@ from tvm import s_tir
 from tvm.s_tir import meta_schedule as ms
 from tvm.ir.utils import derived_object
 
-from .. import hardware
-from ..codegen.kernel_ir import plan_lb, read_kernel
-from ..hardware import Hardware
-from ..schedule.set.ops import divisors
-from ..tir_passes import TilePlan, Unsupported, anchor_info, assign_scopes, lower_to_dsa, lower_with_plan
-from ..tir_passes.tile import (
-    DOUBLE_BUFFER,
-    VECTOR_CONTRACTION,
-    AnchorInfo,
-    annotate_double_buffer,
-    annotate_vector_contraction,
-    tile_anchor,
-    unit_choice,
+from tvm_dsa import hardware
+from tvm_dsa.codegen.kernel_ir import plan_lb, read_kernel
+from tvm_dsa.hardware import Hardware
+from tvm_dsa.schedule.set.ops import divisors
+from tvm_dsa.tir_passes import TilePlan, Unsupported, anchor_info, assign_scopes, lower_to_dsa, lower_with_plan
+from tvm_dsa.tir_passes.tile import (
+    DOUBLE_BUFFER, VECTOR_CONTRACTION, AnchorInfo, annotate_double_buffer, annotate_vector_contraction,
+    tile_anchor, unit_choice
 )
 
 MAX_ORDERS = 24  # design spaces per kernel: all orders of up to four tiled loops

@@ -11,10 +11,10 @@
 docs/set.md describes the choices the seed leaves open.
 """
 
-from .analysis import Schedule, analyse
-from .evaluate import Evaluation, Evaluator
-from .layers import Contraction, Layer, LayerGraph, LayerGraphError
-from .tree import Cut, Leaf, Tree, TreeError, dependencies, initial_tree, validate
+from tvm_dsa.schedule.set.analysis import Schedule, analyse
+from tvm_dsa.schedule.set.evaluate import Evaluation, Evaluator
+from tvm_dsa.schedule.set.layers import Contraction, Layer, LayerGraph, LayerGraphError
+from tvm_dsa.schedule.set.tree import Cut, Leaf, Tree, TreeError, dependencies, initial_tree, validate
 
 __all__ = [
     "Contraction", "Cut", "Evaluation", "Evaluator", "Layer", "LayerGraph", "LayerGraphError", "Leaf",

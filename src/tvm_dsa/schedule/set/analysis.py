@@ -30,11 +30,11 @@ import functools
 from dataclasses import dataclass
 from typing import NamedTuple
 
-from ...hardware.model import Hardware
-from .alloc import allocate, split_range
-from .intra import IntraLayer, LayerCost
-from .layers import LayerGraph
-from .tree import Leaf, Node, Path, Tree, sibling_dependencies
+from tvm_dsa.hardware.model import Hardware
+from tvm_dsa.schedule.set.alloc import allocate, split_range
+from tvm_dsa.schedule.set.intra import IntraLayer, LayerCost
+from tvm_dsa.schedule.set.layers import LayerGraph
+from tvm_dsa.schedule.set.tree import Leaf, Node, Path, Tree, sibling_dependencies
 
 
 @dataclass(frozen=True)

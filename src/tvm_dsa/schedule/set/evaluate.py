@@ -26,12 +26,12 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from ...hardware.model import Hardware
-from .alloc import stripe_order
-from .analysis import LeafPlan, Schedule, analyse
-from .intra import IntraLayer
-from .layers import LayerGraph
-from .tree import Leaf, Node, Tree
+from tvm_dsa.hardware.model import Hardware
+from tvm_dsa.schedule.set.alloc import stripe_order
+from tvm_dsa.schedule.set.analysis import LeafPlan, Schedule, analyse
+from tvm_dsa.schedule.set.intra import IntraLayer
+from tvm_dsa.schedule.set.layers import LayerGraph
+from tvm_dsa.schedule.set.tree import Leaf, Node, Tree
 
 
 @dataclass(frozen=True)

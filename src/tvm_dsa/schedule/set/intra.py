@@ -21,10 +21,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from ...codegen.kernel_ir import ALIGN
-from ...hardware.model import Hardware
-from ...runtime.cost import mme_cycles, vector_cycles
-from .layers import Layer, LayerGraph
+from tvm_dsa.codegen.kernel_ir import ALIGN
+from tvm_dsa.hardware.model import Hardware
+from tvm_dsa.runtime.cost import mme_cycles, vector_cycles
+from tvm_dsa.schedule.set.layers import Layer, LayerGraph
 
 
 @dataclass(frozen=True)

@@ -117,8 +117,8 @@ class LayerGraph:
         binding a name in ``host`` are not layers: their outputs come from DRAM like graph inputs."""
         from tvm import relax
 
-        from ...relax_passes.stats import kernel_macs
-        from ..graph import OpGraph
+        from tvm_dsa.relax_passes.stats import kernel_macs
+        from tvm_dsa.schedule.graph import OpGraph
 
         graph = OpGraph.from_relax(mod)
         source: dict[str, list[str]] = {}  # tensor -> activation tensors it is a view of
@@ -170,7 +170,7 @@ class LayerGraph:
 
 def fused_module(model):
     """The ``dsa`` pipeline's Relax module of a batch-1 ONNX ``model`` just before scheduling."""
-    from ...driver import import_onnx
+    from tvm_dsa.driver import import_onnx
 
     for vi in model.graph.input:
         dims = vi.type.tensor_type.shape.dim
@@ -186,7 +186,7 @@ def fuse(mod):
     from tvm import relax
     from tvm.relax.backend import cpu_generic
 
-    from ...relax_passes import SimplifyInference
+    from tvm_dsa.relax_passes import SimplifyInference
 
     host = tvm.target.Target("llvm")
     with host:
@@ -200,8 +200,8 @@ def fuse(mod):
 def _contraction(func, batch: int = 1) -> Contraction | None:
     """(b, m, n, k) of one sample of the kernel's contraction from its anchor's loop roles (the
     first spatial loop runs over the ``batch`` samples); None without one."""
-    from ...tir_passes.analysis import Unsupported
-    from ...tir_passes.tile import anchor_info
+    from tvm_dsa.tir_passes.analysis import Unsupported
+    from tvm_dsa.tir_passes.tile import anchor_info
 
     try:
         info = anchor_info(func)
@@ -224,7 +224,7 @@ def _vector_ops(func) -> int:
     copies): what the vector units do."""
     from tvm.s_tir import SBlockRealize
 
-    from ...tir_passes.analysis import contraction, int_value
+    from tvm_dsa.tir_passes.analysis import contraction, int_value
 
     total = 0
 

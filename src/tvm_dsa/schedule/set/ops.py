@@ -24,8 +24,8 @@ import random
 from dataclasses import dataclass
 from typing import Callable
 
-from .layers import LayerGraph
-from .tree import Cut, Leaf, Node, Path, Tree, TreeError, validate
+from tvm_dsa.schedule.set.layers import LayerGraph
+from tvm_dsa.schedule.set.tree import Cut, Leaf, Node, Path, Tree, TreeError, validate
 
 
 @dataclass(frozen=True)

@@ -11,8 +11,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from .evaluate import Slot
-from .layers import LayerGraph
+from tvm_dsa.schedule.set.evaluate import Slot
+from tvm_dsa.schedule.set.layers import LayerGraph
 
 
 def st_graph(slots: tuple[Slot, ...], graph: LayerGraph, tiles: int, path: str | Path | None = None,

@@ -13,13 +13,13 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from .. import KernelSpec, register
-from ..graph import OpGraph
-from .analysis import Schedule
-from .evaluate import Evaluator
-from .layers import LayerGraph
-from .search import Anneal, SearchResult, anneal
-from .tree import Tree, validate
+from tvm_dsa.schedule import KernelSpec, register
+from tvm_dsa.schedule.graph import OpGraph
+from tvm_dsa.schedule.set.analysis import Schedule
+from tvm_dsa.schedule.set.evaluate import Evaluator
+from tvm_dsa.schedule.set.layers import LayerGraph
+from tvm_dsa.schedule.set.search import Anneal, SearchResult, anneal
+from tvm_dsa.schedule.set.tree import Tree, validate
 
 
 class SetScheduleError(ValueError):

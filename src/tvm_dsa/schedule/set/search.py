@@ -29,11 +29,11 @@ import sys
 import time
 from dataclasses import dataclass, field
 
-from ...hardware.model import Hardware
-from .evaluate import Evaluation, Evaluator
-from .layers import LayerGraph
-from .ops import LP, LS, SET, Space, mutate
-from .tree import Tree, initial_tree
+from tvm_dsa.hardware.model import Hardware
+from tvm_dsa.schedule.set.evaluate import Evaluation, Evaluator
+from tvm_dsa.schedule.set.layers import LayerGraph
+from tvm_dsa.schedule.set.ops import LP, LS, SET, Space, mutate
+from tvm_dsa.schedule.set.tree import Tree, initial_tree
 
 #: (n, m) of the objective E^n * D^m by name.
 OBJECTIVES = {"e2d": (2, 1), "ed2": (1, 2), "edp": (1, 1), "delay": (0, 1), "energy": (1, 0)}

@@ -21,7 +21,7 @@ from dataclasses import dataclass
 from functools import cached_property
 from typing import Iterator
 
-from .layers import CUT_TOKEN, LayerGraph
+from tvm_dsa.schedule.set.layers import CUT_TOKEN, LayerGraph
 
 
 class TreeError(ValueError):
