@@ -19,7 +19,7 @@ import time
 from graphturbo import VARIANTS, WORKLOADS, _step, _table, load_workload
 
 from tvm_dsa import hardware
-from tvm_dsa.driver import Compiled, import_onnx
+from tvm_dsa.harness import Compiled, import_onnx
 
 DEFAULT = ["resnet50", "bert-128", "mobilenet_v2", "vit_b16", "densenet121", "conformer", "dlrm"]
 

@@ -24,10 +24,10 @@ import sys
 import time
 
 from tvm_dsa import hardware
-from tvm_dsa.driver import Compiled, import_onnx, max_relative_error
+from tvm_dsa.harness import Compiled, import_onnx, max_relative_error
 from tvm_dsa.models import TINY, example_inputs, get_model, macs
-from tvm_dsa.codegen.emit import PROMOTE
-from tvm_dsa.relax_passes.offload import StitchOptions
+from tvm_dsa.emit.emitter import PROMOTE
+from tvm_dsa.kernelgen.offload import StitchOptions
 
 # (label, schedule, options): the ablation of Fig. 15, cumulative
 VARIANTS = [

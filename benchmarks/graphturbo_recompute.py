@@ -36,11 +36,11 @@ from graphturbo import WORKLOADS, _step, _table, load_workload
 from tvm.s_tir import SBlockRealize
 
 from tvm_dsa import hardware
-from tvm_dsa.driver import import_onnx
-from tvm_dsa.pipeline import fuse
+from tvm_dsa.harness import import_onnx
+from tvm_dsa.relax_passes.fusion import fuse
 from tvm_dsa.schedule import graphturbo as gt
 from tvm_dsa.schedule.graph import OpGraph, SubGraphs
-from tvm_dsa.tir_passes.analysis import contraction, int_value
+from tvm_dsa.kernel.analysis import contraction, int_value
 
 DEFAULT = ["resnet50", "bert-128", "mobilenet_v2", "vit_b16", "densenet121", "conformer", "dlrm"]
 EVERYTHING = (-(2 ** 62), 2 ** 62)

@@ -56,7 +56,7 @@ import tvm_ffi
 from tvm import relax
 
 import tvm_dsa
-from tvm_dsa.driver import dsa_mac_share
+from tvm_dsa.harness import dsa_mac_share
 from tvm_dsa.frontend import from_onnx
 
 TOLERANCE = 2e-2  # of max |expected|: what fp16 storage keeps (README)
@@ -292,7 +292,7 @@ def _let_timeouts_through() -> None:
     """Have the offload's fault barrier (``host_reason``: a kernel whose DSA path fails runs on the
     host) re-raise a timeout, which TVM's FFI turns into a RuntimeError, instead of taking it for a
     kernel that failed to build."""
-    offload = importlib.import_module("tvm_dsa.relax_passes.offload")  # the package exports a function of that name
+    offload = importlib.import_module("tvm_dsa.kernelgen.offload")
     original = offload.host_reason
 
     def host_reason(err: Exception) -> str:
@@ -300,7 +300,7 @@ def _let_timeouts_through() -> None:
             raise err
         return original(err)
 
-    for module in (offload, importlib.import_module("tvm_dsa.relax_passes.offload_symbolic")):
+    for module in (offload, importlib.import_module("tvm_dsa.kernelgen.symbolic")):
         module.host_reason = host_reason
 
 

@@ -20,7 +20,7 @@ from pathlib import Path
 
 import tvm_dsa
 from tvm_dsa import hardware
-from tvm_dsa.driver import import_onnx, load_model
+from tvm_dsa.harness import import_onnx, load_model
 from tvm_dsa.models import MODELS
 from tvm_dsa.tuning import extract_tasks, merge_records, records_dir
 

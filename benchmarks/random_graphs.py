@@ -37,8 +37,8 @@ WIDTH = 140  # characters of a cause printed
 
 def check(seed: int, kind: str, schedules: list[str]):
     """One graph under each schedule: yields one record (a dict) per schedule."""
-    from tvm_dsa.models.random_graphs import (TOLERANCE, DsaRun, blocks, fallbacks, onnxruntime_outputs,
-                                              random_graph, random_inputs)
+    from tvm_dsa.harness.random_graphs import TOLERANCE, DsaRun, fallbacks, onnxruntime_outputs
+    from tvm_dsa.models.random_graphs import blocks, random_graph, random_inputs
 
     model = random_graph(seed, kind)
     feeds = random_inputs(model)
@@ -196,7 +196,8 @@ def report(records: list[dict], args) -> None:
 
 
 def main() -> None:
-    from tvm_dsa.models.random_graphs import KINDS, SCHEDULES
+    from tvm_dsa.models.random_graphs import KINDS
+    from tvm_dsa.harness.random_graphs import SCHEDULES
 
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--seed", type=int, default=0, help="seed of the first graph")

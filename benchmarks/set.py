@@ -36,6 +36,7 @@ from tvm_dsa.schedule.set.evaluate import latency_bound
 from tvm_dsa.schedule.set.plot import st_graph
 from tvm_dsa.schedule.set.ops import LP, LS, SET
 from tvm_dsa.schedule.set.search import Anneal, anneal
+from tvm_dsa.harness import layer_graph
 
 PRESET_OBJECTIVE = {"set-edge16": "e2d", "set-cloud144": "ed2"}
 
@@ -63,7 +64,7 @@ def main() -> None:
     cases, lowered = [], []
     for model in args.models:
         t = time.perf_counter()
-        graph = LayerGraph.from_onnx(get_model(model))
+        graph = layer_graph(get_model(model))
         print(f"# {model}: {len(graph)} layers, graph built in {time.perf_counter() - t:.1f} s")
         for preset in args.presets:
             hw = hardware.get(preset)
@@ -147,7 +148,7 @@ def simulate_tree(model: str, preset: str, tree: Tree, graph: LayerGraph) -> tup
     store int8)."""
     import tvm
 
-    from tvm_dsa.driver import import_onnx
+    from tvm_dsa.harness import import_onnx
     from tvm_dsa.runtime.simulator import simulate
     from tvm_dsa.schedule.set.scheduler import SetOptions
 

@@ -36,15 +36,16 @@ import tvm_ffi
 from tvm import relax
 from tvm.relax.frontend.onnx import from_onnx
 
-from tvm_dsa.codegen.specialize import VERSIONS
-from tvm_dsa.driver import Compiled, import_onnx, load_model, max_relative_error
-from tvm_dsa.pipeline import fuse, pipeline, pipeline_result
+from tvm_dsa.kernelgen.specialize import VERSIONS
+from tvm_dsa.harness import Compiled, import_onnx, load_model, max_relative_error
+from tvm_dsa.relax_passes.fusion import fuse
+from tvm_dsa.relax_pipeline import pipeline, pipeline_result
 from tvm_dsa.relax_passes.rdp_fusion import count_kernels
 from tvm_dsa.models import TINY
 from tvm_dsa.models.dynamic import DYNAMIC
 from tvm_dsa.relax_passes import rdp
 from tvm_dsa.relax_passes.exec_plan import DataflowGraph, greedy_order, lifetimes, optimal_order, peak_of, topological
-from tvm_dsa.relax_passes.memory_plan import PLANNERS, Lifetime, graph_lifetimes, lower_bound, optimal, best_greedy
+from tvm_dsa.memory_plan import PLANNERS, Lifetime, graph_lifetimes, lower_bound, optimal, best_greedy
 from tvm_dsa.relax_passes.rdp_apply import ApplyRDP
 from tvm_dsa.relax_passes.simplify import SimplifyInference
 from tvm_dsa.schedule.graph import OpGraph
@@ -333,7 +334,7 @@ def arena_plan_us(n: int = 2000) -> float:
 
 def static_dispatch_us(n: int = 2000) -> float:
     """The same for a static kernel: its program text to the parsed program (``host._program``)."""
-    from tvm_dsa import host
+    from tvm_dsa import session as host
 
     text = max(VERSIONS.programs.values(), key=lambda p: len(p.serialize())).serialize()
     host._program(text)
@@ -429,8 +430,8 @@ def relax_default_bytes(mod: tvm.IRModule, decisions: tuple) -> tuple[int, str]:
     same instance the planners see (the If branches the input takes) — with ApplyRDP first, marked
     "*", where Relax alone does not know every shape (LegalizeOps then refuses or skips ops, and
     the module does not build)."""
-    from tvm_dsa.relax_passes.instance import instantiate
-    from tvm_dsa.relax_passes.offload_symbolic import has_unknown_dims
+    from tvm_dsa.relax_passes.concrete import instantiate
+    from tvm_dsa.kernelgen.symbolic import has_unknown_dims
 
     lost = has_unknown_dims(mod)
     passes = [ApplyRDP()] * lost + [SimplifyInference(), relax.transform.LegalizeOps(),
@@ -445,8 +446,8 @@ def evaluation_table(repeat: int) -> None:
     """Seed 001's evaluation (Figs. 5-6) per dynamic model and input shape: peak intermediate
     memory of the plans, latency of the builds, next to Relax's default and onnxruntime."""
     from tvm_dsa.relax_passes.exec_plan import plan_order
-    from tvm_dsa.relax_passes.instance import instantiate, planning_graph
-    from tvm_dsa.relax_passes.memory_plan import in_order
+    from tvm_dsa.relax_passes.concrete import instantiate, planning_graph
+    from tvm_dsa.memory_plan import in_order
 
     rng = np.random.default_rng(0)
     memory, latency = [], []
@@ -501,7 +502,7 @@ def executable_memory_table() -> None:
     StaticPlanBlockMemory, and the dsa build with the plans (``ApplyExecutionPlan``, ``PlanArena``)."""
     import onnxruntime as ort
 
-    from tvm_dsa.vm_memory import measure
+    from tvm_dsa.harness.vm_memory import measure
 
     rng = np.random.default_rng(0)
     rows = []
@@ -539,10 +540,13 @@ def versions_table(plans: int) -> None:
     the largest tile that fits) and of the best of the first ``plans`` candidate tilings that fit
     (and their splits for more cores) — how much a wider search would add."""
     from tvm_dsa import hardware
-    from tvm_dsa.codegen.emit import build_program
-    from tvm_dsa.codegen.kernel_ir import plan_lb, read_kernel
-    from tvm_dsa.codegen.specialize import timing_cycles, free_symbols, shape_class, specialize
-    from tvm_dsa.tir_passes import Unsupported, anchor_info, candidate_plans, lower_kernel, lower_with_plan, parallel_plans
+    from tvm_dsa.emit.emitter import build_program
+    from tvm_dsa.kernel.ir import plan_lb, read_kernel
+    from tvm_dsa.kernelgen.specialize import timing_cycles, free_symbols, shape_class, specialize
+    from tvm_dsa.kernel.analysis import Unsupported
+    from tvm_dsa.tir_passes.tile import anchor_info, candidate_plans, parallel_plans
+    from tvm_dsa.tiling import lower_kernel
+    from tvm_dsa.tir_passes import lower_with_plan
 
     hw = hardware.get("stcp920")
 

@@ -15,7 +15,7 @@ import sys
 
 import onnxruntime as ort
 
-from tvm_dsa.driver import Compiled, check_target, dsa_mac_share, import_onnx, load_model, max_relative_error
+from tvm_dsa.harness import Compiled, check_target, dsa_mac_share, import_onnx, load_model, max_relative_error
 from tvm_dsa.models import MODELS, example_inputs
 
 

@@ -21,7 +21,7 @@ import argparse
 
 from tvm_dsa import hardware
 from tvm_dsa.dataflow import PEArray, analyse
-from tvm_dsa.dataflow.command import parse_shape
+from tvm_dsa.cli.dataflow import parse_shape
 from tvm_dsa.dataflow.explore import best_datacentric, best_relation, maestro_pick
 from tvm_dsa.dataflow.library import BENCHMARKS, evaluate_standard, mme_bandwidth, standard_dataflows
 from tvm_dsa.dataflow.metrics import summary

@@ -5,7 +5,7 @@
 
 Every model is compiled for the preset (layerwise) and run timing-only; its MME instructions'
 products (M x N x K, per shape) are pooled, and each standard dataflow with stored closed forms for
-the preset's MME is charged Σ products × ⌈latency⌉ (``tvm_dsa.dataflow.choose``). Printed per preset:
+the preset's MME is charged Σ products × ⌈latency⌉ (``tvm_dsa.harness.dataflow_choice``). Printed per preset:
 the ranking, the MAC utilisation each gives, and the dataflow the preset runs.
 """
 
@@ -16,7 +16,7 @@ import sys
 from collections import Counter
 
 from tvm_dsa import hardware
-from tvm_dsa.dataflow.choose import model_products, rank
+from tvm_dsa.harness.dataflow_choice import model_products, rank
 from tvm_dsa.models import TINY
 
 

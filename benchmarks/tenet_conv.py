@@ -26,11 +26,11 @@ from collections import Counter
 from tvm_dsa import hardware
 from tvm_dsa.dataflow import Dataflow, PEArray, TensorOp, analyse
 from tvm_dsa.dataflow import relations as rel
-from tvm_dsa.dataflow.choose import mme_products
+from tvm_dsa.harness.dataflow_choice import mme_products
 from tvm_dsa.dataflow.library import BENCHMARKS, mme_bandwidth, standard_dataflows
 from tvm_dsa.dataflow.mme import tile_metrics
 from tvm_dsa.dataflow.notation import interconnect
-from tvm_dsa.driver import Compiled, check_target, import_onnx, load_model
+from tvm_dsa.harness import Compiled, check_target, import_onnx, load_model
 from tvm_dsa.isa import Mme
 from tvm_dsa.models import MODELS, example_inputs
 from tvm_dsa.runtime.cost import mme_dims

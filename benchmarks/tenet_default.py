@@ -18,7 +18,7 @@ import dataclasses
 import sys
 
 from tvm_dsa import hardware
-from tvm_dsa.driver import Compiled, import_onnx, load_model
+from tvm_dsa.harness import Compiled, import_onnx, load_model
 from tvm_dsa.models import TINY, example_inputs
 
 

@@ -22,8 +22,8 @@ import sys
 import time
 
 from tvm_dsa import hardware
-from tvm_dsa.dataflow.choose import mme_products
-from tvm_dsa.driver import Compiled, check_target, import_onnx, load_model
+from tvm_dsa.harness.dataflow_choice import mme_products
+from tvm_dsa.harness import Compiled, check_target, import_onnx, load_model
 from tvm_dsa.isa.program import Program
 from tvm_dsa.models import MODELS, example_inputs
 from tvm_dsa.runtime import simulate

@@ -27,7 +27,7 @@ from contextlib import nullcontext
 from pathlib import Path
 
 import tvm_dsa
-from tvm_dsa.driver import Compiled, import_onnx, load_model
+from tvm_dsa.harness import Compiled, import_onnx, load_model
 from tvm_dsa.models import MODELS, example_inputs
 from tvm_dsa.tuning import extract_tasks
 

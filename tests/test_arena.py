@@ -13,10 +13,10 @@ from tvm.script import tirx as T
 import tvm_dsa  # noqa: F401  (registers tvm_dsa.arena_plan)
 from tvm_dsa.relax_passes.arena import ALIGN, PlanArena, arena_offsets
 from tvm_dsa.relax_passes.inplace import elementwise_inputs, row_inputs
-from tvm_dsa.relax_passes.memory_plan import Lifetime, lower_bound
+from tvm_dsa.memory_plan import Lifetime, lower_bound
 from tvm_dsa.relax_passes.reorder import ApplyExecutionPlan, block_graph
 from tvm_dsa.relax_passes.sink import SinkIntoBranches
-from tvm_dsa.vm_memory import measure
+from tvm_dsa.harness.vm_memory import measure
 
 
 def build(mod: tvm.IRModule, plan: bool, reorder: bool = False) -> relax.VirtualMachine:

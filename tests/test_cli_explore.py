@@ -7,15 +7,16 @@ import pytest
 from tvm_dsa import hardware
 from tvm_dsa.cli import main
 from tvm_dsa.models import TINY, get_model
-from tvm_dsa.schedule.set import Evaluator, LayerGraph, Tree
+from tvm_dsa.schedule.set import Evaluator, Tree
 from tvm_dsa.schedule.set.search import OBJECTIVES
+from tvm_dsa.harness import layer_graph
 
 TARGET = "dsa/set-edge16"
 
 
 @pytest.fixture(scope="module")
 def graph():
-    return LayerGraph.from_onnx(get_model("resnet18", **TINY["resnet18"]))
+    return layer_graph(get_model("resnet18", **TINY["resnet18"]))
 
 
 def test_json_reports_each_schemes_best_tree_as_the_evaluator_scores_it(graph, tmp_path, capsys):

@@ -8,7 +8,7 @@ import pytest
 
 from tvm_dsa import hardware
 from tvm_dsa.cli import main
-from tvm_dsa.driver import Compiled, import_onnx
+from tvm_dsa.harness import Compiled, import_onnx
 from tvm_dsa.models import example_inputs
 from tvm_dsa.show.plots import gantt_bars, plot_roofline, roofline_point
 

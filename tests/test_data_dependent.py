@@ -12,7 +12,7 @@ from tvm import relax
 from tvm.relax.frontend.onnx import from_onnx as tvm_from_onnx
 
 import tvm_dsa
-from tvm_dsa.driver import max_relative_error
+from tvm_dsa.harness import max_relative_error
 from tvm_dsa.frontend import from_onnx
 from tvm_dsa.models.dynamic import DATA_DEPENDENT
 

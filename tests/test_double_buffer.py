@@ -8,11 +8,12 @@ import tvm
 from tvm import s_tir
 
 from tvm_dsa import hardware
-from tvm_dsa.codegen.emit import build_program
-from tvm_dsa.codegen.kernel_ir import CodegenError, align, chunk_loops, plan_lb, read_kernel, stages_of
-from tvm_dsa.driver import import_onnx, max_relative_error
+from tvm_dsa.emit.emitter import build_program
+from tvm_dsa.kernel.ir import CodegenError, align, chunk_loops, plan_lb, read_kernel, stages_of
+from tvm_dsa.harness import import_onnx, max_relative_error
 from tvm_dsa.runtime import simulate
-from tvm_dsa.tir_passes import TilePlan, anchor_info, lower_with_plan
+from tvm_dsa.tir_passes.tile import TilePlan, anchor_info
+from tvm_dsa.tir_passes import lower_with_plan
 from tvm_dsa.tuning import extract_tasks
 from tvm_dsa.tuning.space import FlipChoice, design_spaces, lower_scheduled, sample_tiling, tile_orders
 
@@ -104,7 +105,6 @@ def test_without_a_decision_and_no_room_for_two_of_everything_the_loads_get_two_
 
 def _projection_model():
     """x @ W + b + r with x, r graph inputs (BERT's output projection and its residual)."""
-    import onnx
     from onnx import TensorProto as TP
     from onnx import helper as h
     from onnx import numpy_helper as nh
@@ -150,7 +150,6 @@ def test_without_room_for_two_of_every_load_the_chunk_loop_loads_get_two_copies(
 
 def _ffn_model(k: int, n: int):
     """x @ W + b -> GELU (Erf form, as exported) with x a graph input: BERT's FFN1 in small."""
-    import onnx
     from onnx import TensorProto as TP
     from onnx import helper as h
     from onnx import numpy_helper as nh
@@ -173,7 +172,7 @@ def _ffn_model(k: int, n: int):
 def test_an_epilogue_in_strips_leaves_room_for_deeper_double_buffered_chunks():
     # one 64x96 tile of a matmul + GELU: the GELU's float32 temporaries of the tile's size leave
     # no room for two copies of a chunk of 32; in 4 strips of 16 rows they hold a strip and do
-    from tvm_dsa.tir_passes import _loads_overlapped
+    from tvm_dsa.tiling import _loads_overlapped
 
     (task,) = extract_tasks(import_onnx(_ffn_model(768, 96)), TARGET)
     func = task.mod["main"]
@@ -205,7 +204,7 @@ def test_an_epilogue_in_strips_leaves_room_for_deeper_double_buffered_chunks():
 
 
 def test_strips_that_do_not_divide_the_rows_are_refused():
-    from tvm_dsa.tir_passes import Unsupported
+    from tvm_dsa.kernel.analysis import Unsupported
 
     (task,) = extract_tasks(import_onnx(_ffn_model(64, 96)), TARGET)
     with pytest.raises(Unsupported, match=r"3 strips do not divide the write-back's rows \(64\)"):
@@ -218,7 +217,7 @@ def test_a_tiles_stores_wait_behind_its_next_tiles_first_loads(conv_task, monkey
     the product and the epilogue and, in the core's in-order DMA queue, held those loads back.
     Both orders compute the kernel; the stores behind the loads take fewer cycles."""
     from tvm_dsa import isa
-    from tvm_dsa.codegen import emit
+    from tvm_dsa.emit import emitter as emit
 
     func = conv_task.mod["main"]
     rng = np.random.default_rng(1)

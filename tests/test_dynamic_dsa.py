@@ -14,13 +14,13 @@ from tvm.relax.frontend.onnx import from_onnx
 
 import tvm_dsa
 from tvm_dsa import hardware
-from tvm_dsa.codegen.emit import build_program
-from tvm_dsa.codegen.specialize import VERSIONS, ShapeMismatch, bind, free_symbols, specialize
-from tvm_dsa.driver import max_relative_error
+from tvm_dsa.emit.emitter import build_program
+from tvm_dsa.kernelgen.specialize import VERSIONS, ShapeMismatch, bind, free_symbols, specialize
+from tvm_dsa.harness import max_relative_error
 from tvm_dsa.models.dynamic import DYNAMIC
-from tvm_dsa.relax_passes.offload_symbolic import EXECUTE_SHAPED, is_dynamic
+from tvm_dsa.kernelgen.symbolic import EXECUTE_SHAPED, is_dynamic
 from tvm_dsa.relax_passes.rdp_apply import ApplyRDP
-from tvm_dsa.tir_passes import lower_kernel
+from tvm_dsa.tiling import lower_kernel
 
 warnings.filterwarnings("ignore", module="tvm.relax.frontend.onnx")
 
@@ -70,7 +70,7 @@ def test_one_dsa_build_runs_every_shape_like_onnxruntime(name, rng):
 
 def _front(mod):
     """The dsa pipeline up to the fused PrimFuncs (what offload sees)."""
-    from tvm_dsa.relax_passes import SimplifyInference
+    from tvm_dsa.relax_passes.simplify import SimplifyInference
 
     with tvm.target.Target("llvm"):
         return tvm.transform.Sequential([
@@ -173,7 +173,7 @@ def test_multi_version_picks_the_faster_lowering_per_shape_class():
     """bert's q/k/v matmul (rows batch*seq, 64 columns): thin at 1x4 (4 rows), regular at 2x16,
     fat at 8x64 (512 rows). The first shape of a class builds both versions and keeps the one the
     simulator finds faster; a later shape of that class is built with it directly."""
-    from tvm_dsa.codegen.specialize import SymbolicKernel, Versions, timing_cycles, shape_class
+    from tvm_dsa.kernelgen.specialize import SymbolicKernel, Versions, timing_cycles, shape_class
 
     hw = hardware.get("stcp920")
     fused = _front(from_onnx(DYNAMIC["bert"](), keep_params_in_input=False))

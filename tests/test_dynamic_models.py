@@ -114,7 +114,7 @@ def test_apply_rdp_casts_only_where_relax_knows_less():
 def test_rdp_agrees_with_relax_wherever_relax_knows(name):
     """On the static zoo and the dynamic models: every dim Relax's struct info gives in terms of
     the inputs is the dim RDP finds (RDP only ever adds to what Relax knows)."""
-    from tvm_dsa.driver import import_onnx, load_model
+    from tvm_dsa.harness import import_onnx, load_model
 
     mod = (from_onnx(DYNAMIC[name](), keep_params_in_input=False) if name in DYNAMIC
            else import_onnx(load_model(name, tiny=True)))

@@ -11,7 +11,7 @@ from tvm import relax
 from tvm.relax.frontend import onnx as rx_onnx
 
 import tvm_dsa
-from tvm_dsa.pipeline import LAST_OFFLOAD
+from tvm_dsa.relax_pipeline import LAST_OFFLOAD
 
 
 def small_cnn(rng):

@@ -10,7 +10,7 @@ from hypothesis import strategies as st
 
 from tvm_dsa.relax_passes.exec_plan import (DataflowGraph, greedy_order, lifetimes, optimal_order, peak_of,
                                             plan_order, topological)
-from tvm_dsa.relax_passes.memory_plan import lower_bound
+from tvm_dsa.memory_plan import lower_bound
 
 
 @st.composite

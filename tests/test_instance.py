@@ -8,10 +8,10 @@ import tvm
 from tvm.relax.frontend.onnx import from_onnx
 
 from tvm_dsa.models.dynamic import DYNAMIC
-from tvm_dsa.pipeline import fuse
+from tvm_dsa.relax_passes.fusion import fuse
 from tvm_dsa.relax_passes.exec_plan import DataflowGraph, peak_of
-from tvm_dsa.relax_passes.instance import instantiate, planning_graph, without_views
-from tvm_dsa.relax_passes.offload_symbolic import is_dynamic
+from tvm_dsa.relax_passes.concrete import instantiate, planning_graph, without_views
+from tvm_dsa.kernelgen.symbolic import is_dynamic
 from tvm_dsa.relax_passes.rdp_fusion import count_kernels
 
 warnings.filterwarnings("ignore", module="tvm.relax.frontend.onnx")

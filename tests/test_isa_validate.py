@@ -10,8 +10,10 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from tvm_dsa.isa import (Dma, Fill, Kernel, LayerMark, Mme, Operand, Program, ProgramError, Reduce, Replica, TensorArg,
-                         Vector, validate)
+from tvm_dsa.isa import (
+    Dma, Fill, Kernel, LayerMark, Mme, Operand, Program, ProgramError, Reduce, Replica, TensorArg, Vector,
+    validate
+)
 from tvm_dsa.runtime import simulate
 
 PRESETS = Path(__file__).resolve().parents[1] / "src" / "tvm_dsa" / "hardware" / "presets"

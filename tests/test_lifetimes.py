@@ -8,9 +8,9 @@ from test_stitch import HW, KB, residual_block
 from test_stitch_passes import _through, sub_module
 
 from tvm_dsa import hardware
-from tvm_dsa.codegen.kernel_ir import align
-from tvm_dsa.codegen.stitch import read_allocation
-from tvm_dsa.driver import Compiled, import_onnx, load_model
+from tvm_dsa.kernel.ir import align
+from tvm_dsa.kernelgen.stitch import read_allocation
+from tvm_dsa.harness import Compiled, import_onnx, load_model
 from tvm_dsa.show.lifetimes import capture_allocations, lifetime_bars, plot_lifetimes
 
 

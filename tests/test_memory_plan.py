@@ -8,8 +8,10 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from tvm_dsa.relax_passes.memory_plan import (PLANNERS, Lifetime, best_greedy, greedy_by_size, live_bytes,
-                                              lower_bound, optimal, peak_first, peak_first_order, place)
+from tvm_dsa.memory_plan import (
+    PLANNERS, Lifetime, best_greedy, greedy_by_size, live_bytes, lower_bound, optimal, peak_first,
+    peak_first_order, place
+)
 
 
 @st.composite

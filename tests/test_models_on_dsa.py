@@ -37,7 +37,7 @@ def test_tiny_model_on_dsa(name, schedule):
     if schedule == "layerwise":
         assert report.macs == on_mme  # what the simulator executed is what was offloaded
     else:  # stitched instances recompute halo tiles, within the recomputation limit
-        from tvm_dsa.codegen.stitch import RECOMPUTE_LIMIT
+        from tvm_dsa.kernelgen.stitch import RECOMPUTE_LIMIT
 
         assert on_mme <= report.macs <= RECOMPUTE_LIMIT * on_mme
 

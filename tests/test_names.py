@@ -11,9 +11,10 @@ from tvm import relax
 from tvm.relax.frontend import onnx as rx_onnx
 
 import tvm_dsa
-from tvm_dsa.codegen.emit import build_program
+from tvm_dsa.emit.emitter import build_program
 from tvm_dsa.hardware import get
-from tvm_dsa.tir_passes import Unsupported, lower_kernel
+from tvm_dsa.kernel.analysis import Unsupported
+from tvm_dsa.tiling import lower_kernel
 from tvm_dsa.tir_passes.names import buffer_names, unique_buffer_names
 
 NUMPY = {"Mul": np.multiply, "Add": np.add, "Sub": np.subtract, "Div": np.divide, "MatMul": np.matmul}

@@ -13,11 +13,11 @@ from tvm import relax
 from tvm.relax.frontend.onnx import from_onnx
 
 import tvm_dsa
-from tvm_dsa.driver import max_relative_error
+from tvm_dsa.harness import max_relative_error
 from tvm_dsa.models.dynamic import DYNAMIC
 from tvm_dsa.relax_passes.arena import ALIGN
 from tvm_dsa.relax_passes.rdp_apply import ApplyRDP
-from tvm_dsa.vm_memory import measure
+from tvm_dsa.harness.vm_memory import measure
 
 warnings.filterwarnings("ignore", module="tvm.relax.frontend.onnx")
 

@@ -9,10 +9,11 @@ from test_tir_passes import fuse, random_args, run_llvm
 from tvm import relax
 
 from tvm_dsa import hardware, isa
-from tvm_dsa.codegen.emit import build_program
+from tvm_dsa.emit.emitter import build_program
 from tvm_dsa.relax_passes.pool_fusion import FusePooling, is_pooling
 from tvm_dsa.runtime import simulate
-from tvm_dsa.tir_passes import anchor_info, lower_kernel
+from tvm_dsa.tir_passes.tile import anchor_info
+from tvm_dsa.tiling import lower_kernel
 
 HW = hardware.get("stcp920")
 

@@ -9,16 +9,20 @@ from tvm import s_tir, te
 from tvm.s_tir import meta_schedule as ms
 
 from tvm_dsa import hardware
-from tvm_dsa.codegen.emit import build_program
-from tvm_dsa.driver import Compiled, import_onnx, load_model, max_relative_error
+from tvm_dsa.emit.emitter import build_program
+from tvm_dsa.harness import Compiled, import_onnx, load_model, max_relative_error
 from tvm_dsa.models import example_inputs
 from tvm_dsa.runtime import simulate
 from tvm_dsa.schedule.set.scheduler import SetOptions
 from tvm_dsa.schedule.set.search import Anneal
-from tvm_dsa.tir_passes import TilePlan, lower_kernel
-from tvm_dsa.pipeline import _tuned_kernels
-from tvm_dsa.tuning import default_seconds, extract_tasks, load_database, merge_records, pretuned, records_dir, tuned_kernel, workload
-from tvm_dsa.tuning.pretuned import FILES, read_records
+from tvm_dsa.tir_passes.tile import TilePlan
+from tvm_dsa.tiling import lower_kernel
+from tvm_dsa.relax_pipeline import _tuned_kernels
+from tvm_dsa.tuning import (
+    default_seconds, extract_tasks, load_database, merge_records, pretuned, records_dir, tuned_kernel,
+    workload
+)
+from tvm_dsa.tuning.shipped import FILES, read_records
 from tvm_dsa.tuning.space import lower_scheduled, sample_tiling
 
 TARGET = "dsa/stcp920"

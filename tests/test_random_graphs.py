@@ -22,8 +22,8 @@ from hypothesis import HealthCheck, Phase, given, settings
 from hypothesis import strategies as st
 
 from tvm_dsa.models import GraphBuilder
-from tvm_dsa.models.random_graphs import (KINDS, SCHEDULES, TOLERANCE, DsaRun, blocks, fallbacks,
-                                          onnxruntime_outputs, op_types, random_graph, random_inputs)
+from tvm_dsa.models.random_graphs import KINDS, blocks, op_types, random_graph, random_inputs
+from tvm_dsa.harness.random_graphs import SCHEDULES, TOLERANCE, DsaRun, fallbacks, onnxruntime_outputs
 
 #: fallbacks (``random_graphs.fallbacks``) of ops the DSA supports, known and not fixed yet:
 #: reason pattern -> the regressions whose ``test_regression_runs_on_dsa`` xfails (strictly) on it

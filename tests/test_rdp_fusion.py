@@ -11,7 +11,7 @@ from tvm import relax, tirx
 from tvm.relax.frontend.onnx import from_onnx
 
 from tvm_dsa.models.dynamic import DYNAMIC
-from tvm_dsa.pipeline import fuse
+from tvm_dsa.relax_passes.fusion import fuse
 from tvm_dsa.relax_passes.rdp_fusion import (INJECTIVE, OPAQUE, AnnotateSymbolicReshapes, FusionCount, count_kernels,
                                              symbolic_reshapes)
 

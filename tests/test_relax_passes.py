@@ -6,7 +6,7 @@ import tvm
 import tvm_ffi
 from tvm import relax
 
-from tvm_dsa.driver import import_onnx, load_model
+from tvm_dsa.harness import import_onnx, load_model
 from tvm_dsa.relax_passes.fold import EVALUATORS, FoldConstantsLeft, FoldWeights, _left_to_fold
 
 from test_tir_passes import relax_graph

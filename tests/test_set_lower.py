@@ -12,13 +12,14 @@ from tvm import relax
 
 import tvm_dsa
 from tvm_dsa import hardware
-from tvm_dsa.codegen.set_program import core_of_stripe
-from tvm_dsa.driver import import_onnx
+from tvm_dsa.kernelgen.tree import core_of_stripe
+from tvm_dsa.harness import import_onnx
 from tvm_dsa.runtime.timing import simulate_program
 from tvm_dsa.models import TINY, example_inputs, get_model
 from tvm_dsa.schedule.set import Evaluator, LayerGraph, Tree
 from tvm_dsa.schedule.set.evaluate import invocation_order
-from tvm_dsa.schedule.set.layers import fuse, fused_module
+from tvm_dsa.harness import layer_graph
+from tvm_dsa.relax_passes.fusion import fuse
 from tvm_dsa.schedule.set.ops import LP, random_tree
 from tvm_dsa.schedule.set.plot import st_graph
 from tvm_dsa.schedule.set.scheduler import SetOptions, SetScheduleError, set_schedule
@@ -35,7 +36,7 @@ def resnet():
     mod = import_onnx(model)
     x = example_inputs(model)["input"]
     ref = relax.VirtualMachine(tvm.compile(mod, target="llvm"), tvm.cpu())["main"](tvm.runtime.tensor(x)).numpy()
-    graph = LayerGraph.from_relax(fused_module(get_model("resnet18", **TINY["resnet18"])))
+    graph = layer_graph(get_model("resnet18", **TINY["resnet18"]))
     return mod, x, ref, graph
 
 

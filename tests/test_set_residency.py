@@ -9,12 +9,11 @@ from tvm import relax
 
 import tvm_dsa
 from tvm_dsa import isa
-from tvm_dsa.codegen.emit import PROMOTE, Pieces, Region
-from tvm_dsa.codegen.kernel_ir import Access
-from tvm_dsa.driver import import_onnx
+from tvm_dsa.emit.emitter import PROMOTE, Pieces, Region
+from tvm_dsa.kernel.ir import Access
+from tvm_dsa.harness import import_onnx
 from tvm_dsa.models import TINY, example_inputs, get_model
-from tvm_dsa.schedule.set import LayerGraph
-from tvm_dsa.schedule.set.layers import fused_module
+from tvm_dsa.harness import layer_graph
 from tvm_dsa.schedule.set.scheduler import SetOptions
 
 BATCH = 4
@@ -26,7 +25,7 @@ def resnet():
     mod = import_onnx(model)
     x = example_inputs(model)["input"]
     ref = relax.VirtualMachine(tvm.compile(mod, target="llvm"), tvm.cpu())["main"](tvm.runtime.tensor(x)).numpy()
-    graph = LayerGraph.from_relax(fused_module(get_model("resnet18", **TINY["resnet18"])))
+    graph = layer_graph(get_model("resnet18", **TINY["resnet18"]))
     return mod, x, ref, [lay.name for lay in graph.layers], graph
 
 

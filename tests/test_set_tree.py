@@ -18,6 +18,7 @@ from tvm_dsa.schedule.set.alloc import allocate, imbalance, stripe_order
 from tvm_dsa.schedule.set.analysis import allocate_groups, npt
 from tvm_dsa.schedule.set.evaluate import layout_share
 from tvm_dsa.schedule.set.ops import random_tree
+from tvm_dsa.harness import layer_graph
 
 EDGE = hardware.get("set-edge16")
 
@@ -56,7 +57,7 @@ def test_layer_graph_rejects_bad_input():
 
 def test_layer_graph_from_tiny_resnet50_counts_the_models_macs():
     model = get_model("resnet50", **TINY["resnet50"])
-    g = LayerGraph.from_onnx(model)
+    g = layer_graph(model)
     assert sum(layer.macs for layer in g.layers) == macs(model)
     assert all(g.preds[i] or g.layers[i].dram_in for i in range(len(g)))  # every layer reads something
     assert sum(layer.output for layer in g.layers) == 1

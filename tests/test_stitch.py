@@ -15,23 +15,19 @@ from tvm import relax
 
 import tvm_dsa
 from tvm_dsa import hardware, isa
-from tvm_dsa.codegen import stitch
-from tvm_dsa.codegen.emit import PROMOTE, Layer
+from tvm_dsa.kernelgen import stitch
+from tvm_dsa.emit.emitter import PROMOTE, Layer
 from tvm_dsa.isa import Program
-from tvm_dsa.codegen.stitch import (
-    RECOMPUTE_LIMIT,
-    Lifetime,
-    allocate,
-    binding,
-    cluster_rounds,
-    footprints,
-    makespan,
-    plan_instances,
+from tvm_dsa.kernelgen.stitch import (
+    RECOMPUTE_LIMIT, Lifetime, allocate, binding, cluster_rounds, makespan, plan_instances
 )
-from tvm_dsa.relax_passes.offload import EXECUTE, StitchOptions
+from tvm_dsa.emit.footprint import footprints
+from tvm_dsa.kernelgen.offload import EXECUTE, StitchOptions
 from tvm_dsa.runtime import simulate
 from tvm_dsa.schedule.graph import OpGraph
-from tvm_dsa.tir_passes import TilePlan, lower_kernel, lower_with_plan
+from tvm_dsa.tir_passes.tile import TilePlan
+from tvm_dsa.tiling import lower_kernel
+from tvm_dsa.tir_passes import lower_with_plan
 
 HW = hardware.get("stcp920")
 KB = 1024
@@ -396,9 +392,9 @@ def test_a_block_like_the_one_before_is_replayed_or_copied_as_emitting_it_gives(
     same cycles, and computes what llvm does (the run checks every hazard)."""
     import importlib
 
-    from tvm_dsa.codegen import emit
+    from tvm_dsa.emit import emitter as emit
 
-    offload = importlib.import_module("tvm_dsa.relax_passes.offload")
+    offload = importlib.import_module("tvm_dsa.kernelgen.offload")
     seen = []
     monkeypatch.setattr(offload, "emit_stitched", lambda mod, *a, **k: seen.append(mod) or stitch.emit_stitched(mod, *a, **k))
     mod = residual_blocks(8)
@@ -470,7 +466,7 @@ def _mlp(monkeypatch, batch, rows, hidden):
     import importlib
 
     op = relax.op
-    offload = importlib.import_module("tvm_dsa.relax_passes.offload")
+    offload = importlib.import_module("tvm_dsa.kernelgen.offload")
     seen = []
     monkeypatch.setattr(offload, "emit_stitched", lambda mod, *a, **k: seen.append(mod) or stitch.emit_stitched(mod, *a, **k))
     mod = relax_graph([(batch, rows, 256), (256, hidden), (hidden, 256)],
@@ -497,7 +493,7 @@ def test_rounds_and_other_cores_copied_give_what_emitting_them_gives(monkeypatch
     before (``_chunk_loop``). Written out, each kernel is the one
     emitting every tile gives: the same instructions, every dependency emission's or a later
     instruction of its unit, the same simulated cycles; and the model computes what llvm does."""
-    from tvm_dsa.codegen import emit
+    from tvm_dsa.emit import emitter as emit
 
     mod, seen = _mlp(monkeypatch, batch, rows, hidden)
     args = [rng.standard_normal([int(s) for s in p.ty.shape]).astype("float32") * 0.1 for p in mod["main"].params]
@@ -581,7 +577,7 @@ def test_rounds_moved_along_an_overlapping_loop_are_copies(monkeypatch, rng):
     last one: ``KernelIR.moves``' ``at``). A call's first copy is of the two rounds emitted
     before it (``_emit``'s ``emitted``: with one round as the model no copy is found); written
     out, the copies are what emission gives, and the model computes what llvm does."""
-    from tvm_dsa.codegen import emit
+    from tvm_dsa.emit import emitter as emit
 
     mod, seen = _mlp(monkeypatch, 8, 197, 512)
     args = [rng.standard_normal([int(s) for s in p.ty.shape]).astype("float32") * 0.1 for p in mod["main"].params]
@@ -623,7 +619,7 @@ def test_a_copy_waits_for_what_emission_would_unit_for_unit():
     ssa-ness differs."""
     from types import SimpleNamespace
 
-    from tvm_dsa.codegen.emit import KernelEmitter
+    from tvm_dsa.emit.emitter import KernelEmitter
 
     e = KernelEmitter(HW, "k")
     e.units = [("dma", 4)] * 10 + [("mme", 4)] * 10
@@ -659,7 +655,7 @@ def test_sub_graphs_of_one_form_share_one_program(monkeypatch, rng):
     renamed program."""
     import importlib
 
-    offload = importlib.import_module("tvm_dsa.relax_passes.offload")
+    offload = importlib.import_module("tvm_dsa.kernelgen.offload")
     forms, made, renamed = [], [], []
     form, stitched, rename = offload._form, offload._stitched, offload._renamed
     monkeypatch.setattr(offload, "_form", lambda spec, nodes, graph: forms.append((spec, nodes, graph))
@@ -708,9 +704,10 @@ def test_clusters_copy_the_first_clusters_instructions(monkeypatch):
     emission adds between clusters' disjoint pieces of one DDR tensor."""
     import importlib
 
-    from tvm_dsa.codegen import emit, stitch
+    from tvm_dsa.emit import emitter as emit
+    from tvm_dsa.kernelgen import stitch
 
-    offload = importlib.import_module("tvm_dsa.relax_passes.offload")
+    offload = importlib.import_module("tvm_dsa.kernelgen.offload")
     seen = []
     monkeypatch.setattr(offload, "emit_stitched", lambda mod, *a, **k: seen.append(mod) or stitch.emit_stitched(mod, *a, **k))
     _run(residual_block(), "graphturbo")
@@ -745,7 +742,7 @@ def test_a_gb_too_small_for_a_clusters_samples_runs_them_in_rounds(monkeypatch, 
     what llvm does (the functional run checks every dependency)."""
     import importlib
 
-    offload = importlib.import_module("tvm_dsa.relax_passes.offload")
+    offload = importlib.import_module("tvm_dsa.kernelgen.offload")
     mod, seen = _mlp(monkeypatch, 8, 64, 256)
     x, w1, w2 = [rng.standard_normal([int(s) for s in p.ty.shape]).astype("float32") * 0.1 for p in mod["main"].params]
     ref = _llvm(mod, [x, w1, w2])
@@ -790,7 +787,7 @@ def test_promotions_come_later_where_early_ones_would_spill(rng):
     (16x16x3x3 fp16) and its output (16x8x8 fp16) are live at step 0; promoting the 1x1 conv's
     weights and bias there too (prefetch) needs a 7232-byte GB. A 7 KiB GB gets the weights early
     and the bias a step later instead of spilling; an 8 KiB one holds both early."""
-    from tvm_dsa.codegen.kernel_ir import align
+    from tvm_dsa.kernel.ir import align
 
     mod = residual_block()
     args = [rng.standard_normal([int(s) for s in p.ty.shape]).astype("float32") for p in mod["main"].params]
@@ -813,7 +810,7 @@ def test_a_constant_the_clusters_read_apart_stays_in_ddr_and_clusters_still_copy
     concatenation's class-token row read no patch, in every cluster alike."""
     import importlib
 
-    offload = importlib.import_module("tvm_dsa.relax_passes.offload")
+    offload = importlib.import_module("tvm_dsa.kernelgen.offload")
     seen = []
     monkeypatch.setattr(offload, "emit_stitched", lambda mod, *a, **k: seen.append(mod) or stitch.emit_stitched(mod, *a, **k))
     cls = np.repeat(rng.standard_normal((1, 1, 64)).astype("float32"), 4, axis=0)
@@ -881,7 +878,7 @@ def test_a_pieced_weight_goes_after_the_promotions_of_its_step_and_its_tiles_in_
     import importlib
 
     op = relax.op
-    offload = importlib.import_module("tvm_dsa.relax_passes.offload")
+    offload = importlib.import_module("tvm_dsa.kernelgen.offload")
     seen = []
     monkeypatch.setattr(offload, "emit_stitched", lambda mod, *a, **k: seen.append(mod) or stitch.emit_stitched(mod, *a, **k))
     mod = relax_graph([(8, 64, 256), (256, 1024), (1024, 256), (256,)],

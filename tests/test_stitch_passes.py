@@ -1,4 +1,4 @@
-"""The kernel-generation passes of seed 000 §4 (``tvm_dsa.tir_passes.stitch``), one at a time on
+"""The kernel-generation passes of seed 000 §4 (``tvm_dsa.kernelgen.stitch_passes``), one at a time on
 sub-graph modules of small hand-built graphs, each pass's decision derived in the test."""
 
 from __future__ import annotations
@@ -12,20 +12,16 @@ from test_stitch import HW, KB, conv_chain, residual_block
 from test_tir_passes import fuse
 
 from tvm_dsa import hardware
-from tvm_dsa.codegen.kernel_ir import ALIGN, align
-from tvm_dsa.codegen.stitch import _runs, footprints, read_allocation, read_rows, read_subgraph, subgraph_module
-from tvm_dsa.relax_passes.offload import _boundary
+from tvm_dsa.kernel.ir import ALIGN, align
+from tvm_dsa.kernelgen.stitch import _runs, read_allocation, read_rows, read_subgraph, subgraph_module
+from tvm_dsa.emit.footprint import footprints
+from tvm_dsa.kernelgen.offload import _boundary
 from tvm_dsa.schedule.graph import OpGraph
-from tvm_dsa.tir_passes import GB_SCOPE, LB_SCOPE, lower_kernel
-from tvm_dsa.tir_passes.stitch import (
-    DDR_SCOPE,
-    AllocateBuffers,
-    AssignMemoryScopes,
-    BindCores,
-    CrossLayerSchedule,
-    OrderInstances,
-    StitchBuffers,
-    stitch_passes,
+from tvm_dsa.kernel.attrs import GB_SCOPE, LB_SCOPE
+from tvm_dsa.tiling import lower_kernel
+from tvm_dsa.kernelgen.stitch_passes import (
+    DDR_SCOPE, AllocateBuffers, AssignMemoryScopes, BindCores, CrossLayerSchedule, OrderInstances, StitchBuffers,
+    stitch_passes
 )
 
 CPC = HW.cores_per_cluster
@@ -128,7 +124,7 @@ def test_clusters_alike_share_their_buffers_summary(monkeypatch):
     peak); the four
     clusters of the 64-instance module are the first moved along the batch, so their buffers are
     worked out once per order, and each summary is what the cluster's own buffers give."""
-    from tvm_dsa.tir_passes import stitch as passes
+    from tvm_dsa.kernelgen import stitch_passes as passes
 
     mod = _through(rounds_module())
     k = passes._Kernel(mod).read(HW)
@@ -170,8 +166,8 @@ def test_cross_layer_schedule_issues_promotions_in_the_order_of_first_use():
     would fit two steps early (10 KiB at step 1), but the cluster DMA runs promotions in the order
     issued, and one issued at step 1 for step 3 would hold up the one step 2 waits for: it goes
     one step early, with w2."""
-    from tvm_dsa.codegen.stitch import Buffer
-    from tvm_dsa.tir_passes.stitch import _Kernel
+    from tvm_dsa.kernelgen.stitch import Buffer
+    from tvm_dsa.kernelgen.stitch_passes import _Kernel
 
     def buf(kind, name, first, last, kib):
         return Buffer(0, kind, name, 0, first, last, kib * KB, "gb", 0, 0)

@@ -9,18 +9,18 @@ import tvm
 import tvm_ffi
 from tvm import relax
 
-from tvm_dsa import hardware, isa, tir_passes
-from tvm_dsa.codegen.emit import Layer, build_program, deal
-from tvm_dsa.codegen.specialize import timing_cycles
-from tvm_dsa.codegen.kernel_ir import CodegenError, chunk_loops, plan_lb, read_kernel
-from tvm_dsa.codegen.stitch import footprints
+from tvm_dsa import hardware, isa, tiling
+from tvm_dsa.emit.emitter import Layer, build_program, deal
+from tvm_dsa.kernelgen.specialize import timing_cycles
+from tvm_dsa.kernel.ir import CodegenError, chunk_loops, plan_lb, read_kernel
+from tvm_dsa.emit.footprint import footprints
 from tvm_dsa.runtime import simulate
 from tvm_dsa.runtime.cost import ddr_effective_bytes
-from tvm_dsa.tir_passes import (
-    LB_SCOPE, AssignScopes, ClampTiles, LowerToDSA, TileForLB, TilePlan, _fitting, _gallop, anchor_info,
-    candidate_plans,
-    chunk_cycles, load_cycles, loads, lower_kernel, lower_with_plan, working_set_floor,
-)
+from tvm_dsa.kernel.attrs import LB_SCOPE
+from tvm_dsa.tir_passes import AssignScopes, ClampTiles, LowerToDSA, TileForLB
+from tvm_dsa.tir_passes.tile import TilePlan, anchor_info, candidate_plans, working_set_floor
+from tvm_dsa.tiling import _fitting, _gallop, chunk_cycles, load_cycles, loads, lower_kernel
+from tvm_dsa.tir_passes import lower_with_plan
 from tvm_dsa.tir_passes.tile import clampable, smaller_tile
 
 
@@ -148,7 +148,7 @@ def test_row_longer_than_the_lb_has_no_tiling():
     d.update(name="tinylb", lb_bytes=hardware.min_lb_bytes(hardware.get("stcp920").mme, 2, 4))
     hw = hardware.Hardware.from_dict(d)
     func = fused_kernel(lambda: relax_graph([(4, 4096)], lambda x: relax.op.nn.softmax(x)))
-    from tvm_dsa.tir_passes import Unsupported
+    from tvm_dsa.kernel.analysis import Unsupported
     with pytest.raises(Unsupported, match="fits the .*LB"):
         lower_kernel(func, hw)
 
@@ -201,7 +201,7 @@ def test_merge_heads_alignment_from_simplified_indices_where_it_is_faster(rng):
     floordiv/floormod chains whose divisors (2, 16, ...) vanish under the iterators' ranges: the
     simplified indices allow tiles of 16 along the merged dim where the raw ones allowed 2, and
     lower_kernel keeps whichever alignment simulates faster — here the simplified one."""
-    from tvm_dsa.codegen.specialize import timing_cycles
+    from tvm_dsa.kernelgen.specialize import timing_cycles
 
     hw = hardware.get("stcp920")
     func = fused_kernel(lambda: relax_graph(
@@ -221,8 +221,7 @@ def test_alignments_are_timed_only_when_their_tile_counts_are_close(shape, monke
     """Merge heads (b, 4, s, 16) -> (b, s, 64): both alignments are lowered; the timing simulation
     decides only when neither has TIMED_TILES_RATIO times the other's tiles (else the one with
     fewer tiles is kept unsimulated: ViT-B/16's 1.2M one-element tiles took minutes to time)."""
-    import tvm_dsa.codegen.specialize as specialize
-    from tvm_dsa.tir_passes import TIMED_TILES_RATIO, _lower_aligned
+    from tvm_dsa.tiling import TIMED_TILES_RATIO, _lower_aligned
 
     b, h, s, d = shape
     func = fused_kernel(lambda: relax_graph(
@@ -231,8 +230,8 @@ def test_alignments_are_timed_only_when_their_tile_counts_are_close(shape, monke
     counts = {a: math.prod(e // t for e, t in zip(info.spatial, _lower_aligned(func, HW, None, True, True, a)[1].tiles))
               for a in (False, True)}
     timed = []
-    real = specialize.timing_cycles
-    monkeypatch.setattr(specialize, "timing_cycles", lambda p: timed.append(p) or real(p))
+    real = tiling.timing_cycles
+    monkeypatch.setattr(tiling, "timing_cycles", lambda p: timed.append(p) or real(p))
     _, plan = lower_kernel(func, HW)
     close = max(counts.values()) < TIMED_TILES_RATIO * min(counts.values())
     assert close == (shape == (8, 4, 32, 16))  # 128 against 32 tiles; 4096 against 16
@@ -250,8 +249,8 @@ def test_patch_embedding_merge_tiles_rows_and_skips_guarded_stages(rng):
     the raw ones (``((p - 1) // 16 + c) // 64 ...``, not affine for row 0's p = -1) need one element
     per tile. The guarded stages are skipped in that tile (their reads would leave the input), and
     the result matches numpy."""
-    from tvm_dsa.codegen.kernel_ir import Bound
-    from tvm_dsa.tir_passes import _lower_aligned
+    from tvm_dsa.kernel.ir import Bound
+    from tvm_dsa.tiling import _lower_aligned
 
     hw = HW
     op = relax.op
@@ -487,7 +486,7 @@ def test_a_too_big_tile_predicts_the_first_that_fits(kind, monkeypatch):
     galloped = set()
     assert _gallop(floor, len(plans), lambda i: galloped.add(i) or fits[i]) == first
     lowered = []
-    monkeypatch.setattr(tir_passes, "lower_with_plan", lambda f, p: lowered.append(plans.index(p)) or lower_with_plan(f, p))
+    monkeypatch.setattr(tiling, "lower_with_plan", lambda f, p: lowered.append(plans.index(p)) or lower_with_plan(f, p))
     _, chosen = _fitting(func, info, plans, HW, None, False)
     assert chosen == plans[first]
     assert sorted(lowered) == [floor, first - 1, first] and len(lowered) < len(galloped)
@@ -580,7 +579,7 @@ def test_a_bare_contraction_writes_its_tile_back_once_after_the_chunk_loop(rng):
     """A matmul with nothing after it (DenseNet's 1x1 convolutions): its output's write-back sits
     after the chunk loop, not in it, so every output element goes to DDR once (not once per
     chunk, the partial sums of all but the last chunk overwritten), and the result is llvm's."""
-    from tvm_dsa.codegen.kernel_ir import Loop
+    from tvm_dsa.kernel.ir import Loop
 
     op = relax.op
     func = fused_kernel(lambda: relax_graph([(64, 256), (256, 96)], lambda x, w: op.matmul(x, w)))

@@ -6,10 +6,10 @@ from collections import defaultdict
 from tvm import te
 
 from tvm_dsa import hardware
-from tvm_dsa.codegen.emit import build_program
+from tvm_dsa.emit.emitter import build_program
 from tvm_dsa.isa.instructions import Dma, Fill
 from tvm_dsa.runtime import simulate
-from tvm_dsa.tir_passes import lower_kernel
+from tvm_dsa.tiling import lower_kernel
 
 HW = hardware.get("dsa/stcp920")
 

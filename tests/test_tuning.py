@@ -21,10 +21,11 @@ from tvm.s_tir import meta_schedule as ms
 
 import tvm_dsa
 from tvm_dsa import hardware
-from tvm_dsa.codegen.emit import build_program
-from tvm_dsa.driver import Compiled, import_onnx, max_relative_error
+from tvm_dsa.emit.emitter import build_program
+from tvm_dsa.harness import Compiled, import_onnx, max_relative_error
 from tvm_dsa.runtime import simulate
-from tvm_dsa.tir_passes import TilePlan, anchor_info, lower_kernel
+from tvm_dsa.tir_passes.tile import TilePlan, anchor_info
+from tvm_dsa.tiling import lower_kernel
 from tvm_dsa.tuning import DSABuilder, extract_tasks, load_database, tuned_kernel, workload
 from tvm_dsa.tuning.space import (FitsDSA, StepTile, below_floor, capacity_boxes, design_spaces, divisors, fits_lb,
                                   sample_tiling, tile_orders)
@@ -179,7 +180,7 @@ def test_the_vector_floor_is_the_widest_tile_a_reshape_allows():
 
 def test_a_default_whose_trace_does_not_lower_is_not_committed(tmp_path):
     from tvm_dsa.models import TINY, get_model
-    from tvm_dsa.tir_passes import Unsupported
+    from tvm_dsa.kernel.analysis import Unsupported
     from tvm_dsa.tuning import _best_seconds, _commit_default
     from tvm_dsa.tuning.measure import build_candidate
 

@@ -12,11 +12,14 @@ import tvm
 from tvm import s_tir, te
 
 from tvm_dsa import hardware, isa
-from tvm_dsa.codegen.emit import build_program
-from tvm_dsa.codegen.kernel_ir import read_kernel
-from tvm_dsa.driver import import_onnx, max_relative_error
+from tvm_dsa.emit.emitter import build_program
+from tvm_dsa.kernel.ir import read_kernel
+from tvm_dsa.harness import import_onnx, max_relative_error
 from tvm_dsa.runtime import simulate
-from tvm_dsa.tir_passes import TilePlan, Unsupported, anchor_info, lower_kernel, lower_with_plan
+from tvm_dsa.tir_passes.tile import TilePlan, anchor_info
+from tvm_dsa.kernel.analysis import Unsupported
+from tvm_dsa.tiling import lower_kernel
+from tvm_dsa.tir_passes import lower_with_plan
 from tvm_dsa.tir_passes.tile import annotate_vector_contraction, on_vector_units
 from tvm_dsa.tuning import extract_tasks
 from tvm_dsa.tuning.space import FlipChoice, capacity_boxes, design_spaces, fits_lb, unit_choice

@@ -8,13 +8,13 @@ import tvm
 from onnx import TensorProto as TP
 from onnx import helper as h
 from onnx import numpy_helper as nh
-from tvm import relax, tirx
+from tvm import relax
 from tvm.relax.frontend import onnx as rx_onnx
 
 import tvm_dsa
 from tvm_dsa.cli import main
-from tvm_dsa.pipeline import fuse
-from tvm_dsa.tir_passes.ranges import WIDE
+from tvm_dsa.relax_passes.fusion import fuse
+from tvm_dsa.kernel.ranges import WIDE
 
 # name -> (ONNX nodes from "x" to the output named as the key, numpy of x)
 REDUCTIONS = {

@@ -25,22 +25,22 @@ def _autoload() -> None:
         return
     _INITIALISED = True
     hardware.init()
-    from tvm_dsa import host, pipeline
+    from tvm_dsa import relax_pipeline, session
 
-    pipeline.register()
-    host.register()
+    relax_pipeline.register()
+    session.register()
 
 
 _autoload()
 
-from tvm_dsa.host import KernelRun, last_kernel_runs, last_report, last_trace, set_mode  # noqa: E402
-from tvm_dsa.pipeline import pipeline, pipeline_result  # noqa: E402
+from tvm_dsa.session import KernelRun, last_kernel_runs, last_report, last_trace, set_mode  # noqa: E402
+from tvm_dsa.relax_pipeline import pipeline, pipeline_result  # noqa: E402
 
 
 def tune(mod, target: str = "dsa/stcp920", trials: int = 64, work_dir="tune", **options):
     """Tune the DSA kernels of a Relax module with meta-schedule, measured on the simulator;
     returns a ``tvm_dsa.tuning.TuneResult`` (options and details: ``tvm_dsa.tuning.tune``)."""
-    from tvm_dsa.tuning import tune as run
+    from tvm_dsa.tuning import tune as run  # meta-schedule: loaded on first use
 
     return run(mod, target, trials, work_dir, **options)
 

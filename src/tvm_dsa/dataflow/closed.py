@@ -155,13 +155,13 @@ def _extents(size: int, side: int) -> dict[int, int]:
 
 # -- derivation (offline: islpy with barvinok) --------------------------------------------------
 
-def preset_keys() -> list[Key]:
-    """Every standard GEMM dataflow on each distinct MME (array, interconnect) of the shipped presets;
-    pipelined ones only over systolic links (``composable``)."""
-    from tvm_dsa import hardware
+def preset_keys(chips) -> list[Key]:
+    """Every standard GEMM dataflow on each distinct MME (array, interconnect) of ``chips`` (the
+    shipped presets: ``[hardware.get(n) for n in hardware.names()]``); pipelined ones only over
+    systolic links (``composable``)."""
     from tvm_dsa.dataflow.notation import interconnect
 
-    meshes = sorted({(hw.mme.rows, hw.mme.cols, hw.mme.interconnect) for hw in map(hardware.get, hardware.names())})
+    meshes = sorted({(hw.mme.rows, hw.mme.cols, hw.mme.interconnect) for hw in chips})
     return [(kind + variant, rows, cols, links) for rows, cols, links in meshes
             for kind in BENCHMARKS["gemm"].stationary for variant in VARIANTS
             if variant != PIPELINED or composable(interconnect(links, 2))]
@@ -329,10 +329,9 @@ def _polynomial(qp) -> str:
     return f"({total}) // {den}" if den != 1 else total
 
 
-def write(keys: list[Key] | None = None, path: Path = STORED) -> None:
-    """Derive the closed forms of ``keys`` (default: ``preset_keys()``) and store them in the package
-    ``path``: a module per dataflow and ``INDEX``, dataflow -> module."""
-    keys = keys or preset_keys()
+def write(keys: list[Key], path: Path = STORED) -> None:
+    """Derive the closed forms of ``keys`` (the presets': ``preset_keys``) and store them in the
+    package ``path``: a module per dataflow and ``INDEX``, dataflow -> module."""
     path.mkdir(exist_ok=True)
     for old in path.glob("*.py"):
         old.unlink()

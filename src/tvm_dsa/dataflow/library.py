@@ -11,7 +11,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from time import perf_counter
 
-from tvm_dsa.hardware.model import STORAGE_DTYPES, Hardware
+import numpy as np
+
 from tvm_dsa.dataflow.expr import NotationError, linear_form
 from tvm_dsa.dataflow.metrics import DataflowMetrics, analyse
 from tvm_dsa.dataflow.notation import Dataflow, Interconnect, PEArray, TensorOp, multicast, systolic_2d
@@ -128,9 +129,9 @@ def standard_dataflows(bench: Benchmark, op: TensorOp, shape: tuple[int, int]) -
     return out
 
 
-def mme_bandwidth(hw: Hardware) -> float:
+def mme_bandwidth(hw) -> float:
     """What the core's LB feeds the MME, in MME elements per cycle."""
-    return hw.lb_bytes_per_cycle / STORAGE_DTYPES[hw.mme.dtype]
+    return hw.lb_bytes_per_cycle / np.dtype(hw.mme.dtype).itemsize
 
 
 @dataclass(frozen=True)

@@ -17,21 +17,20 @@ import math
 import warnings
 from functools import lru_cache
 
-from tvm_dsa.hardware.model import MME, Hardware
 from tvm_dsa.dataflow import closed, counting
 from tvm_dsa.dataflow.library import BENCHMARKS, mme_bandwidth, standard_dataflows
 from tvm_dsa.dataflow.metrics import DataflowMetrics, analyse
 from tvm_dsa.dataflow.notation import PEArray, interconnect
 
 
-def cost_model(hw: Hardware) -> str:
+def cost_model(hw) -> str:
     """How ``hw``'s MME instructions are costed: its ``mme.model``, except that "tenet" on an MME without
     stored closed forms needs barvinok to count them; without it, "flat", with a warning (once per chip)."""
     return _cost_model(hw.name, hw.mme)
 
 
 @lru_cache(maxsize=None)
-def _cost_model(chip: str, mme: MME) -> str:
+def _cost_model(chip: str, mme) -> str:
     if mme.model != "tenet" or _key(mme) in closed.stored():
         return mme.model
     problem = counting.missing()
@@ -43,27 +42,27 @@ def _cost_model(chip: str, mme: MME) -> str:
     return "flat"
 
 
-def _key(mme: MME) -> closed.Key:
+def _key(mme) -> closed.Key:
     return mme.dataflow, mme.rows, mme.cols, mme.interconnect
 
 
-def tile_metrics(hw: Hardware, m: int, n: int, k: int) -> DataflowMetrics:
+def tile_metrics(hw, m: int, n: int, k: int) -> DataflowMetrics:
     """The metrics of one m x n x k product on ``hw``'s MME under its dataflow."""
     return _tile_metrics(hw.mme, mme_bandwidth(hw), m, n, k)
 
 
-def tile_cycles(hw: Hardware, m: int, n: int, k: int) -> int:
+def tile_cycles(hw, m: int, n: int, k: int) -> int:
     """Cycles of one m x n x k product on ``hw``'s MME under its dataflow."""
     return _tile_cycles(hw.mme, mme_bandwidth(hw), m, n, k)
 
 
 @lru_cache(maxsize=4096)
-def _tile_cycles(mme: MME, bandwidth: float, m: int, n: int, k: int) -> int:
+def _tile_cycles(mme, bandwidth: float, m: int, n: int, k: int) -> int:
     return math.ceil(_tile_metrics(mme, bandwidth, m, n, k).latency - 1e-9)
 
 
 @lru_cache(maxsize=4096)
-def _tile_metrics(mme: MME, bandwidth: float, m: int, n: int, k: int) -> DataflowMetrics:
+def _tile_metrics(mme, bandwidth: float, m: int, n: int, k: int) -> DataflowMetrics:
     key = _key(mme)
     if key in closed.stored():
         return closed.metrics(key, bandwidth, m, n, k)

@@ -19,6 +19,10 @@ from typing import Any
 
 import numpy as np
 
+from tvm_dsa.dataflow.expr import NotationError
+from tvm_dsa.dataflow.library import BENCHMARKS, standard_names
+from tvm_dsa.dataflow.notation import INTERCONNECTS, interconnect
+
 
 class HardwareError(ValueError):
     """A hardware description that cannot describe a working chip."""
@@ -253,9 +257,6 @@ def _validate(hw: Hardware) -> None:
 def _validate_dataflow(mme: MME) -> None:
     """The MME's interconnect, dataflow and cost model name things the dataflow model knows."""
     # Imported here: the dataflow package imports this module.
-    from tvm_dsa.dataflow.expr import NotationError
-    from tvm_dsa.dataflow.library import BENCHMARKS, standard_names
-    from tvm_dsa.dataflow.notation import INTERCONNECTS, interconnect
 
     if mme.model not in MME_MODELS:
         raise HardwareError(f"field 'mme.model' must be one of {list(MME_MODELS)}, got {mme.model!r}")

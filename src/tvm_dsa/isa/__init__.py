@@ -6,7 +6,7 @@ from tvm_dsa.isa.instructions import (
     moved, operands, replaced, unit_of
 )
 from tvm_dsa.isa.program import VERSION, Kernel, LayerMark, Program, ProgramError, Replica, TensorArg
-from tvm_dsa.isa.validate import validate
+from tvm_dsa.isa.validation import validate
 
 __all__ = [
     "DTYPES", "OP_ARITY", "REDUCE_OPS", "VEC_OPS", "VME_OPS",

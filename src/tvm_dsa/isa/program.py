@@ -126,7 +126,7 @@ class Program:
             "kernels": [
                 {"name": k.name, "cores": list(k.cores),
                  "layers": [[m.first, m.name, list(m.shape)] for m in k.layers],
-                 "instructions": [_ins_to_list(i) for i in k.instructions],
+                 "instructions": [ins_to_list(i) for i in k.instructions],
                  **({"replicas": [[r.start, r.stop, r.at, r.cores, [list(m) for m in r.moves]]
                                   + ([[list(d) for d in r.remap]] if r.remap else []) for r in k.replicas]}
                     if k.replicas else {})}
@@ -272,7 +272,7 @@ def _expand(instructions, replicas) -> list:
     return out + list(instructions[taken:])
 
 
-def _op_to_list(o: Operand | float):
+def op_to_list(o: Operand | float):
     if isinstance(o, Operand):
         return [o.mem, o.index, o.offset, o.dtype, o.strides]
     return float(o)
@@ -284,20 +284,20 @@ def _op_from_list(v) -> Operand | float:
     return float(v)
 
 
-def _ins_to_list(i: Instruction) -> list:
+def ins_to_list(i: Instruction) -> list:
     """The instruction as JSON values (tuples serialise as lists)."""
     head = [OPCODE_OF[type(i)], i.core, i.deps, i.shape]
     if isinstance(i, Dma):
-        return head + [_op_to_list(i.dst), _op_to_list(i.src)]
+        return head + [op_to_list(i.dst), op_to_list(i.src)]
     if isinstance(i, Fill):
-        return head + [_op_to_list(i.dst), i.value]
+        return head + [op_to_list(i.dst), i.value]
     if isinstance(i, Mme):
-        return head + [[int(r) for r in i.reduce], _op_to_list(i.dst), _op_to_list(i.a),
-                       _op_to_list(i.b), int(i.accumulate)]
+        return head + [[int(r) for r in i.reduce], op_to_list(i.dst), op_to_list(i.a),
+                       op_to_list(i.b), int(i.accumulate)]
     if isinstance(i, Vector):
-        return head + [i.unit, i.op, _op_to_list(i.dst), [_op_to_list(s) for s in i.srcs]]
-    return head + [i.unit, i.op, [int(r) for r in i.reduce], _op_to_list(i.dst),
-                   _op_to_list(i.src), int(i.accumulate)]
+        return head + [i.unit, i.op, op_to_list(i.dst), [op_to_list(s) for s in i.srcs]]
+    return head + [i.unit, i.op, [int(r) for r in i.reduce], op_to_list(i.dst),
+                   op_to_list(i.src), int(i.accumulate)]
 
 
 def _ins_from_list(v: list) -> Instruction:

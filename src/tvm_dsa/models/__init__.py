@@ -19,8 +19,8 @@ import onnx
 
 from tvm_dsa.models.builder import META_CONFIG, META_INPUT_RANGES, GraphBuilder, infer_shapes
 from tvm_dsa.models.cnn import densenet121, mobilenet_v2, resnet18, resnet50
-from tvm_dsa.models.conformer import conformer
-from tvm_dsa.models.dlrm import dlrm
+from tvm_dsa.models.speech import conformer
+from tvm_dsa.models.recommendation import dlrm
 from tvm_dsa.models.inception import googlenet, inception_resnet_v1, pnasnet
 from tvm_dsa.models.transformer import bert_base, vit_b16
 

@@ -1,7 +1,7 @@
 """Relax-level passes of the DSA pipeline."""
 
-from tvm_dsa.relax_passes.offload import EXECUTE, OffloadResult, offload
+from tvm_dsa.kernelgen.offload import EXECUTE, OffloadResult, offload
 from tvm_dsa.relax_passes.simplify import SimplifyInference
-from tvm_dsa.relax_passes.stats import kernel_macs
+from tvm_dsa.kernel.macs import kernel_macs
 
 __all__ = ["EXECUTE", "OffloadResult", "offload", "SimplifyInference", "kernel_macs"]

@@ -46,11 +46,11 @@ import tvm
 import tvm_ffi
 from tvm import relax, tirx
 
-from tvm_dsa.codegen.specialize import SymbolicKernel, free_symbols
-from tvm_dsa.tir_passes import Unsupported
+from tvm_dsa.kernelgen.specialize import SymbolicKernel, free_symbols
+from tvm_dsa.kernel.analysis import Unsupported
 from tvm_dsa.relax_passes.inplace import elementwise_inputs, row_inputs
-from tvm_dsa.relax_passes.memory_plan import Lifetime, best_greedy
-from tvm_dsa.relax_passes.offload_symbolic import EXECUTE_SHAPED, probe
+from tvm_dsa.memory_plan import Lifetime, best_greedy
+from tvm_dsa.kernelgen.symbolic import EXECUTE_SHAPED, probe
 
 ALIGN = 64
 _ALLOC = tvm.ir.Op.get("relax.builtin.alloc_tensor")

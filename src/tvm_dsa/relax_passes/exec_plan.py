@@ -27,7 +27,7 @@ import heapq
 from dataclasses import dataclass, field
 from typing import Sequence
 
-from tvm_dsa.relax_passes.memory_plan import Lifetime
+from tvm_dsa.memory_plan import Lifetime
 
 
 @dataclass(frozen=True)

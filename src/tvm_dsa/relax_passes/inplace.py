@@ -42,7 +42,7 @@ import tvm_ffi
 from tvm import tirx
 from tvm.s_tir import SBlockRealize
 
-from tvm_dsa.tir_passes.analysis import Load
+from tvm_dsa.kernel.analysis import Load
 
 
 def _blocks(func: tirx.PrimFunc, rows: bool):

@@ -26,10 +26,10 @@ import tvm_ffi
 from tvm import relax, s_tir, tirx
 
 from tvm_dsa.hardware import Hardware
-from tvm_dsa.tir_passes import Unsupported
-from tvm_dsa.tir_passes.analysis import reads_window, sch_get
+from tvm_dsa.kernel.analysis import Unsupported
+from tvm_dsa.kernel.analysis import reads_window, sch_get
 from tvm_dsa.tir_passes.tile import find_anchor, leaf_blocks
-from tvm_dsa.relax_passes.offload_symbolic import kernel_text
+from tvm_dsa.kernelgen.symbolic import kernel_text
 
 _CALL_TIR = tvm.ir.Op.get("relax.call_tir")
 

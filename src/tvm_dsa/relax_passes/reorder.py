@@ -20,7 +20,7 @@ from tvm import relax, tirx
 
 from tvm_dsa.relax_passes.arena import tensor_bytes
 from tvm_dsa.relax_passes.exec_plan import DataflowGraph, peak_of, plan_order
-from tvm_dsa.relax_passes.offload_symbolic import PROBE
+from tvm_dsa.kernelgen.symbolic import PROBE
 
 
 def _nbytes(ty, analyzer) -> int:

@@ -14,7 +14,7 @@ import numpy as np
 import tvm
 from tvm import relax
 
-from tvm_dsa.tir_passes.ranges import FP16_MAX, WIDE, wide_output
+from tvm_dsa.kernel.ranges import FP16_MAX, WIDE, wide_output
 from tvm_dsa.relax_passes.fold import constant_value
 from tvm_dsa.relax_passes.rewrite import with_copies
 

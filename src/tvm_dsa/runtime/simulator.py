@@ -13,7 +13,7 @@ import numpy as np
 
 from tvm_dsa.hardware.model import Hardware
 from tvm_dsa.isa.program import Program
-from tvm_dsa.isa.validate import validate
+from tvm_dsa.isa.validation import validate
 from tvm_dsa.runtime.functional import Machine
 from tvm_dsa.runtime.report import Report, build_report
 from tvm_dsa.runtime.timing import simulate_program
@@ -93,3 +93,9 @@ def _check_inputs(program: Program, inputs) -> list[np.ndarray]:
         if x.shape != a.shape:
             raise ValueError(f"input {a.name!r}: shape {x.shape} does not match the program's {a.shape}")
     return arrays
+
+
+def timing_cycles(program: Program) -> int:
+    """Cycles of ``program`` in a timing-only simulation (how the compiler compares two versions of a
+    kernel)."""
+    return simulate(program, None, mode="timing", check_hazards=False).report.cycles

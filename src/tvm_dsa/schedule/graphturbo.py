@@ -49,7 +49,7 @@ import tvm_ffi
 from tvm import tirx
 from tvm.s_tir import SBlockRealize
 
-from tvm_dsa.tir_passes.analysis import Load, uses_var
+from tvm_dsa.kernel.analysis import Load, uses_var
 from tvm_dsa.schedule import KernelSpec, register
 from tvm_dsa.schedule.graph import OpGraph, SubGraphs
 

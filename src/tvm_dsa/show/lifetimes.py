@@ -20,7 +20,7 @@ from dataclasses import dataclass
 
 import tvm
 
-from tvm_dsa.codegen.stitch import Buffer, read_allocation
+from tvm_dsa.kernelgen.stitch import Buffer, read_allocation
 from tvm_dsa.show.plots import check_path
 
 ALLOCATE_PASS = "dsa.AllocateBuffers"

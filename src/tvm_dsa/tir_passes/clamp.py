@@ -16,9 +16,9 @@ import tvm
 import tvm_ffi
 from tvm import tirx
 
-from tvm_dsa.tir_passes.analysis import Unsupported, expr_dtype, linear_form, uses_var
-from tvm_dsa.tir_passes.scopes import LB_SCOPE
-from tvm_dsa.tir_passes.tile import CLAMP
+from tvm_dsa.kernel.analysis import Unsupported, expr_dtype, linear_form, uses_var
+from tvm_dsa.kernel.attrs import LB_SCOPE
+from tvm_dsa.kernel.attrs import CLAMP
 
 SBlockRealize = tvm.s_tir.stmt.SBlockRealize
 

@@ -11,9 +11,11 @@ from __future__ import annotations
 
 from tvm import s_tir
 
-from tvm_dsa.tir_passes.analysis import StageKind, Unsupported, classify, sch_annotate, sch_get, sch_loops
-from tvm_dsa.tir_passes.scopes import LB_SCOPE, attach_index
-from tvm_dsa.tir_passes.tile import VECTOR_CONTRACTION, leaf_blocks
+from tvm_dsa.kernel.analysis import StageKind, Unsupported, classify, sch_annotate, sch_get, sch_loops
+from tvm_dsa.kernel.attrs import LB_SCOPE
+from tvm_dsa.tir_passes.scopes import attach_index
+from tvm_dsa.kernel.attrs import VECTOR_CONTRACTION
+from tvm_dsa.tir_passes.tile import leaf_blocks
 
 OP_OF_KIND = {"copy": "dma", "mme": "mme", "vector": "vector", "reduce": "reduce"}
 

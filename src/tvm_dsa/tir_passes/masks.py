@@ -11,7 +11,7 @@ from __future__ import annotations
 from tvm import s_tir, tirx
 from tvm.s_tir import SBlockRealize
 
-from tvm_dsa.tir_passes.analysis import sch_children, sch_get, sch_get_sblock
+from tvm_dsa.kernel.analysis import sch_children, sch_get, sch_get_sblock
 
 
 def inline_masks(func: tirx.PrimFunc) -> tirx.PrimFunc:

@@ -14,17 +14,13 @@ import tvm_ffi
 from tvm import s_tir
 from tvm.s_tir import SBlockRealize
 
-from tvm_dsa.tir_passes.analysis import (
+from tvm_dsa.kernel.analysis import (
     Unsupported, classify, sch_cache_read, sch_cache_write, sch_compute_at, sch_decompose_reduction, sch_get,
     sch_get_sblock, sch_loops, sch_reverse_compute_at, sch_set_scope
 )
 from tvm_dsa.tir_passes.tile import leaf_blocks
+from tvm_dsa.kernel.attrs import COPY_EACH, LB_SCOPE
 
-LB_SCOPE = "local.dsa_lb"
-# PrimFunc attribute: every compute stage gets an LB copy of its own of each DDR input, not one
-# copy shared by the stages reading the tensor (which holds only the box the first one reads)
-COPY_EACH = "dsa.copy_each"
-GB_SCOPE = "global.dsa_gb"
 
 
 def read_twice(func) -> bool:

@@ -13,12 +13,12 @@ from __future__ import annotations
 
 from tvm import s_tir
 
-from tvm_dsa.tir_passes.analysis import (
+from tvm_dsa.kernel.analysis import (
     Unsupported, classify, int_value, sch_annotate, sch_compute_at, sch_get, sch_loops, sch_reorder, sch_split
 )
 from tvm_dsa.tir_passes.tile import leaf_blocks
+from tvm_dsa.kernel.attrs import STRIP
 
-STRIP = "strip"
 
 
 def strip_epilogue(sch: s_tir.Schedule, strips: int) -> s_tir.Schedule:

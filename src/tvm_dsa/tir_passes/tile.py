@@ -26,13 +26,13 @@ import tvm_ffi
 from tvm import s_tir, tirx
 from tvm.s_tir import SBlock
 
-from tvm_dsa.tir_passes.analysis import (
+from tvm_dsa.kernel.analysis import (
     REDUCE_ITER, StageKind, Unsupported, classify, contraction, copy_func, int_value, reads_window, sch_annotate,
     sch_children, sch_compute_at, sch_get, sch_get_sblock, sch_loops, sch_reorder, sch_reverse_compute_at,
     sch_split
 )
+from tvm_dsa.kernel.attrs import CLAMP, DOUBLE_BUFFER, VECTOR_CONTRACTION
 
-CLAMP = "dsa.clamp"  # tile-loop annotation: (tile, extent) of a tile that does not divide its extent
 
 
 @dataclass(frozen=True)
@@ -219,7 +219,6 @@ def tile_schedule(func, plan: TilePlan) -> s_tir.Schedule:
     return sch
 
 
-DOUBLE_BUFFER = "dsa.double_buffer"  # root-block annotation: 1 two LB copies per tile buffer, 0 one
 
 
 def annotate_double_buffer(sch: s_tir.Schedule, value) -> None:
@@ -229,7 +228,6 @@ def annotate_double_buffer(sch: s_tir.Schedule, value) -> None:
     sch_annotate(sch, sch_get_sblock(sch, "root"), DOUBLE_BUFFER, value)
 
 
-VECTOR_CONTRACTION = "dsa.vector_contraction"  # anchor annotation: 1 on the vector units, 0 the MME
 
 
 def annotate_vector_contraction(sch: s_tir.Schedule, value) -> None:

@@ -25,15 +25,18 @@ from tvm.ir.utils import derived_object
 from tvm.s_tir import meta_schedule as ms
 
 from tvm_dsa import hardware
-from tvm_dsa.codegen.emit import build_program
-from tvm_dsa.codegen.kernel_ir import plan_lb, read_kernel
+from tvm_dsa.emit.emitter import build_program
+from tvm_dsa.kernel.ir import plan_lb, read_kernel
 from tvm_dsa.hardware import Hardware
 from tvm_dsa.schedule.graph import OpGraph
-from tvm_dsa.tir_passes import TilePlan, Unsupported, anchor_info, lower_kernel
-from tvm_dsa.tir_passes.analysis import copy_func
+from tvm_dsa.tir_passes.tile import TilePlan, anchor_info
+from tvm_dsa.kernel.analysis import Unsupported
+from tvm_dsa.tiling import lower_kernel
+from tvm_dsa.kernel.analysis import copy_func
 from tvm_dsa.tuning.measure import DSABuilder, DSARunner, build_candidate, simulated_seconds
-from tvm_dsa.tuning.pretuned import merge_records, pretuned, records_dir
+from tvm_dsa.tuning.shipped import merge_records, pretuned, records_dir
 from tvm_dsa.tuning.space import lower_scheduled, sample_tiling, space_generator, tile_orders, unit_choice
+from tvm_dsa.relax_passes.fusion import fuse
 
 
 # Random samples a round needs besides the records' mutations: on a full-size layer most random
@@ -116,7 +119,6 @@ def workload(func: tirx.PrimFunc) -> tvm.IRModule:
 def extract_tasks(mod: tvm.IRModule, target: str = "dsa/stcp920") -> list[Task]:
     """The kernels the ``dsa`` pipeline would offload from ``mod`` (a Relax module before the
     pipeline), one task per distinct PrimFunc, with the number of calls to it."""
-    from tvm_dsa.pipeline import fuse
 
     hw = hardware.get(target)
     host = hardware.make_target(target)

@@ -19,10 +19,10 @@ from tvm.s_tir.meta_schedule.runner import RunnerFuture, RunnerResult
 from tvm.ir.utils import derived_object
 
 from tvm_dsa import hardware
-from tvm_dsa.codegen.emit import build_program
+from tvm_dsa.emit.emitter import build_program
 from tvm_dsa.isa import Program
 from tvm_dsa.runtime import simulate
-from tvm_dsa.tir_passes import Unsupported
+from tvm_dsa.kernel.analysis import Unsupported
 from tvm_dsa.tuning.space import lower_scheduled
 
 BUILT: dict[str, Program] = {}  # artifact handle -> program built and not yet measured

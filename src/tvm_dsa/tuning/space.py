@@ -38,13 +38,17 @@ from tvm.s_tir import meta_schedule as ms
 from tvm.ir.utils import derived_object
 
 from tvm_dsa import hardware
-from tvm_dsa.codegen.kernel_ir import plan_lb, read_kernel
+from tvm_dsa.kernel.ir import plan_lb, read_kernel
 from tvm_dsa.hardware import Hardware
 from tvm_dsa.schedule.set.ops import divisors
-from tvm_dsa.tir_passes import TilePlan, Unsupported, anchor_info, assign_scopes, lower_to_dsa, lower_with_plan
+from tvm_dsa.tir_passes.tile import TilePlan, anchor_info
+from tvm_dsa.kernel.analysis import Unsupported
+from tvm_dsa.tir_passes.scopes import assign_scopes
+from tvm_dsa.tir_passes.lower import lower_to_dsa
+from tvm_dsa.tir_passes import lower_with_plan
+from tvm_dsa.kernel.attrs import DOUBLE_BUFFER, VECTOR_CONTRACTION
 from tvm_dsa.tir_passes.tile import (
-    DOUBLE_BUFFER, VECTOR_CONTRACTION, AnchorInfo, annotate_double_buffer, annotate_vector_contraction,
-    tile_anchor, unit_choice
+    AnchorInfo, annotate_double_buffer, annotate_vector_contraction, tile_anchor, unit_choice
 )
 
 MAX_ORDERS = 24  # design spaces per kernel: all orders of up to four tiled loops

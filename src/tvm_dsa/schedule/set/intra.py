@@ -21,7 +21,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from tvm_dsa.codegen.kernel_ir import ALIGN
+from tvm_dsa.kernel.ir import ALIGN
 from tvm_dsa.hardware.model import Hardware
 from tvm_dsa.runtime.cost import mme_cycles, vector_cycles
 from tvm_dsa.schedule.set.layers import Layer, LayerGraph

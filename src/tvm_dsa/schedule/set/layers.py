@@ -17,6 +17,10 @@ from dataclasses import dataclass, field
 
 import tvm_ffi
 
+from tvm_dsa.kernel.analysis import Unsupported, contraction, int_value
+from tvm_dsa.tir_passes.tile import anchor_info
+from tvm_dsa.kernel.macs import kernel_macs
+
 CUT_TOKEN = re.compile(r"^[ST]\d+/\d+$")  # a cut's header in the tree text (tree.py)
 
 
@@ -117,7 +121,6 @@ class LayerGraph:
         binding a name in ``host`` are not layers: their outputs come from DRAM like graph inputs."""
         from tvm import relax
 
-        from tvm_dsa.relax_passes.stats import kernel_macs
         from tvm_dsa.schedule.graph import OpGraph
 
         graph = OpGraph.from_relax(mod)
@@ -161,47 +164,10 @@ class LayerGraph:
         layers = [lay if i not in outputs else dataclasses.replace(lay, output=True) for i, lay in enumerate(layers)]
         return cls.build(layers, sorted(edges))
 
-    @classmethod
-    def from_onnx(cls, model) -> "LayerGraph":
-        """Import, simplify and fuse an ONNX model the way the ``dsa`` pipeline does, then
-        ``from_relax``. The model must have batch 1 (quantities are per sample)."""
-        return cls.from_relax(fused_module(model))
-
-
-def fused_module(model):
-    """The ``dsa`` pipeline's Relax module of a batch-1 ONNX ``model`` just before scheduling."""
-    from tvm_dsa.driver import import_onnx
-
-    for vi in model.graph.input:
-        dims = vi.type.tensor_type.shape.dim
-        if dims and dims[0].dim_value not in (0, 1):
-            raise LayerGraphError(f"input {vi.name!r} has batch {dims[0].dim_value}: build the model at "
-                                  "batch 1 (SET's trees carry the batch)")
-    return fuse(import_onnx(model))
-
-
-def fuse(mod):
-    """``mod`` simplified and fused the way the ``dsa`` pipeline does before scheduling."""
-    import tvm
-    from tvm import relax
-    from tvm.relax.backend import cpu_generic
-
-    from tvm_dsa.relax_passes import SimplifyInference
-
-    host = tvm.target.Target("llvm")
-    with host:
-        return tvm.transform.Sequential(
-            [SimplifyInference()] + cpu_generic.library_dispatch_passes(host)
-            + [relax.transform.LegalizeOps(), relax.transform.AnnotateTIROpPattern(),
-               relax.transform.FoldConstant(), relax.transform.FuseOps(), relax.transform.FuseTIR()]
-        )(mod)
-
 
 def _contraction(func, batch: int = 1) -> Contraction | None:
     """(b, m, n, k) of one sample of the kernel's contraction from its anchor's loop roles (the
     first spatial loop runs over the ``batch`` samples); None without one."""
-    from tvm_dsa.tir_passes.analysis import Unsupported
-    from tvm_dsa.tir_passes.tile import anchor_info
 
     try:
         info = anchor_info(func)
@@ -224,7 +190,6 @@ def _vector_ops(func) -> int:
     copies): what the vector units do."""
     from tvm.s_tir import SBlockRealize
 
-    from tvm_dsa.tir_passes.analysis import contraction, int_value
 
     total = 0
 

@@ -23,20 +23,22 @@ from tvm import relax, tirx
 
 from tvm_dsa import schedule as schedules
 from tvm_dsa.schedule import KernelSpec
-from tvm_dsa.codegen.emit import Layer, build_program
-from tvm_dsa.codegen.kernel_ir import ALIGN, CodegenError, plan_lb, read_kernel
-from tvm_dsa.codegen.set_program import TreeKernel, build_tree_program
-from tvm_dsa.codegen.stitch import emit_stitched, read_allocation, subgraph_module
+from tvm_dsa.emit.emitter import Layer, build_program
+from tvm_dsa.kernel.ir import ALIGN, CodegenError, plan_lb, read_kernel
+from tvm_dsa.kernelgen.tree import TreeKernel, build_tree_program
+from tvm_dsa.kernelgen.stitch import emit_stitched, read_allocation, subgraph_module
 from tvm_dsa.hardware import Hardware
-from tvm_dsa.isa.validate import validate
+from tvm_dsa.isa.validation import validate
 from tvm_dsa.schedule.graph import OpGraph
 from tvm_dsa.schedule.set.intra import working_set_bytes
 from tvm_dsa.schedule.set.layers import LayerGraphError
-from tvm_dsa.tir_passes import Unsupported, lower_kernel
-from tvm_dsa.tir_passes.scopes import COPY_EACH, read_twice
+from tvm_dsa.kernel.analysis import Unsupported
+from tvm_dsa.tiling import lower_kernel
+from tvm_dsa.kernel.attrs import COPY_EACH
+from tvm_dsa.tir_passes.scopes import read_twice
 from tvm_dsa.tir_passes.tile import on_vector_units
-from tvm_dsa.tir_passes.stitch import BindCores, StitchBuffers, stitch_passes
-from tvm_dsa.relax_passes.stats import kernel_macs
+from tvm_dsa.kernelgen.stitch_passes import BindCores, StitchBuffers, stitch_passes
+from tvm_dsa.kernel.macs import kernel_macs
 
 EXECUTE = "tvm_dsa.execute"
 _PACKAGE = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # src/tvm_dsa

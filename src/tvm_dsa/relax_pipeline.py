@@ -17,25 +17,17 @@ import tvm
 from tvm import relax
 from tvm.relax.backend import cpu_generic
 
-from tvm_dsa import hardware
-from tvm_dsa.relax_passes import SimplifyInference, offload
-from tvm_dsa.relax_passes.offload import StitchOptions
+from tvm_dsa import hardware, schedule as schedules
+from tvm_dsa.kernelgen.offload import offload
+from tvm_dsa.kernelgen.offload import StitchOptions
 from tvm_dsa.relax_passes.arena import PlanArena
-from tvm_dsa.relax_passes.concat import ConcatApart
-from tvm_dsa.relax_passes.conv_transpose import ConvTransposeAsConv
-from tvm_dsa.relax_passes.gather import GatherOfRangeAsSlice
-from tvm_dsa.relax_passes.offload_symbolic import is_dynamic, offload_symbolic
-from tvm_dsa.relax_passes.pool_divisor import ExactPoolDivisor
+from tvm_dsa.relax_passes.fusion import fuse
+from tvm_dsa.kernelgen.symbolic import is_dynamic, offload_symbolic
 from tvm_dsa.relax_passes.pool_fusion import FusePooling
-from tvm_dsa.relax_passes.rdp_apply import ApplyRDP
-from tvm_dsa.relax_passes.rdp_fusion import AnnotateSymbolicReshapes
 from tvm_dsa.relax_passes.reorder import ApplyExecutionPlan
 from tvm_dsa.relax_passes.sink import SinkIntoBranches
-from tvm_dsa.relax_passes.transpose import CancelTransposePairs
-from tvm_dsa.relax_passes.wide import KeepWide
 from tvm_dsa.schedule.set.scheduler import SetOptions
-from tvm_dsa.tir_passes.masks import InlineMasks
-from tvm_dsa.tir_passes.names import UniqueBufferNames
+from tvm_dsa.tuning import load_database, pretuned, tuned_kernel
 
 LAST_OFFLOAD: dict = {}  # "result": the OffloadResult of the last compilation
 
@@ -53,7 +45,6 @@ def pipeline(schedule: str = "layerwise", hw: hardware.Hardware | str | None = N
     to Relax's ``StaticPlanBlockMemory``, instead of the execution plan (kernels only one branch of
     an If uses run in that branch, ``relax_passes.sink``; the order, ``relax_passes.reorder``) and
     the peak-first arena with in-place outputs (``relax_passes.arena``)."""
-    from tvm_dsa import schedule as schedules
 
     schedules.get(schedule)  # fail early on an unknown name
 
@@ -106,7 +97,6 @@ def _tuned_kernels(database, chip: hardware.Hardware):
     database in scope, else the chip's shipped records), or None without one (or with False)."""
     from tvm.s_tir import meta_schedule as ms
 
-    from tvm_dsa.tuning import load_database, pretuned, tuned_kernel
 
     if database is False:
         return None
@@ -119,35 +109,6 @@ def _tuned_kernels(database, chip: hardware.Hardware):
             raise ValueError(f"tuning database {str(database)!r} is not a directory (the work_dir of tvm_dsa.tune)")
         database = load_database(database)
     return lambda func: tuned_kernel(database, func, chip)
-
-
-def fuse(mod: tvm.IRModule, rdp_fusion: bool = True) -> tvm.IRModule:
-    """The module as the offload sees it (in the current target's scope): simplified (with
-    transposes around a softmax cancelled, gathers at a range of indices sliced, an average
-    pooling that excludes the padding made one that counts it, times a constant:
-    ``ExactPoolDivisor``, a transposed convolution a convolution: ``ConvTransposeAsConv``),
-    legalized and fused (a concatenation of two values of one tensor left unfused:
-    ``ConcatApart``), each PrimFunc's buffers named uniquely (``UniqueBufferNames``) and its bool
-    masks inlined into their readers (``InlineMasks``), the tensors whose values can leave the
-    chip's storage type marked to stay wide (``KeepWide``); a dynamic model with RDP's shapes
-    applied, and fused across its dynamic shapes unless ``rdp_fusion`` is False."""
-    host = tvm.target.Target.current(allow_none=True) or tvm.target.Target("llvm")
-    dynamic = is_dynamic(mod)
-    across = dynamic and rdp_fusion
-    return tvm.transform.Sequential(
-        ([ApplyRDP()] if dynamic else [])
-        + [SimplifyInference(), CancelTransposePairs, GatherOfRangeAsSlice, ExactPoolDivisor, ConvTransposeAsConv]
-        # dataflow blocks (an importer gives none to a function with an If) for FuseOps, and RDP
-        # again: FoldBatchnormToConv2D and ConvertToDataflow lose the shapes of If results,
-        # CanonicalizeBindings drops casts that only assert dims (docs/sod2.md)
-        + ([relax.transform.ConvertToDataflow()] if across else [])
-        + ([ApplyRDP()] if dynamic else [])
-        + cpu_generic.library_dispatch_passes(host)
-        + [relax.transform.LegalizeOps(), relax.transform.AnnotateTIROpPattern(), ConcatApart]
-        + ([AnnotateSymbolicReshapes] if across else [])
-        + [relax.transform.FoldConstant(), relax.transform.FuseOps(), relax.transform.FuseTIR(), UniqueBufferNames,
-           InlineMasks, KeepWide]
-    )(mod)
 
 
 def register() -> None:

@@ -6,7 +6,7 @@ import tvm_ffi
 from tvm import tirx
 from tvm.s_tir import SBlockRealize
 
-from tvm_dsa.tir_passes.analysis import Unsupported, contraction, int_value
+from tvm_dsa.kernel.analysis import Unsupported, contraction, int_value
 
 
 def kernel_macs(func: tirx.PrimFunc) -> int:

@@ -28,7 +28,7 @@ import numpy as np
 
 from tvm_dsa import isa
 from tvm_dsa.hardware import Hardware
-from tvm_dsa.codegen.kernel_ir import (
+from tvm_dsa.kernel.ir import (
     ALIGN, Access, CodegenError, Const, KernelIR, Loop, Op, Read, Select, Stage, align, chunk_loops, plan_lb,
     read_kernel, stages_of
 )
@@ -640,7 +640,7 @@ class KernelEmitter:
         remap = self._remap(call, keys, unit, shift)
         if remap is None:
             return None
-        writers, readers, ssa = self.deps.writers, self.deps.readers, self.deps.ssa
+        writers, readers = self.deps.writers, self.deps.readers
         self.replicas.append(isa.Replica(call.start, call.stop, self.size, cores, tuple(
             (mem, index, lo, hi, to, by) for (mem, index), ranges in sorted(moves.items())
             for lo, hi, to, by in ranges if by or (to != index and mem != "lb") or (mem == "lb" and to != index + cores)),

@@ -19,14 +19,15 @@ import tvm_ffi
 from tvm import tirx
 
 from tvm_dsa.hardware import Hardware
-from tvm_dsa.tir_passes.analysis import (
+from tvm_dsa.kernel.analysis import (
     BINARY_CALLS, BINARY_NODES, COMPARE_NODES, UNARY_CALLS, Call, Load, Unsupported, call_name, data_select,
     is_index_expr, contraction, linear_form, reduction_update, strip_cast, uses_var
 )
-from tvm_dsa.tir_passes.scopes import LB_SCOPE
-from tvm_dsa.tir_passes.strip import STRIP
-from tvm_dsa.tir_passes.ranges import WIDE
-from tvm_dsa.tir_passes.tile import CLAMP, DOUBLE_BUFFER
+from tvm_dsa.kernel.attrs import LB_SCOPE
+from tvm_dsa.kernel.attrs import STRIP
+from tvm_dsa.kernel.ranges import WIDE
+from tvm_dsa.kernel.attrs import CLAMP, DOUBLE_BUFFER
+from tvm_dsa.isa import DTYPES
 
 SBlockRealize = tvm.s_tir.stmt.SBlockRealize
 ALIGN = 64
@@ -682,7 +683,6 @@ class LBBuffer:
 
     @property
     def nbytes(self) -> int:
-        from tvm_dsa.isa import DTYPES
 
         n = DTYPES[self.dtype]
         for e in self.extents:

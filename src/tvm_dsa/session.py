@@ -17,7 +17,7 @@ from functools import lru_cache
 import numpy as np
 import tvm_ffi
 
-from tvm_dsa.codegen.specialize import VERSIONS
+from tvm_dsa.kernelgen.specialize import VERSIONS
 from tvm_dsa.isa import Program
 from tvm_dsa.relax_passes.arena import arena_plan
 from tvm_dsa.runtime import Report, simulate

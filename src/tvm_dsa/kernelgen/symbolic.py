@@ -23,13 +23,13 @@ import tvm
 import tvm_ffi
 from tvm import relax, tirx
 
-from tvm_dsa.codegen.emit import build_program
-from tvm_dsa.codegen.specialize import SymbolicKernel, free_symbols
+from tvm_dsa.emit.emitter import build_program
+from tvm_dsa.kernelgen.specialize import SymbolicKernel, free_symbols
 from tvm_dsa.hardware import Hardware
-from tvm_dsa.tir_passes import lower_kernel
-from tvm_dsa.isa.validate import validate
-from tvm_dsa.relax_passes.offload import EXECUTE, OffloadResult, host_reason
-from tvm_dsa.relax_passes.stats import kernel_macs
+from tvm_dsa.tiling import lower_kernel
+from tvm_dsa.isa.validation import validate
+from tvm_dsa.kernelgen.offload import EXECUTE, OffloadResult, host_reason
+from tvm_dsa.kernel.macs import kernel_macs
 
 EXECUTE_SHAPED = "tvm_dsa.execute_shaped"
 PROBE = 16  # the size every symbol takes when deciding whether the DSA can run a kernel

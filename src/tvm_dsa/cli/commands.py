@@ -18,17 +18,17 @@ from contextlib import nullcontext
 from pathlib import Path
 
 from tvm_dsa import hardware
-from tvm_dsa.driver import Compiled, InputError, check_target, import_onnx, load_model
+from tvm_dsa.cli.args import check_plot_path, positive_int
+from tvm_dsa.harness import Compiled, InputError, check_target, import_onnx, load_model
 from tvm_dsa.models import MODELS, example_inputs
 from tvm_dsa.runtime import write_trace
 from tvm_dsa.runtime.report import UNIT_TYPES
 from tvm_dsa.show.table import render_table
+from tvm_dsa.tuning.shipped import pretuned
+from tvm_dsa.show.plots import plot_gantt, plot_roofline, roofline_point
+from tvm_dsa.show.lifetimes import capture_allocations, plot_lifetimes
+from tvm_dsa.tuning import tune
 
-
-def _positive_int(text: str) -> int:
-    from tvm_dsa.cli import _positive_int as positive  # the cli module is loaded: it builds the parser
-
-    return positive(text)
 
 SCHEDULES = ("layerwise", "graphturbo")
 
@@ -36,7 +36,7 @@ SCHEDULES = ("layerwise", "graphturbo")
 def _model_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("model", help=f"an .onnx file or a built-in model: {', '.join(MODELS)}")
     p.add_argument("--tiny", action="store_true", help="the built-in model's small configuration")
-    p.add_argument("--batch", type=_positive_int, help="batch size of a built-in model")
+    p.add_argument("--batch", type=positive_int, help="batch size of a built-in model")
     p.add_argument("--json", action="store_true", help="print the result as JSON")
 
 
@@ -58,8 +58,7 @@ def _compare(args) -> int:
     if args.roofline:
         if len(targets) != 1:
             raise InputError("--roofline draws one chip's roofline: give a single --target")
-        _check_plot_path(args.roofline)
-    from tvm_dsa.tuning.pretuned import pretuned
+        check_plot_path(args.roofline)
 
     mod, inputs = import_onnx(model), example_inputs(model)
     # False: no records; None: the default (a shipped database for the chip, if any)
@@ -72,7 +71,6 @@ def _compare(args) -> int:
             raise InputError(f"no kernel of {args.model} runs on {target}: nothing to compare")
         records = "none" if db is False else db or ("shipped" if pretuned(hardware.get(target).name) else "none")
         if args.roofline:
-            from tvm_dsa.show.plots import roofline_point
 
             points.append(roofline_point(f"{schedule} ({records})", report))
         rows.append({"target": target, "schedule": schedule, "records": records,
@@ -84,7 +82,6 @@ def _compare(args) -> int:
     for r in rows:
         r["speedup"] = base / r["seconds"] if r["seconds"] else 0.0
     if args.roofline:
-        from tvm_dsa.show.plots import plot_roofline
 
         plot_roofline(points, hardware.get(targets[0]), args.roofline, title=f"{args.model} on {targets[0]}")
     if args.json:
@@ -100,27 +97,19 @@ def _compare(args) -> int:
 
 
 # -- trace ---------------------------------------------------------------------------------------
-def _check_plot_path(path: str) -> None:
-    from tvm_dsa.show.plots import check_path
-
-    try:
-        check_path(path)
-    except ValueError as err:
-        raise InputError(str(err)) from None
 
 
 def _trace(args) -> int:
     if not Path(args.output).resolve().parent.is_dir():
         raise InputError(f"cannot write {args.output}: its directory does not exist")
     if args.gantt:
-        _check_plot_path(args.gantt)
+        check_plot_path(args.gantt)
     if args.lifetimes:
         if args.schedule != "graphturbo":
             raise InputError("--lifetimes draws stitched kernels: use it with --schedule graphturbo")
-        _check_plot_path(args.lifetimes)
+        check_plot_path(args.lifetimes)
     model = load_model(args.model, tiny=args.tiny, batch=args.batch)
     check_target(args.target, model, timing_only=True)
-    from tvm_dsa.show.lifetimes import capture_allocations
 
     with capture_allocations() as stitched:
         _, run = _timed_run(import_onnx(model), example_inputs(model), args.target, args.schedule, trace=True)
@@ -129,7 +118,6 @@ def _trace(args) -> int:
     write_trace(run.trace, args.output)
     summary = trace_summary(run.trace)
     if args.gantt:
-        from tvm_dsa.show.plots import plot_gantt
 
         plot_gantt(run.trace, args.gantt, title=f"{args.model} on {args.target} ({args.schedule})")
     lifetimes = _plot_lifetimes(stitched, args.lifetimes, f"{args.model} on {args.target}") if args.lifetimes else {}
@@ -154,7 +142,6 @@ def _trace(args) -> int:
 def _plot_lifetimes(stitched: dict, path: str, title: str) -> dict:
     """Each stitched kernel's lifetimes plot (cluster 0): at ``path`` for one kernel, else at
     ``path`` with the kernel's name before the suffix. Returns kernel name -> file."""
-    from tvm_dsa.show.lifetimes import plot_lifetimes
 
     if not stitched:
         raise InputError("the model has no stitched kernel: no tensor lifetimes to draw")
@@ -181,7 +168,6 @@ def _tune(args) -> int:
     model = load_model(args.model, tiny=args.tiny, batch=args.batch)
     check_target(args.target, model, timing_only=True)
     mod = import_onnx(model)
-    from tvm_dsa.tuning import tune  # meta-schedule: imported only when tuning
 
     with _progress(args.json) as bar:
         try:
@@ -237,8 +223,8 @@ def _add_tune_parser(sub) -> None:
                                    "records go to a JSON database in --work-dir (docs/tuning.md).")
     _model_args(p)
     p.add_argument("--target", default="dsa/stcp920", help="DSA preset (default dsa/stcp920)")
-    p.add_argument("--trials", type=_positive_int, default=64, help="measured candidates in all (default 64)")
-    p.add_argument("--per-iter", type=_positive_int, default=16, help="candidates per search round (default 16)")
+    p.add_argument("--trials", type=positive_int, default=64, help="measured candidates in all (default 64)")
+    p.add_argument("--per-iter", type=positive_int, default=16, help="candidates per search round (default 16)")
     p.add_argument("--work-dir", default="tune", help="where the JSON database goes (default ./tune)")
     p.add_argument("--seed", type=int, default=0)
     p.set_defaults(func=_tune)

@@ -13,12 +13,11 @@ float32 LB buffers; everything else keeps the storage type.
 
 from __future__ import annotations
 
-import tvm
 import tvm_ffi
 from tvm import tirx
 from tvm.s_tir import SBlockRealize
 
-from tvm_dsa.tir_passes.analysis import Call, Load, call_name
+from tvm_dsa.kernel.analysis import Call, Load, call_name
 
 WIDE = "dsa.wide"  # PrimFunc attribute: positions of the parameters stored wide
 FP16_MAX = 65504.0

@@ -27,13 +27,13 @@ import math
 import numpy as np
 import tvm
 
-from tvm_dsa.codegen.kernel_ir import ALIGN, align
-from tvm_dsa.codegen.stitch import (
+from tvm_dsa.kernel.ir import ALIGN, align
+from tvm_dsa.kernelgen.stitch import (
     ORDERS, Buffer, Lifetime, allocate, allocation_attr, binding, cluster_rounds, instances_attr, plan_instances,
     read_cores, read_instances, read_subgraph, weight_owner
 )
-from tvm_dsa.relax_passes import memory_plan
-from tvm_dsa.tir_passes.scopes import GB_SCOPE, LB_SCOPE
+from tvm_dsa import memory_plan
+from tvm_dsa.kernel.attrs import GB_SCOPE, LB_SCOPE
 
 DDR_SCOPE = "global"
 PROMOTE_SHARES = (1.0, 0.9, 0.75, 0.5)  # of the GB, that early promotions may fill (``_Kernel.promotions``)

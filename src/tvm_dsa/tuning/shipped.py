@@ -25,6 +25,9 @@ from pathlib import Path
 import tvm_ffi
 from tvm.s_tir import meta_schedule as ms
 
+from tvm_dsa import hardware
+from tvm_dsa.kernel.analysis import Unsupported
+
 RECORDS = Path(__file__).parent / "records"
 DATABASE_FILES = ("database_workload.json", "database_tuning_record.json")  # as JSONDatabase writes them
 FILES = tuple(f"{name}.xz" for name in DATABASE_FILES)  # as shipped
@@ -110,8 +113,6 @@ def merge_records(sources, chip: str, folder: str | os.PathLike | None = None) -
     workload's records are re-measured now, fastest stored time first: the first whose program is
     not slower than the default tiling's is written with its new time; a workload none of whose
     records does as well as the default gets none (the default applies)."""
-    from tvm_dsa import hardware
-    from tvm_dsa.tir_passes import Unsupported
     from tvm_dsa.tuning import default_seconds, load_database, replayed_seconds
 
     hw = hardware.get(chip)

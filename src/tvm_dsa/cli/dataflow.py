@@ -17,10 +17,10 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from tvm_dsa import hardware
-from tvm_dsa.driver import InputError
+from tvm_dsa.harness import InputError
 from tvm_dsa.hardware import HardwareError
 from tvm_dsa.dataflow import counting
-from tvm_dsa.dataflow.choose import Ranked, model_products, rank
+from tvm_dsa.harness.dataflow_choice import Ranked, model_products, rank
 from tvm_dsa.dataflow.expr import NotationError
 from tvm_dsa.dataflow.library import BENCHMARKS, Evaluated, evaluate, evaluate_standard, mme_bandwidth
 from tvm_dsa.dataflow.metrics import summary
@@ -60,7 +60,7 @@ class Outcome:
 def run(args: argparse.Namespace) -> Outcome:
     """The dataflows the arguments ask for, evaluated (the best first), and the best one the design-space
     exploration finds on the array and interconnect (none when a --dataflow is given)."""
-    from tvm_dsa.dataflow.explore import best_relation
+    from tvm_dsa.dataflow.explore import best_relation  # needs islpy (the optional extra "tenet")
 
     if args.bandwidth is not None and not args.bandwidth > 0:
         raise InputError(f"--bandwidth must be positive, got {args.bandwidth:g}")

@@ -14,9 +14,14 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass
 
-from tvm_dsa.driver import InputError, check_target, load_model
+from tvm_dsa.cli.args import check_plot_path, positive_int
+from tvm_dsa.harness import InputError, check_target, layer_graph, load_model
 from tvm_dsa.models import MODELS
 from tvm_dsa.show.table import render_table
+from tvm_dsa.schedule.set import Evaluator, LayerGraphError
+from tvm_dsa.schedule.set.ops import LP, LS, SET
+from tvm_dsa.schedule.set.search import Anneal, OBJECTIVES, anneal
+from tvm_dsa.schedule.set.plot import st_graph
 
 
 @dataclass(frozen=True)
@@ -35,12 +40,9 @@ class Explored:
 
 def explore(model, hw, batch: int, objective: str, beta: float, seed: int):
     """(layer graph, evaluator, [Explored for SET, LS, LP]) of ``model`` (ONNX, batch 1) on ``hw``."""
-    from tvm_dsa.schedule.set import Evaluator, LayerGraph, LayerGraphError
-    from tvm_dsa.schedule.set.ops import LP, LS, SET
-    from tvm_dsa.schedule.set.search import Anneal, anneal
 
     try:
-        graph = LayerGraph.from_onnx(model)
+        graph = layer_graph(model)
     except LayerGraphError as err:
         raise InputError(f"SET cannot schedule this model: {err}") from None
     evaluator = Evaluator(graph, hw)
@@ -51,22 +53,19 @@ def explore(model, hw, batch: int, objective: str, beta: float, seed: int):
 
 
 def _explore(args) -> int:
-    from tvm_dsa.schedule.set.search import OBJECTIVES
 
     if args.objective not in OBJECTIVES:
         raise InputError(f"unknown objective {args.objective!r}; one of {', '.join(OBJECTIVES)}")
     if args.beta <= 0:
         raise InputError(f"--beta must be positive, not {args.beta:g}")
     if args.plot:
-        from tvm_dsa.show.commands import _check_plot_path
 
-        _check_plot_path(args.plot)
+        check_plot_path(args.plot)
     model = load_model(args.model, tiny=args.tiny)
     hw = check_target(args.target, model, timing_only=True)
     graph, evaluator, runs = explore(model, hw, args.batch, args.objective, args.beta, args.seed)
     best = runs[0].result
     if args.plot:
-        from tvm_dsa.schedule.set.plot import st_graph
 
         st_graph(evaluator.evaluate(best.tree, timeline=True).timeline, graph, hw.cores, args.plot,
                  f"{args.model} on {args.target}, batch {args.batch}: SET", clock_hz=hw.clock_hz)
@@ -98,7 +97,6 @@ def _explore(args) -> int:
 
 
 def add_parser(sub) -> None:
-    from tvm_dsa.show.commands import _positive_int
 
     p = sub.add_parser("explore", help="search SET resource allocation trees for a model (vs LS / LP)",
                        description="Simulated annealing over resource allocation trees (seed 002, docs/set.md) for "
@@ -107,7 +105,7 @@ def add_parser(sub) -> None:
     p.add_argument("model", help=f"an .onnx file (batch 1) or a built-in model: {', '.join(MODELS)}")
     p.add_argument("--tiny", action="store_true", help="the built-in model's small configuration")
     p.add_argument("--target", default="dsa/set-edge16", help="DSA preset (default dsa/set-edge16)")
-    p.add_argument("--batch", type=_positive_int, default=1, help="samples the schedule processes (default 1)")
+    p.add_argument("--batch", type=positive_int, default=1, help="samples the schedule processes (default 1)")
     p.add_argument("--objective", default="edp", help="e2d, ed2, edp, delay or energy (default edp)")
     p.add_argument("--beta", type=float, default=100.0, help="search effort: iterations per layer (default 100)")
     p.add_argument("--seed", type=int, default=0)

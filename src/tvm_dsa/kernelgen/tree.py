@@ -40,9 +40,10 @@ from tvm_dsa import isa
 from tvm_dsa.hardware import Hardware
 from tvm_dsa.schedule.set.alloc import stripe_order
 from tvm_dsa.schedule.set.evaluate import Slot, invocation_order
-from tvm_dsa.codegen.emit import KernelEmitter, Pieces, Region, place_arguments
-from tvm_dsa.codegen.kernel_ir import ALIGN, CodegenError, align
-from tvm_dsa.codegen.stitch import footprints
+from tvm_dsa.emit.emitter import KernelEmitter, Pieces, Region, place_arguments
+from tvm_dsa.kernel.ir import ALIGN, CodegenError, align
+from tvm_dsa.emit.footprint import footprints
+from tvm_dsa.runtime.timing import simulate_program
 
 
 @dataclass(frozen=True)
@@ -152,7 +153,6 @@ class TreeProgram:
         """The S-T graph's rectangles as the simulator runs the program (timing only): each
         invocation from its first instruction's start to its last one's end, in cycles from the
         kernel's start."""
-        from tvm_dsa.runtime.timing import simulate_program
 
         hw = Hardware.from_dict(self.program.hardware)
         kt = simulate_program(self.program, hw, check_hazards).kernels[0]

@@ -19,11 +19,14 @@ import onnx
 import tvm
 from tvm import relax
 
-from tvm_dsa import hardware, host
+from tvm_dsa import hardware, session
 from tvm_dsa.models import MODELS, TINY, get_model
-from tvm_dsa.pipeline import pipeline, pipeline_result
-from tvm_dsa.relax_passes.offload import OffloadResult
+from tvm_dsa.relax_pipeline import pipeline, pipeline_result
+from tvm_dsa.kernelgen.offload import OffloadResult
+from tvm_dsa.relax_passes.fusion import fuse
 from tvm_dsa.runtime import Report
+from tvm_dsa.schedule.set.layers import LayerGraph, LayerGraphError
+from tvm_dsa.frontend import from_onnx
 
 
 class InputError(ValueError):
@@ -55,7 +58,6 @@ def load_model(spec: str, tiny: bool = False, batch: int | None = None) -> onnx.
 def import_onnx(model: onnx.ModelProto) -> tvm.IRModule:
     """The Relax module of an ONNX model, weights embedded as constants (TVM's importer with the
     converters of ``tvm_dsa.frontend``)."""
-    from tvm_dsa.frontend import from_onnx
 
     try:
         return from_onnx(model, keep_params_in_input=False)
@@ -98,7 +100,7 @@ class Run:
     seconds: float
     report: Report | None = None
     trace: list = field(default_factory=list)
-    kernels: list = field(default_factory=list)  # host.KernelRun per DSA kernel call
+    kernels: list = field(default_factory=list)  # session.KernelRun per DSA kernel call
 
 
 @dataclass
@@ -127,21 +129,21 @@ class Compiled:
     def run(self, inputs: dict[str, np.ndarray], mode: str = "functional", trace: bool = False,
             check_hazards: bool = True) -> Run:
         """Run ``main`` once on ``inputs`` (in graph-input order). ``mode``, ``trace`` and
-        ``check_hazards`` set how DSA kernels are simulated for this run (``host.set_mode``;
+        ``check_hazards`` set how DSA kernels are simulated for this run (``session.set_mode``;
         ``timing``: outputs of DSA kernels are not computed)."""
         vm = relax.VirtualMachine(self.executable, tvm.cpu())
         args = [tvm.runtime.tensor(v) for v in inputs.values()]
-        host.set_mode(mode, trace=trace, check_hazards=check_hazards)
+        session.set_mode(mode, trace=trace, check_hazards=check_hazards)
         try:
             start = time.perf_counter()
             out = vm["main"](*args)
             seconds = time.perf_counter() - start
         finally:
-            host.set_mode("functional", trace=False)
+            session.set_mode("functional", trace=False)
         if self.offload is None:
             return Run(_numpy(out), seconds)
-        return Run(_numpy(out), seconds, host.last_report(), host.last_trace() if trace else [],
-                   host.last_kernel_runs())
+        return Run(_numpy(out), seconds, session.last_report(), session.last_trace() if trace else [],
+                   session.last_kernel_runs())
 
 
 def _numpy(value) -> list[np.ndarray]:
@@ -164,3 +166,15 @@ def dsa_mac_share(offload: OffloadResult) -> float | None:
     """Fraction of the model's MACs in DSA kernels (None for a model without MACs)."""
     total = offload.dsa_macs + offload.host_macs
     return offload.dsa_macs / total if total else None
+
+
+def layer_graph(model: onnx.ModelProto) -> LayerGraph:
+    """SET's layer graph of a batch-1 ONNX ``model``: imported and fused as the ``dsa`` pipeline
+    fuses it before scheduling (``relax_passes.fusion.fuse``), quantities per sample."""
+    for vi in model.graph.input:
+        dims = vi.type.tensor_type.shape.dim
+        if dims and dims[0].dim_value not in (0, 1):
+            raise LayerGraphError(f"input {vi.name!r} has batch {dims[0].dim_value}: build the model at "
+                                  "batch 1 (SET's trees carry the batch)")
+    with tvm.target.Target("llvm"):
+        return LayerGraph.from_relax(fuse(import_onnx(model)))

@@ -20,14 +20,15 @@ import json
 import sys
 from pathlib import Path
 
-from tvm_dsa.dataflow import command as dataflow_command
-from tvm_dsa.driver import (
+from tvm_dsa.cli import dataflow as dataflow_command
+from tvm_dsa.cli.args import positive_int
+from tvm_dsa.harness import (
     Compiled, InputError, check_target, dsa_mac_share, import_onnx, load_model, max_relative_error
 )
 from tvm_dsa.models import MODELS, example_inputs
 from tvm_dsa.runtime import write_trace
-from tvm_dsa.show import commands as show_commands
-from tvm_dsa.show import explore as explore_command
+from tvm_dsa.cli import commands as show_commands
+from tvm_dsa.cli import explore as explore_command
 
 TOLERANCE = 2e-2  # fp16 storage: max |dsa - llvm| relative to max |llvm|
 
@@ -91,13 +92,6 @@ def _run(args: argparse.Namespace) -> int:
     return 0
 
 
-def _positive_int(text: str) -> int:
-    value = int(text)
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"must be at least 1, not {value}")
-    return value
-
-
 def parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="tvm-dsa", description="Compile and run models on a simulated DSA with TVM.")
     sub = p.add_subparsers(dest="command", required=True)
@@ -105,7 +99,7 @@ def parser() -> argparse.ArgumentParser:
     run.add_argument("model", help=f"an .onnx file or a built-in model: {', '.join(MODELS)}")
     run.add_argument("--target", default="dsa/stcp920", help="DSA preset (default dsa/stcp920; see `tvm-dsa hw`)")
     run.add_argument("--tiny", action="store_true", help="the built-in model's small configuration")
-    run.add_argument("--batch", type=_positive_int, help="batch size of a built-in model")
+    run.add_argument("--batch", type=positive_int, help="batch size of a built-in model")
     run.add_argument("--timing-only", action="store_true",
                      help="simulate time only (no numerics, no llvm check); needed for float models on int presets")
     run.add_argument("--trace", metavar="PATH", help="write a Chrome/Perfetto trace of the run")

@@ -23,9 +23,11 @@ from tvm import tirx
 
 from tvm_dsa.hardware import Hardware
 from tvm_dsa.isa import Program
-from tvm_dsa.runtime import simulate
-from tvm_dsa.tir_passes import Unsupported, anchor_info, lower_kernel
-from tvm_dsa.codegen.emit import build_program
+from tvm_dsa.runtime import timing_cycles
+from tvm_dsa.kernel.analysis import Unsupported
+from tvm_dsa.tir_passes.tile import anchor_info
+from tvm_dsa.tiling import lower_kernel
+from tvm_dsa.emit.emitter import build_program
 
 _FOLDABLE = (tirx.Add, tirx.Sub, tirx.Mul, tirx.FloorDiv, tirx.FloorMod, tirx.Min, tirx.Max)
 
@@ -148,12 +150,6 @@ def shape_class(func: tirx.PrimFunc) -> str | None:
         else:
             m *= extent
     return "thin" if 4 * m < n else "fat" if m > 4 * n else "regular"
-
-
-def timing_cycles(program: Program) -> int:
-    """Cycles of ``program`` in a timing-only simulation (what selects a shape class's version)."""
-
-    return simulate(program, None, mode="timing", check_hazards=False).report.cycles
 
 
 @dataclass

@@ -19,6 +19,8 @@ from tvm_dsa.isa.instructions import Mme
 from tvm_dsa.isa.program import Program
 from tvm_dsa.dataflow import closed
 from tvm_dsa.dataflow.library import mme_bandwidth
+from tvm_dsa.runtime.cost import mme_dims
+from tvm_dsa.models import example_inputs
 
 Shape = tuple[int, int, int]  # (M, N, K) of one product
 
@@ -35,7 +37,6 @@ class Ranked:
 def mme_products(programs: Iterable[Program]) -> Counter[Shape]:
     """How many M x N x K products the programs' MME instructions compute, per shape (a batched
     instruction counts its batch)."""
-    from tvm_dsa.runtime.cost import mme_dims  # the runtime imports the dataflow package
 
     products: Counter[Shape] = Counter()
     for program in programs:
@@ -49,8 +50,7 @@ def mme_products(programs: Iterable[Program]) -> Counter[Shape]:
 
 def model_products(model: str, target: str, tiny: bool = False) -> Counter[Shape]:
     """The MME products of a built-in model (or .onnx file) compiled for ``target`` and run timing-only."""
-    from tvm_dsa.driver import Compiled, check_target, import_onnx, load_model
-    from tvm_dsa.models import example_inputs
+    from tvm_dsa.harness import Compiled, check_target, import_onnx, load_model
 
     onnx_model = load_model(model, tiny=tiny)
     check_target(target, onnx_model, timing_only=True)

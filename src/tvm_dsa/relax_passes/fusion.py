@@ -1,0 +1,49 @@
+"""The fusion the DSA pipeline (and the tuning's task extraction) runs before scheduling: ``fuse``."""
+
+from __future__ import annotations
+
+import tvm
+from tvm import relax
+from tvm.relax.backend import cpu_generic
+
+from tvm_dsa.kernelgen.symbolic import is_dynamic
+from tvm_dsa.relax_passes.concat import ConcatApart
+from tvm_dsa.relax_passes.conv_transpose import ConvTransposeAsConv
+from tvm_dsa.relax_passes.gather import GatherOfRangeAsSlice
+from tvm_dsa.relax_passes.pool_divisor import ExactPoolDivisor
+from tvm_dsa.relax_passes.rdp_apply import ApplyRDP
+from tvm_dsa.relax_passes.rdp_fusion import AnnotateSymbolicReshapes
+from tvm_dsa.relax_passes.simplify import SimplifyInference
+from tvm_dsa.relax_passes.transpose import CancelTransposePairs
+from tvm_dsa.relax_passes.wide import KeepWide
+from tvm_dsa.tir_passes.masks import InlineMasks
+from tvm_dsa.tir_passes.names import UniqueBufferNames
+
+
+def fuse(mod: tvm.IRModule, rdp_fusion: bool = True) -> tvm.IRModule:
+    """The module as the offload sees it (in the current target's scope): simplified (with
+    transposes around a softmax cancelled, gathers at a range of indices sliced, an average
+    pooling that excludes the padding made one that counts it, times a constant:
+    ``ExactPoolDivisor``, a transposed convolution a convolution: ``ConvTransposeAsConv``),
+    legalized and fused (a concatenation of two values of one tensor left unfused:
+    ``ConcatApart``), each PrimFunc's buffers named uniquely (``UniqueBufferNames``) and its bool
+    masks inlined into their readers (``InlineMasks``), the tensors whose values can leave the
+    chip's storage type marked to stay wide (``KeepWide``); a dynamic model with RDP's shapes
+    applied, and fused across its dynamic shapes unless ``rdp_fusion`` is False."""
+    host = tvm.target.Target.current(allow_none=True) or tvm.target.Target("llvm")
+    dynamic = is_dynamic(mod)
+    across = dynamic and rdp_fusion
+    return tvm.transform.Sequential(
+        ([ApplyRDP()] if dynamic else [])
+        + [SimplifyInference(), CancelTransposePairs, GatherOfRangeAsSlice, ExactPoolDivisor, ConvTransposeAsConv]
+        # dataflow blocks (an importer gives none to a function with an If) for FuseOps, and RDP
+        # again: FoldBatchnormToConv2D and ConvertToDataflow lose the shapes of If results,
+        # CanonicalizeBindings drops casts that only assert dims (docs/sod2.md)
+        + ([relax.transform.ConvertToDataflow()] if across else [])
+        + ([ApplyRDP()] if dynamic else [])
+        + cpu_generic.library_dispatch_passes(host)
+        + [relax.transform.LegalizeOps(), relax.transform.AnnotateTIROpPattern(), ConcatApart]
+        + ([AnnotateSymbolicReshapes] if across else [])
+        + [relax.transform.FoldConstant(), relax.transform.FuseOps(), relax.transform.FuseTIR(), UniqueBufferNames,
+           InlineMasks, KeepWide]
+    )(mod)

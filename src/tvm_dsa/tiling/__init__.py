@@ -1,0 +1,391 @@
+"""The tiling search: the plan ``lower_with_plan`` lowers a kernel with, chosen for a chip.
+
+``lower_kernel`` tries the largest tilings whose working set fits the LB and gives the cluster's
+cores a tile each, ranks them by estimated load and compute cycles (``loads``, ``chunk_cycles``,
+``strip_cycles``) and, where two alignments of the tiles are close, by a timing simulation of
+their programs.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import replace
+
+import tvm
+
+from tvm_dsa.emit.emitter import Layer, build_program, deal
+from tvm_dsa.kernel.analysis import Unsupported, classify
+from tvm_dsa.kernel.attrs import GB_SCOPE, LB_SCOPE, STRIP
+from tvm_dsa.runtime import timing_cycles
+from tvm_dsa.tir_passes import lower_with_plan
+from tvm_dsa.tir_passes.tile import (
+    TilePlan, anchor_info, candidate_plans, divisor_below, parallel_plans, simplify_indices,
+    unit_choice, working_set_floor
+)
+from tvm_dsa import isa
+from tvm_dsa.kernel.ir import Loop, chunk_loops, plan_lb, read_kernel, stages_of, tile_bytes
+from tvm_dsa.emit.footprint import footprints
+from tvm_dsa.runtime.cost import ddr_effective_bytes, mme_cycles
+
+
+def lower_kernel(func, hw, lb_bytes: int | None = None, parallel: bool = True, simplify: bool = True,
+                 whole_rows: bool = False, vector: bool = False, overlap: bool = False, on_chip=frozenset(),
+                 clamp: bool = True, first_tile: int | None = None):
+    """Lower ``func`` with the largest tiling whose working set fits ``hw``'s LB (its first
+    ``lb_bytes`` if given) and — unless ``parallel`` is False — that gives the cluster's cores a
+    tile each where the kernel has that many. Returns (lowered, plan). With ``whole_rows`` no
+    tile splits the anchor's last spatial loop (a row of the output: a kernel whose output
+    overwrites an input it reads by rows, ``relax_passes.inplace.row_inputs``).
+
+    With ``simplify`` (the default) the kernel is lowered with its indices simplified under the
+    iterators' ranges (``tile.simplify_indices``: a legalized reshape's index chains become
+    affine in more tilings). Tiles are aligned to the divisors of the kernel's indices; where the
+    simplified indices allow other tiles than the raw ones (a fused transpose -> reshape), both
+    alignments are lowered and the one with fewer cycles in a timing simulation is kept (coarser
+    tiles are not always faster), unless one has ``TIMED_TILES_RATIO`` times the other's tiles or
+    more (it is then not simulated: ViT-B/16's head merge at batch 8 has 1.2M one-element tiles
+    under the raw alignment, 48 under the other). The contraction runs on the MME, or with
+    ``vector`` on the vector units where it may (``tile.unit_choice``: a depthwise convolution;
+    a tuning record's choice: timing both units in every compile cost Conformer's batch-8 build
+    3.5 s of 9.4 s). With ``overlap`` a contraction whose chunk loads leave no room for their
+    second copy takes a smaller chunk that does, where that is faster (``_loads_overlapped``):
+    for the layers of stitched kernels, which load from the GB; from DDR the narrower rows of a
+    smaller chunk waste bursts (ViT's fc2 alone at batch 8: 3.30M cycles with chunks of 32, 5.49M
+    with 16, double-buffered). ``on_chip``: positions of the parameters a stitched kernel's layer
+    reads from the GB (``load_cycles``), which also tries ``candidate_plans``' ``keep_n`` order.
+    With ``clamp`` (the default) a prime extent may be tiled in parts whose last overlaps the one
+    before (``ClampTiles``: ViT's 197 tokens); SET's layers keep tiles that divide
+    (``clamp=False``). ``first_tile`` caps the tiles of the first loop (``candidate_plans``)."""
+    info = anchor_info(func, simplify)
+    alignments = (False, True) if simplify and info.align != anchor_info(func, False).align else (None,)
+    if vector and not unit_choice(info, hw):
+        raise Unsupported(f"{info.name}: its contraction cannot run on the vector units of {hw.name}")
+    lowerings, error = [], None
+    for aligned in alignments:
+        try:
+            lowerings.append(_lower_aligned(func, hw, lb_bytes, parallel, simplify, aligned, vector, whole_rows,
+                                            overlap, on_chip, clamp, first_tile))
+        except Unsupported as err:
+            error = err
+    if not lowerings:
+        raise error
+    fewest = min(_tiles(info, plan) for _, plan in lowerings)
+    lowerings = [lp for lp in lowerings if _tiles(info, lp[1]) < TIMED_TILES_RATIO * fewest]
+    if len(lowerings) == 1:
+        return lowerings[0]
+    return min(lowerings, key=lambda lp: timing_cycles(build_program(lp[0], hw, "kernel")))
+
+
+TIMED_TILES_RATIO = 16
+
+
+def _tiles(info, plan: TilePlan) -> int:
+    n = 1
+    for extent, tile in zip(info.spatial, plan.tiles):
+        n *= -(-extent // tile)
+    return n
+
+
+def _lower_aligned(func, hw, lb_bytes: int | None, parallel: bool, simplify: bool, aligned: bool | None = None,
+                   vector: bool = False, whole_rows: bool = False, overlap: bool = False, on_chip=frozenset(),
+                   clamp: bool = True, first_tile: int | None = None):
+    """``lower_kernel`` with one alignment: of the simplified indices or of the indices as they are
+    (``aligned``, by default ``simplify``); the simplified kernel is lowered if ``simplify``; the
+    contraction on the vector units if ``vector``.
+
+    Candidate plans shrink monotonically, so both conditions are found by search (the first plan
+    that fits from the first within ``working_set_floor`` of the LB, probing forwards). A
+    contraction tries both orders of ``candidate_plans`` (and ``keep_n`` where some of its inputs
+    are ``on_chip``) and keeps the plan whose tiles take fewer DMA cycles to load
+    (``load_cycles``)."""
+    info = anchor_info(func, simplify if aligned is None else aligned)
+    if simplify:
+        func = simplify_indices(func)
+    orders = ((False, False), (True, False)) + (((True, True),) if on_chip else ()) if "N" in info.roles \
+        else ((False, False),)
+    chosen = []
+    for reuse, keep_n in orders:
+        try:
+            plans = [replace(p, vector=vector)
+                     for p in candidate_plans(info, hw.mme.rows, hw.mme.cols, reuse, keep_n, clamp, first_tile)]
+            chosen.append(_fitting(func, info, _rows_whole(info, plans) if whole_rows else plans, hw, lb_bytes,
+                                   parallel, whole_rows))
+        except Unsupported:
+            if (reuse, keep_n) == orders[-1] and not chosen:
+                raise
+    lowered, plan = chosen[0] if len(chosen) == 1 else \
+        min(chosen, key=lambda c: load_cycles(c[0], hw, lb_bytes, on_chip))
+    return _loads_overlapped(func, info, plan, lowered, hw, lb_bytes) if overlap else (lowered, plan)
+
+
+def loads(lowered, hw, lb_bytes: int | None = None, on_chip=frozenset()) -> tuple[int, int, int]:
+    """DDR bytes, transfers and GB bytes of a lowered kernel's reads from outside the LB, its
+    inputs in DDR (as layerwise has them) but those at the positions ``on_chip``, in the GB:
+    every load of every tile (one per chunk), from DDR in whole bursts of its contiguous runs
+    (``runtime.cost.ddr_effective_bytes``), except where the tile before it on the same core
+    (tiles dealt as ``codegen.emit.deal`` deals them) read the same box and the kernel has no
+    chunk loop, so the LB still holds it (a weight tile)."""
+    import numpy as np
+
+
+    layer = Layer.of(lowered, hw, "estimate", None, lb_bytes)
+    fp = footprints(layer)
+    shapes = {name: shape for name, shape, _ in layer.ir.params}
+    tiles = len(fp.tiles)
+    chunked = any(lp.extent > 1 for lp in chunk_loops(layer.ir))
+    kept = dict.fromkeys(fp.reads, 0)  # param -> tiles whose box the LB still holds
+    if not chunked:
+        # each tile after the one before it on its core
+        cores = np.asarray(deal([lp.extent for lp in layer.ir.tile_loops()], hw))
+        order = np.argsort(cores, kind="stable")
+        after = cores[order][1:] == cores[order][:-1]
+        for name, (lo, hi) in fp.reads.items():
+            lo, hi = lo[order], hi[order]
+            kept[name] = int((after & np.all(lo[1:] == lo[:-1], axis=1) & np.all(hi[1:] == hi[:-1], axis=1)).sum())
+    position = {name: i for i, (name, *_) in enumerate(layer.ir.params)}
+    nbytes = transfers = gb = 0
+    for name, shape, count in fp.loads:
+        strides = tuple(math.prod(shapes[name][d + 1:]) for d in range(len(shapes[name])))
+        n = (tiles - kept[name]) * count
+        if position[name] in on_chip:
+            gb += n * math.prod(shape) * hw.storage_bytes
+        else:
+            nbytes += n * ddr_effective_bytes(isa.Operand("ddr", 0, 0, hw.storage_dtype, strides), shape, hw)
+        transfers += n
+    return nbytes, transfers, gb
+
+
+def load_cycles(lowered, hw, lb_bytes: int | None = None, on_chip=frozenset()) -> float:
+    """Cycles of a lowered kernel's ``loads``, all cores loading at once: the DDR's time for
+    their DDR bytes and the clusters' GBs' for their GB bytes (``on_chip``), plus each core's
+    transfer set-ups. Whole bursts make a strided box costly (a
+    column of a row-major tensor, a burst per element) and set-ups make one-deep reduction
+    chunks costly: ViT's probs x V (a reduction of 197, prime) had tiles of 197 rows and chunks
+    of one, 26 times the cycles of rows of one beside the whole reduction."""
+    nbytes, transfers, gb = loads(lowered, hw, lb_bytes, on_chip)
+    cores = hw.clusters * hw.cores_per_cluster
+    return (nbytes / hw.ddr_bytes_per_cycle + gb / (hw.gb_bytes_per_cycle * hw.clusters)
+            + transfers * hw.dma_latency_cycles / cores)
+
+
+def _rows_whole(info, plans: list[TilePlan]) -> list[TilePlan]:
+    """``plans`` with the last spatial loop never split (its tile the whole extent) and no tiles
+    that overlap (a row rewritten in place is read once), repeats dropped."""
+    out = []
+    for plan in plans:
+        if any(e % t for e, t in zip(info.spatial, plan.tiles)):
+            continue
+        whole = replace(plan, tiles=(*plan.tiles[:-1], info.spatial[-1]))
+        if not out or out[-1] != whole:
+            out.append(whole)
+    return out
+
+
+def _fitting(func, info, plans, hw, lb_bytes, parallel, whole_rows=False):
+    """The first of ``plans`` that lowers within the LB, made parallel (``lower_kernel``; with
+    ``whole_rows`` no tile splits the last spatial loop)."""
+
+    tried: dict[int, object] = {}
+    too_big: dict[int, int] = {}  # plan index -> LB bytes its tile needs, for those that do not fit
+    reasons: list[str] = []
+
+    def lowered_if_fits(i):
+        if i not in tried:
+            tried[i] = None
+            try:
+                lowered = lower_with_plan(func, plans[i])
+                kernel = read_kernel(lowered)
+            except Unsupported as err:  # indices not affine in this tiling
+                reasons.append(str(err))
+                return None
+            try:
+                plan_lb(kernel, hw, lb_bytes)
+                tried[i] = lowered
+            except Unsupported as err:  # too big for the LB
+                too_big[i] = tile_bytes(kernel, hw)
+                reasons.append(str(err))
+        return tried[i]
+
+    def spread(plan):
+        """Every cluster the first loop can feed gets a value of the first tile loop (it picks the
+        cluster: the batch split) and each of its cores a tile."""
+        clusters = min(info.spatial[0], hw.clusters)
+        return (info.spatial[0] // plan.tiles[0] >= clusters
+                and _tiles(info, plan) >= clusters * hw.cores_per_cluster)
+
+    # plans above the LB by the tile's least working set need no lowering; the first plan that
+    # fits is usually within a few of the first that passes that bound
+    capacity = hw.lb_bytes if lb_bytes is None else lb_bytes
+    floor = _bisect(len(plans), lambda i: working_set_floor(info, plans[i], hw.storage_bytes,
+                                                            hw.accum_bytes) <= capacity)
+    first = _predicted(floor, plans, capacity, lambda i: lowered_if_fits(i) is not None, too_big)
+    # fitting is monotone along the plans, affine indices are not (a reshape wants tiles that
+    # divide its factors): when the bisection lands on a failure, scan on for a plan that lowers
+    while first < len(plans) and lowered_if_fits(first) is None:
+        first += 1
+    if first == len(plans):
+        raise Unsupported(f"no tiling of {info.name} fits the {lb_bytes or hw.lb_bytes}-byte LB "
+                          f"with affine accesses (last: {reasons[-1] if reasons else '?'})")
+    if not parallel or spread(plans[first]):
+        return lowered_if_fits(first), plans[first]
+    more = [replace(p, vector=plans[first].vector) for p in parallel_plans(info, plans[first], hw.mme.rows, hw.mme.cols)]
+    if whole_rows:
+        more = [p for p in _rows_whole(info, more) if p != plans[first]]
+    if not more:
+        return lowered_if_fits(first), plans[first]
+    best = min(_bisect(len(more), lambda i: spread(more[i])), len(more) - 1)
+    try:
+        return lower_with_plan(func, more[best]), more[best]
+    except Unsupported:  # this split breaks an index's affinity: keep the plan that fits
+        return lowered_if_fits(first), plans[first]
+
+
+def _loads_overlapped(func, info, plan: TilePlan, lowered, hw, lb_bytes):
+    """(lowered, plan): ``plan``, or where it leaves no room for a second copy of what a chunk
+    loads, the same tiles with the largest chunk that does — a divisor of the chunk, not below
+    the PE array's rows, the epilogue in as few strips as that takes (``StripEpilogue``: 1, 2, 4
+    or 8) — if ``chunk_cycles`` finds its tile faster, the strips' set-ups counted
+    (``strip_cycles``): one copy makes every chunk's loads wait for the MME to finish the chunk
+    before (ViT's 197-row matmul tiles: load and compute take turns); more chunks cost a transfer
+    set-up and an MME pass each (BERT's FFN tiles of 64 x 96 had chunks of 16 and a GELU's two
+    float32 tile-sized temporaries; in 4 strips they take chunks of 32). A divisor keeps the
+    boxes aligned as the chunk's were."""
+
+    # a chunk of the whole reduction keeps its weight tile in the LB from one tile to the next
+    whole = plan.chunk is None or plan.chunk == info.reduction[0]
+    if whole or plan.vector or "N" not in info.roles:
+        return lowered, plan
+    kernel = read_kernel(lowered)
+    if plan_lb(kernel, hw, lb_bytes).double_buffered or chunk_cycles(kernel, hw, overlapped=False) is None:
+        return lowered, plan
+    chunk = plan.chunk
+    while chunk >= hw.mme.rows:
+        for strips in STRIPS:
+            if (chunk, strips) == (plan.chunk, 1):
+                continue
+            other_plan = replace(plan, chunk=chunk, strips=strips)
+            try:
+                low = lower_with_plan(func, other_plan)
+            except Unsupported:  # indices not affine in this chunk, or no epilogue to strip
+                if strips == 1:
+                    return lowered, plan
+                break
+            other = read_kernel(low)
+            try:
+                doubled = plan_lb(other, hw, lb_bytes).double_buffered
+            except Unsupported:  # a deeper chunk that does not fit even once: more strips may
+                continue
+            if doubled:
+                cycles = chunk_cycles(other, hw, overlapped=True) + strip_cycles(other, hw)
+                faster = cycles < chunk_cycles(kernel, hw, overlapped=False)
+                return (low, other_plan) if faster else (lowered, plan)
+        chunk = divisor_below(plan.chunk, chunk)
+    return lowered, plan
+
+
+STRIPS = (1, 2, 4, 8)  # the epilogue strips ``_loads_overlapped`` tries, fewest first
+
+
+def strip_cycles(kernel, hw) -> int:
+    """What running a kernel's epilogue in strips adds per tile: the set-up of each of its stages
+    (a transfer's or a vector instruction's) once more per strip after the first."""
+
+    loops = [n for n in kernel.tile_loops()[-1].body if isinstance(n, Loop) and n.kind == STRIP]
+    return sum((lp.extent - 1) * sum(hw.dma_latency_cycles if st.op == "dma" else hw.vector_latency_cycles
+                                     for st in stages_of(lp.body)) for lp in loops)
+
+
+def chunk_cycles(kernel, hw, overlapped: bool) -> float | None:
+    """Estimated cycles of one tile's chunk loop on a core loading from the GB: per chunk, each
+    load's set-up plus its bytes at the core's share of the GB's bandwidth, and the MME's product
+    (``runtime.cost.mme_cycles``); loads and product one after the other, or ``overlapped`` (two
+    copies of the loads) the longer of the two, plus the first chunk's loads. None without a
+    chunk loop or where it computes more than the loads and the product (producers moved under
+    it), which the estimate leaves out."""
+
+    chunks = chunk_loops(kernel)
+    if not chunks or any(st.op not in ("dma", "mme") for st in stages_of(chunks[0].body)):
+        return None
+    loop = chunks[0]
+    esize = tvm.runtime.DataType(hw.storage_dtype).bits // 8
+    per_core = hw.gb_bytes_per_cycle / hw.cores_per_cluster
+    load = product = 0.0
+    for st in stages_of(loop.body):
+        if st.op == "dma" and st.dst.lb:
+            load += hw.dma_latency_cycles + math.prod(st.shape) * esize / per_core
+        elif st.op == "mme":
+            a, b = (r.access for r in st.value)
+            dims = {"k": 1, "m": 1, "n": 1, "batch": 1}
+            for i, e in enumerate(st.shape):
+                in_a, in_b = any(row[i] for row in a.inner), any(row[i] for row in b.inner)
+                role = ("k" if not any(row[i] for row in st.dst.inner) else
+                        "m" if in_a and not in_b else "n" if in_b and not in_a else "batch")
+                dims[role] *= e
+            product += mme_cycles(dims["batch"], dims["m"], dims["n"], dims["k"], hw)
+    if overlapped:
+        return loop.extent * max(load, product) + load
+    return loop.extent * (load + product)
+
+
+def _bisect(n: int, pred, lo: int = 0) -> int:
+    """Smallest i in [lo, n) with pred(i) for a monotone pred; n if none."""
+    hi = n
+    while lo < hi:
+        mid = (lo + hi) // 2
+        if pred(mid):
+            hi = mid
+        else:
+            lo = mid + 1
+    return lo
+
+
+def _predicted(floor: int, plans: list[TilePlan], capacity: int, fits, too_big: dict[int, int]) -> int:
+    """The first of ``plans`` from ``floor`` that ``fits`` (monotone), found with few lowerings:
+    a plan too big for the LB predicts the first that fits, its tile's bytes (``too_big``) shrunk
+    in proportion to each later plan's box (``_box_ratio``); the prediction is lowered, and if too
+    big too, predicts again. A box mostly shrinks by no more than its tiles (by less for a window
+    wider than its stride, or a weight tile that rows do not cut), so predictions mostly come
+    early; where one fits, the plan before it is checked, which keeps the answer exact where one
+    comes late (a stride wider than its window, buffers sharing LB places in one tiling and not
+    in another). A plan whose indices are not affine predicts nothing: from it the search
+    gallops. ViT-B/16's layer norms and softmax: 3 lowerings of 20-40 ms each instead of 7."""
+    n, last, probe = len(plans), None, floor
+    while probe < n and not fits(probe) and probe in too_big:
+        last, need, ref = probe, too_big[probe], plans[probe]
+        probe = _bisect(n, lambda i: need * _box_ratio(ref, plans[i]) <= capacity, probe + 1)
+    if probe == n or not fits(probe):
+        return _gallop(probe, n, fits)
+    if last is not None and probe - 1 > last and fits(probe - 1):  # a prediction came late
+        return _bisect(probe - 1, fits, last + 1)
+    return probe
+
+
+def _box_ratio(ref: TilePlan, plan: TilePlan) -> float:
+    """How much smaller ``plan``'s tile is than ``ref``'s: the product of its tiles' and chunk's
+    ratios (``plan`` comes after ``ref`` in ``candidate_plans``: no loop larger)."""
+    ratio = 1.0
+    for a, b in zip(ref.tiles, plan.tiles):
+        ratio *= b / a
+    if ref.chunk and plan.chunk:
+        ratio *= plan.chunk / ref.chunk
+    return ratio
+
+
+def _gallop(lo: int, n: int, pred) -> int:
+    """``_bisect`` for an answer likely near ``lo``: probes lo, lo + 2, lo + 6, ... (steps doubling),
+    then bisects the last step."""
+    step = 1
+    while lo < n:
+        hi = min(lo + step, n)
+        if pred(hi - 1):
+            return _bisect(hi - 1, pred, lo)
+        lo, step = hi, 2 * step
+    return n
+
+
+__all__ = [
+    "Unsupported", "classify", "TilePlan", "anchor_info", "candidate_plans", "tile_schedule",
+    "assign_scopes", "strip_epilogue", "lower_to_dsa", "lower_with_plan", "lower_kernel", "loads", "load_cycles", "chunk_cycles",
+    "working_set_floor", "TileForLB", "AssignScopes", "StripEpilogue", "LowerToDSA", "ClampTiles", "LB_SCOPE",
+    "GB_SCOPE",
+]
