@@ -6,7 +6,7 @@
 The seed: Algorithm 1 splits a sub-graph's output and propagates the split to its intermediates,
 which may recompute them ("在融合多个卷积或矩阵乘法算子时开销较大"), so "a simple cost model
 prevents excessive recomputation from offsetting the benefits of fusion". tvm-dsa applies that
-control in kernel generation instead (``codegen.stitch.RECOMPUTE_LIMIT``: instances are made
+control in kernel generation instead (``kernelgen.stitch.RECOMPUTE_LIMIT``: instances are made
 coarser). This script measures the model the seed describes, applied where the seed puts it, on
 one cluster's share of the batch (as ``graphturbo`` groups):
 

@@ -1,4 +1,4 @@
-"""A dynamic model at one input (relax_passes.instance): branches taken, views contracted."""
+"""A dynamic model at one input (relax_passes.concrete): branches taken, views contracted."""
 
 import itertools
 import warnings

@@ -1,6 +1,6 @@
 """FusePooling (relax_passes.pool_fusion): a pooling joins the convolution kernel before it where
 the DSA runs the two as one kernel, the pooling its anchor and the convolution's rows computed per
-tile in the LB (tir_passes.tile.find_anchor, codegen.kernel_ir's clipped producers)."""
+tile in the LB (tir_passes.tile.find_anchor, kernel.ir's clipped producers)."""
 
 import numpy as np
 import pytest

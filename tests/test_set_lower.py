@@ -1,4 +1,4 @@
-"""SET schedules lowered to DSA programs (codegen.set_program) and compiled with
+"""SET schedules lowered to DSA programs (kernelgen.tree) and compiled with
 ``tvm_dsa.pipeline(schedule="set")``: numerics against llvm, invocations on their tile groups in
 the tree's order, the S-T graph's rectangles, errors."""
 

@@ -1,4 +1,4 @@
-"""What a lowered SET program keeps on chip (codegen.set_program): feature maps consumed at once
+"""What a lowered SET program keeps on chip (kernelgen.tree): feature maps consumed at once
 in the consumers' LBs, weights pinned once per root sub-batch round (seed 002 §3.3.1), DRAM only
 across root T-cut children; and the emitter's split of DMA boxes over a tensor kept in pieces."""
 

@@ -497,7 +497,7 @@ def test_an_epilogues_temporaries_share_lb_places_and_compute_exactly(rng):
     rule: in place where a vector stage computes one from another element for element, else the
     place of one whose use has ended); the three it loads keep their own. The bytes follow, and
     the shared places compute what llvm computes. (FuseTIR names two of the GELU's temporaries
-    ``T_multiply``: they are two buffers, ``T_multiply#1`` the second, ``codegen.kernel_ir``.)"""
+    ``T_multiply``: they are two buffers, ``T_multiply#1`` the second, ``kernel.ir``.)"""
     op = relax.op
     func = fused_kernel(lambda: relax_graph([(64, 96), (96, 48), (48,)],
                                             lambda x, w, b: op.nn.gelu(op.add(op.matmul(x, w), b))))

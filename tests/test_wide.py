@@ -1,4 +1,4 @@
-"""Values an fp16 chip cannot hold: what the compiler keeps wide (``tir_passes.ranges``,
+"""Values an fp16 chip cannot hold: what the compiler keeps wide (``kernel.ranges``,
 ``relax_passes.wide``) and what the simulator reports where a kernel still overflows."""
 
 import numpy as np

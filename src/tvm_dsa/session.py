@@ -78,7 +78,7 @@ def execute(program_text, info_text, *tensors) -> None:
 
 
 def execute_shaped(kernel_text, info_text, *args) -> None:
-    """A kernel with symbolic dims (``codegen.specialize``): its program for the shapes of this
+    """A kernel with symbolic dims (``kernelgen.specialize``): its program for the shapes of this
     call's tensors and the values of its scalar arguments, built on the first call with them."""
     tensors = [a for a in args if not isinstance(a, int)]
     shapes = tuple(tuple(t.shape) for t in tensors)

@@ -117,7 +117,7 @@ class Hardware:
     @property
     def wide_dtype(self) -> str:
         """Where values can leave the storage type (sums of squares, variances:
-        ``tir_passes.ranges``), a float chip keeps them at its accumulator's width."""
+        ``kernel.ranges``), a float chip keeps them at its accumulator's width."""
         return self.mme.accum_dtype if self.is_float else self.storage_dtype
 
     @property

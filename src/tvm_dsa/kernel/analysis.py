@@ -161,7 +161,7 @@ def is_copy_like(e) -> bool:
 
 def data_select(e) -> tuple:
     """(condition, then, else) of a ``Select`` or ``if_then_else`` (a select by the data: LeakyRelu,
-    PRelu, Sign; one by the index alone is a box bound, ``codegen.kernel_ir``)."""
+    PRelu, Sign; one by the index alone is a box bound, ``kernel.ir``)."""
     cond, then, other = (e.condition, e.true_value, e.false_value) if isinstance(e, tirx.Select) else e.args
     return _mask(cond), then, other
 

@@ -196,7 +196,7 @@ class KernelIR:
     params: tuple  # (name, shape, dtype) of the PrimFunc parameters
     double_buffer: bool | None = None  # the schedule's decision (``dsa.double_buffer``); None: if it fits
     clamped: frozenset = frozenset()  # tile-loop slots whose last tile overlaps the one before (``ClampTiles``)
-    wide: frozenset = frozenset()  # parameters stored at the accumulator's width (``tir_passes.ranges``)
+    wide: frozenset = frozenset()  # parameters stored at the accumulator's width (``kernel.ranges``)
 
     def ddr_dtype(self, param: str, hw: Hardware) -> str:
         """The type ``param`` is stored in outside the LB: the chip's, or its wide one."""
@@ -825,7 +825,7 @@ def _tile_layout(kernel: KernelIR, hw: Hardware, rounding=align):
 def tile_bytes(kernel: KernelIR, hw: Hardware) -> int:
     """LB bytes one tile of ``kernel`` needs, one copy of each buffer (``plan_lb``'s least), sizes
     not rounded up to ``ALIGN``: it shrinks in proportion to the boxes, which lets a tile search
-    predict which smaller tiling fits (``tir_passes.lower_kernel``)."""
+    predict which smaller tiling fits (``tiling.lower_kernel``)."""
     *_, sizes, scratch = _tile_layout(kernel, hw, rounding=int)
     return sum(sizes.values()) + scratch
 

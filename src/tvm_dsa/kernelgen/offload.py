@@ -2,7 +2,7 @@
 
 Every PrimFunc ``main`` calls is lowered by the TIR passes; the scheduler groups the calls into
 kernels; each kernel becomes a DSA program (one layer: ``build_program``; a stitched sub-graph:
-a sub-graph module through the §4 passes of ``tir_passes.stitch``, then ``emit_stitched``) and its
+a sub-graph module through the §4 passes of ``kernelgen.stitch_passes``, then ``emit_stitched``) and its
 calls become one
 ``call_dps_packed("tvm_dsa.execute", (program, info, *inputs))`` returning its outputs (a SET
 schedule: ``build_tree_program``, all its layers in one program). The program
@@ -330,7 +330,7 @@ def _stitched(spec, nodes, graph, layer, hw, stitch) -> tuple:
             cap = first_tile if graph.tensors[n.output].shape[0] == batch else None
             out[n.name] = layer(n.func, part, on_chip if len(on_chip) < len(n.inputs) else frozenset(), cap)
             if read_kernel(out[n.name][0]).wide:  # stitched tensors are placed in the storage type
-                raise Unsupported(f"layer {n.name} keeps a tensor wide (tir_passes.ranges)")
+                raise Unsupported(f"layer {n.name} keeps a tensor wide (kernel.ranges)")
         return out
 
     def planned(rounds: int):
@@ -415,7 +415,7 @@ def _tree_kernel(spec, nodes, graph, lowered, hw) -> TreeKernel:
         n = graph.nodes[lay.node]
         layers.append(Layer.of(lowered[n.func][0], hw, n.name, (*n.inputs, n.output), lowered[n.func][1]))
         if layers[-1].ir.wide:  # the tree's tensors are placed in the storage type
-            raise Unsupported(f"layer {n.name} keeps a tensor wide (tir_passes.ranges)")
+            raise Unsupported(f"layer {n.name} keeps a tensor wide (kernel.ranges)")
     views = {n.output: n.inputs[0] for n in nodes if n.func not in lowered}
     weights = frozenset(t for t in inputs if graph.tensors[t].constant)
     return TreeKernel(spec.name, tuple(layers), views, tuple(inputs), tuple(outputs), tensors, spec.plan.schedule,

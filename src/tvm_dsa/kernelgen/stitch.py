@@ -326,7 +326,7 @@ class SubGraphKernel:
 
 def subgraph_module(name: str, layers, inputs, outputs, tensors: dict, weights, split_loop: int = 0,
                     groups: int = 1 << 30) -> tvm.IRModule:
-    """The module kernel generation's passes (``tir_passes.stitch``) transform: one lowered PrimFunc
+    """The module kernel generation's passes (``kernelgen.stitch_passes``) transform: one lowered PrimFunc
     per layer (``layers``: (call-site name, PrimFunc, tensor of each parameter, LB budget it was
     tiled to or None), topological order), the tensors behind its parameters in ``dsa.args``, and
     the sub-graph's boundary in the module attribute ``dsa.subgraph``."""
@@ -636,7 +636,7 @@ def piece_order(layer, rows: np.ndarray, fp: Footprint, pieced: dict) -> np.ndar
 
 def emit_stitched(mod: tvm.IRModule, hw, replicate: bool = True, replay: bool = True):
     """(Program, StitchInfo) of a sub-graph module annotated by the passes of
-    ``tir_passes.stitch``: each cluster's steps in the chosen order, at each step the buffers that
+    ``kernelgen.stitch_passes``: each cluster's steps in the chosen order, at each step the buffers that
     start there claimed (a weight's promotion DDR -> GB issued, in order of first use, one promoted
     in pieces after the others first used with it: a bias needed at the end of the first tiles
     does not wait behind the megabytes of its weight), then every layer's tiles of the step's

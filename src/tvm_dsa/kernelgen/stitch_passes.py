@@ -1,6 +1,6 @@
 """Kernel generation of a stitched sub-graph (seed 000 §4), one named pass per step.
 
-A sub-graph module (``codegen.stitch.subgraph_module``) holds one PrimFunc per layer, already
+A sub-graph module (``kernelgen.stitch.subgraph_module``) holds one PrimFunc per layer, already
 tiled around its anchor op with its tile operands in LB scopes (the per-layer passes TileForLB,
 AssignScopes, LowerToDSA), the tensors behind its parameters, and the sub-graph's boundary. Each
 pass here adds its decision to the module as an attribute of plain TVM containers, so that
@@ -15,7 +15,7 @@ pass here adds its decision to the module as an attribute of plain TVM container
     CrossLayerSchedule  §4.4    how many steps early each cluster promotes each weight   dsa.prefetch
     AllocateBuffers     §4.3    every buffer's lifetime, level and offset; spills        dsa.allocation
 
-``codegen.stitch.emit_stitched`` turns the annotated module into a DSA program.
+``kernelgen.stitch.emit_stitched`` turns the annotated module into a DSA program.
 """
 
 from __future__ import annotations
@@ -241,7 +241,7 @@ def StitchBuffers(hw):  # noqa: N802 - TVM pass naming
 
 def BindCores(hw, rounds: int = 1):  # noqa: N802
     """Algorithm 4: the cores of each instance — dealt over the clusters in consecutive blocks
-    (``codegen.stitch.binding``), one core each where a cluster has as many instances as cores,
+    (``kernelgen.stitch.binding``), one core each where a cluster has as many instances as cores,
     else the largest balanced factor of 8, 4, 2, 1; with ``rounds`` > 1 a cluster's instances
     run in that many rounds (micro-batches), each round's on all the cores it balances over."""
     return _annotating("dsa.BindCores", lambda k: {"dsa.cores": [

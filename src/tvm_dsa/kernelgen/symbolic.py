@@ -7,7 +7,7 @@ DSA can run becomes one DSA call, ``layerwise`` (one kernel per fused op):
   as in ``offload``;
 - a PrimFunc with symbolic dims is carried as TIR, ``call_dps_packed("tvm_dsa.execute_shaped",
   (kernel, info, *args))``, and gets one program per concrete shape on first use at run time
-  (``codegen.specialize``). The VM passes the call's tensors and scalar symbols, so the dispatch
+  (``kernelgen.specialize``). The VM passes the call's tensors and scalar symbols, so the dispatch
   needs nothing but the arguments.
 
 Whether the DSA can run a symbolic PrimFunc is decided now, by lowering it at a probe size

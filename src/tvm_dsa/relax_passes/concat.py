@@ -26,7 +26,7 @@ def _sources(var, bound: dict, mod, memo: dict) -> frozenset:
     """The tensors that element-wise / injective kernels compute on the way to ``var`` (itself
     included where such a kernel computes it): what one fused kernel would compute for it. A
     tensor another kernel computes (a convolution's output) is read, and each reader gets its own
-    copy of it (``tir_passes.scopes.COPY_EACH``)."""
+    copy of it (``kernel.attrs.COPY_EACH``)."""
     if var not in memo:
         memo[var] = frozenset()
         value = bound.get(var)

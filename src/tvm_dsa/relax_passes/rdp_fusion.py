@@ -16,7 +16,7 @@ On a dynamic model two things stop it where the shapes RDP proves would allow it
   after it) puts them back. The pipeline does that (``pipeline.py``).
 
 Where RDP cannot prove the dims equal (a dim cut at an If that changes shape), the fused kernel
-keeps a symbol, and its program is built per concrete shape at run time (``codegen.specialize``)
+keeps a symbol, and its program is built per concrete shape at run time (``kernelgen.specialize``)
 — the guarded multi-version case, with as many versions as shapes met.
 """
 

@@ -1,7 +1,7 @@
 """KeepWide: tensors whose values can leave the chip's storage type are stored at its accumulator's width.
 
 Each ``call_tir`` of ``main`` (and of the functions it branches into), in order: its output is wide
-where ``tir_passes.ranges.wide_output`` says so given which of its inputs are wide (a view or an
+where ``kernel.ranges.wide_output`` says so given which of its inputs are wide (a view or an
 alias of a wide tensor is wide; so are constants with values beyond fp16). Such a call gets a copy of its PrimFunc (``NAME_wide``, one per set of
 positions) with the positions of its wide parameters as the ``dsa.wide`` attribute, which kernel
 generation reads. Calls that pass one tensor twice (``multiply(x, x)``) are read

@@ -1,7 +1,7 @@
 """GraphTurbo's hardware-aware partitioning (seed 000 §3; docs/graphturbo.md is the spec).
 
 The scheduler ``graphturbo`` groups a module's layers with these algorithms and returns one
-stitched kernel per sub-graph; kernel generation (``codegen.stitch``) splits it into instances,
+stitched kernel per sub-graph; kernel generation (``kernelgen.stitch``) splits it into instances,
 binds them to cores and places the tensors. The algorithms, pure functions on ``SubGraphs``:
 
 - ``split_info`` (Algorithm 1): for each loop dimension ``d`` of a sub-graph's output tensor,
@@ -35,7 +35,7 @@ Choices where the seed is silent (docs/graphturbo.md, §1 [AMBIG]):
 - "better memory utilisation" (BFS vs DFS) is the smaller peak of bytes produced and not yet
   consumed by every instance that reads them (graph outputs leave the chip and do not count).
 The recomputation cost model of §3.1 is not applied here: kernel generation coarsens a sub-graph's
-instances instead (``codegen.stitch.RECOMPUTE_LIMIT``), it does not stop the merge. Applied here
+instances instead (``kernelgen.stitch.RECOMPUTE_LIMIT``), it does not stop the merge. Applied here
 (``benchmarks/graphturbo_recompute.py``), it rejects the channel splits that alone fit the LB and
 with them most merges (docs/graphturbo.md).
 """

@@ -5,7 +5,7 @@ over its steps, at their place in the LB / GB, spilled ones marked.
         Compiled.build(mod, "dsa/stcp920", "graphturbo")
     bars = plot_lifetimes(kernels["sg0_lv"], "lifetimes.svg")
 
-The data is ``codegen.stitch``'s own: the ``dsa.allocation`` attribute the ``AllocateBuffers``
+The data is ``kernelgen.stitch``'s own: the ``dsa.allocation`` attribute the ``AllocateBuffers``
 pass adds to a sub-graph module (``read_allocation``: per buffer its owner, first and last step,
 bytes, level, unit and offset). The offload keeps no annotated module, so ``capture_allocations``
 records them with a pass instrument while a compilation runs. A buffer whose level is ``ddr`` was

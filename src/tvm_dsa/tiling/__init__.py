@@ -123,7 +123,7 @@ def loads(lowered, hw, lb_bytes: int | None = None, on_chip=frozenset()) -> tupl
     inputs in DDR (as layerwise has them) but those at the positions ``on_chip``, in the GB:
     every load of every tile (one per chunk), from DDR in whole bursts of its contiguous runs
     (``runtime.cost.ddr_effective_bytes``), except where the tile before it on the same core
-    (tiles dealt as ``codegen.emit.deal`` deals them) read the same box and the kernel has no
+    (tiles dealt as ``emit.emitter.deal`` deals them) read the same box and the kernel has no
     chunk loop, so the LB still holds it (a weight tile)."""
     import numpy as np
 

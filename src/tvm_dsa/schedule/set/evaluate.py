@@ -210,7 +210,7 @@ def invocation_order(tree: Tree) -> list[tuple[int, int]]:
     before sub-batch k+1 (a T-cut one child after the other on shared tiles, an S-cut's children
     on their own tiles, pipelined). Each tile's invocations appear in the order it runs them and
     every producer invocation before the consumer invocations that read it; the lowered program
-    (``codegen.set_program``) is emitted in this order too."""
+    (``kernelgen.tree``) is emitted in this order too."""
 
     def order(node: Node, b: int) -> list[tuple[int, int, int]]:
         """(layer, invocation, samples per invocation) of ``node`` run over ``b`` samples: its

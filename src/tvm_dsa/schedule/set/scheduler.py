@@ -3,7 +3,7 @@
 ``tvm.compile(mod, target="dsa/set-edge16-fp16", relax_pipeline=tvm_dsa.pipeline(schedule="set"))``
 builds the layer graph of ``main`` (the batch is the leading dimension of its activation inputs),
 finds a resource allocation tree by simulated annealing (or takes the one given in ``SetOptions``)
-and hands kernel generation a kernel holding the layers the DSA runs; ``codegen.set_program``
+and hands kernel generation a kernel holding the layers the DSA runs; ``kernelgen.tree``
 lowers the tree. Pure reshapes between those layers are views inside the program. Layers the DSA
 cannot run stay on the host; where one sits between layers, the layers after it form another
 program with a tree of its own (``program_groups``).
