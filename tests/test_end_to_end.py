@@ -11,7 +11,7 @@ from tvm import relax
 from tvm.relax.frontend import onnx as rx_onnx
 
 import tvm_dsa
-from tvm_dsa.relax_pipeline import LAST_OFFLOAD
+from tvm_dsa import pipeline_result
 
 
 def small_cnn(rng):
@@ -47,7 +47,7 @@ def test_small_cnn_matches_llvm_and_onnxruntime(rng):
     ref = relax.VirtualMachine(tvm.compile(mod, target="llvm"), tvm.cpu())["main"](tvm.runtime.tensor(x)).numpy()
     ort_out = ort.InferenceSession(model.SerializeToString()).run(None, {"x": x})[0]
     ex = tvm.compile(mod, target="dsa/stcp920", relax_pipeline="dsa")
-    result = LAST_OFFLOAD["result"]
+    result = pipeline_result(ex)
     out = relax.VirtualMachine(ex, tvm.cpu())["main"](tvm.runtime.tensor(x)).numpy()
     np.testing.assert_allclose(out, ref, rtol=1e-2, atol=2e-3)
     np.testing.assert_allclose(out, ort_out, rtol=1e-2, atol=2e-3)
@@ -126,7 +126,7 @@ def test_op_the_dsa_lacks_runs_on_the_host(rng):
     ids = rng.integers(0, 50, (4, 8)).astype("int64")
     mod = rx_onnx.from_onnx(model, keep_params_in_input=False)
     ex = tvm.compile(mod, target="dsa/stcp920", relax_pipeline="dsa")
-    result = LAST_OFFLOAD["result"]
+    result = pipeline_result(ex)
     out = relax.VirtualMachine(ex, tvm.cpu())["main"](tvm.runtime.tensor(ids)).numpy()
     ort_out = ort.InferenceSession(model.SerializeToString()).run(None, {"ids": ids})[0]
     np.testing.assert_allclose(out, ort_out, rtol=1e-2, atol=2e-3 * np.abs(ort_out).max())

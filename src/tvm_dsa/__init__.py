@@ -25,16 +25,46 @@ def _autoload() -> None:
         return
     _INITIALISED = True
     hardware.init()
-    from tvm_dsa import relax_pipeline, session
+    from tvm_dsa import execution, relax_pipeline
 
     relax_pipeline.register()
-    session.register()
+    execution.register()
 
 
 _autoload()
 
-from tvm_dsa.session import KernelRun, last_kernel_runs, last_report, last_trace, set_mode  # noqa: E402
+from tvm_dsa.execution import KernelRun, Session, current  # noqa: E402
 from tvm_dsa.relax_pipeline import pipeline, pipeline_result  # noqa: E402
+
+
+def session(mode: str = "functional", trace: bool | None = None, check_hazards: bool = True,
+            strict: bool = False) -> Session:
+    """A new session: ``with tvm_dsa.session(mode="timing") as s: ...; s.report()``. Within the
+    block, the DSA kernels of the models run there run as it says (``Session.set_mode``) and report
+    to it alone."""
+    return Session(mode, trace, check_hazards, strict)
+
+
+def set_mode(mode: str = "functional", trace: bool | None = None, check_hazards: bool = True,
+             strict: bool = False) -> None:
+    """How offloaded kernels run from now on in the current session (``Session.set_mode``)."""
+    current().set_mode(mode, trace, check_hazards, strict)
+
+
+def last_report():
+    """The report of the current session's last model run (all its DSA kernels); None before any
+    run and after a run that called no DSA kernel."""
+    return current().report()
+
+
+def last_kernel_runs() -> list[KernelRun]:
+    """Each DSA kernel call of the current session's last model run, in call order."""
+    return current().kernel_runs()
+
+
+def last_trace() -> list:
+    """Trace events of the current session's last run (``set_mode(trace=True)`` records them)."""
+    return current().last_trace()
 
 
 def tune(mod, target: str = "dsa/stcp920", trials: int = 64, work_dir="tune", **options):
@@ -45,4 +75,4 @@ def tune(mod, target: str = "dsa/stcp920", trials: int = 64, work_dir="tune", **
     return run(mod, target, trials, work_dir, **options)
 
 
-__all__ = ["Hardware", "HardwareError", "hardware", "KernelRun", "last_kernel_runs", "last_report", "last_trace", "set_mode", "pipeline", "pipeline_result", "tune"]
+__all__ = ["Hardware", "HardwareError", "hardware", "KernelRun", "Session", "session", "last_kernel_runs", "last_report", "last_trace", "set_mode", "pipeline", "pipeline_result", "tune"]

@@ -28,9 +28,8 @@ from tvm_dsa.relax_passes.reorder import ApplyExecutionPlan
 from tvm_dsa.relax_passes.sink import SinkIntoBranches
 from tvm_dsa.schedule.set.scheduler import SetOptions
 from tvm_dsa.tuning import load_database, pretuned, tuned_kernel
-
-LAST_OFFLOAD: dict = {}  # "result": the OffloadResult of the last compilation
-
+from tvm_dsa.execution import COMPILATIONS, compilation_of, current
+from tvm_dsa.relax_passes.run_start import MarkRunStart
 
 def pipeline(schedule: str = "layerwise", hw: hardware.Hardware | str | None = None,
              options: StitchOptions | SetOptions | None = None, database=None,
@@ -66,9 +65,8 @@ def pipeline(schedule: str = "layerwise", hw: hardware.Hardware | str | None = N
             if dynamic and schedule != "layerwise":
                 result.unstitched[schedule] = (f"the {schedule} schedule needs static shapes and no control "
                                                "flow: a dynamic model runs layerwise")
-            LAST_OFFLOAD["result"] = result
             mod = tvm.transform.Sequential(
-                [relax.transform.DeadCodeElimination()]
+                [relax.transform.DeadCodeElimination(), MarkRunStart(COMPILATIONS.record(result))]
                 + cpu_generic.pipeline.dataflow_lower_passes(host)
                 + ([PlanArena] if memory_plan else [])
                 + cpu_generic.finalize_passes(host)
@@ -95,8 +93,7 @@ def _no_cyclic_gc():
 def _tuned_kernels(database, chip: hardware.Hardware):
     """``func -> lowered PrimFunc or None`` from a tuning database (default: the meta-schedule
     database in scope, else the chip's shipped records), or None without one (or with False)."""
-    from tvm.s_tir import meta_schedule as ms
-
+    from tvm.s_tir import meta_schedule as ms  # meta-schedule: loaded on first use
 
     if database is False:
         return None
@@ -112,10 +109,46 @@ def _tuned_kernels(database, chip: hardware.Hardware):
 
 
 def register() -> None:
+    """Register the ``dsa`` pipeline, and make TVM's ``default`` pipeline run it for a DSA target
+    (``DefaultForTarget``: ``tvm.compile(mod, target="dsa/<chip>")`` alone compiles for the DSA)."""
     if "dsa" not in relax.pipeline.PIPELINE_MAP:
         relax.register_pipeline("dsa")(pipeline)
+    default = relax.pipeline.PIPELINE_MAP["default"]
+    if not isinstance(default, DefaultForTarget):
+        relax.pipeline.PIPELINE_MAP["default"] = DefaultForTarget(default)
 
 
-def pipeline_result():
-    """What the last ``dsa`` compilation offloaded (an ``OffloadResult``), or None."""
-    return LAST_OFFLOAD.get("result")
+def unregister() -> None:
+    """Undo ``register``: TVM's ``default`` pipeline as it was, no ``dsa`` pipeline."""
+    default = relax.pipeline.PIPELINE_MAP.get("default")
+    if isinstance(default, DefaultForTarget):
+        relax.pipeline.PIPELINE_MAP["default"] = default.tvm_default
+    relax.pipeline.PIPELINE_MAP.pop("dsa", None)
+
+
+class DefaultForTarget:
+    """TVM's ``default`` pipeline, except under a DSA target (its keys hold ``dsa``), where it is
+    the ``dsa`` pipeline. ``tvm.compile`` reads ``PIPELINE_MAP["default"]`` before it enters the
+    target's scope, so the choice is made when the pass runs; other targets get TVM's own pass,
+    unchanged."""
+
+    def __init__(self, tvm_default):
+        self.tvm_default = tvm_default
+
+    def __call__(self, **kwargs) -> tvm.transform.Pass:
+        fallback = self.tvm_default(**kwargs)
+
+        @tvm.transform.module_pass(opt_level=0, name="dsa.DefaultForTarget")
+        def choose(mod: tvm.IRModule, _ctx) -> tvm.IRModule:
+            target = tvm.target.Target.current(allow_none=True)
+            chosen = pipeline() if target is not None and "dsa" in list(target.keys) else fallback
+            return chosen(mod)
+
+        return choose
+
+
+def pipeline_result(executable=None):
+    """What a ``dsa`` compilation offloaded (an ``OffloadResult``): the one that made
+    ``executable`` (a ``tvm.compile`` result made in this process), else the last one of the
+    current session; None when there is none."""
+    return compilation_of(executable) if executable is not None else current().pipeline_result()

@@ -19,7 +19,7 @@ import onnx
 import tvm
 from tvm import relax
 
-from tvm_dsa import hardware, session
+from tvm_dsa import execution, hardware
 from tvm_dsa.models import MODELS, TINY, get_model
 from tvm_dsa.relax_pipeline import pipeline, pipeline_result
 from tvm_dsa.kernelgen.offload import OffloadResult
@@ -100,7 +100,7 @@ class Run:
     seconds: float
     report: Report | None = None
     trace: list = field(default_factory=list)
-    kernels: list = field(default_factory=list)  # session.KernelRun per DSA kernel call
+    kernels: list = field(default_factory=list)  # execution.KernelRun per DSA kernel call
 
 
 @dataclass
@@ -129,21 +129,17 @@ class Compiled:
     def run(self, inputs: dict[str, np.ndarray], mode: str = "functional", trace: bool = False,
             check_hazards: bool = True) -> Run:
         """Run ``main`` once on ``inputs`` (in graph-input order). ``mode``, ``trace`` and
-        ``check_hazards`` set how DSA kernels are simulated for this run (``session.set_mode``;
-        ``timing``: outputs of DSA kernels are not computed)."""
+        ``check_hazards`` set how DSA kernels are simulated for this run, in a session of its own
+        (``execution.Session``; ``timing``: outputs of DSA kernels are not computed)."""
         vm = relax.VirtualMachine(self.executable, tvm.cpu())
         args = [tvm.runtime.tensor(v) for v in inputs.values()]
-        session.set_mode(mode, trace=trace, check_hazards=check_hazards)
-        try:
+        with execution.Session(mode, trace=trace, check_hazards=check_hazards) as s:
             start = time.perf_counter()
             out = vm["main"](*args)
             seconds = time.perf_counter() - start
-        finally:
-            session.set_mode("functional", trace=False)
         if self.offload is None:
             return Run(_numpy(out), seconds)
-        return Run(_numpy(out), seconds, session.last_report(), session.last_trace() if trace else [],
-                   session.last_kernel_runs())
+        return Run(_numpy(out), seconds, s.report(), s.last_trace() if trace else [], s.kernel_runs())
 
 
 def _numpy(value) -> list[np.ndarray]:

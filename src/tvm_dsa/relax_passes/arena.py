@@ -54,6 +54,7 @@ from tvm_dsa.kernelgen.symbolic import EXECUTE_SHAPED, probe
 
 ALIGN = 64
 _ALLOC = tvm.ir.Op.get("relax.builtin.alloc_tensor")
+ARENA_PLAN = "tvm_dsa.arena_plan"  # the packed function that plans a symbolic arena at run time
 
 
 @dataclass(frozen=True)
@@ -284,7 +285,7 @@ class _Planner:
         else:
             plan_var = relax.Var(f"{name}_plan", relax.ShapeType(ndim=len(tensors) + 1))
             symbols = [tirx.Var(f"{name}_{k}", "int64") for k in range(len(tensors) + 1)]
-            call = relax.Call(relax.ExternFunc("tvm_dsa.arena_plan"),
+            call = relax.Call(relax.ExternFunc(ARENA_PLAN),
                               [tvm.ir.StringImm(json.dumps(spans)), relax.ShapeExpr([t.size for t in tensors])],
                               None, [relax.ShapeType(ndim=len(tensors) + 1)])
             head = [relax.VarBinding(plan_var, call),

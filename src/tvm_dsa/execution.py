@@ -1,0 +1,241 @@
+"""Execution of offloaded kernels: the functions the VM calls, and the session their reports go to.
+
+A model compiled by the ``dsa`` pipeline calls ``tvm_dsa.begin_run`` first (``MarkRunStart``: one
+run per call of ``main``, whether or not it reaches a DSA kernel), then ``tvm_dsa.execute`` per
+DSA kernel call: one kernel's program run on the simulator (numerics and time), its outputs
+written into the VM's tensors; ``execute_shaped`` first builds the program of a kernel with
+symbolic dims for the call's shapes (``kernelgen.specialize.VERSIONS``). A call's report joins
+the current run of the current ``Session``.
+
+The current session lives in a context variable: each thread has its own (made on its first
+call), and ``with tvm_dsa.session(mode=...) as s:`` makes ``s`` current for the block. So two
+threads running two executables get two reports, and a report is never another run's.
+Programs are parsed once and cached by their text; a call's ``info.names`` renames its
+program's args and layers (sub-graphs of one form share one text).
+"""
+
+from __future__ import annotations
+
+import collections
+import json
+import os
+import re
+import threading
+import uuid
+from contextvars import ContextVar
+from dataclasses import dataclass, field
+from functools import lru_cache
+
+import numpy as np
+import tvm_ffi
+
+from tvm_dsa.isa import Program
+from tvm_dsa.kernelgen.offload import EXECUTE, OffloadResult
+from tvm_dsa.kernelgen.specialize import VERSIONS
+from tvm_dsa.kernelgen.symbolic import EXECUTE_SHAPED
+from tvm_dsa.relax_passes.arena import ARENA_PLAN, arena_plan
+from tvm_dsa.relax_passes.run_start import BEGIN_RUN
+from tvm_dsa.runtime import Report, simulate
+
+KEEP = 16  # runs a session keeps (the oldest are dropped); compilations the process remembers: 4x
+
+
+@dataclass(frozen=True)
+class KernelRun:
+    """One DSA kernel call of a model run: its name, the shapes of its outputs, its report, its program."""
+
+    name: str
+    output_shapes: tuple
+    report: Report
+    program: Program | None = None
+
+
+@dataclass
+class Run:
+    """One call of a compiled model's ``main``: its DSA kernel calls in call order, their trace."""
+
+    compilation: str  # the id of the compilation that made the model (``pipeline_result``)
+    kernels: list[KernelRun] = field(default_factory=list)
+    trace: list = field(default_factory=list)
+
+    def report(self) -> Report | None:
+        """All of the run's DSA kernels in one report, None where it ran none."""
+        return Report.combine([k.report for k in self.kernels]) if self.kernels else None
+
+
+class Session:
+    """How offloaded kernels run (``set_mode``) and the runs they made, newest last (``runs``,
+    the last ``KEEP``). A context manager: ``with tvm_dsa.session(mode="timing") as s:`` makes
+    it the current session of the block's context (thread)."""
+
+    def __init__(self, mode: str = "functional", trace: bool | None = None, check_hazards: bool = True,
+                 strict: bool = False):
+        self.runs: collections.deque[Run] = collections.deque(maxlen=KEEP)
+        self.compilation: str | None = None  # the id of the last compilation made in the session
+        self.trace = bool(os.environ.get("TVM_DSA_TRACE"))
+        self._tokens: list = []
+        self.set_mode(mode, trace, check_hazards, strict)
+
+    def set_mode(self, mode: str = "functional", trace: bool | None = None, check_hazards: bool = True,
+                 strict: bool = False) -> None:
+        """How offloaded kernels run from now on: ``functional`` (numerics and time) or ``timing``
+        (time only: outputs are left untouched, so the model's results are meaningless). ``trace``
+        records trace events (``last_trace``). ``check_hazards=False`` (timing only) trusts the
+        programs' dependency tokens instead of checking them, for speed on large programs. A
+        kernel whose values the chip's number types cannot hold (an fp16 overflow, inf/NaN from
+        finite inputs) is listed in the report's ``numerics``; with ``strict`` it raises
+        ``FloatingPointError``."""
+        if mode not in ("functional", "timing"):
+            raise ValueError(f"simulation mode must be 'functional' or 'timing', not {mode!r}")
+        if mode == "functional" and not check_hazards:
+            raise ValueError("a functional run always checks the dependency tokens (check_hazards=True)")
+        self.mode, self.check_hazards, self.strict = mode, check_hazards, strict
+        if trace is not None:
+            self.trace = trace
+
+    def last_run(self) -> Run | None:
+        return self.runs[-1] if self.runs else None
+
+    def report(self) -> Report | None:
+        """The report of the session's last model run (all its DSA kernels); None before any run
+        and after a run that called no DSA kernel."""
+        run = self.last_run()
+        return run.report() if run else None
+
+    def kernel_runs(self) -> list[KernelRun]:
+        """Each DSA kernel call of the last model run, in call order (per-kernel reports)."""
+        run = self.last_run()
+        return list(run.kernels) if run else []
+
+    def last_trace(self) -> list:
+        """Trace events of the last run (``trace=True`` or TVM_DSA_TRACE=1 records them)."""
+        run = self.last_run()
+        return list(run.trace) if run else []
+
+    def pipeline_result(self) -> OffloadResult | None:
+        """What the session's last ``dsa`` compilation offloaded (an ``OffloadResult``), or None."""
+        return COMPILATIONS.get(self.compilation) if self.compilation else None
+
+    def __enter__(self) -> "Session":
+        self._tokens.append(_CURRENT.set(self))
+        return self
+
+    def __exit__(self, *exc) -> None:
+        _CURRENT.reset(self._tokens.pop())
+
+
+_CURRENT: ContextVar[Session] = ContextVar("tvm_dsa.session")
+
+
+def current() -> Session:
+    """The session of the current context: the innermost ``with tvm_dsa.session()``, else the
+    thread's own, made on first use."""
+    try:
+        return _CURRENT.get()
+    except LookupError:
+        s = Session()
+        _CURRENT.set(s)
+        return s
+
+
+class _Compilations:
+    """What each recent ``dsa`` compilation decided, by its id (the executable carries the id:
+    ``record`` gives it to ``MarkRunStart``); bounded, thread-safe."""
+
+    def __init__(self, keep: int):
+        self._results: collections.OrderedDict[str, OffloadResult] = collections.OrderedDict()
+        self._keep, self._lock = keep, threading.Lock()
+
+    def record(self, result: OffloadResult) -> str:
+        key = f"dsa-compilation-{uuid.uuid4().hex[:16]}"
+        with self._lock:
+            self._results[key] = result
+            while len(self._results) > self._keep:
+                self._results.popitem(last=False)
+        current().compilation = key
+        return key
+
+    def get(self, key: str) -> OffloadResult | None:
+        with self._lock:
+            return self._results.get(key)
+
+
+COMPILATIONS = _Compilations(4 * KEEP)
+_ID = re.compile(r"dsa-compilation-[0-9a-f]{16}")
+
+
+def compilation_of(executable) -> OffloadResult | None:
+    """What the compilation that made ``executable`` (a ``tvm.compile`` result, or one loaded
+    back in this process) offloaded; None for one made by another process or long forgotten."""
+    found = _ID.search(executable.stats())
+    return COMPILATIONS.get(found.group(0)) if found else None
+
+
+@lru_cache(maxsize=4096)
+def parsed_program(text: str) -> Program:
+    """The program of ``text``, parsed once (a model's calls share a few texts)."""
+    return Program.deserialize(text)
+
+
+@lru_cache(maxsize=4096)
+def _named(text: str, name: str, names: str) -> Program:
+    """The program of ``text`` under the names of a sub-graph of the same form as the one it was
+    made for (``names``: the JSON of its arg and layer names -> the call's)."""
+    return parsed_program(text).renamed(name, json.loads(names))
+
+
+def begin_run(compilation) -> None:
+    """A model run starts (the first call of ``main``): its kernels' reports go to a new run."""
+    current().runs.append(Run(str(compilation)))
+
+
+def execute(program_text, info_text, *tensors) -> None:
+    info = json.loads(str(info_text))
+    names = info.get("names")
+    program = parsed_program(str(program_text)) if names is None else _named(str(program_text), info["kernel"], json.dumps(names))
+    _run(program, info, tensors)
+
+
+def execute_shaped(kernel_text, info_text, *args) -> None:
+    """A kernel with symbolic dims (``kernelgen.specialize``): its program for the shapes of this
+    call's tensors and the values of its scalar arguments, built on the first call with them."""
+    tensors = [a for a in args if not isinstance(a, int)]
+    shapes = tuple(tuple(t.shape) for t in tensors)
+    if 0 in shapes[-1]:  # an empty output (the last argument: e.g. no row NonZero selected): nothing to do
+        return
+    scalars = tuple(a for a in args if isinstance(a, int))
+    _run(VERSIONS.get(str(kernel_text), shapes, scalars), json.loads(str(info_text)), tensors)
+
+
+def _run(program: Program, info: dict, tensors) -> None:
+    """Simulate one kernel call on the VM's tensors (inputs first, then outputs)."""
+    s = current()
+    n_in = sum(1 for a in program.args if a.role == "input")
+    inputs = [np.from_dlpack(t) for t in tensors[:n_in]]
+    if s.mode == "functional" and not program.hardware["storage_dtype"].startswith("float"):
+        raise RuntimeError(
+            f"preset {program.hardware['name']} stores {program.hardware['storage_dtype']}: a float model "
+            "can only be simulated in timing mode there (tvm_dsa.set_mode('timing')); use its -fp16 "
+            "variant for numerics"
+        )
+    if not s.runs:  # a module compiled without MarkRunStart (an older executable)
+        s.runs.append(Run(""))
+    run = s.runs[-1]
+    start = sum(k.report.cycles for k in run.kernels)
+    result = simulate(program, inputs if s.mode == "functional" else None, mode=s.mode, start_cycle=start,
+                      trace=s.trace, check_hazards=s.check_hazards)
+    run.kernels.append(KernelRun(info["kernel"], tuple(a.shape for a in program.args if a.role == "output"),
+                                 result.report, program))
+    run.trace.extend(result.trace_events or [])
+    if s.strict and result.report.numerics:
+        raise FloatingPointError(result.report.numerics[0])
+    for t, out in zip(tensors[n_in:], result.outputs):
+        np.from_dlpack(t)[...] = out
+
+
+def register() -> None:
+    """The functions a compiled model calls, as global functions of the TVM FFI."""
+    tvm_ffi.register_global_func(BEGIN_RUN, begin_run, override=True)
+    tvm_ffi.register_global_func(EXECUTE, execute, override=True)
+    tvm_ffi.register_global_func(EXECUTE_SHAPED, execute_shaped, override=True)
+    tvm_ffi.register_global_func(ARENA_PLAN, arena_plan, override=True)
