@@ -43,7 +43,9 @@ def pipeline(schedule: str = "layerwise", hw: hardware.Hardware | str | None = N
     001 §4.2). ``memory_plan=False`` leaves the order of the kernels as fused and every allocation
     to Relax's ``StaticPlanBlockMemory``, instead of the execution plan (kernels only one branch of
     an If uses run in that branch, ``relax_passes.sink``; the order, ``relax_passes.reorder``) and
-    the peak-first arena with in-place outputs (``relax_passes.arena``)."""
+    the arena (the best of ``memory_plan.best_greedy``'s orders) with in-place outputs
+    (``relax_passes.arena``). The compilation's id is marked in ``main`` (``MarkRunStart``): runs and
+    ``pipeline_result(ex)`` find it."""
 
     schedules.get(schedule)  # fail early on an unknown name
 

@@ -1,5 +1,5 @@
 """Apply the memory allocation plan (seed 001 §4.4.1) to the executable: the intermediate tensors
-of a function share one arena, each at the offset the peak-first plan gives it.
+of a function share one arena, each at the offset the best greedy plan gives it (``memory_plan.best_greedy``).
 
 Runs after ``CallTIRRewrite`` (every kernel output is an ``R.builtin.alloc_tensor``) and before
 Relax's ``StaticPlanBlockMemory``, which then leaves the planned tensors alone. Per function:
