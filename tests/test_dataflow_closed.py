@@ -7,8 +7,7 @@ from collections import Counter
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from test_dataflow import brute_force
-from test_sim_runtime import lb, make_program, preset
+from helpers import brute_force, lb, make_program, preset
 
 from tvm_dsa.cli import main
 from tvm_dsa.dataflow import PEArray, closed
