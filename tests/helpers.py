@@ -3,6 +3,7 @@ them as ``from helpers import ...`` (pytest puts tests/ on ``sys.path``)."""
 
 from __future__ import annotations
 
+import functools
 import math
 import tomllib
 from collections import defaultdict
@@ -11,14 +12,17 @@ from itertools import product
 from pathlib import Path
 
 import numpy as np
+import pytest
 import tvm
 from onnx import TensorProto, helper
 from tvm import relax
+from tvm.relax.frontend import onnx as rx_onnx
 
 from tvm_dsa import hardware
 from tvm_dsa.codegen.stitch import subgraph_module
 from tvm_dsa.dataflow import TensorVolumes
 from tvm_dsa.isa import Dma, Kernel, Operand, Program, TensorArg
+from tvm_dsa.models import TINY, example_inputs, get_model
 from tvm_dsa.relax_passes.arena import ALIGN
 from tvm_dsa.relax_passes.offload import _boundary
 from tvm_dsa.runtime import simulate
@@ -208,6 +212,25 @@ def through(mod, order="best", prefetch=0, hw=HW):
 
 
 # -- ONNX ---------------------------------------------------------------------------------------------
+
+@functools.cache
+def tiny_llvm_output(name: str) -> np.ndarray:
+    """llvm's output (the first, if several) of the tiny zoo model ``name`` on its example inputs:
+    compiled once per process for the tests that compare with it (read-only)."""
+    model = get_model(name, **TINY[name])
+    args = [tvm.runtime.tensor(v) for v in example_inputs(model).values()]
+    mod = rx_onnx.from_onnx(model, keep_params_in_input=False)
+    out = relax.VirtualMachine(tvm.compile(mod, target="llvm"), tvm.cpu())["main"](*args)
+    out = (out if hasattr(out, "numpy") else out[0]).numpy()
+    out.setflags(write=False)
+    return out
+
+
+def by_tiny_model(names) -> list:
+    """``names`` as parameters, each in its model's xdist group: a worker runs all the tests of one
+    model, and compiles its ``tiny_llvm_output`` once."""
+    return [pytest.param(name, marks=pytest.mark.xdist_group(f"tiny-{name}")) for name in names]
+
 
 def with_gate_outputs(model):
     """The model with its If conditions as extra outputs, for onnxruntime to report them."""
