@@ -1,16 +1,9 @@
 import numpy as np
 import onnx
 import pytest
-import tvm
 from onnx import TensorProto as TP
 from onnx import helper as h
 from onnx import numpy_helper as nh
-from tvm import relax
-
-from tvm_dsa.driver import import_onnx
-from tvm_dsa.models import TINY, example_inputs, get_model
-from tvm_dsa.schedule.set import LayerGraph
-from tvm_dsa.schedule.set.layers import fused_module
 
 
 @pytest.fixture
@@ -50,6 +43,15 @@ def conv_onnx(tmp_path):
 def resnet18_batch4():
     """Tiny ResNet-18 at batch 4: the Relax module, an input, llvm's output, the per-sample SET
     layer graph."""
+    # imported here: the xdist controller loads this file too, and runs no test
+    import tvm
+    from tvm import relax
+
+    from tvm_dsa.driver import import_onnx
+    from tvm_dsa.models import TINY, example_inputs, get_model
+    from tvm_dsa.schedule.set import LayerGraph
+    from tvm_dsa.schedule.set.layers import fused_module
+
     model = get_model("resnet18", batch=4, **TINY["resnet18"])
     mod = import_onnx(model)
     x = example_inputs(model)["input"]
