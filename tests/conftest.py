@@ -37,3 +37,22 @@ def conv_onnx(tmp_path):
     path = tmp_path / "conv.onnx"
     onnx.save(model, str(path))
     return str(path), model
+
+
+@pytest.fixture(scope="session")
+def resnet18_batch4():
+    """Tiny ResNet-18 at batch 4: the Relax module, an input, llvm's output, the per-sample SET
+    layer graph."""
+    # imported here: the xdist controller loads this file too, and runs no test
+    import tvm
+    from tvm import relax
+
+    from tvm_dsa.harness import import_onnx, layer_graph
+    from tvm_dsa.models import TINY, example_inputs, get_model
+
+    model = get_model("resnet18", batch=4, **TINY["resnet18"])
+    mod = import_onnx(model)
+    x = example_inputs(model)["input"]
+    ref = relax.VirtualMachine(tvm.compile(mod, target="llvm"), tvm.cpu())["main"](tvm.runtime.tensor(x)).numpy()
+    graph = layer_graph(get_model("resnet18", **TINY["resnet18"]))
+    return mod, x, ref, graph

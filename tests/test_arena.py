@@ -5,6 +5,7 @@ what a VM run allocates (vm_memory.measure)."""
 import numpy as np
 import pytest
 import tvm
+from helpers import aligned
 from tvm import relax, tirx
 from tvm.relax.backend import cpu_generic
 from tvm.script import relax as R
@@ -30,10 +31,6 @@ def build(mod: tvm.IRModule, plan: bool, reorder: bool = False) -> relax.Virtual
         lowered = tvm.transform.Sequential(passes)(mod)
     ex = tvm.compile(lowered, target="llvm", relax_pipeline=tvm.transform.Sequential([]))
     return relax.VirtualMachine(ex, tvm.cpu())
-
-
-def aligned(n: int) -> int:
-    return -(-n // ALIGN) * ALIGN
 
 
 @tvm.script.ir_module

@@ -1,20 +1,18 @@
 """TENET dataflow model (seed 003): the worked example, and every metric against brute force."""
 
 import json
-import math
 import os
 import re
 import subprocess
 import sys
 import types
-from collections import defaultdict
-from itertools import product
 from pathlib import Path
 
 import pytest
+from helpers import brute_force
 
 from tvm_dsa.cli import main
-from tvm_dsa.dataflow import (Dataflow, Interconnect, NotationError, PEArray, TensorOp, TensorVolumes, analyse,
+from tvm_dsa.dataflow import (Dataflow, Interconnect, NotationError, PEArray, TensorOp, analyse,
                               mesh, multicast, systolic_1d, systolic_2d)
 from tvm_dsa.dataflow import relations as rel
 from tvm_dsa.dataflow.explore import best_relation
@@ -24,47 +22,7 @@ from tvm_dsa.hardware import get
 GEMM = "Y[i,j] += A[i,k] * B[k,j]"
 
 
-# -- brute force: enumerate the instances, evaluate the notation's text as Python ----------------
-
-def _eval(text, env):
-    return eval(text, {"__builtins__": {}, "fl": math.floor, "floor": math.floor}, env)
-
-
-def brute_force(df, array):
-    """(instances, busy stamps, time stamps, {tensor: TensorVolumes}) of ``df`` on ``array`` by
-    enumeration: a stamp reuses an element it needs if the same PE had it at the previous time stamp
-    (temporal), else if a PE linked to it had it ``delay`` stamps before (spatial)."""
-    op = df.op
-    held = defaultdict(lambda: defaultdict(set))          # tensor -> (pe, time) -> elements
-    instances = 0
-    for values in product(*(range(n) for n in op.extents)):
-        env = dict(zip(op.loops, values))
-        if op.where and not _eval(op.where, env):
-            continue
-        instances += 1
-        stamp = (tuple(_eval(e, env) for e in df.space), tuple(_eval(e, env) for e in df.time))
-        for a in (op.output, *op.inputs):
-            held[a.tensor][stamp].add(tuple(_eval(i, env) for i in a.indices))
-    active = set().union(*(h.keys() for h in held.values()))
-    times = sorted({t for _, t in active})
-    previous = dict(zip(times[1:], times))
-    volumes = {}
-    for tensor, at in held.items():
-        total = temporal = spatial = 0
-        for (pe, t), elements in at.items():
-            for f in elements:
-                total += 1
-                before = previous.get(t)
-                if f in at.get((pe, before), ()):
-                    temporal += 1
-                    continue
-                source_t = before if array.interconnect.delay else t
-                if any(f in at.get((tuple(p - d for p, d in zip(pe, off)), source_t), ())
-                       for off in array.interconnect.offsets):
-                    spatial += 1
-        volumes[tensor] = TensorVolumes(tensor, tensor == op.output.tensor, total, temporal, spatial)
-    return instances, len(active), len(times), volumes
-
+# -- every metric against brute force (helpers.brute_force) --------------------------------------
 
 def assert_matches_brute_force(df, array):
     m = analyse(df, array)

@@ -8,7 +8,7 @@ import onnxruntime as ort
 import pytest
 import tvm
 import tvm_ffi
-from test_dynamic_models import with_gate_outputs
+from helpers import with_gate_outputs
 from tvm import relax, tirx
 from tvm.relax.frontend.onnx import from_onnx
 

@@ -8,7 +8,7 @@ import onnxruntime as ort
 import pytest
 import tvm
 import tvm_ffi
-from onnx import TensorProto, helper
+from helpers import with_gate_outputs
 from tvm import relax
 from tvm.relax.frontend.onnx import from_onnx
 
@@ -24,15 +24,6 @@ def _input(name, shape, rng, scale):
     if name == "bert":
         return rng.integers(0, 100, shape).astype(np.int64)
     return (rng.standard_normal(shape) * scale).astype(np.float32)
-
-
-def with_gate_outputs(model):
-    """The model with its If conditions as extra outputs, for onnxruntime to report them."""
-    conds = [n.input[0] for n in model.graph.node if n.op_type == "If"]
-    copy = type(model)()
-    copy.CopyFrom(model)
-    copy.graph.output.extend(helper.make_tensor_value_info(c, TensorProto.BOOL, []) for c in conds)
-    return copy
 
 
 def _check_against_onnxruntime(name, mod, shapes, rng) -> set:

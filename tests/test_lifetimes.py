@@ -4,8 +4,7 @@ while compiling, checked against what the offload reports), spills marked."""
 import dataclasses
 
 import pytest
-from test_stitch import HW, KB, residual_block
-from test_stitch_passes import _through, sub_module
+from helpers import HW, KB, residual_block, sub_module, through
 
 from tvm_dsa import hardware
 from tvm_dsa.kernel.ir import align
@@ -36,7 +35,7 @@ def test_spilled_buffers_are_marked(tmp_path):
     """A 1 KiB GB keeps none of the residual block's 2 KiB intermediates: each is spilled to DDR,
     like the 3x3 conv's 4.5 KiB weights, which are read in place (offset -1, drawn under the axis)."""
     hw = hardware.register(dataclasses.replace(HW, name="stcp920-gb1k", gb_bytes=1 * KB), override=True)
-    buffers = read_allocation(_through(sub_module(residual_block, split=(0, 4)), hw=hw))
+    buffers = read_allocation(through(sub_module(residual_block, split=(0, 4)), hw=hw))
     bars = plot_lifetimes(buffers, tmp_path / "spill.svg", title="1 KiB GB")
     spilled = {(b.label, b.nbytes) for b in bars if b.spilled}
     expected = {(f"{b.tensor} @ instance {b.owner}" if b.kind == "t" else f"w: {b.tensor}", b.nbytes)
@@ -48,7 +47,7 @@ def test_spilled_buffers_are_marked(tmp_path):
 
 
 def test_bad_requests_are_named(tmp_path):
-    buffers = read_allocation(_through(sub_module(residual_block, split=(0, 4))))
+    buffers = read_allocation(through(sub_module(residual_block, split=(0, 4))))
     with pytest.raises(ValueError, match="cluster 7 of this kernel has no buffers"):
         plot_lifetimes(buffers, tmp_path / "x.png", cluster=7)
     with pytest.raises(ValueError, match="use a .png or .svg file"):

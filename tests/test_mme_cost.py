@@ -6,8 +6,7 @@ import warnings
 
 import numpy as np
 import pytest
-from test_dataflow import brute_force
-from test_sim_runtime import f16, lb, mme_tile, preset, run_lb
+from helpers import brute_force, f16, lb, mme_tile, preset, run_lb
 
 from tvm_dsa.dataflow import PEArray, closed
 from tvm_dsa.dataflow.library import BENCHMARKS, standard_dataflows

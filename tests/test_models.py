@@ -7,6 +7,7 @@ import numpy as np
 import onnx
 import onnxruntime as ort
 import pytest
+from helpers import by_tiny_model, tiny_llvm_output
 
 from tvm_dsa.models import MODELS, TINY, example_inputs, get_model, macs, model_config
 from tvm_dsa.models.builder import infer_shapes
@@ -79,7 +80,7 @@ def test_model_metadata_records_config(tiny_models):
 
 
 # --------------------------------------------------------------------------- tiny models
-@pytest.mark.parametrize("name", list(TINY))
+@pytest.mark.parametrize("name", by_tiny_model(TINY))
 def test_tiny_model_onnxruntime_vs_tvm(name, tiny_models):
     model = tiny_models[name]
     onnx.checker.check_model(model, full_check=True)
@@ -89,7 +90,7 @@ def test_tiny_model_onnxruntime_vs_tvm(name, tiny_models):
     # activations neither exploded nor collapsed to a constant
     assert 0.05 < ref.std() < 10.0, ref.std()
     assert np.abs(ref).max() < 100.0
-    out = run_tvm(model, feeds)
+    out = tiny_llvm_output(name)  # run_tvm(model, feeds), compiled once for test_models_on_dsa too
     np.testing.assert_allclose(out, ref, rtol=1e-4, atol=1e-4)
 
 

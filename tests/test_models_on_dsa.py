@@ -4,6 +4,7 @@ llvm, the MAC accounting against the model's own count, and the share of MACs th
 import numpy as np
 import pytest
 import tvm
+from helpers import by_tiny_model, tiny_llvm_output
 from tvm import relax
 from tvm.relax.frontend import onnx as rx_onnx
 
@@ -16,12 +17,12 @@ def _first(out):
 
 
 @pytest.mark.parametrize("schedule", ["layerwise", "graphturbo"])
-@pytest.mark.parametrize("name", sorted(TINY))
+@pytest.mark.parametrize("name", by_tiny_model(sorted(TINY)))
 def test_tiny_model_on_dsa(name, schedule):
     model = get_model(name, **TINY[name])
     args = [tvm.runtime.tensor(v) for v in example_inputs(model).values()]
     mod = rx_onnx.from_onnx(model, keep_params_in_input=False)
-    ref = _first(relax.VirtualMachine(tvm.compile(mod, target="llvm"), tvm.cpu())["main"](*args))
+    ref = tiny_llvm_output(name)
     ex = tvm.compile(mod, target="dsa/stcp920", relax_pipeline=tvm_dsa.pipeline(schedule))
     result = tvm_dsa.pipeline_result()
     out = _first(relax.VirtualMachine(ex, tvm.cpu())["main"](*args))

@@ -9,21 +9,17 @@ import numpy as np
 import onnxruntime as ort
 import pytest
 import tvm
+from helpers import aligned
 from tvm import relax
 from tvm.relax.frontend.onnx import from_onnx
 
 import tvm_dsa
 from tvm_dsa.harness import max_relative_error
 from tvm_dsa.models.dynamic import DYNAMIC
-from tvm_dsa.relax_passes.arena import ALIGN
 from tvm_dsa.relax_passes.rdp_apply import ApplyRDP
 from tvm_dsa.harness.vm_memory import measure
 
 warnings.filterwarnings("ignore", module="tvm.relax.frontend.onnx")
-
-
-def aligned(n: int) -> int:
-    return -(-n // ALIGN) * ALIGN
 
 
 @functools.lru_cache(maxsize=None)

@@ -5,7 +5,7 @@ tile in the LB (tir_passes.tile.find_anchor, kernel.ir's clipped producers)."""
 import numpy as np
 import pytest
 import tvm
-from test_tir_passes import fuse, random_args, run_llvm
+from helpers import fuse, random_args, run_llvm
 from tvm import relax
 
 from tvm_dsa import hardware, isa

@@ -203,6 +203,12 @@ LAYER_BY_LAYER = ("graphturbo", "set")  # a stitched sub-graph or SET tree that 
 FALLING_BACK_NOW: dict = {}
 
 
+def pair(name: str, schedule: str, *marks):
+    """The parameters of a regression's two tests, which share ``regression_fallbacks``: in one
+    xdist group, so that one worker runs both and checks the regression once."""
+    return pytest.param(name, schedule, marks=(pytest.mark.xdist_group(f"regression-{name}-{schedule}"), *marks))
+
+
 @functools.cache
 def regression_fallbacks(name: str, schedule: str) -> dict:
     """Check regression ``name`` under ``schedule`` once for both tests: (a) and (b) asserted, the
@@ -216,16 +222,15 @@ def regression_fallbacks(name: str, schedule: str) -> dict:
     return check(model, schedule, feeds)
 
 
-@pytest.mark.parametrize("schedule", list(SCHEDULES))
-@pytest.mark.parametrize("name", list(REGRESSIONS))
+@pytest.mark.parametrize("name, schedule", [pair(name, schedule) for name in REGRESSIONS for schedule in SCHEDULES])
 def test_regression_values(name, schedule):
     """(a) and (b): never xfailed."""
     regression_fallbacks(name, schedule)
 
 
 @pytest.mark.parametrize("name, schedule", [
-    pytest.param(name, schedule, marks=pytest.mark.xfail(strict=True, reason=FALLING_BACK_NOW[name][1])
-                 if schedule in FALLING_BACK_NOW.get(name, ((),))[0] else ())
+    pair(name, schedule, *([pytest.mark.xfail(strict=True, reason=FALLING_BACK_NOW[name][1])]
+                           if schedule in FALLING_BACK_NOW.get(name, ((),))[0] else []))
     for name in REGRESSIONS for schedule in SCHEDULES])
 def test_regression_runs_on_dsa(name, schedule):
     """(c): a strict xfail where ``FALLING_BACK_NOW`` says the regression falls back now."""

@@ -4,12 +4,11 @@ import numpy as np
 import pytest
 import tvm
 import tvm_ffi
+from helpers import relax_graph
 from tvm import relax
 
 from tvm_dsa.harness import import_onnx, load_model
 from tvm_dsa.relax_passes.fold import EVALUATORS, FoldConstantsLeft, FoldWeights, _left_to_fold
-
-from test_tir_passes import relax_graph
 
 PREPARE = tvm.transform.Sequential([relax.transform.FoldBatchnormToConv2D(),
                                     relax.transform.DecomposeOpsForInference(),

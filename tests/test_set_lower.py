@@ -18,7 +18,6 @@ from tvm_dsa.runtime.timing import simulate_program
 from tvm_dsa.models import TINY, example_inputs, get_model
 from tvm_dsa.schedule.set import Evaluator, LayerGraph, Tree
 from tvm_dsa.schedule.set.evaluate import invocation_order
-from tvm_dsa.harness import layer_graph
 from tvm_dsa.relax_passes.fusion import fuse
 from tvm_dsa.schedule.set.ops import LP, random_tree
 from tvm_dsa.schedule.set.plot import st_graph
@@ -26,18 +25,13 @@ from tvm_dsa.schedule.set.scheduler import SetOptions, SetScheduleError, set_sch
 from tvm_dsa.schedule.set.search import Anneal
 
 FP16 = hardware.get("set-edge16-fp16")
-BATCH = 4
+BATCH = 4  # conftest's resnet18_batch4
 
 
 @pytest.fixture(scope="module")
-def resnet():
+def resnet(resnet18_batch4):
     """Tiny ResNet-18 at batch 4: the Relax module, an input, llvm's output, the layer graph."""
-    model = get_model("resnet18", batch=BATCH, **TINY["resnet18"])
-    mod = import_onnx(model)
-    x = example_inputs(model)["input"]
-    ref = relax.VirtualMachine(tvm.compile(mod, target="llvm"), tvm.cpu())["main"](tvm.runtime.tensor(x)).numpy()
-    graph = layer_graph(get_model("resnet18", **TINY["resnet18"]))
-    return mod, x, ref, graph
+    return resnet18_batch4
 
 
 def compile_set(mod, options):

@@ -11,21 +11,14 @@ import tvm_dsa
 from tvm_dsa import isa
 from tvm_dsa.emit.emitter import PROMOTE, Pieces, Region
 from tvm_dsa.kernel.ir import Access
-from tvm_dsa.harness import import_onnx
-from tvm_dsa.models import TINY, example_inputs, get_model
-from tvm_dsa.harness import layer_graph
 from tvm_dsa.schedule.set.scheduler import SetOptions
 
-BATCH = 4
+BATCH = 4  # conftest's resnet18_batch4
 
 
 @pytest.fixture(scope="module")
-def resnet():
-    model = get_model("resnet18", batch=BATCH, **TINY["resnet18"])
-    mod = import_onnx(model)
-    x = example_inputs(model)["input"]
-    ref = relax.VirtualMachine(tvm.compile(mod, target="llvm"), tvm.cpu())["main"](tvm.runtime.tensor(x)).numpy()
-    graph = layer_graph(get_model("resnet18", **TINY["resnet18"]))
+def resnet(resnet18_batch4):
+    mod, x, ref, graph = resnet18_batch4
     return mod, x, ref, [lay.name for lay in graph.layers], graph
 
 

@@ -5,16 +5,15 @@ from __future__ import annotations
 import json
 import math
 import re
-import tomllib
 from dataclasses import replace
-from pathlib import Path
 
 import numpy as np
 import pytest
+from helpers import chain, ddr, f16, lb, make_program, mme_tile, preset, run_lb
 
 from tvm_dsa.hardware.model import Hardware
 from tvm_dsa.isa import (
-    Dma, Fill, Kernel, LayerMark, Mme, Operand, Program, ProgramError, Reduce, TensorArg, Vector, operands,
+    Dma, Fill, LayerMark, Mme, Operand, Program, ProgramError, Reduce, TensorArg, Vector, operands,
 )
 from tvm_dsa.runtime import (
     HazardError, Report, compute_cycles, dma_demand, instruction_cycles, simulate, write_trace,
@@ -22,67 +21,9 @@ from tvm_dsa.runtime import (
 from tvm_dsa.runtime.functional import erf
 from tvm_dsa.runtime.hazards import HazardTracker
 
-PRESETS = Path(__file__).resolve().parents[1] / "src" / "tvm_dsa" / "hardware" / "presets"
-
-
-def preset(name: str = "stcp920") -> dict:
-    return tomllib.loads((PRESETS / f"{name}.toml").read_text())
-
-
 HW = Hardware.from_dict(preset())
 LAUNCH = HW.kernel_launch_cycles
 DMA_LAT = HW.dma_latency_cycles
-
-
-def mme_tile(m: int, n: int, k: int) -> int:
-    """Cycles of one m x n x k product on the preset's MME (TENET, docs/tenet.md; compute-bound):
-    weight-stationary, skewed on the systolic array, tiles overlapped. The K x N operand is cut in
-    rows x cols tiles (row-major); tile t starts t*m stamps in, streams the m rows of A through and ends
-    m + (r - 1) + (c - 1) stamps later, r x c its extent."""
-    assert HW.mme.model == "tenet" and HW.mme.dataflow == "weight-stationary, systolic, pipelined"
-    rows, cols = HW.mme.rows, HW.mme.cols
-    tiles = [(min(rows, k - a), min(cols, n - b)) for a in range(0, k, rows) for b in range(0, n, cols)]
-    return max(t * m + m + r + c - 2 for t, (r, c) in enumerate(tiles))
-
-
-def lb(off: int, dtype, *strides: int, core: int = 0) -> Operand:
-    return Operand("lb", core, off, np.dtype(dtype).name, strides)
-
-
-def ddr(off: int, dtype, *strides: int) -> Operand:
-    return Operand("ddr", 0, off, np.dtype(dtype).name, strides)
-
-
-def chain(instrs) -> list:
-    """Each instruction depends on the one before it: list order, fully serialised."""
-    return [replace(ins, deps=(n - 1,) if n else ()) for n, ins in enumerate(instrs)]
-
-
-def make_program(kernels, args=(), ddr_bytes=1 << 20, hw=None) -> Program:
-    """One kernel per list of instructions, on the cores those instructions use."""
-    ks = tuple(Kernel(f"k{n}", tuple(sorted({i.core for i in ins})), tuple(ins)) for n, ins in enumerate(kernels))
-    return Program(hw or preset(), ddr_bytes, tuple(args), ks, name="test")
-
-
-def run_lb(body, inputs, outputs, core=0, hw=None, mode="functional"):
-    """Stage each (LB offset, array) of ``inputs`` from DDR into the LB of ``core``, run ``body``
-    (serialised), and return each (LB offset, shape, dtype) of ``outputs`` read back through DDR."""
-    args, staged, saved, off = [], [], [], 0
-    for n, (lo, x) in enumerate(inputs):
-        args.append(TensorArg(f"in{n}", "input", x.shape, x.dtype.name, x.dtype.name, off))
-        staged.append(Dma(core, (x.size,), lb(lo, x.dtype, 1, core=core), ddr(off, x.dtype, 1)))
-        off += -(-x.nbytes // 64) * 64
-    for n, (lo, shape, dtype) in enumerate(outputs):
-        dtype = np.dtype(dtype)
-        args.append(TensorArg(f"out{n}", "output", shape, dtype.name, dtype.name, off))
-        saved.append(Dma(core, (math.prod(shape),), ddr(off, dtype, 1), lb(lo, dtype, 1, core=core)))
-        off += -(-math.prod(shape) * dtype.itemsize // 64) * 64
-    program = make_program([chain(staged + list(body) + saved)], args, off, hw)
-    return simulate(program, [x for _, x in inputs], mode=mode)
-
-
-def f16(*shape, seed=0) -> np.ndarray:
-    return np.random.default_rng(seed).standard_normal(shape).astype(np.float16)
 
 
 def events(result, name) -> list[dict]:

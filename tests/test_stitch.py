@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 import tvm
 import tvm_ffi
-from test_tir_passes import fuse, relax_graph
+from helpers import HW, KB, conv_chain, fuse, relax_graph, residual_block
 from tvm import relax
 
 import tvm_dsa
@@ -28,10 +28,6 @@ from tvm_dsa.schedule.graph import OpGraph
 from tvm_dsa.tir_passes.tile import TilePlan
 from tvm_dsa.tiling import lower_kernel
 from tvm_dsa.tir_passes import lower_with_plan
-
-HW = hardware.get("stcp920")
-KB = 1024
-
 
 # -- allocation and spilling ---------------------------------------------------------------------
 def test_dead_tensors_space_is_reused():
@@ -68,14 +64,6 @@ def _fused_layers(build):
     graph = OpGraph.from_relax(mod)
     layers = [Layer.of(lower_kernel(mod[n.func], HW)[0], HW, n.name, (*n.inputs, n.output)) for n in graph.nodes]
     return mod, graph, layers
-
-
-def conv_chain(batch=4, k=3, hw_=16):
-    op = relax.op
-    pad = k // 2
-    return relax_graph([(batch, 8, hw_, hw_), (8, 8, k, k), (8, 8, k, k)],
-                  lambda x, w1, w2: op.nn.relu(op.nn.conv2d(op.nn.relu(op.nn.conv2d(x, w1, padding=pad)), w2,
-                                                            padding=pad)))
 
 
 def test_batch_instances_partition_without_recomputation():
@@ -193,13 +181,6 @@ def test_a_split_leaving_cores_idle_gives_way_to_a_coarser_even_one():
 
 
 # -- whole sub-graphs against llvm -------------------------------------------------------------
-def residual_block():
-    op = relax.op
-    return relax_graph([(4, 16, 8, 8), (16, 16, 3, 3), (16, 16, 1, 1), (1, 16, 1, 1)],
-                  lambda x, w1, w2, b: op.nn.relu(op.add(
-                      op.add(op.nn.conv2d(op.nn.relu(op.nn.conv2d(x, w1, padding=1)), w2), b), x)))
-
-
 def _run(mod, schedule, hw="dsa/stcp920", options=None):
     ex = tvm.compile(mod, target=hw, relax_pipeline=tvm_dsa.pipeline(schedule, options=options))
     vm = relax.VirtualMachine(ex, tvm.cpu())

@@ -8,34 +8,19 @@ import dataclasses
 import numpy as np
 import pytest
 import tvm
-from test_stitch import HW, KB, conv_chain, residual_block
-from test_tir_passes import fuse
+from helpers import HW, KB, conv_chain, residual_block, sub_module, through
 
 from tvm_dsa import hardware
 from tvm_dsa.kernel.ir import ALIGN, align
-from tvm_dsa.kernelgen.stitch import _runs, read_allocation, read_rows, read_subgraph, subgraph_module
+from tvm_dsa.kernelgen.stitch import _runs, read_allocation, read_rows, read_subgraph
 from tvm_dsa.emit.footprint import footprints
-from tvm_dsa.kernelgen.offload import _boundary
-from tvm_dsa.schedule.graph import OpGraph
 from tvm_dsa.kernel.attrs import GB_SCOPE, LB_SCOPE
-from tvm_dsa.tiling import lower_kernel
 from tvm_dsa.kernelgen.stitch_passes import (
-    DDR_SCOPE, AllocateBuffers, AssignMemoryScopes, BindCores, CrossLayerSchedule, OrderInstances, StitchBuffers,
+    DDR_SCOPE, AssignMemoryScopes, BindCores, OrderInstances, StitchBuffers,
     stitch_passes
 )
 
 CPC = HW.cores_per_cluster
-
-
-def sub_module(build, split=(0, 1 << 30), budget=None):
-    """The sub-graph module of a whole Relax graph: every call one layer, lowered for the first
-    ``budget`` bytes of the LB (None: all of it); every input but the first a weight to promote."""
-    mod = fuse(build())
-    graph = OpGraph.from_relax(mod)
-    inputs, outputs = _boundary(graph.nodes, graph)
-    tensors = {t: (graph.tensors[t].shape, graph.tensors[t].dtype) for n in graph.nodes for t in (*n.inputs, n.output)}
-    layers = [(n.name, lower_kernel(mod[n.func], HW, budget)[0], (*n.inputs, n.output), budget) for n in graph.nodes]
-    return subgraph_module("sg", layers, inputs, outputs, tensors, inputs[1:], *split)
 
 
 def run(mod, *passes):
@@ -95,11 +80,6 @@ def test_assign_memory_scopes(gb, lb):
     assert int(attr["lb_bytes"]) == ((HW.lb_bytes - top) // ALIGN * ALIGN if lb else 0)
 
 
-def _through(mod, order="best", prefetch=0, hw=HW):
-    return run(mod, StitchBuffers(hw), BindCores(hw), AssignMemoryScopes(hw), OrderInstances(hw, order),
-               CrossLayerSchedule(hw, prefetch), AllocateBuffers(hw))
-
-
 def _gb_peak(mod):
     return max(b.offset + align(b.nbytes) for b in read_allocation(mod) if b.level == "gb")
 
@@ -111,9 +91,9 @@ def test_order_instances_keeps_the_smaller_gb_peak():
     round 0, and layer 1's weights are dead by then."""
     sub = rounds_module()
     mid, weight = 8 * 8 * 8 * 2, align(8 * 8 * 3 * 3 * 2)
-    peaks = {o: _gb_peak(_through(sub, o)) for o in ("dfs", "bfs")}
+    peaks = {o: _gb_peak(through(sub, o)) for o in ("dfs", "bfs")}
     assert peaks == {"dfs": 8 * mid + 2 * weight, "bfs": 16 * mid + weight}
-    best = _through(sub)
+    best = through(sub)
     assert str(best.attrs["dsa.order"]) == "dfs"
     with pytest.raises(ValueError, match="unknown instance order 'zigzag'"):
         OrderInstances(HW, "zigzag")
@@ -126,7 +106,7 @@ def test_clusters_alike_share_their_buffers_summary(monkeypatch):
     worked out once per order, and each summary is what the cluster's own buffers give."""
     from tvm_dsa.kernelgen import stitch_passes as passes
 
-    mod = _through(rounds_module())
+    mod = through(rounds_module())
     k = passes._Kernel(mod).read(HW)
     assert len({k._alike(c) for c in k.clusters}) == 1
     calls = []
@@ -152,7 +132,7 @@ def test_cross_layer_schedule_promotes_each_weight_early_where_the_gb_holds_it()
     sub = sub_module(residual_block, split=(0, 4))
     for kib, early in ((7, {"a2": 1}), (8, {"a2": 1, "a3": 1})):
         hw = hardware.register(dataclasses.replace(HW, name=f"stcp920-gb{kib}k", gb_bytes=kib * KB), override=True)
-        mod = _through(sub, prefetch=2, hw=hw)
+        mod = through(sub, prefetch=2, hw=hw)
         assert [dict(m) for m in mod.attrs["dsa.prefetch"]] == [early] * 4
         assert all(b.level == "gb" for b in read_allocation(mod))
         weights = {b.tensor: b.first for b in read_allocation(mod) if b.kind == "w" and b.cluster == 0}
@@ -187,7 +167,7 @@ def test_allocate_buffers_spills_each_cluster_to_its_own_scratch():
     DDR, at its own aligned offset of the kernel's scratch. Of the promoted weights, the 3x3
     conv's (4.5 KiB) is read where it is; the 1x1 conv's (512 B) and the bias (32 B) fit."""
     hw = hardware.register(dataclasses.replace(HW, name="stcp920-gb1k", gb_bytes=1 * KB), override=True)
-    mod = _through(sub_module(residual_block, split=(0, 4)), hw=hw)
+    mod = through(sub_module(residual_block, split=(0, 4)), hw=hw)
     buffers = read_allocation(mod)
     inter = sorted((b.owner, b.offset) for b in buffers if b.kind == "t")
     assert inter == [(i, i * align(16 * 8 * 8 * 2)) for i in range(4)]

@@ -7,6 +7,7 @@ import numpy as np
 import pytest
 import tvm
 import tvm_ffi
+from helpers import fuse, random_args, relax_graph, run_llvm
 from tvm import relax
 
 from tvm_dsa import hardware, isa, tiling
@@ -24,14 +25,6 @@ from tvm_dsa.tir_passes import lower_with_plan
 from tvm_dsa.tir_passes.tile import clampable, smaller_tile
 
 
-def fuse(mod):
-    """``mod`` after TVM's legalization and fusion, as the ``dsa`` pipeline runs them."""
-    seq = tvm.transform.Sequential([relax.transform.LegalizeOps(), relax.transform.AnnotateTIROpPattern(),
-                                    relax.transform.FuseOps(), relax.transform.FuseTIR()])
-    with tvm.target.Target("llvm"):
-        return seq(mod)
-
-
 def fused_kernel(build):
     """The single fused PrimFunc of a Relax graph built by ``build(bb)``."""
     mod = fuse(build())
@@ -40,32 +33,11 @@ def fused_kernel(build):
     return funcs[0]
 
 
-def relax_graph(shapes, body):
-    bb = relax.BlockBuilder()
-    vs = [relax.Var(f"a{i}", relax.TensorType(s, "float32")) for i, s in enumerate(shapes)]
-    with bb.function("main", vs):
-        with bb.dataflow():
-            out = bb.emit_output(body(*vs))
-        bb.emit_func_output(out)
-    return bb.get()
-
-
 def conv_bias_relu():
     op = relax.op
     return fused_kernel(lambda: relax_graph(
         [(1, 16, 12, 12), (32, 16, 3, 3), (1, 32, 1, 1)],
         lambda x, w, b: op.nn.relu(op.add(op.nn.conv2d(x, w, padding=1), b))))
-
-
-def run_llvm(func, arrays):
-    lib = tvm.tirx.build(tvm.IRModule({"main": func.with_attr("global_symbol", "main")}), target="llvm")
-    args = [tvm.runtime.tensor(a.copy()) for a in arrays]
-    lib(*args)
-    return args[-1].numpy()
-
-
-def random_args(func, rng):
-    return [rng.standard_normal([int(s) for s in p.shape]).astype("float32") for p in func.params]
 
 
 def test_anchor_is_the_contraction_with_mme_roles():

@@ -32,6 +32,9 @@ from tvm_dsa.tuning.space import (FitsDSA, StepTile, below_floor, capacity_boxes
 
 TARGET = "dsa/stcp920"
 HW = hardware.get(TARGET)
+#: the tests that tune run in one xdist worker: the first tuning of a process costs 30-100 s
+#: (meta-schedule imports TVM's tensor intrinsics), paid once
+TUNES = pytest.mark.xdist_group("meta-schedule-tuning")
 
 
 def _matmul(n: int):
@@ -198,6 +201,7 @@ def test_a_default_whose_trace_does_not_lower_is_not_committed(tmp_path):
     assert _best_seconds(database, task, HW) == task.default_seconds
 
 
+@TUNES
 def test_tasks_are_the_offloaded_kernels_with_their_default_time(tuned):
     model, mod, *_ = tuned
     (task,) = extract_tasks(mod, TARGET)  # conv + relu fused into one kernel
@@ -206,6 +210,7 @@ def test_tasks_are_the_offloaded_kernels_with_their_default_time(tuned):
     assert task.default_seconds == _seconds(lowered)
 
 
+@TUNES
 def test_records_are_simulated_times_and_tuning_never_loses(tuned):
     _, mod, work_dir, result, seen = tuned
     (task,) = result.tasks
@@ -224,6 +229,7 @@ def test_records_are_simulated_times_and_tuning_never_loses(tuned):
     assert result.cycles(True) == task.tuned_cycles and result.to_dict()["tasks"][0]["name"] == task.name
 
 
+@TUNES
 def test_compiling_with_the_database_uses_the_records_and_stays_exact(tuned):
     model, mod, work_dir, result, _ = tuned
     x = np.random.default_rng(1).standard_normal((1, 16, 16, 16)).astype("float32")
@@ -241,6 +247,7 @@ def test_compiling_with_the_database_uses_the_records_and_stays_exact(tuned):
     assert tvm_dsa.pipeline_result().tuned == []
 
 
+@TUNES
 def test_records_of_another_chip_are_not_applied(tuned):
     _, mod, work_dir, *_ = tuned
     other = hardware.get("set-edge16-fp16")
@@ -248,6 +255,7 @@ def test_records_of_another_chip_are_not_applied(tuned):
     assert tuned_kernel(load_database(work_dir), task.mod["main"], other) is None
 
 
+@TUNES
 def test_tune_command_and_compare_with_its_database(conv_onnx, tmp_path, capsys):
     from tvm_dsa.cli import main
 
