@@ -18,7 +18,8 @@ from tvm_dsa.emit.emitter import build_program
 from tvm_dsa.kernelgen.specialize import VERSIONS, ShapeMismatch, bind, free_symbols, specialize
 from tvm_dsa.harness import max_relative_error
 from tvm_dsa.models.dynamic import DYNAMIC
-from tvm_dsa.kernelgen.symbolic import EXECUTE_SHAPED, is_dynamic
+from tvm_dsa.kernelgen.symbolic import is_dynamic
+from tvm_dsa.packed import EXECUTE_SHAPED
 from tvm_dsa.relax_passes.rdp_apply import ApplyRDP
 from tvm_dsa.tiling import lower_kernel
 

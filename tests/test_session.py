@@ -155,3 +155,40 @@ def test_a_dsa_target_alone_compiles_for_the_dsa_and_other_targets_as_before(rng
     assert tvm_dsa.pipeline_result(llvm) is None
     np.testing.assert_allclose(relax.VirtualMachine(llvm, tvm.cpu())["main"](*x).numpy(), expected, rtol=1e-4, atol=1e-4)
     assert tvm_dsa.last_report().macs == 64 * 128 * 64  # the llvm run called no DSA kernel: no run
+
+
+def test_unregister_gives_tvm_its_default_pipeline_back(rng):
+    from tvm_dsa import plugin
+
+    x = _args(rng, Matmul)
+    plugin.unregister()
+    try:
+        assert "dsa" not in relax.pipeline.PIPELINE_MAP
+        assert not isinstance(relax.pipeline.PIPELINE_MAP["default"], plugin.DefaultForTarget)
+        assert tvm_dsa.pipeline_result(tvm.compile(Matmul, target=TARGET)) is None  # built for the CPU alone
+    finally:
+        plugin.register()
+    ex = tvm.compile(Matmul, target=TARGET)
+    assert tvm_dsa.pipeline_result(ex).dsa_macs == 64 * 128 * 64
+    relax.VirtualMachine(ex, tvm.cpu())["main"](*x)
+    assert tvm_dsa.last_report().macs == 64 * 128 * 64
+
+
+def test_import_tvm_registers_the_plugin_and_loads_neither_compiler_nor_simulator():
+    """The entry point registers tags, pipelines and packed functions; what they call loads on
+    first use (``benchmarks/import_time.py`` times it)."""
+    import json
+    import subprocess
+    import sys
+
+    code = ("import json, sys, tvm, tvm_ffi\n"
+            "from tvm import relax\n"
+            "print(json.dumps([sorted(m for m in sys.modules if m.startswith('tvm_dsa')),\n"
+            "    'dsa' in relax.pipeline.PIPELINE_MAP, tvm.target.Target('dsa/stcp920').attrs['model'],\n"
+            "    [tvm_ffi.get_global_func(n, allow_missing=True) is not None for n in\n"
+            "     ('tvm_dsa.begin_run', 'tvm_dsa.execute', 'tvm_dsa.execute_shaped', 'tvm_dsa.arena_plan')]]))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    modules, has_pipeline, model, funcs = json.loads(out.strip().splitlines()[-1])
+    assert has_pipeline and model == "stcp920" and all(funcs)
+    loaded = {m.split(".")[1] for m in modules if "." in m}
+    assert loaded <= {"hardware", "dataflow", "packed", "plugin"}, sorted(loaded)

@@ -22,7 +22,8 @@ from tvm_dsa.kernelgen.stitch import (
     RECOMPUTE_LIMIT, Lifetime, allocate, binding, cluster_rounds, makespan, plan_instances
 )
 from tvm_dsa.emit.footprint import footprints
-from tvm_dsa.kernelgen.offload import EXECUTE, StitchOptions
+from tvm_dsa.kernelgen.offload import StitchOptions
+from tvm_dsa.packed import EXECUTE
 from tvm_dsa.runtime import simulate
 from tvm_dsa.schedule.graph import OpGraph
 from tvm_dsa.tir_passes.tile import TilePlan

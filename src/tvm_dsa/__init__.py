@@ -1,40 +1,52 @@
 """tvm-dsa: a simulated domain-specific accelerator as an Apache TVM compilation target.
 
     import tvm, tvm_dsa
-    ex = tvm.compile(mod, target="dsa/stcp920", relax_pipeline="dsa")
+    ex = tvm.compile(mod, target="dsa/stcp920")                # the dsa pipeline, for a DSA target
     out = tvm.relax.VirtualMachine(ex, tvm.cpu())["main"](x)   # computed by the simulated DSA
     print(tvm_dsa.last_report())                               # what it cost on the DSA
 
-``import tvm`` loads this package through the ``tvm.backends`` entry point.
+``import tvm`` loads this package through the ``tvm.backends`` entry point, which registers what
+TVM needs to know (``tvm_dsa.plugin``); the compiler and the simulator load on first use.
 """
 
 from __future__ import annotations
 
 __version__ = "0.1.0"
 
+from typing import TYPE_CHECKING
+
 from tvm_dsa import hardware
 from tvm_dsa.hardware import Hardware, HardwareError
 
-_INITIALISED = False
+if TYPE_CHECKING:
+    from tvm_dsa.execution import KernelRun, Session
+
+_LAZY = {"KernelRun": "tvm_dsa.execution", "Session": "tvm_dsa.execution",
+         "pipeline": "tvm_dsa.relax_pipeline", "pipeline_result": "tvm_dsa.relax_pipeline"}
+
+
+def __getattr__(name: str):
+    if name in _LAZY:
+        import importlib
+
+        return getattr(importlib.import_module(_LAZY[name]), name)
+    raise AttributeError(f"module 'tvm_dsa' has no attribute {name!r}")
 
 
 def _autoload() -> None:
-    """Entry point for ``tvm.backends``: register presets, target tags, pipeline and runtime."""
-    global _INITIALISED
-    if _INITIALISED:
-        return
-    _INITIALISED = True
-    hardware.init()
-    from tvm_dsa import execution, relax_pipeline
+    """Entry point for ``tvm.backends``: tags, pipelines and packed functions (``tvm_dsa.plugin``)."""
+    from tvm_dsa import plugin
 
-    relax_pipeline.register()
-    execution.register()
+    plugin.register()
 
 
 _autoload()
 
-from tvm_dsa.execution import KernelRun, Session, current  # noqa: E402
-from tvm_dsa.relax_pipeline import pipeline, pipeline_result  # noqa: E402
+
+def _current():
+    from tvm_dsa.execution import current
+
+    return current()
 
 
 def session(mode: str = "functional", trace: bool | None = None, check_hazards: bool = True,
@@ -42,29 +54,31 @@ def session(mode: str = "functional", trace: bool | None = None, check_hazards: 
     """A new session: ``with tvm_dsa.session(mode="timing") as s: ...; s.report()``. Within the
     block, the DSA kernels of the models run there run as it says (``Session.set_mode``) and report
     to it alone."""
+    from tvm_dsa.execution import Session
+
     return Session(mode, trace, check_hazards, strict)
 
 
 def set_mode(mode: str = "functional", trace: bool | None = None, check_hazards: bool = True,
              strict: bool = False) -> None:
     """How offloaded kernels run from now on in the current session (``Session.set_mode``)."""
-    current().set_mode(mode, trace, check_hazards, strict)
+    _current().set_mode(mode, trace, check_hazards, strict)
 
 
 def last_report():
     """The report of the current session's last model run (all its DSA kernels); None before any
     run and after a run that called no DSA kernel."""
-    return current().report()
+    return _current().report()
 
 
 def last_kernel_runs() -> list[KernelRun]:
     """Each DSA kernel call of the current session's last model run, in call order."""
-    return current().kernel_runs()
+    return _current().kernel_runs()
 
 
 def last_trace() -> list:
     """Trace events of the current session's last run (``set_mode(trace=True)`` records them)."""
-    return current().last_trace()
+    return _current().last_trace()
 
 
 def tune(mod, target: str = "dsa/stcp920", trials: int = 64, work_dir="tune", **options):

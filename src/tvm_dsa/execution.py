@@ -30,11 +30,10 @@ import numpy as np
 import tvm_ffi
 
 from tvm_dsa.isa import Program
-from tvm_dsa.kernelgen.offload import EXECUTE, OffloadResult
+from tvm_dsa.kernelgen.offload import OffloadResult
 from tvm_dsa.kernelgen.specialize import VERSIONS
-from tvm_dsa.kernelgen.symbolic import EXECUTE_SHAPED
-from tvm_dsa.relax_passes.arena import ARENA_PLAN, arena_plan
-from tvm_dsa.relax_passes.run_start import BEGIN_RUN
+from tvm_dsa.packed import ARENA_PLAN, BEGIN_RUN, EXECUTE, EXECUTE_SHAPED
+from tvm_dsa.relax_passes.arena import arena_plan
 from tvm_dsa.runtime import Report, simulate
 
 KEEP = 16  # runs a session keeps (the oldest are dropped); compilations the process remembers: 4x

@@ -45,7 +45,7 @@ def pipeline(schedule: str = "layerwise", hw: hardware.Hardware | str | None = N
     an If uses run in that branch, ``relax_passes.sink``; the order, ``relax_passes.reorder``) and
     the arena (the best of ``memory_plan.best_greedy``'s orders) with in-place outputs
     (``relax_passes.arena``). The compilation's id is marked in ``main`` (``MarkRunStart``): runs and
-    ``pipeline_result(ex)`` find it."""
+    ``pipeline_result(ex)`` find it. ``import tvm`` registers it as ``dsa`` (``tvm_dsa.plugin``)."""
 
     schedules.get(schedule)  # fail early on an unknown name
 
@@ -108,45 +108,6 @@ def _tuned_kernels(database, chip: hardware.Hardware):
             raise ValueError(f"tuning database {str(database)!r} is not a directory (the work_dir of tvm_dsa.tune)")
         database = load_database(database)
     return lambda func: tuned_kernel(database, func, chip)
-
-
-def register() -> None:
-    """Register the ``dsa`` pipeline, and make TVM's ``default`` pipeline run it for a DSA target
-    (``DefaultForTarget``: ``tvm.compile(mod, target="dsa/<chip>")`` alone compiles for the DSA)."""
-    if "dsa" not in relax.pipeline.PIPELINE_MAP:
-        relax.register_pipeline("dsa")(pipeline)
-    default = relax.pipeline.PIPELINE_MAP["default"]
-    if not isinstance(default, DefaultForTarget):
-        relax.pipeline.PIPELINE_MAP["default"] = DefaultForTarget(default)
-
-
-def unregister() -> None:
-    """Undo ``register``: TVM's ``default`` pipeline as it was, no ``dsa`` pipeline."""
-    default = relax.pipeline.PIPELINE_MAP.get("default")
-    if isinstance(default, DefaultForTarget):
-        relax.pipeline.PIPELINE_MAP["default"] = default.tvm_default
-    relax.pipeline.PIPELINE_MAP.pop("dsa", None)
-
-
-class DefaultForTarget:
-    """TVM's ``default`` pipeline, except under a DSA target (its keys hold ``dsa``), where it is
-    the ``dsa`` pipeline. ``tvm.compile`` reads ``PIPELINE_MAP["default"]`` before it enters the
-    target's scope, so the choice is made when the pass runs; other targets get TVM's own pass,
-    unchanged."""
-
-    def __init__(self, tvm_default):
-        self.tvm_default = tvm_default
-
-    def __call__(self, **kwargs) -> tvm.transform.Pass:
-        fallback = self.tvm_default(**kwargs)
-
-        @tvm.transform.module_pass(opt_level=0, name="dsa.DefaultForTarget")
-        def choose(mod: tvm.IRModule, _ctx) -> tvm.IRModule:
-            target = tvm.target.Target.current(allow_none=True)
-            chosen = pipeline() if target is not None and "dsa" in list(target.keys) else fallback
-            return chosen(mod)
-
-        return choose
 
 
 def pipeline_result(executable=None):

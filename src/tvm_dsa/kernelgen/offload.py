@@ -39,8 +39,8 @@ from tvm_dsa.tir_passes.scopes import read_twice
 from tvm_dsa.tir_passes.tile import on_vector_units
 from tvm_dsa.kernelgen.stitch_passes import BindCores, StitchBuffers, stitch_passes
 from tvm_dsa.kernel.macs import kernel_macs
+from tvm_dsa.packed import EXECUTE
 
-EXECUTE = "tvm_dsa.execute"
 _PACKAGE = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # src/tvm_dsa
 CALL_TIR = tvm.ir.Op.get("relax.call_tir")
 

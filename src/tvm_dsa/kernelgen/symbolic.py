@@ -28,10 +28,10 @@ from tvm_dsa.kernelgen.specialize import SymbolicKernel, free_symbols
 from tvm_dsa.hardware import Hardware
 from tvm_dsa.tiling import lower_kernel
 from tvm_dsa.isa.validation import validate
-from tvm_dsa.kernelgen.offload import EXECUTE, OffloadResult, host_reason
+from tvm_dsa.kernelgen.offload import OffloadResult, host_reason
+from tvm_dsa.packed import EXECUTE, EXECUTE_SHAPED
 from tvm_dsa.kernel.macs import kernel_macs
 
-EXECUTE_SHAPED = "tvm_dsa.execute_shaped"
 PROBE = 16  # the size every symbol takes when deciding whether the DSA can run a kernel
 
 

@@ -1,6 +1,7 @@
 """Relax-level passes of the DSA pipeline."""
 
-from tvm_dsa.kernelgen.offload import EXECUTE, OffloadResult, offload
+from tvm_dsa.kernelgen.offload import OffloadResult, offload
+from tvm_dsa.packed import EXECUTE
 from tvm_dsa.relax_passes.simplify import SimplifyInference
 from tvm_dsa.kernel.macs import kernel_macs
 

@@ -50,11 +50,11 @@ from tvm_dsa.kernelgen.specialize import SymbolicKernel, free_symbols
 from tvm_dsa.kernel.analysis import Unsupported
 from tvm_dsa.relax_passes.inplace import elementwise_inputs, row_inputs
 from tvm_dsa.memory_plan import Lifetime, best_greedy
-from tvm_dsa.kernelgen.symbolic import EXECUTE_SHAPED, probe
+from tvm_dsa.kernelgen.symbolic import probe
+from tvm_dsa.packed import ARENA_PLAN, EXECUTE_SHAPED
 
 ALIGN = 64
 _ALLOC = tvm.ir.Op.get("relax.builtin.alloc_tensor")
-ARENA_PLAN = "tvm_dsa.arena_plan"  # the packed function that plans a symbolic arena at run time
 
 
 @dataclass(frozen=True)

@@ -8,7 +8,7 @@ from __future__ import annotations
 import tvm
 from tvm import relax
 
-BEGIN_RUN = "tvm_dsa.begin_run"
+from tvm_dsa.packed import BEGIN_RUN
 
 
 def MarkRunStart(compilation: str) -> tvm.transform.Pass:  # noqa: N802 - TVM pass naming

@@ -1,0 +1,9 @@
+"""Names of the packed functions a model compiled for the DSA calls: the interface between the
+compiled module and ``tvm_dsa.execution``, which implements them (``tvm_dsa.plugin`` registers
+them at ``import tvm``)."""
+
+BEGIN_RUN = "tvm_dsa.begin_run"  # a run of main starts (MarkRunStart)
+EXECUTE = "tvm_dsa.execute"  # one DSA kernel call: its program, its info, its tensors
+EXECUTE_SHAPED = "tvm_dsa.execute_shaped"  # the same for a kernel with symbolic dims, built per shape
+ARENA_PLAN = "tvm_dsa.arena_plan"  # plans a symbolic arena at run time (PlanArena)
+ALL = (BEGIN_RUN, EXECUTE, EXECUTE_SHAPED, ARENA_PLAN)
