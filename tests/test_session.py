@@ -4,6 +4,7 @@ with an older run (``tvm_dsa.execution``)."""
 import threading
 
 import numpy as np
+import pytest
 import tvm
 from tvm import relax
 from tvm.script import relax as R
@@ -174,21 +175,24 @@ def test_unregister_gives_tvm_its_default_pipeline_back(rng):
     assert tvm_dsa.last_report().macs == 64 * 128 * 64
 
 
-def test_import_tvm_registers_the_plugin_and_loads_neither_compiler_nor_simulator():
-    """The entry point registers tags, pipelines and packed functions; what they call loads on
-    first use (``benchmarks/import_time.py`` times it)."""
+@pytest.mark.parametrize("first", ["tvm", "tvm_dsa"])
+def test_import_tvm_registers_the_plugin_and_loads_neither_compiler_nor_simulator(first):
+    """The entry point registers tags, pipelines and packed functions, whichever of the two is
+    imported first; what they call loads on first use (``benchmarks/import_time.py`` times it)."""
     import json
     import subprocess
     import sys
 
-    code = ("import json, sys, tvm, tvm_ffi\n"
+    code = (f"import {first}\n"
+            "import json, sys, tvm, tvm_ffi\n"
             "from tvm import relax\n"
             "print(json.dumps([sorted(m for m in sys.modules if m.startswith('tvm_dsa')),\n"
             "    'dsa' in relax.pipeline.PIPELINE_MAP, tvm.target.Target('dsa/stcp920').attrs['model'],\n"
             "    [tvm_ffi.get_global_func(n, allow_missing=True) is not None for n in\n"
             "     ('tvm_dsa.begin_run', 'tvm_dsa.execute', 'tvm_dsa.execute_shaped', 'tvm_dsa.arena_plan')]]))")
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
-    modules, has_pipeline, model, funcs = json.loads(out.strip().splitlines()[-1])
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert "Failed to autoload" not in done.stderr, done.stderr
+    modules, has_pipeline, model, funcs = json.loads(done.stdout.strip().splitlines()[-1])
     assert has_pipeline and model == "stcp920" and all(funcs)
     loaded = {m.split(".")[1] for m in modules if "." in m}
     assert loaded <= {"hardware", "dataflow", "packed", "plugin"}, sorted(loaded)

@@ -33,8 +33,16 @@ def __getattr__(name: str):
     raise AttributeError(f"module 'tvm_dsa' has no attribute {name!r}")
 
 
+_LOADING = []
+
+
 def _autoload() -> None:
-    """Entry point for ``tvm.backends``: tags, pipelines and packed functions (``tvm_dsa.plugin``)."""
+    """Entry point for ``tvm.backends``: tags, pipelines and packed functions (``tvm_dsa.plugin``).
+    Once: ``import tvm_dsa`` before ``import tvm`` comes back here from TVM's autoload while
+    ``plugin`` imports TVM."""
+    if _LOADING:
+        return
+    _LOADING.append(True)
     from tvm_dsa import plugin
 
     plugin.register()
