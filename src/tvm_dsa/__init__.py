@@ -15,13 +15,11 @@ __version__ = "0.1.0"
 
 from typing import TYPE_CHECKING
 
-from tvm_dsa import hardware
-from tvm_dsa.hardware import Hardware, HardwareError
-
 if TYPE_CHECKING:
     from tvm_dsa.execution import KernelRun, Session
 
-_LAZY = {"KernelRun": "tvm_dsa.execution", "Session": "tvm_dsa.execution",
+_LAZY = {"hardware": "tvm_dsa.hardware", "Hardware": "tvm_dsa.hardware", "HardwareError": "tvm_dsa.hardware",
+         "KernelRun": "tvm_dsa.execution", "Session": "tvm_dsa.execution",
          "pipeline": "tvm_dsa.relax_pipeline", "pipeline_result": "tvm_dsa.relax_pipeline"}
 
 
@@ -29,7 +27,8 @@ def __getattr__(name: str):
     if name in _LAZY:
         import importlib
 
-        return getattr(importlib.import_module(_LAZY[name]), name)
+        module = importlib.import_module(_LAZY[name])
+        return module if module.__name__ == f"tvm_dsa.{name}" else getattr(module, name)
     raise AttributeError(f"module 'tvm_dsa' has no attribute {name!r}")
 
 

@@ -27,13 +27,10 @@ from dataclasses import dataclass, field
 from functools import lru_cache
 
 import numpy as np
-import tvm_ffi
 
 from tvm_dsa.isa import Program
 from tvm_dsa.kernelgen.offload import OffloadResult
 from tvm_dsa.kernelgen.specialize import VERSIONS
-from tvm_dsa.packed import ARENA_PLAN, BEGIN_RUN, EXECUTE, EXECUTE_SHAPED
-from tvm_dsa.relax_passes.arena import arena_plan
 from tvm_dsa.runtime import Report, simulate
 
 KEEP = 16  # runs a session keeps (the oldest are dropped); compilations the process remembers: 4x
@@ -190,9 +187,13 @@ def begin_run(compilation) -> None:
 
 def execute(program_text, info_text, *tensors) -> None:
     info = json.loads(str(info_text))
+    _run(program_of(str(program_text), info), info, tensors)
+
+
+def program_of(text: str, info: dict) -> Program:
+    """The program a DSA call runs: its text, under the names its info gives (``names``)."""
     names = info.get("names")
-    program = parsed_program(str(program_text)) if names is None else _named(str(program_text), info["kernel"], json.dumps(names))
-    _run(program, info, tensors)
+    return parsed_program(text) if names is None else _named(text, info["kernel"], json.dumps(names))
 
 
 def execute_shaped(kernel_text, info_text, *args) -> None:
@@ -208,9 +209,16 @@ def execute_shaped(kernel_text, info_text, *args) -> None:
 
 def _run(program: Program, info: dict, tensors) -> None:
     """Simulate one kernel call on the VM's tensors (inputs first, then outputs)."""
-    s = current()
     n_in = sum(1 for a in program.args if a.role == "input")
-    inputs = [np.from_dlpack(t) for t in tensors[:n_in]]
+    outputs = run_kernel(program, info, [np.from_dlpack(t) for t in tensors[:n_in]])
+    for t, out in zip(tensors[n_in:], outputs):
+        np.from_dlpack(t)[...] = out
+
+
+def run_kernel(program: Program, info: dict, inputs: list[np.ndarray]) -> list[np.ndarray]:
+    """Simulate one kernel call in the current session's mode; its report joins the session's
+    current run. Returns the outputs (none in timing mode)."""
+    s = current()
     if s.mode == "functional" and not program.hardware["storage_dtype"].startswith("float"):
         raise RuntimeError(
             f"preset {program.hardware['name']} stores {program.hardware['storage_dtype']}: a float model "
@@ -228,13 +236,5 @@ def _run(program: Program, info: dict, tensors) -> None:
     run.trace.extend(result.trace_events or [])
     if s.strict and result.report.numerics:
         raise FloatingPointError(result.report.numerics[0])
-    for t, out in zip(tensors[n_in:], result.outputs):
-        np.from_dlpack(t)[...] = out
+    return list(result.outputs or [])
 
-
-def register() -> None:
-    """The functions a compiled model calls, as global functions of the TVM FFI."""
-    tvm_ffi.register_global_func(BEGIN_RUN, begin_run, override=True)
-    tvm_ffi.register_global_func(EXECUTE, execute, override=True)
-    tvm_ffi.register_global_func(EXECUTE_SHAPED, execute_shaped, override=True)
-    tvm_ffi.register_global_func(ARENA_PLAN, arena_plan, override=True)

@@ -6,4 +6,5 @@ BEGIN_RUN = "tvm_dsa.begin_run"  # a run of main starts (MarkRunStart)
 EXECUTE = "tvm_dsa.execute"  # one DSA kernel call: its program, its info, its tensors
 EXECUTE_SHAPED = "tvm_dsa.execute_shaped"  # the same for a kernel with symbolic dims, built per shape
 ARENA_PLAN = "tvm_dsa.arena_plan"  # plans a symbolic arena at run time (PlanArena)
-ALL = (BEGIN_RUN, EXECUTE, EXECUTE_SHAPED, ARENA_PLAN)
+BYOC_EXECUTE = "tvm_dsa.byoc_execute"  # one function RunCodegen offloaded: its composite's id, its tensors
+CODEGEN = "relax.ext.dsa"  # the BYOC codegen RunCodegen calls for functions marked "dsa"

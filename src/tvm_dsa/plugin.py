@@ -1,27 +1,40 @@
 """What ``import tvm`` registers (the ``tvm.backends`` entry point): the chips' target tags, the
 ``dsa`` Relax pipeline, TVM's ``default`` pipeline made to choose it under a DSA target, the
-packed functions a compiled model calls, and the BYOC patterns and codegen (``byoc``). Each is a
+packed functions a compiled model calls, and the BYOC patterns and codegen (``tvm_dsa.byoc``). Each is a
 thin wrapper that loads the compiler or the simulator on first use, so that ``import tvm`` stays
 cheap (``benchmarks/import_time.py``); ``unregister`` undoes what ``register`` did to TVM."""
 
 from __future__ import annotations
 
+import importlib
+
 import tvm
 import tvm_ffi
 from tvm import relax
 
-from tvm_dsa import hardware, packed
+from tvm_dsa import packed, tags
+from tvm_dsa.byoc import patterns
+
+# Each packed function, and where it is implemented (loaded on its first call).
+IMPLEMENTATIONS = {packed.BEGIN_RUN: ("tvm_dsa.execution", "begin_run"),
+                   packed.EXECUTE: ("tvm_dsa.execution", "execute"),
+                   packed.EXECUTE_SHAPED: ("tvm_dsa.execution", "execute_shaped"),
+                   packed.ARENA_PLAN: ("tvm_dsa.relax_passes.arena", "arena_plan"),
+                   packed.BYOC_EXECUTE: ("tvm_dsa.byoc.codegen", "execute"),
+                   packed.CODEGEN: ("tvm_dsa.byoc.codegen", "codegen")}
 
 
 def register() -> None:
-    """Register the tags, the pipelines and the packed functions (idempotent)."""
-    hardware.init()
+    """Register the tags, the pipelines, the packed functions and the BYOC patterns (idempotent)."""
+    for name in tags.preset_names():
+        tags.register(name)
+    patterns.register()
     if "dsa" not in relax.pipeline.PIPELINE_MAP:
         relax.register_pipeline("dsa")(dsa_pipeline)
     default = relax.pipeline.PIPELINE_MAP["default"]
     if not isinstance(default, DefaultForTarget):
         relax.pipeline.PIPELINE_MAP["default"] = DefaultForTarget(default)
-    for name in packed.ALL:
+    for name in IMPLEMENTATIONS:
         if tvm_ffi.get_global_func(name, allow_missing=True) is None:
             tvm_ffi.register_global_func(name, _loader(name))
 
@@ -63,13 +76,13 @@ class DefaultForTarget:
 
 
 def _loader(name: str):
-    """A stand-in for the packed function ``name``: its first call loads ``tvm_dsa.execution``,
-    which registers the real functions in its place, and makes the call."""
+    """A stand-in for the packed function ``name``: its first call loads the implementation,
+    registers it in its place, and makes the call."""
 
     def call(*args):
-        from tvm_dsa import execution
-
-        execution.register()
-        return tvm_ffi.get_global_func(name)(*args)
+        module, function = IMPLEMENTATIONS[name]
+        implementation = getattr(importlib.import_module(module), function)
+        tvm_ffi.register_global_func(name, implementation, override=True)
+        return implementation(*args)
 
     return call

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import contextlib
 import gc
-import os
 
 import tvm
 from tvm import relax
@@ -27,7 +26,7 @@ from tvm_dsa.relax_passes.pool_fusion import FusePooling
 from tvm_dsa.relax_passes.reorder import ApplyExecutionPlan
 from tvm_dsa.relax_passes.sink import SinkIntoBranches
 from tvm_dsa.schedule.set.scheduler import SetOptions
-from tvm_dsa.tuning import load_database, pretuned, tuned_kernel
+from tvm_dsa.tuning import tuned_kernels
 from tvm_dsa.execution import COMPILATIONS, compilation_of, current
 from tvm_dsa.relax_passes.run_start import MarkRunStart
 
@@ -63,7 +62,7 @@ def pipeline(schedule: str = "layerwise", hw: hardware.Hardware | str | None = N
                 mod = ApplyExecutionPlan(SinkIntoBranches(mod))
             mod, result = (offload_symbolic(mod, chip) if dynamic
                            else offload(mod, chip, schedule, options=options,
-                                        tuned=_tuned_kernels(database, chip)))
+                                        tuned=tuned_kernels(database, chip)))
             if dynamic and schedule != "layerwise":
                 result.unstitched[schedule] = (f"the {schedule} schedule needs static shapes and no control "
                                                "flow: a dynamic model runs layerwise")
@@ -90,24 +89,6 @@ def _no_cyclic_gc():
     finally:
         if enabled:
             gc.enable()
-
-
-def _tuned_kernels(database, chip: hardware.Hardware):
-    """``func -> lowered PrimFunc or None`` from a tuning database (default: the meta-schedule
-    database in scope, else the chip's shipped records), or None without one (or with False)."""
-    from tvm.s_tir import meta_schedule as ms  # meta-schedule: loaded on first use
-
-    if database is False:
-        return None
-    database = database or ms.Database.current() or pretuned(chip.name)
-    if database is None:
-        return None
-
-    if isinstance(database, (str, os.PathLike)):
-        if not os.path.isdir(database):
-            raise ValueError(f"tuning database {str(database)!r} is not a directory (the work_dir of tvm_dsa.tune)")
-        database = load_database(database)
-    return lambda func: tuned_kernel(database, func, chip)
 
 
 def pipeline_result(executable=None):

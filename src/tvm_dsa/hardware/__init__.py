@@ -1,9 +1,9 @@
 """Hardware model, presets and target tags."""
 
 from tvm_dsa.hardware.model import MME, Energy, Hardware, HardwareError, min_lb_bytes
-from tvm_dsa.hardware.registry import DEFAULT, from_target, get, init, load_file, make_target, names, register
+from tvm_dsa.hardware.registry import DEFAULT, from_target, get, load_file, make_target, names, register
 
 __all__ = [
     "MME", "Energy", "Hardware", "HardwareError", "min_lb_bytes",
-    "DEFAULT", "from_target", "get", "init", "load_file", "make_target", "names", "register",
+    "DEFAULT", "from_target", "get", "load_file", "make_target", "names", "register",
 ]

@@ -1,20 +1,18 @@
-"""Named chips: the shipped presets, user registrations, and their TVM target tags.
-
-TVM 0.27 cannot add target kinds from Python, so a chip is a tag ``dsa/<name>`` of the llvm kind
-with ``keys`` containing "dsa" and ``model`` = the chip name; the hardware parameters live here and
-are looked up by that ``model``. ``dsa`` alone means the default preset, ``stcp920``.
+"""Named chips: the shipped presets and user registrations, each with its TVM target tag
+(``tvm_dsa.tags``: ``dsa/<name>``, whose ``model`` names the chip looked up here). ``dsa`` alone
+means the default preset, ``stcp920``.
 """
 
 from __future__ import annotations
 
 import json
 import tomllib
-from importlib import resources
 from pathlib import Path
 
+from tvm_dsa import tags
 from tvm_dsa.hardware.model import Hardware, HardwareError
+from tvm_dsa.tags import DEFAULT
 
-DEFAULT = "stcp920"
 _REGISTRY: dict[str, Hardware] = {}
 
 
@@ -31,11 +29,17 @@ def load_file(path: str | Path) -> Hardware:
     return Hardware.from_dict(data, source=f"hardware file {str(path)!r}")
 
 
-def _load_presets() -> None:
-    for entry in resources.files(__package__).joinpath("presets").iterdir():
-        if entry.name.endswith(".toml"):
-            hw = Hardware.from_dict(tomllib.loads(entry.read_text()), source=f"preset {entry.name}")
-            _REGISTRY[hw.name] = hw
+def _chips() -> dict[str, Hardware]:
+    """The registry, the shipped presets loaded on first use (their tags are registered at
+    ``import tvm``: ``tvm_dsa.tags``)."""
+    if not _REGISTRY:
+        for name in tags.preset_names():
+            path = tags.PRESETS / f"{name}.toml"
+            hw = Hardware.from_dict(tomllib.loads(path.read_text()), source=f"preset {path.name}")
+            if hw.name != name:
+                raise HardwareError(f"preset {path.name} describes chip {hw.name!r}: a preset file is named as its chip")
+            _REGISTRY[name] = hw
+    return _REGISTRY
 
 
 def register(hw: Hardware | dict | str | Path, *, override: bool = False) -> Hardware:
@@ -46,31 +50,23 @@ def register(hw: Hardware | dict | str | Path, *, override: bool = False) -> Har
         hw = Hardware.from_dict(hw)
     elif not isinstance(hw, Hardware):
         raise HardwareError(f"cannot register {type(hw).__name__}: expected Hardware, dict or file path")
-    if hw.name in _REGISTRY and _REGISTRY[hw.name] != hw and not override:
+    chips = _chips()
+    if hw.name in chips and chips[hw.name] != hw and not override:
         raise HardwareError(f"a different chip named {hw.name!r} is already registered; pass override=True")
-    _REGISTRY[hw.name] = hw
-    _register_tag(hw.name)
+    chips[hw.name] = hw
+    tags.register(hw.name)
     return hw
 
 
-def _register_tag(name: str) -> None:
-    from tvm.target import register_tag
-
-    # override: the same config again (init() called twice, a preset re-registered) is no error
-    register_tag(f"dsa/{name}", {"kind": "llvm", "keys": ["dsa", "cpu"], "model": name}, override=True)
-    if name == DEFAULT:
-        register_tag("dsa", {"kind": "llvm", "keys": ["dsa", "cpu"], "model": name}, override=True)
-
-
 def names() -> list[str]:
-    return sorted(_REGISTRY)
+    return sorted(_chips())
 
 
 def get(name: str) -> Hardware:
     """The chip called ``name`` (``dsa/`` prefix allowed); a clear error for unknown names."""
     key = name[4:] if name.startswith("dsa/") else ("" if name == "dsa" else name)
     key = key or DEFAULT
-    if key not in _REGISTRY:
+    if key not in _chips():
         raise HardwareError(f"unknown DSA preset {name!r}; known: {', '.join(names())}")
     return _REGISTRY[key]
 
@@ -96,11 +92,3 @@ def make_target(name: str):
 
     get(name)  # raises with the known names
     return tvm.target.Target(name)
-
-
-def init() -> None:
-    """Load the shipped presets and register their tags (idempotent)."""
-    if not _REGISTRY:
-        _load_presets()
-    for name in list(_REGISTRY):
-        _register_tag(name)

@@ -176,6 +176,15 @@ class Program:
         return replace(self, name=name, args=tuple(replace(a, name=names.get(a.name, a.name)) for a in self.args),
                        kernels=kernels)
 
+    def nameless(self) -> dict:
+        """``to_dict`` without the names (the program's, its kernels', args' and layer marks'):
+        two programs equal here run the same, whatever their layers were called."""
+        d = self.to_dict()
+        d["name"], d["args"] = "", [a[1:] for a in d["args"]]
+        for k in d["kernels"]:
+            k["name"], k["layers"] = "", [[m[0], m[2]] for m in k["layers"]]
+        return d
+
     # -- compact text form for embedding (zlib-compressed JSON, base64) -------------------------
     def serialize(self) -> str:
         """The JSON of ``to_dict``, compressed.

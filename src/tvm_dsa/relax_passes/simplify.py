@@ -14,14 +14,20 @@ from tvm import relax
 from tvm_dsa.relax_passes.fold import FoldConstantsLeft, FoldWeights
 
 
-def SimplifyInference() -> tvm.transform.Pass:  # noqa: N802 - TVM pass naming
+def FoldBatchNorms() -> tvm.transform.Pass:  # noqa: N802 - TVM pass naming
+    """Batch norms folded into the convolutions before them, the others decomposed, and what
+    depends only on weights evaluated in numpy (``FoldWeights``): the graph keeps its Relax ops
+    (no op is legalized), as pattern matching needs (``byoc.partition``)."""
     return tvm.transform.Sequential(
         [
             relax.transform.FoldBatchnormToConv2D(),
             relax.transform.DecomposeOpsForInference(),
             relax.transform.CanonicalizeBindings(),
             FoldWeights,
-            FoldConstantsLeft,
         ],
-        name="dsa.SimplifyInference",
+        name="dsa.FoldBatchNorms",
     )
+
+
+def SimplifyInference() -> tvm.transform.Pass:  # noqa: N802 - TVM pass naming
+    return tvm.transform.Sequential([FoldBatchNorms(), FoldConstantsLeft], name="dsa.SimplifyInference")

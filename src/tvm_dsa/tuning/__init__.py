@@ -189,6 +189,22 @@ def tune(mod: tvm.IRModule, target: str = "dsa/stcp920", trials: int = 64, work_
     return TuneResult(str(tvm_target.attrs["model"]), str(work_dir), results, database)
 
 
+def tuned_kernels(database, chip: hardware.Hardware):
+    """``func -> lowered PrimFunc or None`` from a tuning database (default: the meta-schedule
+    database in scope, else the chip's shipped records), or None without one (or with False)."""
+    if database is False:
+        return None
+    database = database or ms.Database.current() or pretuned(chip.name)
+    if database is None:
+        return None
+
+    if isinstance(database, (str, os.PathLike)):
+        if not os.path.isdir(database):
+            raise ValueError(f"tuning database {str(database)!r} is not a directory (the work_dir of tvm_dsa.tune)")
+        database = load_database(database)
+    return lambda func: tuned_kernel(database, func, chip)
+
+
 def tuned_kernel(database, func: tirx.PrimFunc, hw: Hardware):
     """``func`` lowered with its best record for ``hw`` in ``database``, or None without one."""
     wl = workload(func)
