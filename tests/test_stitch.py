@@ -16,7 +16,8 @@ from tvm import relax
 import tvm_dsa
 from tvm_dsa import hardware, isa
 from tvm_dsa.kernelgen import stitch
-from tvm_dsa.emit.emitter import PROMOTE, Layer
+from tvm_dsa.emit.emitter import PROMOTE
+from tvm_dsa.emit.placement import Layer
 from tvm_dsa.isa import Program
 from tvm_dsa.kernelgen.stitch import (
     RECOMPUTE_LIMIT, Lifetime, allocate, binding, cluster_rounds, makespan, plan_instances

@@ -11,7 +11,8 @@ from helpers import fuse, random_args, relax_graph, run_llvm
 from tvm import relax
 
 from tvm_dsa import hardware, isa, tiling
-from tvm_dsa.emit.emitter import Layer, build_program, deal
+from tvm_dsa.emit.emitter import build_program, deal
+from tvm_dsa.emit.placement import Layer
 from tvm_dsa.kernelgen.specialize import timing_cycles
 from tvm_dsa.kernel.ir import CodegenError, chunk_loops, plan_lb, read_kernel
 from tvm_dsa.emit.footprint import footprints

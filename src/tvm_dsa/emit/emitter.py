@@ -28,95 +28,10 @@ import numpy as np
 
 from tvm_dsa import isa
 from tvm_dsa.hardware import Hardware
+from tvm_dsa.emit.placement import Layer, Pieces, Region, row_major
 from tvm_dsa.kernel.ir import (
-    ALIGN, Access, CodegenError, Const, KernelIR, Loop, Op, Read, Select, Stage, align, chunk_loops, plan_lb,
-    read_kernel, stages_of
+    ALIGN, Access, CodegenError, Const, KernelIR, Loop, Op, Read, Select, Stage, align, chunk_loops, stages_of
 )
-
-
-@dataclass(frozen=True)
-class Region:
-    """Where a tensor, or the box of it that a kernel keeps, lives: element ``origin + i`` of the
-    box ``extents`` sits at ``base`` + row-major offset of ``i`` in memory ``mem``. ``index`` is
-    the GB's cluster or the LB's core (0 for DDR)."""
-
-    mem: str
-    index: int
-    base: int
-    origin: tuple[int, ...]
-    extents: tuple[int, ...]
-    dtype: str
-
-    @classmethod
-    def whole(cls, mem: str, index: int, base: int, shape, dtype: str) -> "Region":
-        return cls(mem, index, base, (0,) * len(shape), tuple(shape), dtype)
-
-    @property
-    def nbytes(self) -> int:
-        return isa.DTYPES[self.dtype] * _prod(self.extents)
-
-
-@dataclass
-class Pieces:
-    """A tensor stored in pieces (a grid over its dims): piece ``(i0, i1, ...)`` is the box between
-    ``cuts[d][i_d - 1]`` and ``cuts[d][i_d]`` along every dim ``d`` (0 and the extent implied at
-    the ends) and lives in ``cells[(i0, i1, ...)]``: a box region in some core's LB, or the
-    tensor's whole DDR region. What SET keeps on chip: a feature map spread over its consumers'
-    LBs, weights pinned in their layer's LBs. DMA boxes touching it are split along the cuts
-    (each such access must index a cut dim by one loop with coefficient 1, or not vary in it).
-    Cells change as the program goes (a chunk placed, a piece freed): the emitter reads them
-    when it emits."""
-
-    shape: tuple[int, ...]
-    cuts: tuple[tuple[int, ...], ...]  # per dim: interior cut points, increasing
-    cells: dict
-
-    def cell_index(self, point) -> tuple[int, ...]:
-        return tuple(bisect.bisect_right(c, x) for c, x in zip(self.cuts, point))
-
-    def cell(self, point) -> Region:
-        return self.cells[self.cell_index(point)]
-
-    def split(self, acc: Access, env, start, extent):
-        """The sub-boxes of the stage box [start, start + extent) that each lie in one piece, with
-        the piece's region: [(start, extent, region)]."""
-        p0 = acc.point(env, start)
-        boxes = [(list(start), list(extent))]
-        for d, cuts in enumerate(self.cuts):
-            loops = [(i, c) for i, c in enumerate(acc.inner[d]) if c]
-            if not cuts or not loops:
-                continue
-            if len(loops) != 1 or loops[0][1] != 1:
-                raise CodegenError(f"an access to a tensor kept in pieces indexes dim {d} by "
-                                   f"{acc.inner[d]}, not one loop with coefficient 1")
-            i = loops[0][0]
-            out = []
-            for s, e in boxes:
-                lo = p0[d] + s[i] - start[i]
-                hi, b = lo + e[i], lo
-                for cut in [x for x in cuts if lo < x < hi] + [hi]:
-                    s2, e2 = list(s), list(e)
-                    s2[i], e2[i] = s[i] + b - lo, cut - b
-                    out.append((s2, e2))
-                    b = cut
-            boxes = out
-        return [(s, e, self.cell(acc.point(env, s))) for s, e in boxes]
-
-
-@dataclass(frozen=True)
-class Layer:
-    """One lowered PrimFunc in a kernel: its IR, its LB plan and the tensor behind each parameter."""
-
-    name: str
-    ir: KernelIR
-    plan: object  # LBPlan
-    args: dict  # parameter name -> tensor name
-
-    @classmethod
-    def of(cls, func, hw: Hardware, name: str, tensors=None, lb_bytes: int | None = None) -> "Layer":
-        ir = read_kernel(func)
-        args = dict(zip((p[0] for p in ir.params), tensors or (p[0] for p in ir.params)))
-        return cls(name, ir, plan_lb(ir, hw, lb_bytes), args)
 
 
 class _Deps:
@@ -208,20 +123,6 @@ class _Space:
             key = self.owners[offset] = self.ranges[i][2] if found else None
         return key
 
-
-def _prod(shape) -> int:
-    n = 1
-    for e in shape:
-        n *= int(e)
-    return n
-
-
-def _row_major(shape) -> list[int]:
-    strides, n = [], 1
-    for e in reversed(list(shape)):
-        strides.append(n)
-        n *= int(e)
-    return strides[::-1]
 
 
 COPY_SOURCES = 4  # the most recent calls like a layer that it may be a copy of (each try costs)
@@ -407,7 +308,7 @@ class KernelEmitter:
         self.pieced.pop(key, None)
         if pieces is not None:
             dim, width = pieces
-            self.pieced[key] = (dim, width, lo, isa.DTYPES[region.dtype] * _row_major(region.extents)[dim],
+            self.pieced[key] = (dim, width, lo, isa.DTYPES[region.dtype] * row_major(region.extents)[dim],
                                 region.extents[dim])
         for k in self._pieces_of(key):
             self.deps.inherit(k, old, ssa)
@@ -717,7 +618,7 @@ class KernelEmitter:
             if b.index != to:
                 return None
             by = b.base - a.base + isa.DTYPES[a.dtype] * sum(
-                (m - o) * st for m, o, st in zip(moved, box, _row_major(a.extents)))
+                (m - o) * st for m, o, st in zip(moved, box, row_major(a.extents)))
             moves.setdefault((a.mem, a.index), []).append((a.base, a.base + a.nbytes, to, by))
         for c in dict.fromkeys(c for _, c in call.work) if swap else ():
             for s, t in swap.items():  # the two copies of a double-buffered place trade places
@@ -804,7 +705,7 @@ class KernelEmitter:
         self.cur, self.regions, self.lb_base = layer, regions, lb_base
         self.views: dict = {}  # (id(access), aliased region) -> _view
         self.aliasable = _aliasable(layer.ir)
-        self.lb_strides = {n: _row_major(b.extents) for n, b in layer.plan.buffers.items()}
+        self.lb_strides = {n: row_major(b.extents) for n, b in layer.plan.buffers.items()}
         self.env = [0] * layer.ir.slots
         tile_loops = layer.ir.tile_loops()
         body = tile_loops[-1].body
@@ -1165,7 +1066,7 @@ class KernelEmitter:
             region = region or self.regions.get(self.cur.args.get(acc.buffer))
             if region is None:
                 raise CodegenError(f"buffer {acc.buffer} is neither in the LB nor placed in a memory")
-            mem, dtype, extents, estrides = region.mem, region.dtype, region.extents, _row_major(region.extents)
+            mem, dtype, extents, estrides = region.mem, region.dtype, region.extents, row_major(region.extents)
         strides = tuple(sum(row[i] * s for row, s in zip(acc.inner, estrides)) for i in range(len(stage.shape)))
         backwards = [i for i, (st, n) in enumerate(zip(strides, stage.shape)) if st < 0 and n > 1]
         if backwards:  # e.g. a flip: the ISA has no negative strides (a box is walked forwards)
@@ -1609,7 +1510,7 @@ def _sub_operand(o: isa.Operand, start) -> isa.Operand:
 
 def _whole_operand(r: Region, origin=None) -> isa.Operand:
     """The region as an operand over its box, or over a box from ``origin`` inside it."""
-    strides = _row_major(r.extents)
+    strides = row_major(r.extents)
     shift = sum((o - a) * st for o, a, st in zip(origin, r.origin, strides)) if origin else 0
     return isa.Operand(r.mem, r.index, r.base + isa.DTYPES[r.dtype] * shift, r.dtype, tuple(strides))
 
