@@ -613,7 +613,7 @@ def test_a_copy_waits_for_what_emission_would_unit_for_unit():
         return (u[0], u[1] + 4)
 
     def remap(before, writers, readers=None, ssa=(), written=(a, b)):
-        e.deps.writers, e.deps.readers, e.deps.ssa = writers, readers or {}, set(ssa)
+        e.memory.deps.writers, e.memory.deps.readers, e.memory.deps.ssa = writers, readers or {}, set(ssa)
         return e._remap(SimpleNamespace(before=before, read=(a, b), written=written), keys, unit, 5)
 
     # position 3 was the last writer of a and of b; now a's is 6 and b's 8: the copy waits for 8

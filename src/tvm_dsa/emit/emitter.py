@@ -28,106 +28,15 @@ import numpy as np
 
 from tvm_dsa import isa
 from tvm_dsa.hardware import Hardware
+from tvm_dsa.emit.deps import PIECE, MemoryObjects
 from tvm_dsa.emit.placement import Layer, Pieces, Region, row_major
 from tvm_dsa.kernel.ir import (
     ALIGN, Access, CodegenError, Const, KernelIR, Loop, Op, Read, Select, Stage, align, chunk_loops, stages_of
 )
 
 
-class _Deps:
-    """Dependency tokens from the memory objects instructions touch.
-
-    Per object: the last write and last read per unit. A tile buffer is rewritten tile after tile,
-    so a write waits for the other units' reads and writes of it. A tensor (``ssa``) is written
-    once, in disjoint pieces by many cores: its writes wait only for readers of what the memory
-    held before (``inherit``), its reads for every unit's last write. Same-unit order is implied
-    by the unit's in-order queue."""
-
-    def __init__(self):
-        self.writers: dict = {}
-        self.readers: dict = {}
-        self.ssa: set = set()
-
-    def deps(self, reads, writes, unit) -> set:
-        # every recorded index belongs to the one unit that ran it: collect all, then drop ours
-        tables = [self.writers.get(key) for key in reads]
-        for key in writes:
-            if key not in self.ssa:
-                tables.append(self.writers.get(key))
-            tables.append(self.readers.get(key))
-        out, mine = set(), set()
-        for t in tables:
-            if t:
-                out.update(t.values())
-                if unit in t:
-                    mine.add(t[unit])
-        return out - mine
-
-    def record(self, idx, reads, writes, unit) -> None:
-        for key in reads:
-            self.readers.setdefault(key, {})[unit] = idx
-        for key in writes:
-            if key in self.ssa:
-                self.writers.setdefault(key, {})[unit] = idx
-            else:
-                self.writers[key] = {unit: idx}
-                self.readers[key] = {}
-
-    def inherit(self, key, old_keys, ssa: bool) -> None:
-        """``key`` now occupies the memory of ``old_keys``: its first writes wait for every access
-        to them."""
-        last: dict = {}
-        for k in [*old_keys, key]:  # a re-claimed object keeps waiting for its own accesses
-            for d in (self.writers.get(k, {}), self.readers.get(k, {})):
-                for u, i in d.items():
-                    last[u] = max(last.get(u, -1), i)
-        self.writers[key], self.readers[key] = {}, last
-        (self.ssa.add if ssa else self.ssa.discard)(key)
-
-
-class _Space:
-    """Which memory object owns each byte range of one memory (a DDR, a GB, an LB)."""
-
-    def __init__(self):
-        self.ranges: list = []  # sorted (lo, hi, key)
-        self.owners: dict = {}  # offset -> key, cleared when a range is assigned
-
-    def assign(self, lo: int, hi: int, key) -> list:
-        """Give [lo, hi) to ``key``; returns the keys that owned part of it (they keep the rest
-        of their ranges, so a later object placed there still waits for them)."""
-        keep, old = [], []
-        for r in self.ranges:
-            if r[2] == key:
-                continue
-            if r[0] < hi and lo < r[1]:
-                old.append(r[2])
-                keep += [p for p in ((r[0], lo, r[2]), (hi, r[1], r[2])) if p[0] < p[1]]
-            else:
-                keep.append(r)
-        keep.append((lo, hi, key))
-        keep.sort(key=lambda r: (r[0], r[1]))
-        self.ranges = keep
-        self.owners = {}
-        return old
-
-    def whole_owner(self, lo: int, hi: int):
-        """The key owning all of [lo, hi), or None."""
-        i = bisect.bisect_right(self.ranges, (lo, float("inf"))) - 1
-        return self.ranges[i][2] if i >= 0 and self.ranges[i][0] <= lo and hi <= self.ranges[i][1] else None
-
-    def owner(self, offset: int):
-        key = self.owners.get(offset, self)
-        if key is self:
-            i = bisect.bisect_right(self.ranges, (offset, float("inf"))) - 1
-            found = i >= 0 and self.ranges[i][0] <= offset < self.ranges[i][1]
-            key = self.owners[offset] = self.ranges[i][2] if found else None
-        return key
-
-
-
 COPY_SOURCES = 4  # the most recent calls like a layer that it may be a copy of (each try costs)
 PERIOD = 8  # the most rounds after which a layer's deal of tiles to cores may repeat (``_emit``)
-_PIECE = "piece"  # key of a piece of a memory object: (_PIECE, the object's key, index)
 PROMOTE = "promote"  # layer mark of whole-tensor copies between memories (weight promotion)
 FANOUT = 4  # copies a core sends of a box it holds before a copy of it is asked to (``_holder``)
 
@@ -259,12 +168,7 @@ class KernelEmitter:
         self.size = 0  # instructions in the stream so far
         self.literal_at: list = []  # stream position of each of ``instructions``
         self.units: list = []  # the unit of each instruction in the stream (None: not known here)
-        self.deps = _Deps()
-        self.spaces: dict = {}  # (mem, index) -> _Space
-        self.claimed: dict = {}  # key -> (mem, index, lo, hi) it was claimed with
-        # key -> (dim, slice width, lo, bytes per step along the dim, the dim's extent): an object
-        # whose slices along one dim are memory objects of their own (``claim``'s ``pieces``)
-        self.pieced: dict = {}
+        self.memory = MemoryObjects()  # the memory objects and the dependency tracker
         self.cores_used: set[int] = set()
         self.on_core: dict = {}  # core -> layer whose tile buffers occupy its LB
         self.origin: dict = {}  # (core, buffer) -> origin indices
@@ -298,25 +202,10 @@ class KernelEmitter:
 
     # -- memory objects --------------------------------------------------------------------------
     def claim(self, region: Region, key, ssa: bool = True, pieces: tuple[int, int] | None = None) -> None:
-        """``key`` (a tensor's region) now owns its bytes. ``pieces`` (dim, width): its slices of
-        ``width`` along ``dim`` are objects of their own (``_key``), each written by its own
-        transfer (``move``), so a reader waits for the slice it reads, not the whole tensor."""
-        lo = region.base
-        space = self.spaces.setdefault((region.mem, region.index), _Space())
-        old = [k for o in [*space.assign(lo, lo + align(region.nbytes), key), key] for k in self._pieces_of(o)]
-        self.claimed[key] = (region.mem, region.index, lo, lo + align(region.nbytes))
-        self.pieced.pop(key, None)
-        if pieces is not None:
-            dim, width = pieces
-            self.pieced[key] = (dim, width, lo, isa.DTYPES[region.dtype] * row_major(region.extents)[dim],
-                                region.extents[dim])
-        for k in self._pieces_of(key):
-            self.deps.inherit(k, old, ssa)
-
-    def _pieces_of(self, key) -> list:
-        """The memory objects of ``key``: itself, or its pieces (``claim``)."""
-        piece = self.pieced.get(key)
-        return [key] if piece is None else [(_PIECE, key, j) for j in range(-(-piece[4] // piece[1]))]
+        """``key`` (a tensor's region) now owns its bytes (``MemoryObjects.claim``; ``pieces``
+        (dim, width): its slices along ``dim`` are objects of their own, each written by its own
+        transfer, ``move``)."""
+        self.memory.claim(region, key, ssa, pieces)
 
     def _enter(self, layer: Layer, core: int, lb_base: int) -> None:
         """Put ``layer``'s tile buffers and scratch into ``core``'s LB (after ``lb_base``)."""
@@ -343,9 +232,9 @@ class KernelEmitter:
         self.cores_used.add(core)
         self._mark(PROMOTE, ())
         boxes = [(dst.origin, dst.extents)]
-        key = self.spaces[(dst.mem, dst.index)].whole_owner(dst.base, dst.base + dst.nbytes)
-        if key in self.pieced:
-            dim, width = self.pieced[key][:2]
+        key = self.memory.spaces[(dst.mem, dst.index)].whole_owner(dst.base, dst.base + dst.nbytes)
+        if key in self.memory.pieced:
+            dim, width = self.memory.pieced[key][:2]
             boxes = [(tuple(o + (j if d == dim else 0) for d, o in enumerate(dst.origin)),
                       tuple(min(width, e - j) if d == dim else e for d, e in enumerate(dst.extents)))
                      for j in range(0, dst.extents[dim], width)]
@@ -367,7 +256,7 @@ class KernelEmitter:
         low, keys, places, cores_of = part
         if low < start or not keys <= set(ddr_shift):
             return False
-        ddr = sorted((*self.claimed[key][2:], key) for key in keys)
+        ddr = sorted((*self.memory.claimed[key][2:], key) for key in keys)
         if any(b[0] < a[1] for a, b in itertools.pairwise(ddr)):
             return False
         moves = [(mem, index, 0, self.hw.gb_bytes, cluster, 0) for mem, index in sorted(places) if mem == "gb"]
@@ -387,7 +276,7 @@ class KernelEmitter:
         """(lowest dependency, DDR objects touched, (mem, index) touched, cores) of stream
         positions [start, stop)."""
         low, keys, places, cores = stop, set(), set(), set()
-        ddr = self.spaces.get(("ddr", 0))
+        ddr = self.memory.spaces.get(("ddr", 0))
         lo, hi = bisect.bisect_left(self.literal_at, start), bisect.bisect_left(self.literal_at, stop)
         for ins in self.instructions[lo:hi]:
             if ins.deps:
@@ -403,8 +292,8 @@ class KernelEmitter:
             if start <= call.start and call.stop <= stop:
                 low = min(low, call.low)
                 for key in call.before:
-                    key = key[1] if key[0] == _PIECE else key
-                    mem, index = self.claimed[key][:2]
+                    key = key[1] if key[0] == PIECE else key
+                    mem, index = self.memory.claimed[key][:2]
                     places.add((mem, index))
                     if mem == "ddr":
                         keys.add(key)
@@ -459,13 +348,11 @@ class KernelEmitter:
         3,878,332 cycles so, 4,137,478 with those outputs written once."""
         regions = target.cells.values() if isinstance(target, Pieces) else [target] if target else []
         for r in regions:
-            space = self.spaces.get((r.mem, r.index))
-            key = space and space.whole_owner(r.base, r.base + r.nbytes)
+            key = self.memory.owner(r)
             if key is None:
                 raise CodegenError(f"{r.mem}[{r.index}] offset {r.base}: the output of overlapping tiles "
                                    "is not one object")
-            for k in self._pieces_of(key):
-                self.deps.ssa.discard(k)
+            self.memory.written_again(key)
 
     def _signature(self, layer: Layer, work, regions: dict, lb_base: int):
         """(what emitting ``layer`` depends on up to translating its tiles and cores and moving its
@@ -490,8 +377,7 @@ class KernelEmitter:
         out = {}
         for p, r in placed.items():
             if r is not None:
-                space = self.spaces.get((r.mem, r.index))
-                found = space and space.whole_owner(r.base, r.base + r.nbytes)
+                found = self.memory.owner(r)
                 if found is None:
                     return None
                 out[p] = found
@@ -519,7 +405,7 @@ class KernelEmitter:
         old, new = call.layer.name, layer.name
         for key in call.before:
             if key not in keys:
-                if key[0] == _PIECE:
+                if key[0] == PIECE:
                     keys[key] = self._moved_piece(call, key, keys, shifts)
                     if keys[key] is None:
                         return None
@@ -541,7 +427,7 @@ class KernelEmitter:
         remap = self._remap(call, keys, unit, shift)
         if remap is None:
             return None
-        writers, readers = self.deps.writers, self.deps.readers
+        writers, readers = self.memory.deps.writers, self.memory.deps.readers
         self.replicas.append(isa.Replica(call.start, call.stop, self.size, cores, tuple(
             (mem, index, lo, hi, to, by) for (mem, index), ranges in sorted(moves.items())
             for lo, hi, to, by in ranges if by or (to != index and mem != "lb") or (mem == "lb" and to != index + cores)),
@@ -582,12 +468,12 @@ class KernelEmitter:
         _, obj, j = key
         target = keys.get(obj)
         params = [p for p, k in call.owners.items() if k == obj]
-        if not params or target not in self.pieced or self.pieced[target][:2] != self.pieced.get(obj, ())[:2]:
+        if not params or target not in self.memory.pieced or self.memory.pieced[target][:2] != self.memory.pieced.get(obj, ())[:2]:
             return None
-        dim, width = self.pieced[obj][:2]
+        dim, width = self.memory.pieced[obj][:2]
         moved, rest = divmod(shifts[params[0]][dim], width)
-        n = len(self._pieces_of(target))
-        return (_PIECE, target, j + moved) if not rest and 0 <= j + moved < n else None
+        n = len(self.memory.objects(target))
+        return (PIECE, target, j + moved) if not rest and 0 <= j + moved < n else None
 
     def _translation(self, call: _Call, layer: Layer, work, placed: dict, swap: dict | None = None):
         """(cores moved, (mem, index) -> sorted [(lo, hi, to_index, shift)]: where each byte range
@@ -638,7 +524,7 @@ class KernelEmitter:
         ``shift`` on when that position runs on the mapped unit. Only the entries ``call``'s
         instructions wait for count (``_waits``). None where the entries differ in their units,
         an object's ssa-ness differs, or a dependency has no place."""
-        writers, readers, ssa = self.deps.writers, self.deps.readers, self.deps.ssa
+        writers, readers, ssa = self.memory.deps.writers, self.memory.deps.readers, self.memory.deps.ssa
         need: dict = {}  # old position -> latest position emission waits for instead
         units: dict = {}  # old position -> the copy's unit for it
         for key, (w, r, is_ssa) in call.before.items():
@@ -892,7 +778,7 @@ class KernelEmitter:
 
     def _recorded(self, rec: _Record, layer: Layer, placed, owners, start: int, literal, cores, work, exact) -> _Call:
         """The ``_Call`` of the run recorded in ``rec`` from stream position ``start`` to here."""
-        writers, readers = self.deps.writers, self.deps.readers
+        writers, readers = self.memory.deps.writers, self.memory.deps.readers
         after = {k: (dict(writers.get(k) or {}), dict(readers.get(k) or {})) for k in rec.seen}
         return _Call(layer, placed, owners, start, self.size, literal, rec.log if literal is not None else None,
                      rec.seen, after, rec.low, cores, work, exact, frozenset(rec.read), frozenset(rec.written))
@@ -1110,8 +996,9 @@ class KernelEmitter:
     def _push(self, ins, core: int, unit=None) -> None:
         srcs, dst = isa.operands(ins)
         unit = unit or isa.unit_of(ins, self.hw.cores_per_cluster)
-        reads = [self._key(o, ins) for o in srcs]
-        writes = [self._key(dst, ins)]
+        memory = self.memory
+        reads = [memory.key(o, ins) for o in srcs]
+        writes = [memory.key(dst, ins)]
         idx = self.size
         rec = self.rec
         if rec is not None:
@@ -1120,9 +1007,9 @@ class KernelEmitter:
             rec.written.add(writes[0])
             for key in (*reads, *writes):
                 if key not in rec.seen:
-                    rec.seen[key] = (dict(self.deps.writers.get(key) or {}), dict(self.deps.readers.get(key) or {}),
-                                     key in self.deps.ssa)
-        deps = tuple(sorted(self.deps.deps(reads, writes, unit)))
+                    rec.seen[key] = (dict(memory.deps.writers.get(key) or {}),
+                                     dict(memory.deps.readers.get(key) or {}), key in memory.deps.ssa)
+        deps = tuple(sorted(memory.deps.deps(reads, writes, unit)))
         if deps and rec is not None:
             rec.low = min(rec.low, deps[0])
         # the instruction was made here and nothing else holds it yet: its deps are set in place
@@ -1132,25 +1019,7 @@ class KernelEmitter:
         self.literal_at.append(idx)
         self.units.append(unit)
         self.size += 1
-        self.deps.record(idx, reads, writes, unit)
-
-    def _key(self, o: isa.Operand, ins=None):
-        """The memory object an operand of ``ins`` touches: a tensor's region, a tile buffer copy,
-        scratch; of a tensor in pieces (``claim``), the piece of the transfer box's last element
-        (one unit writes the pieces in order, so waiting for it waits for those before; any other
-        instruction waits for the last piece)."""
-        space = self.spaces.get((o.mem, o.index))
-        key = space.owner(o.offset) if space else None
-        if key is None:
-            raise CodegenError(f"{o.mem}[{o.index}] offset {o.offset} belongs to no buffer")
-        piece = self.pieced.get(key)
-        if piece is None:
-            return key
-        _, width, lo, step, extent = piece
-        if not isinstance(ins, isa.Dma):
-            return _PIECE, key, -(-extent // width) - 1
-        last = o.offset + isa.DTYPES[o.dtype] * sum((n - 1) * st for n, st in zip(ins.shape, o.strides))
-        return _PIECE, key, (last - lo) // step % extent // width
+        memory.deps.record(idx, reads, writes, unit)
 
     def _stage(self, stage: Stage, core: int) -> None:
         self.scratch_top = 0
