@@ -409,7 +409,8 @@ def test_a_block_like_the_one_before_is_replayed_or_copied_as_emitting_it_gives(
         later += x.deps != y.deps
     assert later < len(a.instructions) // 20
     assert simulate(compact, mode="timing").report.cycles == simulate(emitted, mode="timing").report.cycles
-    assert len(compact.kernels[0].instructions) + sum(r.instructions for r in copies) == len(emitted.kernels[0].instructions)
+    copied = sum(r.instructions for r in copies)
+    assert len(compact.kernels[0].instructions) + copied == len(emitted.kernels[0].instructions)
 
 
 def _emitted(monkeypatch, sub, **options):
@@ -492,7 +493,7 @@ def test_rounds_and_other_cores_copied_give_what_emitting_them_gives(monkeypatch
     for sub in seen:
         # the layers hold each tile's stores back behind its core's next tile's loads
         layers = stitch.read_subgraph(sub, HW)[0].layers
-        assert all(emit._store_split(L.ir.tile_loops()[-1].body, L.plan) for L in layers)
+        assert all(emit.store_split(L.ir.tile_loops()[-1].body, L.plan) for L in layers)
         compression = _copies_are_emission(monkeypatch, sub)
         for r in compression.reused:
             if r.kind == "chunks":
@@ -554,7 +555,8 @@ def test_rounds_moved_along_an_overlapping_loop_are_copies(monkeypatch, rng):
         if r.kind == "rounds":
             (v0, _), (v1, _) = r.source_tile, r.tile
             loops = ir[r.layer].tile_loops()
-            copies.append((r.call, r.runs, any(a != b for lp, a, b in zip(loops, v0, v1) if lp.slot in ir[r.layer].clamped)))
+            along = any(a != b for lp, a, b in zip(loops, v0, v1) if lp.slot in ir[r.layer].clamped)
+            copies.append((r.call, r.runs, along))
     assert any(along for *_, along in copies)
     firsts = {}
     for call, n, _ in copies:

@@ -46,10 +46,12 @@ class KernelEmitter:
     (``memory``: ``deps.MemoryObjects``). A layer call like an earlier one, or a round or chunk
     like an earlier one of its call, is not emitted again but copied or replayed (``compression``:
     ``compress.Compressor``; ``replay=False`` emits everything, for tests); the stream then holds
-    the copies' positions too (``size``, ``units``)."""
+    the copies' positions too (``size``, ``units``). A tile's trailing stores wait behind its
+    core's next tile's leading loads (``store_split``; ``hold_stores=False``: they do not, for
+    tests)."""
 
-    def __init__(self, hw: Hardware, name: str, replay: bool = True):
-        self.hw, self.name = hw, name
+    def __init__(self, hw: Hardware, name: str, replay: bool = True, hold_stores: bool = True):
+        self.hw, self.name, self.hold_stores = hw, name, hold_stores
         self.instructions: list = []  # the kernel's own; the stream also holds the replicas' copies
         self.size = 0  # instructions in the stream so far
         self.literal_at: list = []  # stream position of each of ``instructions``
@@ -156,7 +158,7 @@ class KernelEmitter:
 
     def emit(self, layer: Layer, work, regions: dict, lb_base: int) -> None:
         """Emit ``layer``'s tiles ``work`` (``layer``'s arguments). A tile's trailing stores wait
-        in the core's DMA queue behind its next tile's leading loads (``_store_split``): the
+        in the core's DMA queue behind its next tile's leading loads (``store_split``): the
         loads then run while the tile's product and epilogue do, not after its stores. While the
         compressor records the call (``Compressor.recording``), the tiles come round by round
         from it (``Compressor.rounds``), less the rounds it copies, and so do the chunks of each
@@ -168,7 +170,7 @@ class KernelEmitter:
         self.env = [0] * layer.ir.slots
         tile_loops = layer.ir.tile_loops()
         body = tile_loops[-1].body
-        split = _store_split(body, layer.plan)
+        split = store_split(body, layer.plan) if self.hold_stores else None
         self.held: dict = {}  # core -> loop values of its last tile, whose stores are held back
         if self.compression.recording is not None:
             parts = self.compression.rounds(layer, work, lb_base, split is not None)
@@ -575,7 +577,7 @@ def _split_box(start, extent, lo, hi):
     return pieces
 
 
-def _store_split(body, plan) -> tuple | None:
+def store_split(body, plan) -> tuple | None:
     """(chunks, k, j) for a tile body whose tail ``body[j:]`` may wait until the core's next tile
     has issued its leading loads — the first ``k`` stages of the body, or of its first chunk when
     it begins with a chunk loop (``chunks``, else None): a tail of stores out of the LB and strip loops that store, with
@@ -642,10 +644,10 @@ def place_arguments(inputs, outputs, tensors: dict, hw: Hardware) -> tuple[dict,
     return regions, args, offset
 
 
-def build_program(func, hw: Hardware, name: str, num_outputs: int = 1) -> isa.Program:
+def build_program(func, hw: Hardware, name: str, num_outputs: int = 1, hold_stores: bool = True) -> isa.Program:
     """One-kernel program for a lowered PrimFunc whose last ``num_outputs`` params are outputs:
     every tensor in DDR, the first tile loop's index picks the cluster (the batch split), tiles go
-    round-robin over the cluster's cores."""
+    round-robin over the cluster's cores (``hold_stores``: ``KernelEmitter``'s)."""
     layer = Layer.of(func, hw, name)
     regions, args, offset = {}, [], 0
     for i, (pname, shape, dtype) in enumerate(layer.ir.params):
@@ -654,7 +656,7 @@ def build_program(func, hw: Hardware, name: str, num_outputs: int = 1) -> isa.Pr
         regions[pname] = Region.whole("ddr", 0, offset, shape, stored)
         args.append(isa.TensorArg(pname, role, shape, stored, dtype, offset))
         offset = align(offset + args[-1].nbytes)
-    emitter = KernelEmitter(hw, name)
+    emitter = KernelEmitter(hw, name, hold_stores=hold_stores)
     for pname, r in regions.items():
         emitter.claim(r, ("ddr", pname))
     extents = [lp.extent for lp in layer.ir.tile_loops()]
