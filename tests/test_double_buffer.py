@@ -211,7 +211,7 @@ def test_strips_that_do_not_divide_the_rows_are_refused():
         lower_with_plan(task.mod["main"], TilePlan((1, 64, 96), 32, strips=3))
 
 
-def test_a_tiles_stores_wait_behind_its_next_tiles_first_loads(conv_task, monkeypatch):
+def test_a_tiles_stores_wait_behind_its_next_tiles_first_loads(conv_task):
     """16 one-row tiles on a cluster's 8 cores, two each, in two chunks, double-buffered: each core
     issues its second tile's first-chunk loads before its first tile's stores, which wait for
     the product and the epilogue and, in the core's in-order DMA queue, held those loads back.
@@ -227,12 +227,10 @@ def test_a_tiles_stores_wait_behind_its_next_tiles_first_loads(conv_task, monkey
     lowered = _lowered(conv_task, TilePlan((1, 16, 1, 16), 8), True)
     kernel = read_kernel(lowered)
     (chunks,) = chunk_loops(kernel)
-    _, first, _ = emit._store_split(kernel.tile_loops()[-1].body, plan_lb(kernel, HW))  # loads of a chunk
+    _, first, _ = emit.store_split(kernel.tile_loops()[-1].body, plan_lb(kernel, HW))  # loads of a chunk
     streams, cycles = {}, {}
     for held in (True, False):
-        if not held:
-            monkeypatch.setattr(emit, "_store_split", lambda body, plan: None)
-        program = build_program(lowered, HW, "conv")
+        program = build_program(lowered, HW, "conv", hold_stores=held)
         (out,) = simulate(program, args).outputs  # functional: every dependency checked
         assert max_relative_error([out], [expected.numpy()]) < 2e-2
         cycles[held] = simulate(program, mode="timing").report.cycles

@@ -9,7 +9,8 @@ from tvm import relax
 
 import tvm_dsa
 from tvm_dsa import isa
-from tvm_dsa.emit.emitter import PROMOTE, Pieces, Region
+from tvm_dsa.emit.emitter import PROMOTE
+from tvm_dsa.emit.placement import Pieces, Region
 from tvm_dsa.kernel.ir import Access
 from tvm_dsa.schedule.set.scheduler import SetOptions
 

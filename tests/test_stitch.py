@@ -1,7 +1,6 @@
 """Stitched kernels (seed 000 §4.2-4.3): allocation with spilling, instances with recomputation, and
 whole sub-graphs on the simulator against llvm."""
 
-import collections
 import dataclasses
 import json
 import math
@@ -16,7 +15,8 @@ from tvm import relax
 import tvm_dsa
 from tvm_dsa import hardware, isa
 from tvm_dsa.kernelgen import stitch
-from tvm_dsa.emit.emitter import PROMOTE, Layer
+from tvm_dsa.emit.emitter import PROMOTE
+from tvm_dsa.emit.placement import Layer
 from tvm_dsa.isa import Program
 from tvm_dsa.kernelgen.stitch import (
     RECOMPUTE_LIMIT, Lifetime, allocate, binding, cluster_rounds, makespan, plan_instances
@@ -368,13 +368,12 @@ def test_a_block_like_the_one_before_is_replayed_or_copied_as_emitting_it_gives(
     memory is reused from block to block), so those layers are pushed again (replayed) with
     dependencies worked out anew; where the dependency tracker holds for a layer's objects what
     it held for an earlier block's, unit for unit, the layer is a copy record (``isa.Replica``),
-    from block 5 on always. Written out, the program is the one emitting every layer gives,
-    instruction for instruction, but where one instruction of the earlier layer stood for two of
-    the later one's, the copy waits for the later of the two (a few in a hundred); it takes the
-    same cycles, and computes what llvm does (the run checks every hazard)."""
+    from block 5 on always (what the compressor reports: ``Compressor.reused``). Written out, the
+    program is the one emitting every layer gives, instruction for instruction, but where one
+    instruction of the earlier layer stood for two of the later one's, the copy waits for the
+    later of the two (a few in a hundred); it takes the same cycles, and computes what llvm does
+    (the run checks every hazard)."""
     import importlib
-
-    from tvm_dsa.emit import emitter as emit
 
     offload = importlib.import_module("tvm_dsa.kernelgen.offload")
     seen = []
@@ -387,27 +386,17 @@ def test_a_block_like_the_one_before_is_replayed_or_copied_as_emitting_it_gives(
     assert np.abs(out - ref).max() / np.abs(ref).max() < 5e-3
     (sub,) = seen
     layers = stitch.read_subgraph(sub, HW)[0].layers
-    replays, copies = [], []
-    replay, as_copy = emit.KernelEmitter._replay, emit.KernelEmitter._as_copy
-    monkeypatch.setattr(emit.KernelEmitter, "_replay", lambda self, call, L, *a: replays.append((call.layer.name, L.name))
-                        or replay(self, call, L, *a))
-
-    def copy(self, call, L, *a):
-        made = as_copy(self, call, L, *a)
-        if made is not None:
-            copies.append((call.layer.name, L.name, made.stop - made.start))
-        return made
-
-    monkeypatch.setattr(emit.KernelEmitter, "_as_copy", copy)
-    emitted, _ = stitch.emit_stitched(sub, HW, replay=False)
-    assert replays == copies == []
-    compact, _ = stitch.emit_stitched(sub, HW)
+    emitted, compression = _emitted(monkeypatch, sub, replay=False)
+    assert compression.reused == []
+    compact, compression = _emitted(monkeypatch, sub)
+    replays = [r for r in compression.reused if r.kind == "replay"]
+    copies = [r for r in compression.reused if r.kind != "replay"]
     names = [L.name for L in layers]
     assert len(names) == 16
-    again = {names.index(b): names.index(a) for a, b, *_ in replays + copies}
+    again = {names.index(r.layer): names.index(r.source) for r in replays + copies}
     assert sorted(again) == list(range(4, 15))  # cluster 0's layers of blocks 3-8 but the last, each once
     assert all(a < b and a % 2 == b % 2 for b, a in again.items())  # from the same layer of an earlier block
-    assert set(range(8, 15)) <= {names.index(b) for _, b, _ in copies}  # copies from block 5 on
+    assert set(range(8, 15)) <= {names.index(r.layer) for r in copies}  # copies from block 5 on
     (a,), (b,) = emitted.expanded().kernels, compact.expanded().kernels
     assert a.layers == b.layers and a.cores == b.cores and len(a.instructions) == len(b.instructions)
     unit = [isa.unit_of(x, HW.cores_per_cluster) for x in a.instructions]
@@ -421,7 +410,21 @@ def test_a_block_like_the_one_before_is_replayed_or_copied_as_emitting_it_gives(
         later += x.deps != y.deps
     assert later < len(a.instructions) // 20
     assert simulate(compact, mode="timing").report.cycles == simulate(emitted, mode="timing").report.cycles
-    assert len(compact.kernels[0].instructions) + sum(n for *_, n in copies) == len(emitted.kernels[0].instructions)
+    copied = sum(r.instructions for r in copies)
+    assert len(compact.kernels[0].instructions) + copied == len(emitted.kernels[0].instructions)
+
+
+def _emitted(monkeypatch, sub, **options):
+    """(program, its emitter's ``Compressor``) of ``stitch.emit_stitched(sub, HW, **options)``."""
+    from tvm_dsa.emit.emitter import KernelEmitter
+
+    compressions = []
+    kernel = KernelEmitter.kernel
+    with monkeypatch.context() as m:
+        m.setattr(KernelEmitter, "kernel", lambda self: compressions.append(self.compression) or kernel(self))
+        program, _ = stitch.emit_stitched(sub, HW, **options)
+    (compression,) = compressions
+    return program, compression
 
 
 def test_a_flip_in_a_sub_graph_is_refused_for_its_negative_stride(rng):
@@ -469,10 +472,10 @@ def test_rounds_and_other_cores_copied_give_what_emitting_them_gives(monkeypatch
     them apart. At batch 24 (six samples a cluster) runs of rounds on different cores are joined
     and copied. At 256 x 512 a round is also copied from one whose double-buffered tile buffers
     were in each other's copies (an odd number of tiles before): the copy trades the two copies'
-    places (``_copy_run``'s swap). Every layer holds a tile's stores back behind its core's next tile's loads, so a
+    places (``Reuse.swapped``). Every layer holds a tile's stores back behind its core's next tile's loads, so a
     round's copy also releases what its model round did. The chunks of an emitted tile's
     reduction are copies: of its second chunk, then of the run since it, or of the core's tile
-    before (``_chunk_loop``). Written out, each kernel is the one
+    before (``Compressor.chunks``). Written out, each kernel is the one
     emitting every tile gives: the same instructions, every dependency emission's or a later
     instruction of its unit, the same simulated cycles; and the model computes what llvm does."""
     from tvm_dsa.emit import emitter as emit
@@ -483,61 +486,38 @@ def test_rounds_and_other_cores_copied_give_what_emitting_them_gives(monkeypatch
     out = vm["main"](*[tvm.runtime.tensor(a) for a in args]).numpy()
     ref = _llvm(mod, args)
     assert np.abs(out - ref).max() / np.abs(ref).max() < 5e-3
-    runs = []  # per copy of rounds: (rounds copied, cores moved)
-    chunks = []  # per copy of a tile's chunks (``_chunk_loop``): (chunks copied, from another tile)
-    swapped = []  # per copy of rounds: whether its tile buffers' two copies trade places
-    loops = collections.Counter()  # (a layer's call, core) -> the chunk loops of the tiles it emits
-    recorded = []  # the calls' ``_Chunking``s (kept: their ids key ``loops``)
-    copy_run, as_copy, chunk_loop = emit.KernelEmitter._copy_run, emit.KernelEmitter._as_copy, \
-        emit.KernelEmitter._chunk_loop
-
-    def of_chunks(layer, work):
-        return len(work[0][0]) > len(layer.ir.tile_loops())
-
-    def spy(self, record, layer, work, *a):
-        made = copy_run(self, record, layer, work, *a)
-        if made:
-            if of_chunks(layer, work):
-                chunks.append((record[3], work[0][0][:-1] != record[0].work[0][0][:-1]))
-            else:
-                runs.append((record[3], work[0][1] - record[0].work[0][1]))
-        return made
-
-    def spy_loop(self, loop, first, core):
-        if self.chunking is not None:  # a tile emitted while its layer is recorded
-            recorded.append(self.chunking)
-            loops[(id(self.chunking), core)] += 1
-        return chunk_loop(self, loop, first, core)
-
-    def spy_swap(self, call, layer, work, *a):
-        made = as_copy(self, call, layer, work, *a)
-        if made and not of_chunks(layer, work):
-            swapped.append(bool(a[-1]))
-        return made
-
-    monkeypatch.setattr(emit.KernelEmitter, "_copy_run", spy)
-    monkeypatch.setattr(emit.KernelEmitter, "_as_copy", spy_swap)
-    monkeypatch.setattr(emit.KernelEmitter, "_chunk_loop", spy_loop)
     assert seen
+    runs = []  # per copy of rounds or of a call: (rounds copied, cores moved)
+    chunks = []  # per copy of a tile's chunks (``Compressor.chunks``): (chunks copied, from another tile)
+    swapped = []  # per copy of rounds or of a call: whether its tile buffers' two copies trade places
+    loops = []  # per layer call recorded and core: the chunk loops of the tiles it emits
     for sub in seen:
         # the layers hold each tile's stores back behind its core's next tile's loads
         layers = stitch.read_subgraph(sub, HW)[0].layers
-        assert all(emit._store_split(L.ir.tile_loops()[-1].body, L.plan) for L in layers)
-        _copies_are_emission(sub)
+        assert all(emit.store_split(L.ir.tile_loops()[-1].body, L.plan) for L in layers)
+        compression = _copies_are_emission(monkeypatch, sub)
+        for r in compression.reused:
+            if r.kind == "chunks":
+                chunks.append((r.runs, r.tile[0][:-1] != r.source_tile[0][:-1]))
+            elif r.kind in ("call", "rounds"):
+                runs.append((r.runs, r.tile[1] - r.source_tile[1]))
+                swapped.append(r.swapped)
+        loops += compression.recorded_chunk_loops.values()
     assert any(moved for _, moved in runs) and any(n > 1 for n, _ in runs) == rounds_run
     assert any(swapped) == swaps
     # a core's first tile's chunk loop: its second chunk emitted, the third its copy, then runs
     # since it doubling; a later tile's, a copy of the core's tile before
     assert {1, 2, 4} <= {n for n, other in chunks if not other}
-    assert any(other for _, other in chunks) == (max(loops.values()) > 1)
+    assert any(other for _, other in chunks) == (max(loops) > 1)
 
 
-def _copies_are_emission(sub):
+def _copies_are_emission(monkeypatch, sub):
     """The sub-graph's kernel with copies is, written out, the one emitting every tile gives: the
     same instructions, every dependency emission's or a later instruction of its unit, the same
-    simulated cycles."""
-    emitted, _ = stitch.emit_stitched(sub, HW, replay=False)
-    compact, _ = stitch.emit_stitched(sub, HW)
+    simulated cycles. Returns the ``Compressor`` that made the copies."""
+    emitted, plain = _emitted(monkeypatch, sub, replay=False)
+    assert plain.reused == []
+    compact, compression = _emitted(monkeypatch, sub)
     (a,), (b,) = emitted.expanded().kernels, compact.expanded().kernels
     assert a.layers == b.layers and a.cores == b.cores and len(a.instructions) == len(b.instructions)
     assert len(compact.kernels[0].instructions) < len(a.instructions)
@@ -549,6 +529,7 @@ def _copies_are_emission(sub):
             latest[unit[d]] = max(latest.get(unit[d], -1), d)
         assert all(latest.get(unit[d], -1) >= d for d in x.deps)
     assert simulate(compact, mode="timing").report.cycles == simulate(emitted, mode="timing").report.cycles
+    return compression
 
 
 def test_rounds_moved_along_an_overlapping_loop_are_copies(monkeypatch, rng):
@@ -557,42 +538,35 @@ def test_rounds_moved_along_an_overlapping_loop_are_copies(monkeypatch, rng):
     tiles of each of 6 token tiles for each of 2 samples, so a round of 8 holds half a token
     tile's, and the rounds repeat every two moved along the tokens (by a tile, or less into the
     last one: ``KernelIR.moves``' ``at``). A call's first copy is of the two rounds emitted
-    before it (``_emit``'s ``emitted``: with one round as the model no copy is found); written
-    out, the copies are what emission gives, and the model computes what llvm does."""
-    from tvm_dsa.emit import emitter as emit
-
+    before it (``Compressor.rounds``' ``emitted``: with one round as the model no copy is found);
+    written out, the copies are what emission gives, and the model computes what llvm does."""
     mod, seen = _mlp(monkeypatch, 8, 197, 512)
     args = [rng.standard_normal([int(s) for s in p.ty.shape]).astype("float32") * 0.1 for p in mod["main"].params]
     vm, _ = _run(mod, "graphturbo")
     out = vm["main"](*[tvm.runtime.tensor(a) for a in args]).numpy()
     assert np.abs(out - _llvm(mod, args)).max() / np.abs(out).max() < 5e-3
-    # per copy of rounds in a call: (the call's ``_Chunking``, rounds copied, whether it moves
-    # along a clamped loop)
-    copies = []
-    copy_run = emit.KernelEmitter._copy_run
-
-    def spy(self, record, layer, work, placed, owners, exact):
-        made = copy_run(self, record, layer, work, placed, owners, exact)
-        (v0, _), (v1, _) = record[0].work[0], work[0]
-        if made and exact == () and len(v1) == len(layer.ir.tile_loops()):  # rounds, not a call or chunks
-            along = any(a != b for lp, a, b in zip(layer.ir.tile_loops(), v0, v1) if lp.slot in layer.ir.clamped)
-            copies.append((self.chunking, record[3], along))
-        return made
-
-    monkeypatch.setattr(emit.KernelEmitter, "_copy_run", spy)
     (sub,) = [s for s in seen if any(L.ir.clamped for L in stitch.read_subgraph(s, HW)[0].layers)]
-    first = stitch.read_subgraph(sub, HW)[0].layers[0]
+    layers = stitch.read_subgraph(sub, HW)[0].layers
+    first, ir = layers[0], {L.name: L.ir for L in layers}
     assert [lp.extent for lp in first.ir.tile_loops()][1:] == [6, 8] and first.ir.clamped
-    _copies_are_emission(sub)
+    compression = _copies_are_emission(monkeypatch, sub)
+    # per copy of rounds in a call: (the call, rounds copied, whether it moves along a clamped loop)
+    copies = []
+    for r in compression.reused:
+        if r.kind == "rounds":
+            (v0, _), (v1, _) = r.source_tile, r.tile
+            loops = ir[r.layer].tile_loops()
+            along = any(a != b for lp, a, b in zip(loops, v0, v1) if lp.slot in ir[r.layer].clamped)
+            copies.append((r.call, r.runs, along))
     assert any(along for *_, along in copies)
     firsts = {}
     for call, n, _ in copies:
-        firsts.setdefault(id(call), n)
+        firsts.setdefault(call, n)
     assert 2 in firsts.values()
 
 
 def test_a_copy_waits_for_what_emission_would_unit_for_unit():
-    """``_remap``: a dependency of the earlier layer on an instruction before it goes where the
+    """``compress.remap``: a dependency of the earlier layer on an instruction before it goes where the
     tracker now names the same object's entry for the copy's unit (cores moved: ``unit``), the
     latest such where one instruction stood for several; with no entry for that unit now, to the
     position the copy's shift gives if that runs on the unit. No copy where the tracker now names
@@ -601,10 +575,11 @@ def test_a_copy_waits_for_what_emission_would_unit_for_unit():
     ssa-ness differs."""
     from types import SimpleNamespace
 
-    from tvm_dsa.emit.emitter import KernelEmitter
+    from tvm_dsa.emit import compress
+    from tvm_dsa.emit.deps import Deps
 
-    e = KernelEmitter(HW, "k")
-    e.units = [("dma", 4)] * 10 + [("mme", 4)] * 10
+    tracker = Deps()
+    units = [("dma", 4)] * 10 + [("mme", 4)] * 10
     a, b = ("gb", "a"), ("gb", "b")
     keys = {a: a, b: b}
     dma0, mme0, dma4, mme4 = ("dma", 0), ("mme", 0), ("dma", 4), ("mme", 4)
@@ -613,8 +588,9 @@ def test_a_copy_waits_for_what_emission_would_unit_for_unit():
         return (u[0], u[1] + 4)
 
     def remap(before, writers, readers=None, ssa=(), written=(a, b)):
-        e.deps.writers, e.deps.readers, e.deps.ssa = writers, readers or {}, set(ssa)
-        return e._remap(SimpleNamespace(before=before, read=(a, b), written=written), keys, unit, 5)
+        tracker.writers, tracker.readers, tracker.ssa = writers, readers or {}, set(ssa)
+        return compress.remap(SimpleNamespace(before=before, read=(a, b), written=written), keys, unit, 5, tracker,
+                              units)
 
     # position 3 was the last writer of a and of b; now a's is 6 and b's 8: the copy waits for 8
     assert remap({a: ({dma0: 3}, {}, False), b: ({dma0: 3}, {}, False)}, {a: {dma4: 6}, b: {dma4: 8}}) == {3: 8}

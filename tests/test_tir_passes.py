@@ -11,7 +11,8 @@ from helpers import fuse, random_args, relax_graph, run_llvm
 from tvm import relax
 
 from tvm_dsa import hardware, isa, tiling
-from tvm_dsa.emit.emitter import Layer, build_program, deal
+from tvm_dsa.emit.emitter import build_program, deal
+from tvm_dsa.emit.placement import Layer
 from tvm_dsa.kernelgen.specialize import timing_cycles
 from tvm_dsa.kernel.ir import CodegenError, chunk_loops, plan_lb, read_kernel
 from tvm_dsa.emit.footprint import footprints
@@ -647,7 +648,7 @@ def test_chunks_move_along_the_reduction_past_the_pass_that_folds_the_zero_init(
     """A matmul's chunk loop (x: 2 x 64 x 128, w: 128 x 96, chunks of 32): its first pass
     overwrites the accumulator (the zero fill folded in), so chunks moved along the loop are not
     the same chunks moved — unless none of them is the first (``moves``' ``nonzero``, what
-    ``KernelEmitter._chunk_loop`` copies): then x's boxes move by the chunk along its last dim,
+    ``Compressor.chunks`` copies): then x's boxes move by the chunk along its last dim,
     w's along its first, and the output not at all."""
     op = relax.op
     func = fused_kernel(lambda: relax_graph([(2, 64, 128), (128, 96)], lambda x, w: op.matmul(x, w)))

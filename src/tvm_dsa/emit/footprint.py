@@ -10,7 +10,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from tvm_dsa.emit.emitter import Layer
+from tvm_dsa.emit.placement import Layer
 from tvm_dsa.kernel.ir import Loop
 
 Boxes = tuple[np.ndarray, np.ndarray]  # low and high corners, one row per tile

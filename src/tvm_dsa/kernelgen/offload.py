@@ -23,7 +23,8 @@ from tvm import relax, tirx
 
 from tvm_dsa import schedule as schedules
 from tvm_dsa.schedule import KernelSpec
-from tvm_dsa.emit.emitter import Layer, build_program
+from tvm_dsa.emit.emitter import build_program
+from tvm_dsa.emit.placement import Layer
 from tvm_dsa.kernel.ir import ALIGN, CodegenError, plan_lb, read_kernel
 from tvm_dsa.kernelgen.tree import TreeKernel, build_tree_program
 from tvm_dsa.kernelgen.stitch import emit_stitched, read_allocation, subgraph_module

@@ -26,7 +26,8 @@ from dataclasses import dataclass
 import numpy as np
 import tvm
 
-from tvm_dsa.emit.emitter import KernelEmitter, Layer, Region, place_arguments
+from tvm_dsa.emit.emitter import KernelEmitter, place_arguments
+from tvm_dsa.emit.placement import Layer, Region
 from tvm_dsa import isa, memory_plan
 from tvm_dsa.emit.footprint import Boxes, Footprint, footprints
 from tvm_dsa.kernel.ir import ALIGN, align

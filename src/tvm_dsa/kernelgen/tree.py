@@ -40,7 +40,8 @@ from tvm_dsa import isa
 from tvm_dsa.hardware import Hardware
 from tvm_dsa.schedule.set.alloc import stripe_order
 from tvm_dsa.schedule.set.evaluate import Slot, invocation_order
-from tvm_dsa.emit.emitter import KernelEmitter, Pieces, Region, place_arguments
+from tvm_dsa.emit.emitter import KernelEmitter, place_arguments
+from tvm_dsa.emit.placement import Pieces, Region
 from tvm_dsa.kernel.ir import ALIGN, CodegenError, align
 from tvm_dsa.emit.footprint import footprints
 from tvm_dsa.runtime.timing import simulate_program

@@ -13,7 +13,8 @@ from dataclasses import replace
 
 import tvm
 
-from tvm_dsa.emit.emitter import Layer, build_program, deal
+from tvm_dsa.emit.emitter import build_program, deal
+from tvm_dsa.emit.placement import Layer
 from tvm_dsa.kernel.analysis import Unsupported, classify
 from tvm_dsa.kernel.attrs import GB_SCOPE, LB_SCOPE, STRIP
 from tvm_dsa.runtime import timing_cycles

@@ -1,0 +1,117 @@
+"""What the emitter is told: a kernel's layers (``Layer``: a lowered PrimFunc read into the kernel
+IR, with its LB plan and the tensor behind each parameter) and where each tensor lives (a
+``Region`` of one memory, or ``Pieces`` spread over several). The kernel generators build them, the
+emitter (``emitter``), its dependency tokens (``deps``) and its compression (``compress``) read
+them; they hold no emission state.
+"""
+
+from __future__ import annotations
+
+import bisect
+from dataclasses import dataclass
+
+from tvm_dsa import isa
+from tvm_dsa.hardware import Hardware
+from tvm_dsa.kernel.ir import Access, CodegenError, KernelIR, plan_lb, read_kernel
+
+
+@dataclass(frozen=True)
+class Region:
+    """Where a tensor, or the box of it that a kernel keeps, lives: element ``origin + i`` of the
+    box ``extents`` sits at ``base`` + row-major offset of ``i`` in memory ``mem``. ``index`` is
+    the GB's cluster or the LB's core (0 for DDR)."""
+
+    mem: str
+    index: int
+    base: int
+    origin: tuple[int, ...]
+    extents: tuple[int, ...]
+    dtype: str
+
+    @classmethod
+    def whole(cls, mem: str, index: int, base: int, shape, dtype: str) -> "Region":
+        return cls(mem, index, base, (0,) * len(shape), tuple(shape), dtype)
+
+    @property
+    def nbytes(self) -> int:
+        return isa.DTYPES[self.dtype] * prod(self.extents)
+
+
+@dataclass
+class Pieces:
+    """A tensor stored in pieces (a grid over its dims): piece ``(i0, i1, ...)`` is the box between
+    ``cuts[d][i_d - 1]`` and ``cuts[d][i_d]`` along every dim ``d`` (0 and the extent implied at
+    the ends) and lives in ``cells[(i0, i1, ...)]``: a box region in some core's LB, or the
+    tensor's whole DDR region. What SET keeps on chip: a feature map spread over its consumers'
+    LBs, weights pinned in their layer's LBs. DMA boxes touching it are split along the cuts
+    (each such access must index a cut dim by one loop with coefficient 1, or not vary in it).
+    Cells change as the program goes (a chunk placed, a piece freed): the emitter reads them
+    when it emits."""
+
+    shape: tuple[int, ...]
+    cuts: tuple[tuple[int, ...], ...]  # per dim: interior cut points, increasing
+    cells: dict
+
+    def cell_index(self, point) -> tuple[int, ...]:
+        return tuple(bisect.bisect_right(c, x) for c, x in zip(self.cuts, point))
+
+    def cell(self, point) -> Region:
+        return self.cells[self.cell_index(point)]
+
+    def split(self, acc: Access, env, start, extent):
+        """The sub-boxes of the stage box [start, start + extent) that each lie in one piece, with
+        the piece's region: [(start, extent, region)]."""
+        p0 = acc.point(env, start)
+        boxes = [(list(start), list(extent))]
+        for d, cuts in enumerate(self.cuts):
+            loops = [(i, c) for i, c in enumerate(acc.inner[d]) if c]
+            if not cuts or not loops:
+                continue
+            if len(loops) != 1 or loops[0][1] != 1:
+                raise CodegenError(f"an access to a tensor kept in pieces indexes dim {d} by "
+                                   f"{acc.inner[d]}, not one loop with coefficient 1")
+            i = loops[0][0]
+            out = []
+            for s, e in boxes:
+                lo = p0[d] + s[i] - start[i]
+                hi, b = lo + e[i], lo
+                for cut in [x for x in cuts if lo < x < hi] + [hi]:
+                    s2, e2 = list(s), list(e)
+                    s2[i], e2[i] = s[i] + b - lo, cut - b
+                    out.append((s2, e2))
+                    b = cut
+            boxes = out
+        return [(s, e, self.cell(acc.point(env, s))) for s, e in boxes]
+
+
+@dataclass(frozen=True)
+class Layer:
+    """One lowered PrimFunc in a kernel: its IR, its LB plan and the tensor behind each parameter."""
+
+    name: str
+    ir: KernelIR
+    plan: object  # LBPlan
+    args: dict  # parameter name -> tensor name
+
+    @classmethod
+    def of(cls, func, hw: Hardware, name: str, tensors=None, lb_bytes: int | None = None) -> "Layer":
+        ir = read_kernel(func)
+        args = dict(zip((p[0] for p in ir.params), tensors or (p[0] for p in ir.params)))
+        return cls(name, ir, plan_lb(ir, hw, lb_bytes), args)
+
+
+def prod(shape) -> int:
+    """The number of elements of a box of extents ``shape``."""
+    n = 1
+    for e in shape:
+        n *= int(e)
+    return n
+
+
+def row_major(shape) -> list[int]:
+    """Element strides of a row-major array of extents ``shape``."""
+    strides, n = [], 1
+    for e in reversed(list(shape)):
+        strides.append(n)
+        n *= int(e)
+    return strides[::-1]
