@@ -260,8 +260,7 @@ def _interleaved(a: Compiled, b: Compiled, x: np.ndarray, repeat: int) -> tuple[
 def fresh_versions(multi_version: bool = False) -> None:
     """Build symbolic kernels with one lowering (False) or multi-version (True), from scratch."""
     VERSIONS.multi_version = multi_version
-    VERSIONS.programs.clear()
-    VERSIONS.chosen.clear()
+    VERSIONS.clear()
 
 
 def dynamic_table(repeat: int) -> None:

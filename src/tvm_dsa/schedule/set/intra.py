@@ -45,16 +45,6 @@ class LayerCost:
         pb, pm, pn = self.partition
         return pb * pm * pn
 
-    @property
-    def ifmap_copies(self) -> int:
-        """Tiles that need each ifmap element (the N-split)."""
-        return self.partition[2]
-
-    @property
-    def weight_copies(self) -> int:
-        """Tiles that need each weight element (the M-split)."""
-        return self.partition[1]
-
     def copy_sets(self) -> tuple[tuple[tuple[int, ...], ...], tuple[tuple[int, ...], ...]]:
         """The tiles (offsets in the group) that need the same ifmap element, and those that need
         the same weight element. Part ``(b, m, n)`` runs on tile ``(b * pm + m) * pn + n``: an
