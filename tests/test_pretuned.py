@@ -17,10 +17,9 @@ from tvm_dsa.schedule.set.scheduler import SetOptions
 from tvm_dsa.schedule.set.search import Anneal
 from tvm_dsa.tir_passes.tile import TilePlan
 from tvm_dsa.tiling import lower_kernel
-from tvm_dsa.relax_pipeline import _tuned_kernels
 from tvm_dsa.tuning import (
     default_seconds, extract_tasks, load_database, merge_records, pretuned, records_dir, tuned_kernel,
-    workload
+    tuned_kernels, workload
 )
 from tvm_dsa.tuning.shipped import FILES, read_records
 from tvm_dsa.tuning.space import lower_scheduled, sample_tiling
@@ -97,7 +96,7 @@ def test_a_target_gets_its_own_presets_records_not_another_presets():
     assert max_relative_error(default.run(inputs).outputs, off.run(inputs).outputs) < 1e-2
     # a kernel both presets have records for, tiled otherwise by stcp920's record: on the edge
     # chip the pipeline lowers it as the edge preset's record says
-    lookup = _tuned_kernels(None, hw)
+    lookup = tuned_kernels(None, hw)
     differ = 0
     for task in tasks:
         if not (own.has_workload(task.mod) and other.has_workload(task.mod)):

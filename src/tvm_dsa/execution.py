@@ -134,37 +134,51 @@ def current() -> Session:
         return s
 
 
-class _Compilations:
-    """What each recent ``dsa`` compilation decided, by its id (the executable carries the id:
-    ``record`` gives it to ``MarkRunStart``); bounded, thread-safe."""
+class Registry:
+    """Values kept under ids made here (``<prefix>-<16 hex digits>``), which compiled code carries
+    to find them again: the last ``keep``, thread-safe."""
 
-    def __init__(self, keep: int):
-        self._results: collections.OrderedDict[str, OffloadResult] = collections.OrderedDict()
-        self._keep, self._lock = keep, threading.Lock()
+    def __init__(self, prefix: str, keep: int):
+        self.prefix, self._keep = prefix, keep
+        self._pattern = re.compile(rf"{re.escape(prefix)}-[0-9a-f]{{16}}")
+        self._values: collections.OrderedDict = collections.OrderedDict()
+        self._lock = threading.Lock()
 
-    def record(self, result: OffloadResult) -> str:
-        key = f"dsa-compilation-{uuid.uuid4().hex[:16]}"
+    def add(self, value) -> str:
+        key = f"{self.prefix}-{uuid.uuid4().hex[:16]}"
         with self._lock:
-            self._results[key] = result
-            while len(self._results) > self._keep:
-                self._results.popitem(last=False)
-        current().compilation = key
+            self._values[key] = value
+            while len(self._values) > self._keep:
+                self._values.popitem(last=False)
         return key
 
-    def get(self, key: str) -> OffloadResult | None:
+    def get(self, key: str):
+        """The value of ``key``; None for one made by another process or one of more than
+        ``keep`` since."""
         with self._lock:
-            return self._results.get(key)
+            return self._values.get(key)
+
+    def ids_in(self, text: str) -> list[str]:
+        """The ids ``text`` holds, in order, each once."""
+        return list(dict.fromkeys(self._pattern.findall(text)))
 
 
-COMPILATIONS = _Compilations(4 * KEEP)
-_ID = re.compile(r"dsa-compilation-[0-9a-f]{16}")
+COMPILATIONS = Registry("dsa-compilation", 4 * KEEP)  # what each recent dsa compilation decided
+
+
+def record_compilation(result: OffloadResult) -> str:
+    """Keep what a compilation decided; its id, for ``MarkRunStart`` to embed in ``main``. It is
+    the current session's last compilation from now on."""
+    key = COMPILATIONS.add(result)
+    current().compilation = key
+    return key
 
 
 def compilation_of(executable) -> OffloadResult | None:
     """What the compilation that made ``executable`` (a ``tvm.compile`` result, or one loaded
     back in this process) offloaded; None for one made by another process or long forgotten."""
-    found = _ID.search(executable.stats())
-    return COMPILATIONS.get(found.group(0)) if found else None
+    found = COMPILATIONS.ids_in(executable.stats())
+    return COMPILATIONS.get(found[0]) if found else None
 
 
 @lru_cache(maxsize=4096)

@@ -27,7 +27,7 @@ from tvm_dsa.relax_passes.reorder import ApplyExecutionPlan
 from tvm_dsa.relax_passes.sink import SinkIntoBranches
 from tvm_dsa.schedule.set.scheduler import SetOptions
 from tvm_dsa.tuning import tuned_kernels
-from tvm_dsa.execution import COMPILATIONS, compilation_of, current
+from tvm_dsa.execution import compilation_of, current, record_compilation
 from tvm_dsa.relax_passes.run_start import MarkRunStart
 
 def pipeline(schedule: str = "layerwise", hw: hardware.Hardware | str | None = None,
@@ -67,7 +67,7 @@ def pipeline(schedule: str = "layerwise", hw: hardware.Hardware | str | None = N
                 result.unstitched[schedule] = (f"the {schedule} schedule needs static shapes and no control "
                                                "flow: a dynamic model runs layerwise")
             mod = tvm.transform.Sequential(
-                [relax.transform.DeadCodeElimination(), MarkRunStart(COMPILATIONS.record(result))]
+                [relax.transform.DeadCodeElimination(), MarkRunStart(record_compilation(result))]
                 + cpu_generic.pipeline.dataflow_lower_passes(host)
                 + ([PlanArena] if memory_plan else [])
                 + cpu_generic.finalize_passes(host)

@@ -11,11 +11,7 @@ is kept in this process under that id."""
 
 from __future__ import annotations
 
-import collections
 import json
-import re
-import threading
-import uuid
 from dataclasses import dataclass
 
 import numpy as np
@@ -23,7 +19,7 @@ import tvm
 from tvm import relax
 
 from tvm_dsa import hardware
-from tvm_dsa.execution import program_of, run_kernel
+from tvm_dsa.execution import Registry, program_of, run_kernel
 from tvm_dsa.kernelgen.offload import OffloadResult, offload
 from tvm_dsa.packed import BYOC_EXECUTE, EXECUTE
 from tvm_dsa.relax_passes.fusion import fuse
@@ -57,32 +53,7 @@ class Composite:
             out.copyfrom(np.ascontiguousarray(value, dtype=out.dtype))
 
 
-class _Composites:
-    """The composites of this process by id (bounded, thread-safe)."""
-
-    def __init__(self, keep: int):
-        self._found: collections.OrderedDict[str, Composite] = collections.OrderedDict()
-        self._keep, self._lock = keep, threading.Lock()
-
-    def add(self, composite: Composite) -> str:
-        key = f"dsa-composite-{uuid.uuid4().hex[:16]}"
-        with self._lock:
-            self._found[key] = composite
-            while len(self._found) > self._keep:
-                self._found.popitem(last=False)
-        return key
-
-    def get(self, key: str) -> Composite:
-        with self._lock:
-            found = self._found.get(key)
-        if found is None:
-            raise RuntimeError(f"DSA composite {key} is not in this process (compiled in another one, or one of "
-                               f"more than {self._keep} since): compile the model again")
-        return found
-
-
-COMPOSITES = _Composites(KEEP)
-_KEY = re.compile(r"dsa-composite-[0-9a-f]{16}")
+COMPOSITES = Registry("dsa-composite", KEEP)  # the compiled functions the stubs name
 
 
 def composites_of(executable) -> list[Composite]:
@@ -93,13 +64,21 @@ def composites_of(executable) -> list[Composite]:
         module = modules.pop(0)
         modules += list(module.imports)
         if module.kind == "llvm":
-            found += _KEY.findall(module.inspect_source("ll"))
-    return [COMPOSITES.get(key) for key in dict.fromkeys(found)]
+            found += COMPOSITES.ids_in(module.inspect_source("ll"))
+    return [_composite_of(key) for key in dict.fromkeys(found)]
 
 
 def execute(key, *tensors) -> None:
     """``tvm_dsa.byoc_execute``: run composite ``key`` on the call's tensors (inputs, then output)."""
-    COMPOSITES.get(str(key))(*tensors)
+    _composite_of(str(key))(*tensors)
+
+
+def _composite_of(key: str) -> Composite:
+    found = COMPOSITES.get(key)
+    if found is None:
+        raise RuntimeError(f"DSA composite {key} is not in this process (compiled in another one, or one of "
+                           f"more than {KEEP} since): compile the model again")
+    return found
 
 
 def codegen(functions, options, constant_names) -> list:
