@@ -17,7 +17,7 @@ from tvm_dsa.harness import import_onnx
 from tvm_dsa.runtime.timing import simulate_program
 from tvm_dsa.models import TINY, example_inputs, get_model
 from tvm_dsa.schedule.set import Evaluator, LayerGraph, Tree
-from tvm_dsa.schedule.set.evaluate import invocation_order
+from tvm_dsa.schedule.set.tree import invocation_order
 from tvm_dsa.relax_passes.fusion import fuse
 from tvm_dsa.schedule.set.ops import LP, random_tree
 from tvm_dsa.schedule.set.plot import st_graph

@@ -12,7 +12,8 @@ from hypothesis import strategies as st
 import tvm_dsa  # noqa: F401  (registers the presets)
 from tvm_dsa import hardware
 from tvm_dsa.schedule.set import Contraction, Cut, Layer, LayerGraph, Leaf, Tree, initial_tree, validate
-from tvm_dsa.schedule.set.evaluate import Evaluator, _Dram, _Tiles, invocation_order, latency_bound
+from tvm_dsa.schedule.set.evaluate import Evaluator, _Dram, _Tiles, latency_bound
+from tvm_dsa.schedule.set.tree import invocation_order
 from tvm_dsa.schedule.set.ops import (LP, LS, OPERATORS, SET, fewer_sub_batches, group, more_sub_batches, mutate,
                                       random_tree, swap, ungroup)
 from tvm_dsa.schedule.set.search import Anneal, anneal

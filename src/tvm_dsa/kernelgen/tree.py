@@ -2,7 +2,7 @@
 
 ``build_tree_program`` emits every layer invocation of a resource allocation tree — layer ``v``
 on the samples ``[q * b_v, (q + 1) * b_v)`` — with the ``KernelEmitter`` the other schedules use,
-in the tree's invocation order (``schedule.set.evaluate.invocation_order``: each cut runs
+in the tree's invocation order (``schedule.set.tree.invocation_order``: each cut runs
 sub-batch k of all its children before sub-batch k + 1). A layer's tiles run on the cores of its
 tile group that its intra-layer partition uses (stripe ids mapped to mesh positions), dealt
 round-robin. The emitter's dependency tokens then let S-cut children on disjoint cores overlap
@@ -39,7 +39,8 @@ import numpy as np
 from tvm_dsa import isa
 from tvm_dsa.hardware import Hardware
 from tvm_dsa.schedule.set.alloc import stripe_order
-from tvm_dsa.schedule.set.evaluate import Slot, invocation_order
+from tvm_dsa.schedule.set.analysis import Slot
+from tvm_dsa.schedule.set.tree import invocation_order
 from tvm_dsa.emit.emitter import KernelEmitter, place_arguments
 from tvm_dsa.emit.placement import Pieces, Region
 from tvm_dsa.kernel.ir import ALIGN, CodegenError, align

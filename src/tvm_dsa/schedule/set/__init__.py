@@ -1,10 +1,12 @@
 """SET: inter-layer scheduling on tiled accelerators with resource allocation trees (seed 002).
 
 - ``layers``: the layer graph (work and bytes per sample, dependencies) from a fused module;
-- ``tree``: the resource allocation tree (leaves, S-cuts, T-cuts), validity, text and JSON;
+- ``tree``: the resource allocation tree (leaves, S-cuts, T-cuts), validity, text and JSON, the
+  order its invocations run in;
 - ``alloc``: NPT-proportional tile allocation for S-cuts and stripe-based tile ids;
 - ``intra``: the intra-layer engine (partition, mapping, loop order per tile group);
-- ``analysis``: a tree parsed into a schedule (groups, batches, dataflow, pinned weights);
+- ``analysis``: a tree parsed into a schedule (groups, batches, dataflow, pinned weights) and the
+  S-T graph's rectangles (``Slot``);
 - ``evaluate``: the fast evaluator (latency, energy by component);
 - ``ops`` and ``search``: the six tree operators and simulated annealing (SET, LS, LP).
 

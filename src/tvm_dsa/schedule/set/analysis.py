@@ -76,6 +76,20 @@ class Schedule:
     spilled: tuple[float, ...]  # per segment: fraction of kept feature maps spilled to DRAM
 
 
+@dataclass(frozen=True)
+class Slot:
+    """One rectangle of the S-T graph: invocation ``invocation`` of ``layer`` (samples
+    ``[invocation * batch, (invocation + 1) * batch)``) on stripe ids ``tiles`` from ``start`` to
+    ``end`` (cycles)."""
+
+    layer: int
+    invocation: int
+    batch: int
+    tiles: tuple[int, int]
+    start: float
+    end: float
+
+
 def npt(node: Node, graph: LayerGraph, intra: IntraLayer) -> float:
     """Normalised processing time (§3.3.2): a leaf's one-sample time on one tile; a T-cut the sum
     of its children's; an S-cut that sum divided by ``sb / (sb + s)``, ``s`` the pipeline's start

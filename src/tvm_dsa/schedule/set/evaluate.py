@@ -28,10 +28,10 @@ import numpy as np
 
 from tvm_dsa.hardware.model import Hardware
 from tvm_dsa.schedule.set.alloc import stripe_order
-from tvm_dsa.schedule.set.analysis import LeafPlan, Schedule, analyse
+from tvm_dsa.schedule.set.analysis import LeafPlan, Schedule, Slot, analyse
 from tvm_dsa.schedule.set.intra import IntraLayer
 from tvm_dsa.schedule.set.layers import LayerGraph
-from tvm_dsa.schedule.set.tree import Leaf, Node, Tree
+from tvm_dsa.schedule.set.tree import Tree, invocation_order
 
 
 @dataclass(frozen=True)
@@ -205,25 +205,6 @@ def latency_bound(graph: LayerGraph, hw: Hardware, batch: int) -> float:
     return max(macs / hw.peak_macs_per_cycle, elements * hw.storage_bytes / hw.ddr_bytes_per_cycle)
 
 
-def invocation_order(tree: Tree) -> list[tuple[int, int]]:
-    """(layer, invocation) in the tree's order: every cut runs sub-batch k of all its children
-    before sub-batch k+1 (a T-cut one child after the other on shared tiles, an S-cut's children
-    on their own tiles, pipelined). Each tile's invocations appear in the order it runs them and
-    every producer invocation before the consumer invocations that read it; the lowered program
-    (``kernelgen.tree``) is emitted in this order too."""
-
-    def order(node: Node, b: int) -> list[tuple[int, int, int]]:
-        """(layer, invocation, samples per invocation) of ``node`` run over ``b`` samples: its
-        first sub-batch's order, repeated with the invocations moved on by a sub-batch."""
-        if isinstance(node, Leaf):
-            return [(node.layer, 0, b)]
-        bc = b // node.sb
-        first = [x for c in node.children for x in order(c, bc)]
-        return [(v, i + k * bc // lb, lb) for k in range(node.sb) for v, i, lb in first]
-
-    return [(v, i) for v, i, _ in order(tree.root, tree.batch)]
-
-
 class _Tiles:
     """When each tile is free, as runs of consecutive stripe ids free at the same time: a group
     occupies a range of ids at once, so a chip has few runs, and the evaluator's two questions
@@ -276,20 +257,6 @@ class _Dram:
         lo = min(start, starts[i]) if i < j else start
         starts[i:j], ends[i:j] = [lo], [max(end, t)]
         return t + left
-
-
-@dataclass(frozen=True)
-class Slot:
-    """One rectangle of the S-T graph: invocation ``invocation`` of ``layer`` (samples
-    ``[invocation * batch, (invocation + 1) * batch)``) on stripe ids ``tiles`` from ``start`` to
-    ``end`` (cycles)."""
-
-    layer: int
-    invocation: int
-    batch: int
-    tiles: tuple[int, int]
-    start: float
-    end: float
 
 
 EVALUATED_TREES = 1 << 14  # evaluations an ``Evaluator`` remembers (it forgets them all past this)

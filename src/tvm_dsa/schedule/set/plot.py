@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from tvm_dsa.schedule.set.evaluate import Slot
+from tvm_dsa.schedule.set.analysis import Slot
 from tvm_dsa.schedule.set.layers import LayerGraph
 
 

@@ -166,6 +166,25 @@ class Tree:
         return cls(root, int(data["batch"]))
 
 
+def invocation_order(tree: Tree) -> list[tuple[int, int]]:
+    """(layer, invocation) in the tree's order: every cut runs sub-batch k of all its children
+    before sub-batch k+1 (a T-cut one child after the other on shared tiles, an S-cut's children
+    on their own tiles, pipelined). Each tile's invocations appear in the order it runs them and
+    every producer invocation before the consumer invocations that read it; the lowered program
+    (``kernelgen.tree``) is emitted in this order too."""
+
+    def order(node: Node, b: int) -> list[tuple[int, int, int]]:
+        """(layer, invocation, samples per invocation) of ``node`` run over ``b`` samples: its
+        first sub-batch's order, repeated with the invocations moved on by a sub-batch."""
+        if isinstance(node, Leaf):
+            return [(node.layer, 0, b)]
+        bc = b // node.sb
+        first = [x for c in node.children for x in order(c, bc)]
+        return [(v, i + k * bc // lb, lb) for k in range(node.sb) for v, i, lb in first]
+
+    return [(v, i) for v, i, _ in order(tree.root, tree.batch)]
+
+
 def initial_tree(graph: LayerGraph, batch: int) -> Tree:
     """SA's starting point (§4.1): every leaf, in topological order, under a root T-cut."""
     return Tree(Cut("T", 1, tuple(Leaf(i) for i in range(len(graph)))), batch)
