@@ -22,7 +22,7 @@ import tvm_ffi
 from tvm import relax, tirx
 
 from tvm_dsa import schedule as schedules
-from tvm_dsa.schedule import KernelSpec
+from tvm_dsa.schedule.plan import KernelSpec, LayerPlan, TreePlan
 from tvm_dsa.emit.emitter import build_program
 from tvm_dsa.emit.placement import Layer
 from tvm_dsa.kernel.ir import ALIGN, CodegenError, plan_lb, read_kernel
@@ -31,7 +31,6 @@ from tvm_dsa.kernelgen.stitch import emit_stitched, read_allocation, subgraph_mo
 from tvm_dsa.hardware import Hardware
 from tvm_dsa.isa.validation import validate
 from tvm_dsa.schedule.graph import OpGraph
-from tvm_dsa.schedule.set.intra import working_set_bytes
 from tvm_dsa.schedule.set.layers import LayerGraphError
 from tvm_dsa.kernel.analysis import Unsupported
 from tvm_dsa.tiling import lower_kernel
@@ -57,7 +56,7 @@ class OffloadResult:
     vector_macs: int = 0  # of dsa_macs, those of contractions on the vector units, not the MME
     stitched: dict = field(default_factory=dict)  # kernel name -> StitchInfo
     tuned: list = field(default_factory=list)  # PrimFunc names lowered with a tuning record
-    trees: dict = field(default_factory=dict)  # kernel name -> (SetPlan, TreeProgram) of a SET kernel
+    trees: dict = field(default_factory=dict)  # kernel name -> (TreePlan, TreeProgram) of a SET kernel
     unstitched: dict = field(default_factory=dict)  # sub-graph kernel run layer by layer -> why
 
 
@@ -94,24 +93,23 @@ def offload(mod: tvm.IRModule, hw: Hardware, schedule: str = "layerwise", run_id
     lowered: dict = {}  # PrimFunc name -> (lowered, LB budget it was tiled to; None: the whole LB)
     funcs: dict = {}  # PrimFunc name -> the PrimFunc as lowered (with ``COPY_EACH`` where it takes one)
     built: dict = {}  # PrimFunc name -> its one-layer program where ``_lowered`` built it already
+    scheduler = schedules.get(schedule)
+    lowering = scheduler.lowering
+    budget = lowering.lb_bytes(hw) if lowering.lb_bytes else None
     for name in dict.fromkeys(n.func for n in graph.nodes):
         func = mod[name]
         if not isinstance(func, tirx.PrimFunc):
             continue
-        if schedule in ("layerwise", "set") and relax.analysis.has_reshape_pattern(func):
+        if lowering.views and relax.analysis.has_reshape_pattern(func):
             result.host[name] = "a pure reshape: a view on the host, no data moves"
             continue
-        # SET's layers are tiled to half the LB (the other half keeps data between layers); a
-        # record is tuned for the whole LB, and replayed there it took SET's ResNet-50 tree on
-        # set-edge16 from 2.9M to 5.9M simulated cycles: SET uses none
-        budget = working_set_bytes(hw) if schedule == "set" else None
         try:
             record = tuned(func) if tuned is not None and budget is None else None
             if record is not None:
                 funcs[name], lowered[name] = func, (record, None)
                 result.tuned.append(name)
-            else:  # SET's tiles divide their loops (``lower_kernel``'s ``clamp``)
-                funcs[name], lowered[name], built[name] = _lowered(func, hw, budget, name, clamp=schedule != "set")
+            else:
+                funcs[name], lowered[name], built[name] = _lowered(func, hw, budget, name, clamp=lowering.clamp)
         except Exception as err:  # noqa: BLE001 - a kernel the DSA path cannot build runs on the host
             result.host[name] = host_reason(err)
     on_vector = {name for name, (func, _) in lowered.items() if on_vector_units(func)}  # contraction not on the MME
@@ -151,10 +149,10 @@ def offload(mod: tvm.IRModule, hw: Hardware, schedule: str = "layerwise", run_id
                                                              first_tile=first_tile)[0], budget)
         return overlapped[key]
     try:
-        specs = schedules.get(schedule)(mod, hw, set(lowered), options)
+        specs = scheduler.schedule(mod, hw, set(lowered), options)
     except LayerGraphError as err:  # a model SET's layer graph does not describe runs layerwise
         result.unstitched[schedule] = f"the {schedule} schedule does not apply ({err}): layerwise"
-        specs = schedules.get("layerwise")(mod, hw, set(lowered), None)
+        specs = schedules.get("layerwise").schedule(mod, hw, set(lowered), None)
     node_of = {n.name: n for n in graph.nodes}
     kernels = []  # (spec, program text, input exprs, output vars, names the call renames the program's by)
     programs: dict = {}  # PrimFunc name -> program text of its one-layer kernel
@@ -163,7 +161,7 @@ def offload(mod: tvm.IRModule, hw: Hardware, schedule: str = "layerwise", run_id
     while specs:
         spec = specs.pop(0)
         nodes = [node_of[c] for c in spec.calls]
-        if spec.plan is not None:  # a SET schedule
+        if isinstance(spec.plan, TreePlan):
             try:
                 tk = _tree_kernel(spec, nodes, graph, lowered, hw)
                 lowered_tree = build_tree_program(tk, hw)
@@ -176,7 +174,7 @@ def offload(mod: tvm.IRModule, hw: Hardware, schedule: str = "layerwise", run_id
             kernels.append((spec, lowered_tree.program.serialize(), [graph.tensors[t] for t in tk.inputs], list(tk.outputs),
                             {}))
             continue
-        if not spec.stitched:
+        if isinstance(spec.plan, LayerPlan):
             (node,) = nodes
             if node.func not in programs:
                 try:
@@ -385,7 +383,7 @@ def _form(spec, nodes, graph) -> tuple:
         ids.setdefault(t, len(ids))
     tensors = tuple((graph.tensors[t].shape, graph.tensors[t].dtype, graph.tensors[t].constant) for t in ids)
     layers = tuple((n.func, tuple(ids[t] for t in n.inputs), ids[n.output]) for n in nodes)
-    form = (spec.split, layers, tensors, tuple(ids[t] for t in inputs), tuple(ids[t] for t in outputs))
+    form = (spec.plan.split, layers, tensors, tuple(ids[t] for t in inputs), tuple(ids[t] for t in outputs))
     return form, [*ids, *(n.name for n in nodes)]
 
 
@@ -402,7 +400,7 @@ def _subgraph(spec, nodes, graph, lowered) -> tvm.IRModule:
     tensors = {t: (graph.tensors[t].shape, graph.tensors[t].dtype) for n in nodes for t in (*n.inputs, n.output)}
     layers = [(n.name, lowered[n.name][0], (*n.inputs, n.output), lowered[n.name][1]) for n in nodes]
     weights = frozenset(t for t in inputs if graph.tensors[t].constant)
-    split_loop, groups = spec.split if spec.split else (0, 1 << 30)
+    split_loop, groups = spec.plan.split
     return subgraph_module(spec.name, layers, inputs, outputs, tensors, weights, split_loop, groups)
 
 

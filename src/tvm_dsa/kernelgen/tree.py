@@ -39,7 +39,7 @@ import numpy as np
 from tvm_dsa import isa
 from tvm_dsa.hardware import Hardware
 from tvm_dsa.schedule.set.alloc import stripe_order
-from tvm_dsa.schedule.set.analysis import Slot
+from tvm_dsa.schedule.set.analysis import Schedule, Slot
 from tvm_dsa.schedule.set.tree import invocation_order
 from tvm_dsa.emit.emitter import KernelEmitter, place_arguments
 from tvm_dsa.emit.placement import Pieces, Region
@@ -61,7 +61,7 @@ class TreeKernel:
     inputs: tuple[str, ...]
     outputs: tuple[str, ...]
     tensors: dict
-    schedule: object  # schedule.set.Schedule
+    schedule: Schedule
     weights: frozenset = frozenset()  # the inputs that are constants (weights a layer may pin)
 
 
@@ -148,7 +148,7 @@ class TreeProgram:
 
     program: isa.Program
     spans: tuple[Span, ...]
-    schedule: object  # schedule.set.Schedule
+    schedule: Schedule
     residency: dict  # counts of what was kept in the LBs (``_Residency.stats``)
 
     def timeline(self, check_hazards: bool = False) -> tuple[Slot, ...]:

@@ -50,8 +50,9 @@ from tvm import tirx
 from tvm.s_tir import SBlockRealize
 
 from tvm_dsa.kernel.analysis import Load, uses_var
-from tvm_dsa.schedule import KernelSpec, register
+from tvm_dsa.schedule import register
 from tvm_dsa.schedule.graph import OpGraph, SubGraphs
+from tvm_dsa.schedule.plan import KernelSpec, Lowering, StitchPlan
 
 
 @dataclass(frozen=True)
@@ -289,7 +290,7 @@ def order_instances(instances: list[Instance], edges) -> tuple[list[int], str]:
     return dfs, "dfs"
 
 
-@register("graphturbo")
+@register("graphturbo", Lowering(views=False))  # a sub-graph runs its reshapes
 def graphturbo(mod, hw, supported, options=None) -> list[KernelSpec]:
     """One stitched kernel per sub-graph of Algorithm 2's grouping of ``main``'s layers, with the
     sub-graph's best split (Eq. 1); layers the DSA cannot run stay single and on the host.
@@ -319,7 +320,7 @@ def graphturbo(mod, hw, supported, options=None) -> list[KernelSpec]:
         if d == 0:
             f = max(f * share, hw.clusters * hw.cores_per_cluster)
         calls = tuple(graph.nodes[n].name for n in sorted(members))
-        specs.append(KernelSpec(f"sg{len(specs)}_{calls[0]}", calls, True, (d, f)))
+        specs.append(KernelSpec(f"sg{len(specs)}_{calls[0]}", calls, StitchPlan((d, f))))
     return specs
 
 

@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
-from tvm_dsa.schedule import KernelSpec, register
+from tvm_dsa.schedule import register
 from tvm_dsa.schedule.graph import OpGraph
+from tvm_dsa.schedule.plan import KernelSpec
 
 
 @register("layerwise")

@@ -1,0 +1,72 @@
+"""What a scheduler hands kernel generation: ``KernelSpec``s, each with a typed plan.
+
+Kernel generation builds a kernel with the generator for its plan's type, so a plan holds all a
+generator reads of the scheduler's decisions: ``LayerPlan`` (one layer, layerwise), ``StitchPlan``
+(a GraphTurbo sub-graph), ``TreePlan`` (a SET tree). ``Lowering`` says how a scheduler's layers are
+lowered before it is asked for kernels. Schedulers and generators both import this module, and it
+imports neither.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Callable
+
+if TYPE_CHECKING:
+    from tvm_dsa.hardware import Hardware
+    from tvm_dsa.schedule.set.analysis import Schedule
+    from tvm_dsa.schedule.set.layers import LayerGraph
+    from tvm_dsa.schedule.set.search import SearchResult
+
+
+@dataclass(frozen=True)
+class LayerPlan:
+    """One layer, every tensor in DDR: a layerwise kernel, or a layer another plan leaves alone."""
+
+
+@dataclass(frozen=True)
+class StitchPlan:
+    """A GraphTurbo sub-graph run instance by instance, the tensors between its layers on chip and
+    its weights promoted to the GB: ``split`` is Algorithm 1's best split (output dimension,
+    factor) that cuts it into instances."""
+
+    split: tuple[int, int]
+
+
+@dataclass(frozen=True)
+class TreePlan:
+    """A SET program: the layer graph (layer ``i`` is the call ``graph.layers[i].node``), the
+    tree's schedule (tile groups, batches, chunks, pinned weights) and the search that found the
+    tree (None for a given tree)."""
+
+    graph: LayerGraph
+    schedule: Schedule
+    search: SearchResult | None
+
+
+Plan = LayerPlan | StitchPlan | TreePlan
+
+
+@dataclass(frozen=True)
+class KernelSpec:
+    """One DSA kernel: the ``call_tir`` calls it runs (by the Relax variables they bind, in
+    program order) and the plan kernel generation builds it with."""
+
+    name: str
+    calls: tuple[str, ...]
+    plan: Plan = LayerPlan()
+
+
+@dataclass(frozen=True)
+class Lowering:
+    """How kernel generation lowers the layers of a scheduler's kernels, before the scheduler hears
+    which of them the DSA runs.
+
+    ``views``: pure reshapes stay on the host as views, no data moves (graphturbo: False, a
+    sub-graph runs them). ``lb_bytes(hw)``: the bytes of the LB a layer's tiles get, None for all
+    of it; only then are tuning records replayed, as they are tuned for the whole LB. ``clamp``:
+    a tile may overlap the end of its loop (``lower_kernel``; False: tiles divide their loops)."""
+
+    views: bool = True
+    lb_bytes: Callable[[Hardware], int] | None = None
+    clamp: bool = True
