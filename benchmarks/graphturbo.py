@@ -27,7 +27,7 @@ from tvm_dsa import hardware
 from tvm_dsa.harness import Compiled, import_onnx, max_relative_error
 from tvm_dsa.models import TINY, example_inputs, get_model, macs
 from tvm_dsa.emit.emitter import PROMOTE
-from tvm_dsa.kernelgen.offload import StitchOptions
+from tvm_dsa.kernelgen.stitched import StitchOptions
 
 # (label, schedule, options): the ablation of Fig. 15, cumulative
 VARIANTS = [

@@ -24,7 +24,6 @@ from tvm_dsa.dataflow import TensorVolumes
 from tvm_dsa.isa import Dma, Kernel, Operand, Program, TensorArg
 from tvm_dsa.models import TINY, example_inputs, get_model
 from tvm_dsa.relax_passes.arena import ALIGN
-from tvm_dsa.kernelgen.offload import _boundary
 from tvm_dsa.runtime import simulate
 from tvm_dsa.schedule.graph import OpGraph
 from tvm_dsa.tiling import lower_kernel
@@ -198,7 +197,7 @@ def sub_module(build, split=(0, 1 << 30), budget=None):
     ``budget`` bytes of the LB (None: all of it); every input but the first a weight to promote."""
     mod = fuse(build())
     graph = OpGraph.from_relax(mod)
-    inputs, outputs = _boundary(graph.nodes, graph)
+    inputs, outputs = graph.boundary(graph.nodes)
     tensors = {t: (graph.tensors[t].shape, graph.tensors[t].dtype) for n in graph.nodes for t in (*n.inputs, n.output)}
     layers = [(n.name, lower_kernel(mod[n.func], HW, budget)[0], (*n.inputs, n.output), budget) for n in graph.nodes]
     return subgraph_module("sg", layers, inputs, outputs, tensors, inputs[1:], *split)

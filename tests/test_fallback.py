@@ -34,23 +34,23 @@ def test_an_error_building_a_kernel_sends_it_to_the_host(monkeypatch, rng):
     def broken(*_args, **_kwargs):
         raise RuntimeError("boom\nmore")
 
-    monkeypatch.setattr(importlib.import_module("tvm_dsa.kernelgen.offload"), "build_program", broken)
+    monkeypatch.setattr(importlib.import_module("tvm_dsa.kernelgen.layer"), "build_program", broken)
     mod = one_node(h.make_node("Add", ["a", "b"], ["c"]), {"a": (TP.FLOAT, [4, 8]), "b": (TP.FLOAT, [4, 8])}, ["c"])
     a, b = rng.standard_normal((2, 4, 8)).astype("float32")
     (c,) = run(mod, a, b)
     np.testing.assert_allclose(c, a + b, rtol=1e-6)
     # the error's first line and the innermost line of tvm_dsa it passed (here: the call of the patch)
     (reason,) = tvm_dsa.pipeline_result().host.values()
-    assert re.fullmatch(r"the DSA path failed: RuntimeError: boom \(kernelgen/offload\.py:\d+\)", reason)
+    assert re.fullmatch(r"the DSA path failed: RuntimeError: boom \(kernelgen/layer\.py:\d+\)", reason)
 
 
 def test_a_program_the_validator_rejects_runs_on_the_host(monkeypatch, rng):
-    offload = importlib.import_module("tvm_dsa.kernelgen.offload")
+    layer = importlib.import_module("tvm_dsa.kernelgen.layer")
 
     def rejects(program):
         raise ProgramError(f"kernel {program.name} instruction 0 (dma): src0 has a negative stride (-2, 1)")
 
-    monkeypatch.setattr(offload, "validate", rejects)
+    monkeypatch.setattr(layer, "validate", rejects)
     mod = one_node(h.make_node("Relu", ["x"], ["y"]), {"x": (TP.FLOAT, [4, 8])}, ["y"])
     x = rng.standard_normal((4, 8)).astype("float32")
     (y,) = run(mod, x)
@@ -111,12 +111,12 @@ def test_a_set_tree_that_does_not_build_runs_its_layers_one_kernel_each(monkeypa
     def broken(*_args, **_kwargs):
         raise IndexError("tuple index out of range")
 
-    monkeypatch.setattr(importlib.import_module("tvm_dsa.kernelgen.offload"), "build_tree_program", broken)
+    monkeypatch.setattr(importlib.import_module("tvm_dsa.kernelgen.tree"), "build_tree_program", broken)
     mod = one_node(h.make_node("Relu", ["x"], ["y"]), {"x": (TP.FLOAT, [4, 8, 4, 4])}, ["y"])
     x = rng.standard_normal((4, 8, 4, 4)).astype("float32")
     (y,) = run(mod, x, target="dsa/set-edge16-fp16", schedule="set")
     np.testing.assert_allclose(y, np.maximum(x, 0), rtol=1e-3, atol=1e-3)
     result = tvm_dsa.pipeline_result()
     (reason,) = result.unstitched.values()
-    assert reason.startswith("the DSA path failed: IndexError: tuple index out of range (kernelgen/offload.py:")
+    assert reason.startswith("the DSA path failed: IndexError: tuple index out of range (kernelgen/tree.py:")
     assert result.dsa == ["relu"] and not result.host

@@ -22,7 +22,7 @@ from tvm_dsa.kernelgen.stitch import (
     RECOMPUTE_LIMIT, Lifetime, allocate, binding, cluster_rounds, makespan, plan_instances
 )
 from tvm_dsa.emit.footprint import footprints
-from tvm_dsa.kernelgen.offload import StitchOptions
+from tvm_dsa.kernelgen.stitched import StitchOptions
 from tvm_dsa.packed import EXECUTE
 from tvm_dsa.runtime import simulate
 from tvm_dsa.schedule.graph import OpGraph
@@ -375,9 +375,9 @@ def test_a_block_like_the_one_before_is_replayed_or_copied_as_emitting_it_gives(
     (the run checks every hazard)."""
     import importlib
 
-    offload = importlib.import_module("tvm_dsa.kernelgen.offload")
+    generator = importlib.import_module("tvm_dsa.kernelgen.stitched")
     seen = []
-    monkeypatch.setattr(offload, "emit_stitched", lambda mod, *a, **k: seen.append(mod) or stitch.emit_stitched(mod, *a, **k))
+    monkeypatch.setattr(generator, "emit_stitched", lambda mod, *a, **k: seen.append(mod) or stitch.emit_stitched(mod, *a, **k))
     mod = residual_blocks(8)
     args = [rng.standard_normal([int(s) for s in p.ty.shape]).astype("float32") * 0.3 for p in mod["main"].params]
     vm, _ = _run(mod, "graphturbo")
@@ -451,9 +451,9 @@ def _mlp(monkeypatch, batch, rows, hidden):
     import importlib
 
     op = relax.op
-    offload = importlib.import_module("tvm_dsa.kernelgen.offload")
+    generator = importlib.import_module("tvm_dsa.kernelgen.stitched")
     seen = []
-    monkeypatch.setattr(offload, "emit_stitched", lambda mod, *a, **k: seen.append(mod) or stitch.emit_stitched(mod, *a, **k))
+    monkeypatch.setattr(generator, "emit_stitched", lambda mod, *a, **k: seen.append(mod) or stitch.emit_stitched(mod, *a, **k))
     mod = relax_graph([(batch, rows, 256), (256, hidden), (hidden, 256)],
                       lambda x, w1, w2: op.add(op.matmul(op.nn.relu(op.matmul(x, w1)), w2), x))
     return mod, seen
@@ -613,13 +613,13 @@ def test_sub_graphs_of_one_form_share_one_program(monkeypatch, rng):
     renamed program."""
     import importlib
 
-    offload = importlib.import_module("tvm_dsa.kernelgen.offload")
+    generator = importlib.import_module("tvm_dsa.kernelgen.stitched")
     forms, made, renamed = [], [], []
-    form, stitched, rename = offload._form, offload._stitched, offload._renamed
-    monkeypatch.setattr(offload, "_form", lambda spec, nodes, graph: forms.append((spec, nodes, graph))
+    form, stitched, rename = generator._form, generator._stitched, generator._renamed
+    monkeypatch.setattr(generator, "_form", lambda spec, nodes, graph: forms.append((spec, nodes, graph))
                         or form(spec, nodes, graph))
-    monkeypatch.setattr(offload, "_stitched", lambda *a: made.append(a) or stitched(*a))
-    monkeypatch.setattr(offload, "_renamed", lambda *a: renamed.append(rename(*a)) or renamed[-1])
+    monkeypatch.setattr(generator, "_stitched", lambda *a: made.append(a) or stitched(*a))
+    monkeypatch.setattr(generator, "_renamed", lambda *a: renamed.append(rename(*a)) or renamed[-1])
     op = relax.op
 
     def chain(x, *ws):
@@ -665,9 +665,9 @@ def test_clusters_copy_the_first_clusters_instructions(monkeypatch):
     from tvm_dsa.emit import emitter as emit
     from tvm_dsa.kernelgen import stitch
 
-    offload = importlib.import_module("tvm_dsa.kernelgen.offload")
+    generator = importlib.import_module("tvm_dsa.kernelgen.stitched")
     seen = []
-    monkeypatch.setattr(offload, "emit_stitched", lambda mod, *a, **k: seen.append(mod) or stitch.emit_stitched(mod, *a, **k))
+    monkeypatch.setattr(generator, "emit_stitched", lambda mod, *a, **k: seen.append(mod) or stitch.emit_stitched(mod, *a, **k))
     _run(residual_block(), "graphturbo")
     (mod,) = seen
     calls = []
@@ -700,13 +700,13 @@ def test_a_gb_too_small_for_a_clusters_samples_runs_them_in_rounds(monkeypatch, 
     what llvm does (the functional run checks every dependency)."""
     import importlib
 
-    offload = importlib.import_module("tvm_dsa.kernelgen.offload")
+    generator = importlib.import_module("tvm_dsa.kernelgen.stitched")
     mod, seen = _mlp(monkeypatch, 8, 64, 256)
     x, w1, w2 = [rng.standard_normal([int(s) for s in p.ty.shape]).astype("float32") * 0.1 for p in mod["main"].params]
     ref = _llvm(mod, [x, w1, w2])
     mod = relax.transform.BindParams("main", {"a1": tvm.runtime.tensor(w1), "a2": tvm.runtime.tensor(w2)})(mod)
     tried = []
-    micro = offload._micro_batched
+    micro = generator._micro_batched
 
     def recorded(planned, hw, samples):
         def plan(rounds):
@@ -715,7 +715,7 @@ def test_a_gb_too_small_for_a_clusters_samples_runs_them_in_rounds(monkeypatch, 
             return sub
         return micro(plan, hw, samples)
 
-    monkeypatch.setattr(offload, "_micro_batched", recorded)
+    monkeypatch.setattr(generator, "_micro_batched", recorded)
     hardware.register(dataclasses.replace(HW, name="stcp920-gb176k", gb_bytes=176 * KB), override=True)
     vm, result = _run(mod, "graphturbo", hw="dsa/stcp920-gb176k")
     out = vm["main"](tvm.runtime.tensor(x)).numpy()
@@ -768,9 +768,9 @@ def test_a_constant_the_clusters_read_apart_stays_in_ddr_and_clusters_still_copy
     concatenation's class-token row read no patch, in every cluster alike."""
     import importlib
 
-    offload = importlib.import_module("tvm_dsa.kernelgen.offload")
+    generator = importlib.import_module("tvm_dsa.kernelgen.stitched")
     seen = []
-    monkeypatch.setattr(offload, "emit_stitched", lambda mod, *a, **k: seen.append(mod) or stitch.emit_stitched(mod, *a, **k))
+    monkeypatch.setattr(generator, "emit_stitched", lambda mod, *a, **k: seen.append(mod) or stitch.emit_stitched(mod, *a, **k))
     cls = np.repeat(rng.standard_normal((1, 1, 64)).astype("float32"), 4, axis=0)
     w = rng.standard_normal((64, 32, 2, 2)).astype("float32") * 0.1
     pos = rng.standard_normal((1, 257, 64)).astype("float32")
@@ -836,9 +836,9 @@ def test_a_pieced_weight_goes_after_the_promotions_of_its_step_and_its_tiles_in_
     import importlib
 
     op = relax.op
-    offload = importlib.import_module("tvm_dsa.kernelgen.offload")
+    generator = importlib.import_module("tvm_dsa.kernelgen.stitched")
     seen = []
-    monkeypatch.setattr(offload, "emit_stitched", lambda mod, *a, **k: seen.append(mod) or stitch.emit_stitched(mod, *a, **k))
+    monkeypatch.setattr(generator, "emit_stitched", lambda mod, *a, **k: seen.append(mod) or stitch.emit_stitched(mod, *a, **k))
     mod = relax_graph([(8, 64, 256), (256, 1024), (1024, 256), (256,)],
                       lambda x, w1, w2, b2: op.add(op.add(op.matmul(op.nn.relu(op.matmul(x, w1)), w2), b2), x))
     args = [rng.standard_normal([int(s) for s in p.ty.shape]).astype("float32") * 0.1 for p in mod["main"].params]

@@ -1,6 +1,6 @@
 """The ``dsa`` Relax pipeline: simplify, fuse with TVM's rules, offload scheduled kernels to the
-DSA, then TVM's own CPU lowering for what remains on the host (keeping ``VMShapeLower`` and
-``AttachGlobalSymbol``, which symbolic shapes and the VM need).
+DSA (``OffloadToDSA``), then TVM's own CPU lowering for what remains on the host (keeping
+``VMShapeLower`` and ``AttachGlobalSymbol``, which symbolic shapes and the VM need).
 
 A dynamic model (symbolic or unknown dims, control flow) first gets the shapes RDP proves
 (``ApplyRDP``), has each max pooling fused into the convolution before it where the DSA runs the
@@ -18,7 +18,7 @@ from tvm.relax.backend import cpu_generic
 
 from tvm_dsa import hardware, schedule as schedules
 from tvm_dsa.kernelgen.offload import offload
-from tvm_dsa.kernelgen.offload import StitchOptions
+from tvm_dsa.kernelgen.stitched import StitchOptions
 from tvm_dsa.relax_passes.arena import PlanArena
 from tvm_dsa.relax_passes.fusion import fuse
 from tvm_dsa.kernelgen.symbolic import is_dynamic, offload_symbolic

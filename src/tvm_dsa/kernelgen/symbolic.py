@@ -4,7 +4,7 @@ Each ``call_tir`` of ``main`` — in its bindings and inside ``If`` branches —
 DSA can run becomes one DSA call, ``layerwise`` (one kernel per fused op):
 
 - a PrimFunc with static shapes gets its program now, ``call_dps_packed("tvm_dsa.execute", ...)``
-  as in ``offload``;
+  as in ``OffloadToDSA``;
 - a PrimFunc with symbolic dims is carried as TIR, ``call_dps_packed("tvm_dsa.execute_shaped",
   (kernel, info, *args))``, and gets one program per concrete shape on first use at run time
   (``kernelgen.specialize``). The VM passes the call's tensors and scalar symbols, so the dispatch
@@ -12,7 +12,7 @@ DSA can run becomes one DSA call, ``layerwise`` (one kernel per fused op):
 
 Whether the DSA can run a symbolic PrimFunc is decided now, by lowering it at a probe size
 (every symbol ``PROBE``, less where there are many: ``probe``): what the DSA refuses (gathers, integer arithmetic) does not depend on
-the size. Pure reshapes stay on the host as views, as in ``offload``.
+the size. Pure reshapes stay on the host as views, as in ``OffloadToDSA``.
 """
 
 from __future__ import annotations

@@ -1,4 +1,5 @@
-"""A SET schedule lowered to one DSA program (seed 002 §3.3: tile groups become cores).
+"""SET kernels (``TreePlan``): a SET schedule lowered to one DSA program (seed 002 §3.3: tile
+groups become cores); ``TreeKernels`` is the generator.
 
 ``build_tree_program`` emits every layer invocation of a resource allocation tree — layer ``v``
 on the samples ``[q * b_v, (q + 1) * b_v)`` — with the ``KernelEmitter`` the other schedules use,
@@ -42,8 +43,10 @@ from tvm_dsa.schedule.set.alloc import stripe_order
 from tvm_dsa.schedule.set.analysis import Schedule, Slot
 from tvm_dsa.schedule.set.tree import invocation_order
 from tvm_dsa.emit.emitter import KernelEmitter, place_arguments
-from tvm_dsa.emit.placement import Pieces, Region
+from tvm_dsa.emit.placement import Layer, Pieces, Region
+from tvm_dsa.kernel.analysis import Unsupported
 from tvm_dsa.kernel.ir import ALIGN, CodegenError, align
+from tvm_dsa.kernelgen.rewrite import DSACall
 from tvm_dsa.emit.footprint import footprints
 from tvm_dsa.runtime.timing import simulate_program
 
@@ -419,3 +422,36 @@ def build_tree_program(k: TreeKernel, hw) -> TreeProgram:
         keep.after(pos)
     program = isa.Program(hw.to_dict(), max(offset, ALIGN), tuple(args), (emitter.kernel(),), k.name)
     return TreeProgram(program, tuple(spans), sched, keep.stats)
+
+
+def _tree_kernel(spec, nodes, graph, lowered, hw) -> TreeKernel:
+    """The ``TreeKernel`` of a SET kernel: one ``emit.Layer`` per layer of the plan's layer graph,
+    the other calls (pure reshapes, not lowered) as views."""
+    inputs, outputs = graph.boundary(nodes)
+    tensors = {t: (graph.tensors[t].shape, graph.tensors[t].dtype) for n in nodes for t in (*n.inputs, n.output)}
+    layers = []
+    for lay in spec.plan.graph.layers:
+        n = graph.nodes[lay.node]
+        layers.append(Layer.of(lowered[n.func][0], hw, n.name, (*n.inputs, n.output), lowered[n.func][1]))
+        if layers[-1].ir.wide:  # the tree's tensors are placed in the storage type
+            raise Unsupported(f"layer {n.name} keeps a tensor wide (kernel.ranges)")
+    views = {n.output: n.inputs[0] for n in nodes if n.func not in lowered}
+    weights = frozenset(t for t in inputs if graph.tensors[t].constant)
+    return TreeKernel(spec.name, tuple(layers), views, tuple(inputs), tuple(outputs), tensors, spec.plan.schedule,
+                      weights)
+
+
+class TreeKernels:
+    """The generator of ``TreePlan`` kernels over a ``Lowered`` module: all of a SET program's
+    layers in one program."""
+
+    def __init__(self, ctx):
+        self.ctx = ctx
+
+    def __call__(self, spec) -> DSACall:
+        ctx = self.ctx
+        kernel = _tree_kernel(spec, ctx.nodes(spec), ctx.graph, ctx.lowered, ctx.hw)
+        lowered = build_tree_program(kernel, ctx.hw)
+        ctx.result.dsa.append(spec.name)
+        ctx.result.trees[spec.name] = (spec.plan, lowered)
+        return DSACall(spec, lowered.program.serialize(), kernel.inputs, kernel.outputs)

@@ -57,6 +57,20 @@ class OpGraph:
     def consumers(self, i: int) -> set[int]:
         return set(self._readers.get(self.nodes[i].output, ()))
 
+    def boundary(self, nodes) -> tuple[list[str], list[str]]:
+        """(inputs, outputs) of a group of nodes: tensors they read from outside, tensors they
+        produce that something outside reads or ``main`` returns."""
+        members = {n.output for n in nodes}
+        inputs, outputs = [], []
+        for n in nodes:
+            for t in n.inputs:
+                if t not in members and t not in inputs:
+                    inputs.append(t)
+            consumers = [m for m in self.nodes if n.output in m.inputs and m.output not in members]
+            if consumers or n.output in self.outputs:
+                outputs.append(n.output)
+        return inputs, outputs
+
     @functools.cached_property
     def _readers(self) -> dict:
         """Tensor -> indices of the nodes that read it."""

@@ -1,0 +1,214 @@
+"""Stitched kernels (``StitchPlan``): a GraphTurbo sub-graph's program through the §4 passes.
+
+A sub-graph's layers are lowered for it (``StitchedKernels.layer``), its sub-graph module goes
+through the passes of ``kernelgen.stitch_passes`` (in micro-batches where the GB does not hold a
+cluster's samples at once) and ``emit_stitched`` makes the program. Sub-graphs of one form (the
+next transformer block) share the first's program under their own names.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+
+import tvm
+
+from tvm_dsa.hardware import Hardware
+from tvm_dsa.kernel.analysis import Unsupported
+from tvm_dsa.kernel.ir import ALIGN, plan_lb, read_kernel
+from tvm_dsa.kernel.macs import kernel_macs
+from tvm_dsa.kernelgen.lowering import lower_within
+from tvm_dsa.kernelgen.rewrite import DSACall
+from tvm_dsa.kernelgen.stitch import emit_stitched, read_allocation, subgraph_module
+from tvm_dsa.kernelgen.stitch_passes import BindCores, StitchBuffers, stitch_passes
+from tvm_dsa.tiling import lower_kernel
+
+
+@dataclass(frozen=True)
+class StitchOptions:
+    """Kernel generation choices of stitched kernels (the ablation switches of seed 000 Fig. 15)."""
+
+    gb: bool = True  # intermediates and weights in the GB (False: DDR, as layerwise)
+    order: str = "best"  # instance order: dfs, bfs, rounds or best (Algorithm 3)
+    spill: str = "longest"  # spill policy: longest (the seed) or largest (prior work)
+    prefetch: int = 2  # cross-layer scheduling: weight promotions issued this many steps early
+    # share of each core's LB kept for stitched intermediates (the "L1" level); the layers of
+    # graphturbo are tiled to fit the rest. 0 (the default until it pays: the smaller tiles cost
+    # about what the kept tensors save): intermediates go no closer than the GB
+    lb_keep: float = 0.0
+
+    def __post_init__(self):
+        if not 0 <= self.lb_keep < 1:
+            raise ValueError(f"lb_keep is a share of the LB in [0, 1), not {self.lb_keep}")
+
+    def lb_budget(self, hw: Hardware) -> int | None:
+        """Bytes of the LB a layer's tiles may use, None for all of it."""
+        return int(hw.lb_bytes * (1 - self.lb_keep)) // ALIGN * ALIGN if self.lb_keep else None
+
+
+class StitchedKernels:
+    """The generator of ``StitchPlan`` kernels over a ``Lowered`` module, with the pipeline's
+    ``StitchOptions``; it keeps the layers it lowered and the programs it made for the kernels
+    after."""
+
+    def __init__(self, ctx):
+        self.ctx = ctx
+        self.options = ctx.options if isinstance(ctx.options, StitchOptions) else StitchOptions()
+        self.in_part: dict = {}  # PrimFunc name -> lowered within the LB share the options leave to tiles
+        # (PrimFunc name, LB budget, inputs on chip, first tile) -> lowered for stitched kernels
+        self.overlapped: dict = {}
+        self.generated: dict = {}  # a sub-graph's form (``_form``) -> (names, program, info, text) of the first
+
+    def __call__(self, spec) -> DSACall:
+        ctx = self.ctx
+        nodes = ctx.nodes(spec)
+        form, names = _form(spec, nodes, ctx.graph)
+        if form in self.generated:  # like an earlier sub-graph (the next transformer block): its program
+            first, program, info, text = self.generated[form]
+            used = {a.name for a in program.args} | {m.name for k in program.kernels for m in k.layers}
+            renames = {a: b for a, b in zip(first, names) if a in used and a != b}
+            program, info = _renamed(program, info, dict(zip(first, names)), spec.name)
+        else:
+            program, info = _stitched(spec, nodes, ctx.graph, self.layer, ctx.hw, self.options)
+            text, renames = program.serialize(), {}
+            self.generated[form] = (names, program, info, text)
+        ctx.result.dsa.append(spec.name)
+        ctx.result.stitched[spec.name] = info
+        return DSACall(spec, text, tuple(a.name for a in program.args if a.role == "input"),
+                       tuple(a.name for a in program.args if a.role == "output"), renames)
+
+    def tiled_in_part(self, name):
+        """Layer ``name`` lowered within the LB share the options leave to tiles, on the unit the
+        whole-LB lowering took."""
+        ctx = self.ctx
+        if name not in self.in_part:
+            self.in_part[name] = lower_within(ctx.funcs[name], ctx.hw, self.options.lb_budget(ctx.hw),
+                                              name in ctx.on_vector, clamp=True)
+        return self.in_part[name]
+
+    def layer(self, name, part: bool, on_chip: frozenset, first_tile: int | None = None):
+        """A stitched kernel's layer, tiled to the LB share left to tiles (``part``) or the whole
+        LB, its plans ranked with the inputs at positions ``on_chip`` read from the GB (where the
+        kernel keeps its intermediates and promotes its weights: ``lower_kernel``); a contraction
+        that loads from the GB with its chunk loads overlapping the MME (``overlap``; from DDR, as
+        layerwise loads, a smaller chunk costs bursts). ``first_tile``: at most so many along the
+        first loop (a micro-batch's samples, ``_micro_batched``) where the tiling holds more."""
+        ctx, stitch, hw = self.ctx, self.options, self.ctx.hw
+        vector = name in ctx.on_vector
+        low, budget = self.tiled_in_part(name) if part else ctx.lowered[name]
+        if first_tile is not None and _first_tile(low) <= first_tile:
+            first_tile = None
+        if first_tile is not None:
+            low, budget = lower_within(ctx.funcs[name], hw, stitch.lb_budget(hw) if part else budget, vector,
+                                       clamp=True, first_tile=first_tile)
+        on_chip = on_chip if stitch.gb else frozenset()
+        key = (name, budget, on_chip, first_tile)
+        if key not in self.overlapped:
+            record = name in ctx.result.tuned and not part and first_tile is None
+            if on_chip and not record:
+                low = lower_kernel(ctx.funcs[name], hw, budget, vector=vector, on_chip=on_chip,
+                                   first_tile=first_tile)[0]
+            keep = (not stitch.gb or vector or record
+                    or not kernel_macs(ctx.mod[name]) or plan_lb(read_kernel(low), hw, budget).double_buffered)
+            self.overlapped[key] = (low if keep else lower_kernel(ctx.funcs[name], hw, budget, overlap=True,
+                                                                  on_chip=on_chip, first_tile=first_tile)[0], budget)
+        return self.overlapped[key]
+
+
+def _first_tile(lowered) -> int:
+    """The tile of a lowered kernel's first loop (along its output's first dim)."""
+    kernel = read_kernel(lowered)
+    return -(-kernel.params[-1][1][0] // kernel.tile_loops()[0].extent)
+
+
+def _stitched(spec, nodes, graph, layer, hw, stitch) -> tuple:
+    """(Program, StitchInfo) of a stitched kernel: its sub-graph module through the §4 passes;
+    ``layer(PrimFunc name, part, on_chip)``: the layer lowered for it, within the LB share the
+    options leave to tiles if ``part``, its plans ranked with the inputs at the positions
+    ``on_chip`` read from the GB (those the sub-graph computes and its weights) where another
+    comes from DDR (a sub-graph's first layers). A layer reading only the GB keeps the plan
+    ranked as layerwise ranks it: ranking it so too changed no cycles of the seven models of
+    ``benchmarks/graphturbo.py`` and cost ResNet-50's build 0.6 s. ``layer(..., first_tile)``:
+    with at most so many samples a tile (micro-batches, ``_micro_batched``)."""
+    inputs, outputs = graph.boundary(nodes)
+    batch = graph.tensors[outputs[0]].shape[0]  # the first dim of the layers that have it (§2.1)
+
+    def lowered(part: bool, first_tile: int | None) -> dict:
+        out = {}
+        for n in nodes:
+            on_chip = frozenset(i for i, t in enumerate(n.inputs) if t not in inputs or graph.tensors[t].constant)
+            cap = first_tile if graph.tensors[n.output].shape[0] == batch else None
+            out[n.name] = layer(n.func, part, on_chip if len(on_chip) < len(n.inputs) else frozenset(), cap)
+            if read_kernel(out[n.name][0]).wide:  # stitched tensors are placed in the storage type
+                raise Unsupported(f"layer {n.name} keeps a tensor wide (kernel.ranges)")
+        return out
+
+    def planned(rounds: int):
+        """The sub-graph through the stitch passes, each cluster's instances in ``rounds`` rounds,
+        its layers' tiles holding no more than a round's share of the samples."""
+        share, rest = divmod(batch, hw.clusters * rounds)
+        first_tile = share if rounds > 1 and share and not rest else None
+        bind = tvm.transform.Sequential([StitchBuffers(hw), BindCores(hw, rounds)])
+        sub = bind(_subgraph(spec, nodes, graph, lowered(False, first_tile)))
+        # the LB level (Fig. 15's "L1") pays only where Algorithm 4 gives every instance one
+        # core (it keeps the intermediates in that core's LB); elsewhere the tiles keep the LB
+        lb = stitch.lb_keep > 0 and all(len(c) == 1 for c in sub.attrs["dsa.cores"])
+        if lb:
+            sub = bind(_subgraph(spec, nodes, graph, lowered(True, first_tile)))
+        later = stitch_passes(hw, stitch.order, stitch.spill, stitch.gb, stitch.prefetch, lb).passes[2:]
+        return tvm.transform.Sequential(list(later))(sub)  # the passes after BindCores
+
+    return emit_stitched(_micro_batched(planned, hw, batch // hw.clusters), hw)
+
+
+def _micro_batched(planned, hw, samples: int):
+    """``planned(rounds)`` (a sub-graph module through the stitch passes, each cluster's
+    instances bound to run in ``rounds`` rounds) with the fewest buffers spilled to DDR, the
+    fewest rounds among those: 1, or where the GB does not hold what a cluster's instances keep
+    at once, twice as many while that spills and a cluster has ``samples`` or instances for
+    them. Micro-batches: each round's intermediates live for the round, and in the ``rounds``
+    order each round promotes the weights it reads (BERT-128 at batch 16: four samples a cluster
+    spilled each FFN1 output, 3 MB, beside FFN2's 4.5 MB of weights; two rounds of two spill
+    nothing)."""
+    best, rounds = None, 1
+    while True:
+        sub = planned(rounds)
+        spills = sum(b.level == "ddr" for b in read_allocation(sub))
+        if best is None or spills < best[0]:
+            best = (spills, sub)
+        cores = sub.attrs["dsa.cores"]
+        if not spills or 2 * rounds > max(samples, len(cores) // min(len(cores), hw.clusters)):
+            return best[1]
+        rounds *= 2
+
+
+def _form(spec, nodes, graph) -> tuple:
+    """(form, names) of a stitched sub-graph: all that kernel generation reads of it but the
+    names — its split, its layers' PrimFuncs and the tensors they read and write, numbered by
+    first appearance, with their shapes and dtypes, which of them are weights and which leave —
+    and the names of those tensors and layers in that order. Sub-graphs of one form get one
+    program, their names aside."""
+    inputs, outputs = graph.boundary(nodes)
+    ids: dict = {}
+    for t in [*inputs, *(t for n in nodes for t in (*n.inputs, n.output))]:
+        ids.setdefault(t, len(ids))
+    tensors = tuple((graph.tensors[t].shape, graph.tensors[t].dtype, graph.tensors[t].constant) for t in ids)
+    layers = tuple((n.func, tuple(ids[t] for t in n.inputs), ids[n.output]) for n in nodes)
+    form = (spec.plan.split, layers, tensors, tuple(ids[t] for t in inputs), tuple(ids[t] for t in outputs))
+    return form, [*ids, *(n.name for n in nodes)]
+
+
+def _renamed(program, info, names: dict, name: str) -> tuple:
+    """``program`` and ``info`` made for a sub-graph of the same form, named after another one
+    (``names``: its tensor and layer names -> the other's; ``name``: the other kernel's)."""
+    return program.renamed(name, names), replace(info, spilled=tuple((kind, names[t], owner) for kind, t, owner in info.spilled))
+
+
+def _subgraph(spec, nodes, graph, lowered) -> tvm.IRModule:
+    """The sub-graph module of ``spec`` for kernel generation, its layers from ``lowered``
+    (call-site name -> (lowered PrimFunc, LB budget))."""
+    inputs, outputs = graph.boundary(nodes)
+    tensors = {t: (graph.tensors[t].shape, graph.tensors[t].dtype) for n in nodes for t in (*n.inputs, n.output)}
+    layers = [(n.name, lowered[n.name][0], (*n.inputs, n.output), lowered[n.name][1]) for n in nodes]
+    weights = frozenset(t for t in inputs if graph.tensors[t].constant)
+    split_loop, groups = spec.plan.split
+    return subgraph_module(spec.name, layers, inputs, outputs, tensors, weights, split_loop, groups)
