@@ -25,7 +25,7 @@ import time
 
 from tvm_dsa import hardware
 from tvm_dsa.harness import Compiled, import_onnx, max_relative_error
-from tvm_dsa.models import TINY, example_inputs, get_model, macs
+from tvm_dsa.models import TINY, example_inputs, get_model
 from tvm_dsa.emit.emitter import PROMOTE
 from tvm_dsa.kernelgen.stitched import StitchOptions
 
@@ -108,17 +108,6 @@ def _table(title: str, header: list[str], rows: list[list[str]]) -> None:
         print("  ".join(str(c).rjust(w) if k else str(c).ljust(w) for k, (c, w) in enumerate(zip(r, widths))))
 
 
-def roofline_cycles(model, hw) -> float:
-    """The model's bound on the chip, whatever the schedule: all its MACs at the peak rate, or
-    its inputs, weights and outputs through DDR once, in the storage type."""
-    esize = {"float16": 2, "float32": 4, "int8": 1}[hw.storage_dtype]
-    elems = sum(math.prod(t.dims) for t in model.graph.initializer)
-    for v in list(model.graph.input) + list(model.graph.output):
-        if v.name not in {t.name for t in model.graph.initializer}:
-            elems += math.prod(d.dim_value for d in v.type.tensor_type.shape.dim)
-    return max(macs(model) / hw.peak_macs_per_cycle, elems * esize / hw.ddr_bytes_per_cycle)
-
-
 def _geo(xs: list[float]) -> float:
     return math.prod(xs) ** (1 / len(xs))
 
@@ -130,8 +119,7 @@ def run_variants(label: str, batch: int, tiny: bool, target: str, check: bool, v
     mod, inputs = import_onnx(model), example_inputs(model)
     start = time.perf_counter()
     llvm = Compiled.build(mod, "llvm")
-    out = {"llvm_compile": time.perf_counter() - start,
-           "roofline": roofline_cycles(model, hardware.get(target.split("/")[-1]))}
+    out = {"llvm_compile": time.perf_counter() - start}
     ref = llvm.run(inputs).outputs if check else None
     for name, schedule, options in variants:
         _step(f"{label} batch {batch}: {name}")
@@ -179,9 +167,9 @@ def _model_tables(args, results: dict, variants: list) -> None:
         lw, gt = r[BASE][1].report, r[BEST][1].report
         s = lw.cycles / gt.cycles
         speedups.append(s)
-        ceilings.append(lw.cycles / r["roofline"])
+        ceilings.append(lw.roofline_ratio)  # the model's bound (the reports' roofline)
         rows.append([name, f"{args.batch / lw.seconds:,.0f}", f"{args.batch / gt.seconds:,.0f}", f"{s:.2f}x",
-                     f"{r['roofline'] / lw.cycles:.1%}", f"{r['roofline'] / gt.cycles:.1%}", f"{ceilings[-1]:.2f}x"])
+                     f"{lw.roofline_fraction:.1%}", f"{gt.roofline_fraction:.1%}", f"{ceilings[-1]:.2f}x"])
     rows.append(["geo-mean", "", "", f"{_geo(speedups):.2f}x", "", "", f"{_geo(ceilings):.2f}x"])
     _table(f"Throughput (samples/s) on {args.target}, batch {args.batch}{' (tiny)' if args.tiny else ''}; "
            "ceiling: the speed-up of a schedule at the roofline",

@@ -60,6 +60,8 @@ def test_one_dsa_build_runs_every_shape_like_onnxruntime(name, rng):
         assert out.shape == ref.shape
         assert max_relative_error([out], [ref]) < 1e-2  # fp16 storage on the DSA
         assert report is not None and report.cycles > 0 and tvm_dsa.last_kernel_runs()
+        # a dynamic model's bound depends on the run: the roofline says it is the kernels'
+        assert not report.model_bound and "its kernels' bound" in str(report)
         assert len(VERSIONS.programs) > built  # a new shape: new programs
         built = len(VERSIONS.programs)
         again = vm["main"](tvm.runtime.tensor(x)).numpy()

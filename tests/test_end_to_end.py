@@ -60,6 +60,17 @@ def test_small_cnn_matches_llvm_and_onnxruntime(rng):
     report = tvm_dsa.last_report()
     assert report.kernels == 3 and report.macs == conv_macs + fc_macs
     assert report.cycles >= report.roofline_cycles > 0
+    # the roofline is the model's bound: its MACs at the peak rate, or its input, weights and
+    # output through DDR once in the storage type (not the kernels' arguments, intermediates too)
+    hw = tvm_dsa.hardware.get("stcp920")
+    elements = x.size + sum(nh.to_array(t).size for t in model.graph.initializer) + 10
+    assert report.model_bound and report.bound_macs == conv_macs + fc_macs
+    assert report.compulsory_ddr_bytes == elements * hw.storage_bytes
+    assert sum(k.report.compulsory_ddr_bytes for k in tvm_dsa.last_kernel_runs()) > report.compulsory_ddr_bytes
+    assert report.roofline_cycles == max(report.bound_macs / hw.peak_macs_per_cycle,
+                                         report.compulsory_ddr_bytes / hw.ddr_bytes_per_cycle)
+    assert report.roofline_fraction == report.roofline_cycles / report.cycles
+    assert f"{report.roofline_fraction:.1%} reached" in str(report) and "the model's bound" in str(report)
     # the launch cost is part of the time: at least one launch per kernel
     assert report.cycles >= 3 * tvm_dsa.hardware.get("stcp920").kernel_launch_cycles
     # per kernel: the offloaded kernels in call order, their reports adding up to the model's

@@ -469,8 +469,12 @@ def test_report_counters_roofline_and_combine():
     assert (both.cycles, both.macs, both.lb_read) == (2 * r.cycles, 2 * r.macs, 2 * r.lb_read)
     assert both.lb_peak_bytes == r.lb_peak_bytes and both.roofline_ratio == pytest.approx(r.roofline_ratio)
     assert both.busy["mme"] == 2 * r.busy["mme"]
-    big = r.with_compulsory(10**9)
+    assert not r.model_bound and r.bound_macs == r.macs
+    assert r.roofline_fraction == pytest.approx(r.roofline_cycles / r.cycles)
+    big = r.with_bound(r.macs, 10**9)
     assert big.roofline_cycles == 10**9 / HW.ddr_bytes_per_cycle and r.compulsory_ddr_bytes == compulsory
+    assert big.model_bound and "the model's bound" in str(big) and "its kernels' bound" in str(r)
+    assert not Report.combine([big, r]).model_bound and Report.combine([big, big]).model_bound
     d = r.to_dict()
     assert d["hardware"] == "stcp920" and d["cycles"] == r.cycles and d["energy_total"] == r.energy_total
     json.dumps(d)

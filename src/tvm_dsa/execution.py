@@ -55,8 +55,15 @@ class Run:
     trace: list = field(default_factory=list)
 
     def report(self) -> Report | None:
-        """All of the run's DSA kernels in one report, None where it ran none."""
-        return Report.combine([k.report for k in self.kernels]) if self.kernels else None
+        """All of the run's DSA kernels in one report, None where it ran none. Its roofline is the
+        model's bound where its compilation knows it (static shapes), else its kernels'."""
+        if not self.kernels:
+            return None
+        report = Report.combine([k.report for k in self.kernels])
+        compiled = COMPILATIONS.get(self.compilation) if self.compilation else None
+        if compiled is None or compiled.model_ddr_bytes is None:
+            return report
+        return report.with_bound(compiled.model_macs, compiled.model_ddr_bytes)
 
 
 class Session:

@@ -20,6 +20,7 @@ from tvm_dsa import hardware, schedule as schedules
 from tvm_dsa.kernelgen.offload import offload
 from tvm_dsa.kernelgen.stitched import StitchOptions
 from tvm_dsa.relax_passes.arena import PlanArena
+from tvm_dsa.relax_passes.bound import model_ddr_bytes
 from tvm_dsa.relax_passes.fusion import fuse
 from tvm_dsa.kernelgen.symbolic import is_dynamic, offload_symbolic
 from tvm_dsa.relax_passes.pool_fusion import FusePooling
@@ -54,6 +55,7 @@ def pipeline(schedule: str = "layerwise", hw: hardware.Hardware | str | None = N
         chip = hardware.get(hw) if isinstance(hw, str) else hw or hardware.from_target(target)
         host = target or tvm.target.Target("llvm")
         dynamic = is_dynamic(mod)
+        ddr_bytes = None if dynamic else model_ddr_bytes(mod, chip)
         with host, _no_cyclic_gc():
             mod = fuse(mod, rdp_fusion)
             if dynamic:
@@ -63,6 +65,7 @@ def pipeline(schedule: str = "layerwise", hw: hardware.Hardware | str | None = N
             mod, result = (offload_symbolic(mod, chip) if dynamic
                            else offload(mod, chip, schedule, options=options,
                                         tuned=tuned_kernels(database, chip)))
+            result.model_ddr_bytes = ddr_bytes
             if dynamic and schedule != "layerwise":
                 result.unstitched[schedule] = (f"the {schedule} schedule needs static shapes and no control "
                                                "flow: a dynamic model runs layerwise")

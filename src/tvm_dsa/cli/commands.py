@@ -71,13 +71,12 @@ def _compare(args) -> int:
             raise InputError(f"no kernel of {args.model} runs on {target}: nothing to compare")
         records = "none" if db is False else db or ("shipped" if pretuned(hardware.get(target).name) else "none")
         if args.roofline:
-
             points.append(roofline_point(f"{schedule} ({records})", report))
         rows.append({"target": target, "schedule": schedule, "records": records,
                      "tuned_kernels": len(compiled.offload.tuned), "cycles": report.cycles,
                      "seconds": report.seconds, "kernels": report.kernels,
                      "ddr_bytes": report.ddr_burst_bytes, "mme_utilisation": report.mme_mac_utilisation,
-                     "roofline_ratio": report.roofline_ratio, "energy_joules": report.energy_total})
+                     "roofline_fraction": report.roofline_fraction, "energy_joules": report.energy_total})
     base = rows[0]["seconds"]
     for r in rows:
         r["speedup"] = base / r["seconds"] if r["seconds"] else 0.0
@@ -88,10 +87,10 @@ def _compare(args) -> int:
         print(json.dumps({"model": args.model, "tiny": args.tiny, "runs": rows}, indent=2))
         return 0
     table = [("target", "schedule", "records", "tuned kernels", "cycles", "time (us)", "kernels", "DDR bytes",
-              "MME util", "x roofline", "energy (uJ)", "speedup")]
+              "MME util", "% roofline", "energy (uJ)", "speedup")]
     table += [(r["target"], r["schedule"], r["records"], str(r["tuned_kernels"]), f"{r['cycles']:,}",
                f"{r['seconds'] * 1e6:.1f}", str(r["kernels"]), f"{r['ddr_bytes']:,}", f"{r['mme_utilisation']:.1%}",
-               f"{r['roofline_ratio']:.2f}", f"{r['energy_joules'] * 1e6:.3g}", f"{r['speedup']:.2f}x") for r in rows]
+               f"{r['roofline_fraction']:.1%}", f"{r['energy_joules'] * 1e6:.3g}", f"{r['speedup']:.2f}x") for r in rows]
     render_table(table, title=f"{args.model}{' (tiny)' if args.tiny else ''}: timing-only simulation")
     return 0
 

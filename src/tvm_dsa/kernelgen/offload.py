@@ -52,6 +52,12 @@ class OffloadResult:
     tuned: list = field(default_factory=list)  # PrimFunc names lowered with a tuning record
     trees: dict = field(default_factory=dict)  # kernel name -> (TreePlan, TreeProgram) of a SET kernel
     unstitched: dict = field(default_factory=dict)  # sub-graph kernel run layer by layer -> why
+    model_ddr_bytes: int | None = None  # the model's inputs, weights, outputs (None: dynamic)
+
+    @property
+    def model_macs(self) -> int:
+        """The MACs of the model's kernels, each once (on the DSA or the host)."""
+        return self.dsa_macs + self.host_macs
 
 
 def OffloadToDSA(hw: Hardware, schedule: str = "layerwise", options=None, tuned=None,  # noqa: N802

@@ -18,7 +18,7 @@ from tvm_dsa.runtime.timing import ProgramTiming
 UNIT_TYPES = ("dma", "cdma", "mme", "vme", "vec")
 TRAFFIC = ("ddr_read", "ddr_write", "gb_read", "gb_write", "lb_read", "lb_write")
 _SUMMED = ("cycles", "kernels", "instructions", "macs", "vector_lane_ops", *TRAFFIC, "ddr_burst_bytes",
-           "noc_bytes", "noc_hop_bytes", "pe_link_bytes", "pe_register_bytes", "compulsory_ddr_bytes")
+           "noc_bytes", "noc_hop_bytes", "pe_link_bytes", "pe_register_bytes", "bound_macs", "compulsory_ddr_bytes")
 
 
 @dataclass(frozen=True)
@@ -43,7 +43,11 @@ class Report:
     busy: dict = field(default_factory=dict)  # unit type -> busy cycles summed over its units
     lb_peak_bytes: int = 0  # max over kernels and LBs of the bytes written in the kernel
     gb_peak_bytes: int = 0
-    compulsory_ddr_bytes: int = 0  # bytes any schedule must move (default: the program's args)
+    # the roofline's inputs: the MACs and DDR bytes any schedule must do and move. A program's
+    # report counts its own MACs and args; a model run's, the model's (``with_bound``)
+    bound_macs: int = 0
+    compulsory_ddr_bytes: int = 0
+    model_bound: bool = False  # the bound is the model's (not the sum of its kernels')
     # what a functional run computed that the chip's number types could not hold: one line per
     # kernel that overflowed (a finite value became inf) or gave inf/NaN from finite inputs
     numerics: tuple[str, ...] = ()
@@ -86,13 +90,28 @@ class Report:
 
     @property
     def roofline_cycles(self) -> float:
-        """Lower bound of any schedule: peak MAC rate, or compulsory DDR bytes at full bandwidth."""
-        return max(self.macs / self.hardware.peak_macs_per_cycle,
+        """Lower bound of any schedule: the bound's MACs at the peak rate, or its DDR bytes at full
+        bandwidth."""
+        return max(self.bound_macs / self.hardware.peak_macs_per_cycle,
                    self.compulsory_ddr_bytes / self.hardware.ddr_bytes_per_cycle)
 
     @property
     def roofline_ratio(self) -> float:
+        """How many times the roofline the run took (1.0: at the bound)."""
         return self.cycles / self.roofline_cycles if self.roofline_cycles else 0.0
+
+    @property
+    def roofline_basis(self) -> str:
+        """Whose bound the roofline is (the model's, or its kernels' with their arguments through
+        DDR) and which half binds: MACs at the peak rate or DDR bytes at full bandwidth."""
+        hw = self.hardware
+        side = "MACs" if self.bound_macs / hw.peak_macs_per_cycle >= self.compulsory_ddr_bytes / hw.ddr_bytes_per_cycle else "DDR"
+        return f"the model's bound, {side}" if self.model_bound else f"its kernels' bound, {side}"
+
+    @property
+    def roofline_fraction(self) -> float:
+        """The share of the roofline the run reached: roofline cycles over the run's cycles."""
+        return self.roofline_cycles / self.cycles if self.cycles else 0.0
 
     # -- composition --------------------------------------------------------------------------
     @classmethod
@@ -107,10 +126,12 @@ class Report:
         return cls(hw, **{f: sum(getattr(r, f) for r in reports) for f in _SUMMED}, busy=busy,
                    lb_peak_bytes=max(r.lb_peak_bytes for r in reports),
                    gb_peak_bytes=max(r.gb_peak_bytes for r in reports),
+                   model_bound=all(r.model_bound for r in reports),
                    numerics=tuple(line for r in reports for line in r.numerics))
 
-    def with_compulsory(self, nbytes: int) -> "Report":
-        return dataclasses.replace(self, compulsory_ddr_bytes=int(nbytes))
+    def with_bound(self, macs: int, ddr_bytes: int) -> "Report":
+        """The same counts under a model's bound: its MACs and its inputs, weights and outputs."""
+        return dataclasses.replace(self, bound_macs=int(macs), compulsory_ddr_bytes=int(ddr_bytes), model_bound=True)
 
     # -- presentation -------------------------------------------------------------------------
     def to_dict(self) -> dict:
@@ -118,7 +139,8 @@ class Report:
         d.update((f.name, getattr(self, f.name)) for f in dataclasses.fields(self) if f.name != "hardware")
         d.update(busy=dict(self.busy), seconds=self.seconds, utilisation=self.utilisation,
                  mme_mac_utilisation=self.mme_mac_utilisation, energy=self.energy, energy_total=self.energy_total,
-                 roofline_cycles=self.roofline_cycles, roofline_ratio=self.roofline_ratio)
+                 roofline_cycles=self.roofline_cycles, roofline_ratio=self.roofline_ratio,
+                 roofline_fraction=self.roofline_fraction)
         return d
 
     def __str__(self) -> str:
@@ -126,7 +148,8 @@ class Report:
         rows = [
             ("hardware", f"{hw.name} @ {hw.clock_hz / 1e9:g} GHz"),
             ("cycles", f"{self.cycles:,} ({self.seconds * 1e3:.4g} ms)"),
-            ("roofline", f"{self.roofline_cycles:,.0f} cycles (x{self.roofline_ratio:.2f})"),
+            ("roofline", f"{self.roofline_cycles:,.0f} cycles, {self.roofline_basis}: {self.roofline_fraction:.1%} "
+                         "reached"),
             ("kernels / instructions", f"{self.kernels:,} / {self.instructions:,}"),
             ("MACs", f"{self.macs:,} ({self.mme_mac_utilisation:.2%} of peak)"),
         ]
@@ -252,5 +275,5 @@ def build_report(program: Program, hw: Hardware, timing: ProgramTiming, numerics
         for name, n in _counts(ins, hw).items():
             c[name] += n * count
     c.update(cycles=timing.cycles, kernels=len(program.kernels), instructions=program.num_instructions,
-             compulsory_ddr_bytes=sum(a.nbytes for a in program.args))
+             bound_macs=c["macs"], compulsory_ddr_bytes=sum(a.nbytes for a in program.args))
     return Report(hw, **c, busy=busy, lb_peak_bytes=peak["lb"], gb_peak_bytes=peak["gb"], numerics=numerics)
