@@ -1,9 +1,10 @@
-"""The BYOC flow against the ``dsa`` pipeline on the tiny zoo (issue 38).
+"""The BYOC flow against the ``dsa`` pipeline's layerwise schedule on the tiny zoo (issue 38).
 
     python benchmarks/byoc.py [--models resnet18 bert_base]
 
 Per model: ``partition_for_dsa`` (the ``dsa.`` patterns) + ``RunCodegen`` + an llvm build, next to
-``tvm.compile(mod, target="dsa/stcp920")``, each run once on the example inputs. Columns: DSA
+``tvm.compile(mod, target="dsa/stcp920", relax_pipeline=tvm_dsa.pipeline("layerwise"))`` (a pattern
+is one fused op: the layerwise schedule's kernels), each run once on the example inputs. Columns: DSA
 kernel calls of each flow; of the BYOC flow's programs, how many the ``dsa`` pipeline also builds
 (names aside: ``Program.nameless``); the MACs each ran on the DSA; the simulated cycles; the
 largest difference of the two flows' outputs, relative to llvm's largest value; composites the
@@ -42,7 +43,7 @@ def compare(name: str) -> dict:
     args = [tvm.runtime.tensor(v) for v in example_inputs(model).values()]
     ex = tvm.compile(relax.transform.RunCodegen()(partition_for_dsa(mod)), target="llvm")
     byoc, byoc_runs = run(ex, args)
-    dsa, dsa_runs = run(tvm.compile(mod, target="dsa/stcp920"), args)
+    dsa, dsa_runs = run(tvm.compile(mod, target="dsa/stcp920", relax_pipeline=tvm_dsa.pipeline("layerwise")), args)
     llvm, _ = run(tvm.compile(mod, target="llvm"), args)
     built = collections.Counter(json.dumps(k.program.nameless()) for k in dsa_runs)
     same = sum((built & collections.Counter(json.dumps(k.program.nameless()) for k in byoc_runs)).values())

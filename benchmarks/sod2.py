@@ -282,7 +282,7 @@ def dynamic_table(repeat: int) -> None:
             cycles = first.report.cycles
             err = max_relative_error(first.outputs, ref)
             try:
-                sta = Compiled.build(static_module(name, shape))
+                sta = Compiled.build(static_module(name, shape), schedule="layerwise")  # as the dynamic build
                 s_cycles = sta.run({"x": x}).report.cycles
                 warm, s_warm, cpu, s_cpu = _interleaved(dyn, sta, x, repeat)
                 static = [s_cycles, f"{cycles / s_cycles - 1:+.1%}", f"{s_warm * 1e3:.1f}",

@@ -59,7 +59,7 @@ def main() -> None:
     model = load_model(args.model)
     check_target(args.target, model, timing_only=True)
     print(f"... compiling and simulating (timing) {args.model} for {args.target}", file=sys.stderr, flush=True)
-    run = Compiled.build(import_onnx(model), args.target).run(example_inputs(model), mode="timing",
+    run = Compiled.build(import_onnx(model), args.target, "layerwise").run(example_inputs(model), mode="timing",
                                                               check_hazards=False)
     mmes: Counter = Counter()  # one instruction of each (shape, reduce, operand strides) -> how many there are
     first: dict = {}

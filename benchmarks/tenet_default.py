@@ -43,7 +43,7 @@ def main() -> None:
     for name in args.models:
         model = load_model(name, tiny=True)
         mod, inputs = import_onnx(model), example_inputs(model)
-        compiled = {m: Compiled.build(mod, target) for m, target in targets.items()}
+        compiled = {m: Compiled.build(mod, target, "layerwise") for m, target in targets.items()}
         best: dict[str, float] = {}
         cycles: dict[str, int] = {}
         for _ in range(args.repeat):

@@ -46,7 +46,7 @@ def main() -> None:
     model = load_model(args.model, tiny=args.tiny)
     check_target(args.target, model, timing_only=True)
     print(f"... compiling and simulating (timing) for {args.target}", file=sys.stderr, flush=True)
-    kernels = Compiled.build(import_onnx(model), args.target).run(example_inputs(model), mode="timing",
+    kernels = Compiled.build(import_onnx(model), args.target, "layerwise").run(example_inputs(model), mode="timing",
                                                                   check_hazards=False).kernels
     hw = hardware.get(args.target.removeprefix("dsa/"))
     mme = dataclasses.replace(hw.mme, model="tenet", dataflow=args.dataflow or hw.mme.dataflow)

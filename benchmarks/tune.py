@@ -68,8 +68,8 @@ def main() -> None:
                                   per_iter=min(16, args.trials))
             seconds = time.perf_counter() - start
             print(f"\n{name} on {args.target}:\n{result}\n")
-            before = Compiled.build(mod, args.target, database=False).run(inputs, mode="timing").report.cycles
-            after = Compiled.build(mod, args.target, database=work_dir).run(inputs, mode="timing").report.cycles
+            before = Compiled.build(mod, args.target, "layerwise", database=False).run(inputs, mode="timing").report.cycles
+            after = Compiled.build(mod, args.target, "layerwise", database=work_dir).run(inputs, mode="timing").report.cycles
         rows.append((name, str(len(result.tasks)), f"{result.cycles(False):,}", f"{result.cycles(True):,}",
                      f"{result.cycles(False) / result.cycles(True):.3f}x", f"{before:,}", f"{after:,}",
                      f"{before / after:.3f}x", f"{seconds:.0f}"))
@@ -83,8 +83,8 @@ def shipped(models: list[str], sizes: list[str], target: str) -> None:
         for name in models:
             model = load_model(name, tiny=size == "tiny")
             mod, inputs = import_onnx(model), example_inputs(model)
-            before = Compiled.build(mod, target, database=False)
-            after = Compiled.build(mod, target)
+            before = Compiled.build(mod, target, "layerwise", database=False)
+            after = Compiled.build(mod, target, "layerwise")
             b, a = (c.run(inputs, mode="timing", check_hazards=False).report.cycles for c in (before, after))
             rows.append((name, size, str(len(after.offload.dsa)), str(len(after.offload.tuned)), f"{b:,}", f"{a:,}",
                          f"{b / a:.3f}x"))

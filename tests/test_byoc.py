@@ -53,11 +53,12 @@ def test_byoc_runs_every_zoo_model_as_llvm_does(name):
 
 @pytest.mark.parametrize("name", by_tiny_model(["resnet18", "bert_base"]))
 def test_byoc_gives_the_dsa_pipelines_programs_and_numbers(name):
+    """A pattern is one fused op: BYOC's kernels are the layerwise schedule's."""
     model = get_model(name, **TINY[name])
     mod = import_onnx(model)
     args = [tvm.runtime.tensor(v) for v in example_inputs(model).values()]
     byoc, byoc_runs = _run(tvm.compile(relax.transform.RunCodegen()(partition_for_dsa(mod)), target="llvm"), args)
-    dsa, dsa_runs = _run(tvm.compile(mod, target="dsa/stcp920"), args)
+    dsa, dsa_runs = _run(tvm.compile(mod, target="dsa/stcp920", relax_pipeline=tvm_dsa.pipeline("layerwise")), args)
     assert len(byoc_runs) == len(dsa_runs) > 0
     programs = [sorted(json.dumps(k.program.nameless()) for k in runs) for runs in (byoc_runs, dsa_runs)]
     assert programs[0] == programs[1]  # the same kernels (a flow may order them differently)

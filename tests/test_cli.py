@@ -15,6 +15,8 @@ def test_run_tiny_model_prints_numerics_offload_and_report(capsys):
     assert "numerics: max |dsa - llvm| / max |llvm| = " in out and ": ok" in out
     assert "MACs on the DSA: " in out and "on the host" in out
     assert "cycles" in out and "roofline" in out
+    assert "(graphturbo schedule)" in out  # the compiler's choice for a static model
+    assert "the model's bound" in out and "% reached" in out
 
 
 def test_json_macs_equal_the_models_macs(conv_onnx, capsys):
@@ -23,6 +25,8 @@ def test_json_macs_equal_the_models_macs(conv_onnx, capsys):
     data = json.loads(capsys.readouterr().out)
     assert data["offload"]["host"] == {} and data["offload"]["dsa_mac_share"] == 1.0
     assert data["report"]["macs"] == data["offload"]["dsa_macs"] == macs(model) > 0
+    assert data["schedule"] == "graphturbo" and data["report"]["bound_macs"] == macs(model)
+    assert data["report"]["roofline_fraction"] == data["report"]["roofline_cycles"] / data["report"]["cycles"]
     assert data["numerics"]["ok"] and data["numerics"]["max_relative_error"] < data["numerics"]["tolerance"]
 
 

@@ -13,7 +13,7 @@ from tvm_dsa.models import example_inputs
 from tvm_dsa.show.plots import gantt_bars, plot_roofline, roofline_point
 
 
-def _cycles(model, target, schedule="layerwise"):
+def _cycles(model, target, schedule="auto"):
     mod = import_onnx(model)
     return Compiled.build(mod, target, schedule).run(example_inputs(model), mode="timing").report
 

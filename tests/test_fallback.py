@@ -9,11 +9,13 @@ import pytest
 import tvm
 from onnx import TensorProto as TP
 from onnx import helper as h
+from onnx import numpy_helper as nh
 from tvm import relax
 from tvm.relax.frontend import onnx as rx_onnx
 
 import tvm_dsa
 from tvm_dsa.isa.program import ProgramError
+from tvm_dsa.kernelgen.offload import VIEW
 
 
 def one_node(node, inputs: dict, outputs: list[str], opset: int = 18):
@@ -120,3 +122,33 @@ def test_a_set_tree_that_does_not_build_runs_its_layers_one_kernel_each(monkeypa
     (reason,) = result.unstitched.values()
     assert reason.startswith("the DSA path failed: IndexError: tuple index out of range (kernelgen/tree.py:")
     assert result.dsa == ["relu"] and not result.host
+
+
+def test_an_unstitched_sub_graph_keeps_its_reshapes_as_host_views(monkeypatch, rng):
+    """A sub-graph that does not build runs its layers one kernel each, as layerwise runs them:
+    a Flatten between them stays a view on the host, not a kernel (and a launch) of its own."""
+    def broken(*_args, **_kwargs):
+        raise IndexError("tuple index out of range")
+
+    monkeypatch.setattr(importlib.import_module("tvm_dsa.kernelgen.stitched"), "emit_stitched", broken)
+    w = rng.standard_normal((8, 4, 3, 3)).astype("float32")
+    m = rng.standard_normal((8 * 6 * 6, 5)).astype("float32")
+    graph = h.make_graph(
+        [h.make_node("Conv", ["x", "w"], ["c"]), h.make_node("Flatten", ["c"], ["f"]),
+         h.make_node("MatMul", ["f", "m"], ["y"])], "cfm",
+        [h.make_tensor_value_info("x", TP.FLOAT, [1, 4, 8, 8])], [h.make_tensor_value_info("y", TP.FLOAT, [1, 5])],
+        [nh.from_array(w, "w"), nh.from_array(m, "m")])
+    mod = rx_onnx.from_onnx(h.make_model(graph, opset_imports=[h.make_opsetid("", 18)], ir_version=10),
+                            keep_params_in_input=False)
+    x = rng.standard_normal((1, 4, 8, 8)).astype("float32")
+    (y,) = run(mod, x, schedule="graphturbo")
+    stitched = tvm_dsa.pipeline_result()
+    cycles = tvm_dsa.last_report().cycles
+    (lw,) = run(mod, x)
+    layerwise = tvm_dsa.pipeline_result()
+    np.testing.assert_array_equal(y, lw)
+    (reason,) = stitched.unstitched.values()
+    assert reason.startswith("the DSA path failed: IndexError: tuple index out of range")
+    assert stitched.dsa == layerwise.dsa == ["conv2d", "matmul"]
+    assert stitched.host == layerwise.host and list(stitched.host.values()) == [VIEW]
+    assert cycles == tvm_dsa.last_report().cycles

@@ -69,5 +69,6 @@ def test_trace_command_draws_each_stitched_kernel(tmp_path, capsys):
         Compiled.build(import_onnx(load_model("mobilenet_v2", tiny=True, batch=8)), "dsa/stcp920", "graphturbo")
     assert set(files) == set(kernels) and len(files) > 1
     assert all(f == str(tmp_path / f"lt-{k}.png") and (tmp_path / f"lt-{k}.png").is_file() for k, f in files.items())
-    assert main(argv[:5] + ["--lifetimes", str(tmp_path / "x.png")]) == 2  # layerwise: nothing stitched
-    assert "use it with --schedule graphturbo" in capsys.readouterr().err
+    layerwise = argv[:5] + ["--schedule", "layerwise", "--lifetimes", str(tmp_path / "x.png")]
+    assert main(layerwise) == 2  # nothing stitched
+    assert "not with --schedule layerwise" in capsys.readouterr().err

@@ -54,7 +54,9 @@ def test_the_dsa_pipeline_applies_them_by_default_and_stays_exact():
     tasks = extract_tasks(mod, TARGET)
     shipped = [t for t in tasks if database.has_workload(t.mod)]
     assert shipped  # the tiny benchmark ResNet-50's kernels are among the shipped ones
-    default, off = Compiled.build(mod, TARGET), Compiled.build(mod, TARGET, database=False)
+    assert set(Compiled.build(mod, TARGET).offload.tuned) == {t.name for t in shipped}  # the compiler's schedule
+    # layerwise: one kernel per task, so the model's cycles are the tasks' sum
+    default, off = Compiled.build(mod, TARGET, "layerwise"), Compiled.build(mod, TARGET, "layerwise", database=False)
     assert set(default.offload.tuned) == {t.name for t in shipped} and off.offload.tuned == []
     run = default.run(inputs)
     # against the untuned DSA build (which the model tests check against llvm and onnxruntime):

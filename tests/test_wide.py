@@ -130,8 +130,10 @@ def test_an_overflow_is_reported_and_raises_when_strict():
     vm, out = run(xy, x, x)
     assert np.isinf(out).all()  # what the chip computes: nothing is hidden
     (line,) = tvm_dsa.last_report().numerics
-    kernel = tvm_dsa.last_kernel_runs()[0].name
-    assert line == f"kernel {kernel}: 9e+04 overflowed the chip's float16 (max 65504) and became inf"
+    (ran,) = tvm_dsa.last_kernel_runs()
+    (mark,) = ran.program.kernels[0].layers  # the Mul: a kernel of its own layer, named unless alike
+    where = f"kernel {ran.name}" + (f", layer {mark.name}" if mark.name != ran.name else "")
+    assert line == f"{where}: 9e+04 overflowed the chip's float16 (max 65504) and became inf"
     assert "NUMERICS" in str(tvm_dsa.last_report())
     tvm_dsa.set_mode(strict=True)
     try:

@@ -58,7 +58,7 @@ def _run(args: argparse.Namespace) -> int:
     offload, share = dsa.offload, dsa_mac_share(dsa.offload)
     if args.json:
         print(json.dumps({
-            "model": label, "target": args.target, "mode": mode,
+            "model": label, "target": args.target, "mode": mode, "schedule": offload.schedule,
             "compile_seconds": dsa.seconds, "run_seconds": run.seconds, "numerics": check,
             "offload": {"dsa": offload.dsa, "host": offload.host, "dsa_macs": offload.dsa_macs,
                         "host_macs": offload.host_macs, "dsa_mac_share": share},
@@ -71,7 +71,7 @@ def _run(args: argparse.Namespace) -> int:
             verdict = "ok" if check["ok"] else "FAILED"
             print(f"numerics: max |dsa - llvm| / max |llvm| = {check['max_relative_error']:.2e} "
                   f"(tolerance {args.tolerance:.0e}): {verdict}")
-        print(f"kernels: {len(offload.dsa)} on the DSA, {len(offload.host)} on the host")
+        print(f"kernels: {len(offload.dsa)} on the DSA ({offload.schedule} schedule), {len(offload.host)} on the host")
         for name, reason in offload.host.items():
             print(f"  host {name}: {reason}")
         total = offload.dsa_macs + offload.host_macs

@@ -30,7 +30,7 @@ from tvm_dsa.show.lifetimes import capture_allocations, plot_lifetimes
 from tvm_dsa.tuning import tune
 
 
-SCHEDULES = ("layerwise", "graphturbo")
+SCHEDULES = ("auto", "layerwise", "graphturbo")
 
 
 def _model_args(p: argparse.ArgumentParser) -> None:
@@ -64,7 +64,7 @@ def _compare(args) -> int:
     # False: no records; None: the default (a shipped database for the chip, if any)
     databases = [False] * args.no_records + [None] + [args.database] * bool(args.database)
     rows, points = [], []
-    for target, schedule, db in itertools.product(targets, args.schedule or ["layerwise"], databases):
+    for target, schedule, db in itertools.product(targets, args.schedule or ["auto"], databases):
         compiled, run = _timed_run(mod, inputs, target, schedule, db)
         report = run.report
         if report is None:
@@ -72,7 +72,9 @@ def _compare(args) -> int:
         records = "none" if db is False else db or ("shipped" if pretuned(hardware.get(target).name) else "none")
         if args.roofline:
             points.append(roofline_point(f"{schedule} ({records})", report))
-        rows.append({"target": target, "schedule": schedule, "records": records,
+        chosen = compiled.offload.schedule
+        rows.append({"target": target, "schedule": chosen if schedule == chosen else f"{schedule} ({chosen})",
+                     "records": records,
                      "tuned_kernels": len(compiled.offload.tuned), "cycles": report.cycles,
                      "seconds": report.seconds, "kernels": report.kernels,
                      "ddr_bytes": report.ddr_burst_bytes, "mme_utilisation": report.mme_mac_utilisation,
@@ -104,8 +106,8 @@ def _trace(args) -> int:
     if args.gantt:
         check_plot_path(args.gantt)
     if args.lifetimes:
-        if args.schedule != "graphturbo":
-            raise InputError("--lifetimes draws stitched kernels: use it with --schedule graphturbo")
+        if args.schedule == "layerwise":
+            raise InputError("--lifetimes draws stitched kernels: not with --schedule layerwise")
         check_plot_path(args.lifetimes)
     model = load_model(args.model, tiny=args.tiny, batch=args.batch)
     check_target(args.target, model, timing_only=True)
@@ -117,7 +119,6 @@ def _trace(args) -> int:
     write_trace(run.trace, args.output)
     summary = trace_summary(run.trace)
     if args.gantt:
-
         plot_gantt(run.trace, args.gantt, title=f"{args.model} on {args.target} ({args.schedule})")
     lifetimes = _plot_lifetimes(stitched, args.lifetimes, f"{args.model} on {args.target}") if args.lifetimes else {}
     if args.json:
@@ -286,7 +287,7 @@ def add_parsers(sub) -> None:
                                          "the first row).")
     _model_args(compare)
     compare.add_argument("--target", action="append", help="a DSA preset; repeat to compare (default dsa/stcp920)")
-    compare.add_argument("--schedule", action="append", choices=SCHEDULES, help="repeat to compare (default layerwise)")
+    compare.add_argument("--schedule", action="append", choices=SCHEDULES, help="repeat to compare (default auto: the compiler's choice)")
     compare.add_argument("--database", help="a `tvm-dsa tune` work_dir: adds the build with its records")
     compare.add_argument("--no-records", action="store_true",
                          help="adds, first, the build without tuning records (not even the shipped ones)")
@@ -301,7 +302,7 @@ def add_parsers(sub) -> None:
     trace.add_argument("--lifetimes", metavar="PNG_OR_SVG",
                        help="with --schedule graphturbo: draw each stitched kernel's tensor lifetimes in LB/GB")
     trace.add_argument("--target", default="dsa/stcp920", help="DSA preset (default dsa/stcp920)")
-    trace.add_argument("--schedule", default="layerwise", choices=SCHEDULES)
+    trace.add_argument("--schedule", default="auto", choices=SCHEDULES)
     trace.set_defaults(func=_trace)
     hw = sub.add_parser("hw", help="list the DSA presets, or validate and show one chip or hardware file",
                         description="Without argument: the presets. With a preset (dsa/<chip>) or a .toml/.json "

@@ -113,7 +113,7 @@ class Compiled:
     offload: OffloadResult | None = None
 
     @classmethod
-    def build(cls, mod: tvm.IRModule, target: str = "dsa/stcp920", schedule: str = "layerwise",
+    def build(cls, mod: tvm.IRModule, target: str = "dsa/stcp920", schedule: str = "auto",
               options=None, database=None) -> "Compiled":
         """Compile with the ``dsa`` pipeline (``schedule``, stitched-kernel ``options``, tuning
         ``database``) for a DSA target, with TVM's default one for others."""

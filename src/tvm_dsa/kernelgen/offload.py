@@ -53,11 +53,15 @@ class OffloadResult:
     trees: dict = field(default_factory=dict)  # kernel name -> (TreePlan, TreeProgram) of a SET kernel
     unstitched: dict = field(default_factory=dict)  # sub-graph kernel run layer by layer -> why
     model_ddr_bytes: int | None = None  # the model's inputs, weights, outputs (None: dynamic)
+    schedule: str = ""  # the inter-layer schedule it was compiled with (the pipeline's choice)
 
     @property
     def model_macs(self) -> int:
         """The MACs of the model's kernels, each once (on the DSA or the host)."""
         return self.dsa_macs + self.host_macs
+
+
+VIEW = "a pure reshape: a view on the host, no data moves"
 
 
 def OffloadToDSA(hw: Hardware, schedule: str = "layerwise", options=None, tuned=None,  # noqa: N802
@@ -115,7 +119,7 @@ def _lower_layers(ctx: Lowered, lowering, tuned) -> None:
         if not isinstance(func, tirx.PrimFunc):
             continue
         if lowering.views and relax.analysis.has_reshape_pattern(func):
-            result.host[name] = "a pure reshape: a view on the host, no data moves"
+            result.host[name] = VIEW
             continue
         try:
             record = tuned(func) if tuned is not None and budget is None else None
@@ -134,13 +138,14 @@ def _fall_back(ctx: Lowered, spec: KernelSpec, reason: str) -> list[KernelSpec]:
     """The kernels to build instead of ``spec``, which did not build: none for one layer (it runs
     on the host); for a stitched sub-graph or a SET tree, its lowered layers one kernel each (a
     layer the kernel cannot run, a flip walking its input backwards, sends only itself to the
-    host; a tree's pure reshapes run as views)."""
+    host; pure reshapes run as views there, as layerwise runs them)."""
     nodes = ctx.nodes(spec)
     if isinstance(spec.plan, LayerPlan):
         ctx.result.host[nodes[0].func] = reason
         return []
     ctx.result.unstitched[spec.name] = reason
-    return [KernelSpec(n.func, (n.name,)) for n in nodes if n.func in ctx.lowered]
+    return [KernelSpec(n.func, (n.name,)) for n in nodes
+            if n.func in ctx.lowered and not relax.analysis.has_reshape_pattern(ctx.mod[n.func])]
 
 
 def _account(ctx: Lowered, on_dsa: set) -> None:
@@ -159,7 +164,8 @@ def _account(ctx: Lowered, on_dsa: set) -> None:
                 result.vector_macs += macs
         else:
             result.host_macs += macs
-            result.host.setdefault(node.func, "not scheduled on the DSA")
+            view = relax.analysis.has_reshape_pattern(ctx.mod[node.func])
+            result.host.setdefault(node.func, VIEW if view else "not scheduled on the DSA")
 
 
 def _called_prim_funcs(func: relax.Function) -> list[str]:

@@ -28,7 +28,7 @@ from tvm_dsa.kernelgen.specialize import SymbolicKernel, free_symbols
 from tvm_dsa.hardware import Hardware
 from tvm_dsa.tiling import lower_kernel
 from tvm_dsa.isa.validation import validate
-from tvm_dsa.kernelgen.offload import OffloadResult, host_reason
+from tvm_dsa.kernelgen.offload import VIEW, OffloadResult, host_reason
 from tvm_dsa.packed import EXECUTE, EXECUTE_SHAPED
 from tvm_dsa.kernel.macs import kernel_macs
 
@@ -96,7 +96,7 @@ def offload_symbolic(mod: tvm.IRModule, hw: Hardware, run_id: str = "model"):
         func, name = mod[gv], gv.name_hint
         macs = 0 if free_symbols(func) else kernel_macs(func)
         if relax.analysis.has_reshape_pattern(func):
-            result.host[name] = "a pure reshape: a view on the host, no data moves"
+            result.host[name] = VIEW
         else:
             try:
                 calls[gv] = kernel_text(name, func, hw)

@@ -46,7 +46,7 @@ import math
 from dataclasses import dataclass
 
 import tvm_ffi
-from tvm import tirx
+from tvm import relax, tirx
 from tvm.s_tir import SBlockRealize
 
 from tvm_dsa.kernel.analysis import Load, uses_var
@@ -309,8 +309,8 @@ def graphturbo(mod, hw, supported, options=None) -> list[KernelSpec]:
     sgs = group_two_levels(SubGraphs(graph), hw.lb_bytes, hw.gb_bytes, esize, host | alone)
     specs = []
     for g, members in enumerate(sgs.groups):
-        if members & host:
-            continue
+        if members & host or all(relax.analysis.has_reshape_pattern(mod[graph.nodes[n].func]) for n in members):
+            continue  # on the host; pure reshapes alone stay views there
         if members & alone:
             (n,) = members
             specs.append(KernelSpec(graph.nodes[n].func, (graph.nodes[n].name,)))
