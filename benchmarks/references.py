@@ -257,7 +257,7 @@ def print_layers(layers: list[Layer], f: dict, hw: hardware.Hardware) -> None:
         ref, ratio, flag = mme_flag(g)
         rows.append([layer.name] + [f"{g[k]:,}" for k in ("ideal", "mme", "zz_ideal", "ss_ws")]
                     + [f"{g['mme'] / g[k]:.2f}" for k in ("zz_ideal", "ss_ws")]
-                    + ["" if layer.fc else f"{ref} {flag}".strip() if flag else "", f"{g['ddr']:,}", f"{g['zz_ddr']:,}",
+                    + [f"{ref} {flag}" if flag and not layer.fc else "", f"{g['ddr']:,}", f"{g['zz_ddr']:,}",
                        g["zz_ddr_iwo"], f"{g['ddr'] / g['zz_ddr']:.2f}"])
     _table("MME time per layer: ours (busy) against ZigZag's ideal compute (its mapping, no stalls) and SCALE-Sim's "
            "ws compute, flagged against the nearer; DDR bytes read + written, ours against ZigZag's",
