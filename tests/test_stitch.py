@@ -103,6 +103,22 @@ def test_row_instances_recompute_the_halo(monkeypatch, elements):
     assert (3 + 4 + 4 + 3 + 8) / 16 > RECOMPUTE_LIMIT and four.count == 2 and four.recompute == two.recompute
 
 
+def test_a_single_sample_is_split_by_rows_when_its_channels_cannot_be():
+    """At batch 1 the scheduler's split (channels, loop 1) gives one instance, and a channel split
+    would have every instance compute all of its producer's channels. Given the chip, the batch
+    with the rows cut alone is tried too: the two row halves of the test above, within the limit,
+    so two clusters work where one did."""
+    _, graph, layers = _fused_layers(lambda: conv_chain(batch=1, k=3, hw_=32))
+    prints = {L.name: footprints(L) for L in layers}
+    alone = plan_instances(layers, prints, [graph.outputs[0]], loop=1, groups=8)
+    assert alone.count == 1
+    rows = plan_instances(layers, prints, [graph.outputs[0]], loop=1, groups=8, hw=HW)
+    assert rows.count == 2 and rows.recompute == (5 + 5 + 4 + 4) / 16 <= RECOMPUTE_LIMIT
+    mid = layers[0].args[layers[0].ir.params[-1][0]]
+    assert [b[mid] for b in rows.boxes] == [((0, 0, 0, 0), (1, 8, 20, 32)), ((0, 0, 12, 0), (1, 8, 32, 32))]
+    assert [c[0] // HW.cores_per_cluster for c in binding(rows.count, HW)] == [0, 1]
+
+
 def test_a_split_whose_sample_recomputes_too_much_is_not_propagated_in_full(monkeypatch):
     """conv 3x3 (16 row tiles) -> transpose H/W (8 channel tiles): every instance of a channel
     split needs all of the conv's rows, so n instances compute the conv n times. With

@@ -21,13 +21,15 @@ class Footprint:
     """Per tile (``tiles``: tile-loop values, row order of the arrays): the box of the output it
     writes, the box of every parameter it reads, the tile's work (loop iterations of its
     stages) and its loads: each read from outside the LB as (param, box shape, times per tile:
-    the iterations of the chunk loops around it)."""
+    the iterations of the chunk loops around it). ``cut``: per param, per tile, where the
+    tensor's start or end cut its box (the low corners, then the high; a window's padding)."""
 
     tiles: list[tuple[int, ...]]
     write: Boxes
     reads: dict  # param -> Boxes
     work: int  # per tile
     loads: tuple  # (param, shape, count) per tile
+    cut: dict  # param -> bool array, tiles x 2 dims
 
 
 def footprints(layer: Layer) -> Footprint:
@@ -57,6 +59,7 @@ def footprints(layer: Layer) -> Footprint:
     for lp, values in zip(tile_loops, grid):
         env[lp.slot] = values
     boxes: dict = {}  # (param, is_write) -> Boxes
+    cut: dict = {}  # param -> tiles x 2 dims: where the tensor's edges cut a box
     for name, acc, is_write, stage, chunks in accesses:
         ext = np.asarray(acc.extents(stage.shape), dtype=np.int64)
         limit = np.asarray(shapes[name], dtype=np.int64).reshape(-1, 1)
@@ -66,6 +69,8 @@ def footprints(layer: Layer) -> Footprint:
             low = np.array([np.broadcast_to(x, (count,)) for x in acc.low_corner(env, stage.shape)],
                            dtype=np.int64).reshape(len(acc.const), count)
             high = np.minimum(low + ext.reshape(-1, 1), limit)
+            edges = np.concatenate([low < 0, high < low + ext.reshape(-1, 1)]).T
+            cut[name] = edges if name not in cut else cut[name] | edges
             low = np.maximum(low, 0)
             if stage.guard:  # tiles the stage skips: an empty box (high < low) that unions ignore
                 skip = ~np.broadcast_to(np.logical_and.reduce([b.holds(env) for b in stage.guard]), (count,))
@@ -76,4 +81,4 @@ def footprints(layer: Layer) -> Footprint:
     tiles = [tuple(t) for t in grid.T.tolist()]
     loads = tuple((name, tuple(acc.extents(stage.shape)), math.prod(e for _, e in chunks))
                   for name, acc, is_write, stage, chunks in accesses if not is_write)
-    return Footprint(tiles, boxes[(out, True)], {n: b for (n, w), b in boxes.items() if not w}, work, loads)
+    return Footprint(tiles, boxes[(out, True)], {n: b for (n, w), b in boxes.items() if not w}, work, loads, cut)
