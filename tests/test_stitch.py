@@ -4,6 +4,7 @@ whole sub-graphs on the simulator against llvm."""
 import dataclasses
 import json
 import math
+from types import SimpleNamespace
 
 import numpy as np
 import pytest
@@ -19,7 +20,7 @@ from tvm_dsa.emit.emitter import PROMOTE
 from tvm_dsa.emit.placement import Layer
 from tvm_dsa.isa import Program
 from tvm_dsa.kernelgen.stitch import (
-    RECOMPUTE_LIMIT, Lifetime, allocate, binding, cluster_rounds, makespan, plan_instances
+    RECOMPUTE_LIMIT, Instances, Lifetime, allocate, binding, cluster_rounds, makespan, plan_instances
 )
 from tvm_dsa.emit.footprint import footprints
 from tvm_dsa.kernelgen.stitched import StitchOptions
@@ -117,6 +118,26 @@ def test_a_single_sample_is_split_by_rows_when_its_channels_cannot_be():
     mid = layers[0].args[layers[0].ir.params[-1][0]]
     assert [b[mid] for b in rows.boxes] == [((0, 0, 0, 0), (1, 8, 20, 32)), ((0, 0, 12, 0), (1, 8, 32, 32))]
     assert [c[0] // HW.cores_per_cluster for c in binding(rows.count, HW)] == [0, 1]
+
+
+def test_boxes_cut_by_the_edges_say_so_and_are_no_translates():
+    """A padded 3x3 conv's row tiles: the first reads its input from row 0 with the padding above,
+    the last to the end with it below, the others neither. Two clusters whose instances are the
+    first and last rows (boxes of one height, a translate as boxes) are not copies of each other."""
+    _, graph, layers = _fused_layers(lambda: conv_chain(batch=1, k=3, hw_=32))
+    prints = {L.name: footprints(L) for L in layers}
+    first = layers[0]
+    fp = prints[first.name]
+    x = first.ir.params[0][0]  # the padded input
+    rows = np.asarray([t[2] for t in fp.tiles])  # the row tile of each tile
+    cut_above, cut_below = fp.cut[x][:, 2], fp.cut[x][:, 4 + 2]
+    np.testing.assert_array_equal(cut_above, rows == rows.min())
+    np.testing.assert_array_equal(cut_below, rows == rows.max())
+    top, bottom = np.flatnonzero(rows == rows.min()), np.flatnonzero(rows == rows.max())
+    heights = fp.reads[x][1][:, 2] - fp.reads[x][0][:, 2]
+    assert (heights[top] == heights[bottom]).all()  # translates as boxes
+    both = Instances([{first.name: top}, {first.name: bottom}], [{}, {}], 1.0)
+    assert stitch._translation(SimpleNamespace(layers=[first]), prints, both, [(0, 1)], frozenset()) is None
 
 
 def test_a_split_whose_sample_recomputes_too_much_is_not_propagated_in_full(monkeypatch):
