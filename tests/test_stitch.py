@@ -104,22 +104,6 @@ def test_row_instances_recompute_the_halo(monkeypatch, elements):
     assert (3 + 4 + 4 + 3 + 8) / 16 > RECOMPUTE_LIMIT and four.count == 2 and four.recompute == two.recompute
 
 
-def test_a_single_sample_is_split_by_rows_when_its_channels_cannot_be():
-    """At batch 1 the scheduler's split (channels, loop 1) gives one instance, and a channel split
-    would have every instance compute all of its producer's channels. Given the chip, the batch
-    with the rows cut alone is tried too: the two row halves of the test above, within the limit,
-    so two clusters work where one did."""
-    _, graph, layers = _fused_layers(lambda: conv_chain(batch=1, k=3, hw_=32))
-    prints = {L.name: footprints(L) for L in layers}
-    alone = plan_instances(layers, prints, [graph.outputs[0]], loop=1, groups=8)
-    assert alone.count == 1
-    rows = plan_instances(layers, prints, [graph.outputs[0]], loop=1, groups=8, hw=HW)
-    assert rows.count == 2 and rows.recompute == (5 + 5 + 4 + 4) / 16 <= RECOMPUTE_LIMIT
-    mid = layers[0].args[layers[0].ir.params[-1][0]]
-    assert [b[mid] for b in rows.boxes] == [((0, 0, 0, 0), (1, 8, 20, 32)), ((0, 0, 12, 0), (1, 8, 32, 32))]
-    assert [c[0] // HW.cores_per_cluster for c in binding(rows.count, HW)] == [0, 1]
-
-
 def test_boxes_cut_by_the_edges_say_so_and_are_no_translates():
     """A padded 3x3 conv's row tiles: the first reads its input from row 0 with the padding above,
     the last to the end with it below, the others neither. Two clusters whose instances are the

@@ -79,10 +79,8 @@ def plan_instances(layers: list[Layer], prints: dict, outputs: list[str], loop: 
     groups, then fewer loops) until the recomputation is within ``RECOMPUTE_LIMIT`` and the output
     layers' tiles are split between instances exactly; one instance at worst. Given the chip
     (``hw``), the coarsening goes on past the first such split while the busiest core's work
-    (``makespan``, instances bound by ``binding``) is above an even share of the sub-graph's, on to
-    the batch with one inner loop cut alone (a single sample's rows, where the scheduler's loop is
-    its channels: ResNet-50's first sub-graph at batch 1 ran on one cluster, now on two), and the
-    split with the least is kept: ViT-B/16's MLP in overlapping 40- and 66-token tiles split
+    (``makespan``, instances bound by ``binding``) is above an even share of the sub-graph's, and
+    the split with the least is kept: ViT-B/16's MLP in overlapping 40- and 66-token tiles split
     into 3 token ranges a sample kept 24 of 32 cores busy and computed 34 % of its FFN1 twice,
     where a split by samples, 4 cores each, does neither.
 
@@ -96,24 +94,16 @@ def plan_instances(layers: list[Layer], prints: dict, outputs: list[str], loop: 
     per_seed = 0.0  # the largest work per seed sampled, a share of the sub-graph's
     best = None  # (makespan, instances) of the best split within the limit
     even = sum(len(prints[L.name].tiles) * prints[L.name].work for L in layers) / hw.cores if hw else math.inf
-    last = grid.shape[1] - 1
-    # (the loops kept whole, the loop cut): the scheduler's loop and those outside it, then, given
-    # the chip, the batch with one inner loop cut alone (rows, not channels: a channel split makes
-    # every instance compute all its producers' channels)
-    cuts = [(tuple(range(lp)), lp) for lp in range(min(loop, last), -1, -1)]
-    if hw is not None:
-        cuts += [((0,), lp) for lp in range(2, last + 1) if lp > min(loop, last)]
-    start = groups
-    for whole, loop in cuts:
+    for loop in range(min(loop, grid.shape[1] - 1), -1, -1):
         extent = int(grid[:, loop].max()) + 1
-        groups = min(start if whole == tuple(range(loop)) else hw.clusters * hw.cores_per_cluster, extent)
+        groups = min(groups, extent)
         while groups > 1:
             size = -(-extent // groups)
             groups = (groups + 1) // 2
-            if (whole, loop, size) in tried:
+            if (loop, size) in tried:
                 continue
-            tried.add((whole, loop, size))
-            cols = np.column_stack([grid[:, list(whole)], grid[:, loop] // size])
+            tried.add((loop, size))
+            cols = np.column_stack([grid[:, :loop], grid[:, loop] // size])
             # the rows' groups in lexicographic order (np.unique(axis=0), of one integer per row)
             _, seed_of, counts = np.unique(np.ravel_multi_index(cols.T, cols.max(axis=0) + 1),
                                            return_inverse=True, return_counts=True)
@@ -133,7 +123,7 @@ def plan_instances(layers: list[Layer], prints: dict, outputs: list[str], loop: 
                     best = (span, inst)
                 if span <= even:
                     return inst
-        start = 1 << 30
+        groups = 1 << 30
     return best[1] if best else _propagate(layers, prints, outputs, primary, [np.arange(len(grid))])
 
 
