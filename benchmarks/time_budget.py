@@ -30,8 +30,8 @@ def budget(label: str, batch: int, tiny: bool, target: str) -> list[str]:
     compiled = Compiled.build(import_onnx(model), target)
     run = compiled.run(example_inputs(model), mode="timing", check_hazards=False)
     r, hw = run.report, run.report.hardware
-    used = sum(len(k.program.kernels[0].cores) * k.report.cycles for k in run.kernels) / max(r.cycles, 1)
-    mme_used = r.busy.get("mme", 0) / sum(len(k.program.kernels[0].cores) * k.report.cycles for k in run.kernels)
+    core_cycles = sum(len(k.program.kernels[0].cores) * k.report.cycles for k in run.kernels)
+    used, mme_used = core_cycles / r.cycles, r.busy.get("mme", 0) / core_cycles
     side = "MACs" if r.bound_macs / hw.peak_macs_per_cycle >= r.compulsory_ddr_bytes / hw.ddr_bytes_per_cycle else "DDR"
     u = r.utilisation
     return [label, str(batch), compiled.offload.schedule, f"{r.cycles:,}", f"{r.roofline_fraction:.1%}", side,
