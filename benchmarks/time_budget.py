@@ -32,9 +32,8 @@ def budget(label: str, batch: int, tiny: bool, target: str) -> list[str]:
     r, hw = run.report, run.report.hardware
     core_cycles = sum(len(k.program.kernels[0].cores) * k.report.cycles for k in run.kernels)
     used, mme_used = core_cycles / r.cycles, r.busy.get("mme", 0) / core_cycles
-    side = "MACs" if r.bound_macs / hw.peak_macs_per_cycle >= r.compulsory_ddr_bytes / hw.ddr_bytes_per_cycle else "DDR"
     u = r.utilisation
-    return [label, str(batch), compiled.offload.schedule, f"{r.cycles:,}", f"{r.roofline_fraction:.1%}", side,
+    return [label, str(batch), compiled.offload.schedule, f"{r.cycles:,}", f"{r.roofline_fraction:.1%}", r.roofline_binds,
             f"{r.kernels * hw.kernel_launch_cycles / r.cycles:.1%}",
             f"{r.ddr_burst_bytes / hw.ddr_bytes_per_cycle / r.cycles:.1%}",
             f"{r.ddr_burst_bytes / r.compulsory_ddr_bytes:.2f}", f"{u['mme']:.1%}", f"{mme_used:.1%}",

@@ -36,9 +36,10 @@ AUTO = "auto"  # the schedule the compiler chooses (``choose_schedule``)
 
 def choose_schedule(dynamic: bool) -> str:
     """The schedule ``pipeline(schedule="auto")`` compiles with: graphturbo's stitched kernels for a
-    static model (on every zoo model, chip and batch measured it is 1.3-7.3x faster than layerwise,
-    and a sub-graph it cannot stitch runs layer by layer: docs/graphturbo.md), layerwise for a
-    dynamic one (the only schedule for symbolic shapes and control flow)."""
+    static model (1.3-7.3x faster than layerwise on every zoo model, chip and batch measured, and
+    a sub-graph it cannot stitch runs layer by layer; docs/graphturbo.md §10.8 names the one
+    slower case known), layerwise for a dynamic one (the only schedule for symbolic shapes and
+    control flow)."""
     return "layerwise" if dynamic else "graphturbo"
 
 
@@ -47,8 +48,8 @@ def pipeline(schedule: str = AUTO, hw: hardware.Hardware | str | None = None,
              rdp_fusion: bool = True, memory_plan: bool = True) -> tvm.transform.Pass:
     """The DSA compilation pipeline as a pass; ``hw`` defaults to the chip of the current target;
     ``schedule``: ``auto`` (the compiler's choice, ``choose_schedule``), ``layerwise``,
-    ``graphturbo`` or ``set``; ``options`` are the scheduler's choices (``graphturbo``: the stitched kernels', ``set``: the
-    search's or a given tree). ``database`` (a meta-schedule database or the work_dir of
+    ``graphturbo`` or ``set``; ``options`` are the scheduler's choices (``graphturbo``: the
+    stitched kernels', ``set``: the search's or a given tree). ``database`` (a meta-schedule database or the work_dir of
     ``tvm_dsa.tune``; default: the one in scope, ``with database:``, else the records shipped for
     the chip; False: none) gives the kernels it has records for their tuned tiling.
     ``rdp_fusion=False`` leaves a dynamic model to TVM's fusion as imported (the baseline of seed

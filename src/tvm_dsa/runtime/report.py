@@ -101,12 +101,17 @@ class Report:
         return self.cycles / self.roofline_cycles if self.roofline_cycles else 0.0
 
     @property
+    def roofline_binds(self) -> str:
+        """Which half of the roofline binds: ``MACs`` at the peak rate or ``DDR`` bytes at full bandwidth."""
+        hw = self.hardware
+        return "MACs" if self.bound_macs / hw.peak_macs_per_cycle >= self.compulsory_ddr_bytes / hw.ddr_bytes_per_cycle else "DDR"
+
+    @property
     def roofline_basis(self) -> str:
         """Whose bound the roofline is (the model's, or its kernels' with their arguments through
-        DDR) and which half binds: MACs at the peak rate or DDR bytes at full bandwidth."""
-        hw = self.hardware
-        side = "MACs" if self.bound_macs / hw.peak_macs_per_cycle >= self.compulsory_ddr_bytes / hw.ddr_bytes_per_cycle else "DDR"
-        return f"the model's bound, {side}" if self.model_bound else f"its kernels' bound, {side}"
+        DDR) and which half binds."""
+        whose = "the model's" if self.model_bound else "its kernels'"
+        return f"{whose} bound, {self.roofline_binds}"
 
     @property
     def roofline_fraction(self) -> float:
