@@ -8,6 +8,7 @@ import onnxruntime as ort
 import pytest
 import tvm
 import tvm_ffi
+from onnx import numpy_helper
 from helpers import with_gate_outputs
 from tvm import relax, tirx
 from tvm.relax.frontend.onnx import from_onnx
@@ -47,6 +48,9 @@ def test_one_dsa_build_runs_every_shape_like_onnxruntime(name, rng):
     vm = relax.VirtualMachine(tvm.compile(mod, target="dsa/stcp920", relax_pipeline="dsa"), tvm.cpu())
     offloaded = tvm_dsa.pipeline_result()
     assert offloaded.dsa, "no kernel on the DSA"
+    weights = [numpy_helper.to_array(t) for t in model.graph.initializer]  # the float ones, at least
+    assert offloaded.model_ddr_bytes is None and offloaded.weight_bytes >= sum(
+        w.size for w in weights if w.dtype == np.float32) * hardware.get("stcp920").storage_bytes
     assert offloaded.schedule == "layerwise" and not offloaded.unstitched  # the compiler's choice, no complaint
     sess = ort.InferenceSession(with_gate_outputs(model).SerializeToString())
     feed = sess.get_inputs()[0].name
@@ -61,8 +65,11 @@ def test_one_dsa_build_runs_every_shape_like_onnxruntime(name, rng):
         assert out.shape == ref.shape
         assert max_relative_error([out], [ref]) < 1e-2  # fp16 storage on the DSA
         assert report is not None and report.cycles > 0 and tvm_dsa.last_kernel_runs()
-        # a dynamic model's bound depends on the run: the roofline says it is the kernels'
-        assert not report.model_bound and "its kernels' bound" in str(report)
+        # a dynamic model's bound is this run's: its input and output, its weights, the MACs it ran
+        hw = report.hardware
+        assert report.model_bound and "the model's bound" in str(report)
+        assert report.compulsory_ddr_bytes == (x.size + out.size) * hw.storage_bytes + offloaded.weight_bytes
+        assert report.bound_macs == sum(k.report.macs for k in tvm_dsa.last_kernel_runs()) + offloaded.host_macs
         assert len(VERSIONS.programs) > built  # a new shape: new programs
         built = len(VERSIONS.programs)
         again = vm["main"](tvm.runtime.tensor(x)).numpy()

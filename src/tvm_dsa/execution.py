@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import collections
 import json
+import math
 import os
 import re
 import threading
@@ -53,17 +54,26 @@ class Run:
     compilation: str  # the id of the compilation that made the model (``pipeline_result``)
     kernels: list[KernelRun] = field(default_factory=list)
     trace: list = field(default_factory=list)
+    io_elements: int | None = None  # a dynamic model's input and output elements (``end_run``)
 
     def report(self) -> Report | None:
         """All of the run's DSA kernels in one report, None where it ran none. Its roofline is the
-        model's bound where its compilation knows it (static shapes), else its kernels'."""
+        model's bound: a static model's from its compilation; a dynamic one's from this run's
+        inputs and outputs, its weights, the MACs of the DSA kernels it ran and those of its host
+        kernels with static shapes. Without a compilation (another process's), its kernels'."""
         if not self.kernels:
             return None
         report = Report.combine([k.report for k in self.kernels])
         compiled = COMPILATIONS.get(self.compilation) if self.compilation else None
-        if compiled is None or compiled.model_ddr_bytes is None:
+        if compiled is None:
             return report
-        return report.with_bound(compiled.model_macs, compiled.model_ddr_bytes)
+        if compiled.model_ddr_bytes is not None:
+            return report.with_bound(compiled.model_macs, compiled.model_ddr_bytes)
+        if self.io_elements is None:  # the run stopped before its end
+            return report
+        hw = report.hardware
+        return report.with_bound(report.bound_macs + compiled.host_macs,
+                                 self.io_elements * hw.storage_bytes + compiled.weight_bytes)
 
 
 class Session:
@@ -201,9 +211,22 @@ def _named(text: str, name: str, names: str) -> Program:
     return parsed_program(text).renamed(name, json.loads(names))
 
 
-def begin_run(compilation) -> None:
-    """A model run starts (the first call of ``main``): its kernels' reports go to a new run."""
-    current().runs.append(Run(str(compilation)))
+def begin_run(compilation, *inputs) -> None:
+    """A model run starts (the first call of ``main``): its kernels' reports go to a new run. A
+    dynamic model passes its tensor inputs (``end_run`` its outputs): their elements count."""
+    current().runs.append(Run(str(compilation), io_elements=_elements(inputs) if inputs else None))
+
+
+def end_run(outputs) -> None:
+    """A dynamic model's run ends with ``outputs`` (a tensor or a tuple)."""
+    run = current().last_run()
+    if run is not None and run.io_elements is not None:
+        run.io_elements += _elements([outputs])
+
+
+def _elements(values) -> int:
+    """Elements of the tensors in ``values``, tuples flattened."""
+    return sum(math.prod(v.shape) if hasattr(v, "shape") else _elements(list(v)) for v in values)
 
 
 def execute(program_text, info_text, *tensors) -> None:

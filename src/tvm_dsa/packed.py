@@ -3,6 +3,7 @@ compiled module and ``tvm_dsa.execution``, which implements them (``tvm_dsa.plug
 them at ``import tvm``)."""
 
 BEGIN_RUN = "tvm_dsa.begin_run"  # a run of main starts (MarkRunStart)
+END_RUN = "tvm_dsa.end_run"  # a run of a dynamic model's main ends: its outputs (MarkRunStart)
 EXECUTE = "tvm_dsa.execute"  # one DSA kernel call: its program, its info, its tensors
 EXECUTE_SHAPED = "tvm_dsa.execute_shaped"  # the same for a kernel with symbolic dims, built per shape
 ARENA_PLAN = "tvm_dsa.arena_plan"  # plans a symbolic arena at run time (PlanArena)

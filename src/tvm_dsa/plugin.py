@@ -17,6 +17,7 @@ from tvm_dsa.byoc import patterns
 
 # Each packed function, and where it is implemented (loaded on its first call).
 IMPLEMENTATIONS = {packed.BEGIN_RUN: ("tvm_dsa.execution", "begin_run"),
+                   packed.END_RUN: ("tvm_dsa.execution", "end_run"),
                    packed.EXECUTE: ("tvm_dsa.execution", "execute"),
                    packed.EXECUTE_SHAPED: ("tvm_dsa.execution", "execute_shaped"),
                    packed.ARENA_PLAN: ("tvm_dsa.relax_passes.arena", "arena_plan"),

@@ -20,7 +20,7 @@ from tvm_dsa import hardware, schedule as schedules
 from tvm_dsa.kernelgen.offload import offload
 from tvm_dsa.kernelgen.stitched import StitchOptions
 from tvm_dsa.relax_passes.arena import PlanArena
-from tvm_dsa.relax_passes.bound import model_ddr_bytes
+from tvm_dsa.relax_passes.bound import constant_bytes, model_ddr_bytes
 from tvm_dsa.relax_passes.fusion import fuse
 from tvm_dsa.kernelgen.symbolic import is_dynamic, offload_symbolic
 from tvm_dsa.relax_passes.pool_fusion import FusePooling
@@ -70,7 +70,7 @@ def pipeline(schedule: str = AUTO, hw: hardware.Hardware | str | None = None,
         host = target or tvm.target.Target("llvm")
         dynamic = is_dynamic(mod)
         chosen = choose_schedule(dynamic) if schedule == AUTO else schedule
-        ddr_bytes = None if dynamic else model_ddr_bytes(mod, chip)
+        ddr_bytes, weight_bytes = model_ddr_bytes(mod, chip), constant_bytes(mod, chip)
         with host, _no_cyclic_gc():
             mod = fuse(mod, rdp_fusion)
             if dynamic:
@@ -80,12 +80,13 @@ def pipeline(schedule: str = AUTO, hw: hardware.Hardware | str | None = None,
             mod, result = (offload_symbolic(mod, chip) if dynamic
                            else offload(mod, chip, chosen, options=options,
                                         tuned=tuned_kernels(database, chip)))
-            result.model_ddr_bytes, result.schedule = ddr_bytes, "layerwise" if dynamic else chosen
+            result.model_ddr_bytes, result.weight_bytes = ddr_bytes, weight_bytes
+            result.schedule = "layerwise" if dynamic else chosen
             if dynamic and chosen != "layerwise":
                 result.unstitched[chosen] = (f"the {chosen} schedule needs static shapes and no control "
                                              "flow: a dynamic model runs layerwise")
             mod = tvm.transform.Sequential(
-                [relax.transform.DeadCodeElimination(), MarkRunStart(record_compilation(result))]
+                [relax.transform.DeadCodeElimination(), MarkRunStart(record_compilation(result), io=ddr_bytes is None)]
                 + cpu_generic.pipeline.dataflow_lower_passes(host)
                 + ([PlanArena] if memory_plan else [])
                 + cpu_generic.finalize_passes(host)

@@ -53,6 +53,7 @@ class OffloadResult:
     trees: dict = field(default_factory=dict)  # kernel name -> (TreePlan, TreeProgram) of a SET kernel
     unstitched: dict = field(default_factory=dict)  # sub-graph kernel run layer by layer -> why
     model_ddr_bytes: int | None = None  # the model's inputs, weights, outputs (None: dynamic)
+    weight_bytes: int = 0  # of those, its weights (a dynamic model's bound adds a run's inputs, outputs)
     schedule: str = ""  # the inter-layer schedule it was compiled with (the pipeline's choice)
 
     @property
