@@ -240,3 +240,29 @@ def test_versions_are_bounded_and_built_once_across_threads():
     for t in threads:
         t.join()
     assert len(got) == 2 and got[0] is got[1]
+
+
+def test_a_dynamic_run_counts_each_output_of_a_tuple_in_its_bound(rng):
+    """A dynamic ``main`` returning a tuple: the run's roofline counts the input and both outputs
+    at the storage type's bytes (no weights), and the MACs its DSA kernels ran."""
+    n = tirx.Var("n", "int64")
+    bb = relax.BlockBuilder()
+    x = relax.Var("x", relax.TensorType([n, 64], "float32"))
+    w = relax.const(rng.standard_normal((64, 32)).astype("float32"))
+    with bb.function("main", [x]):
+        with bb.dataflow():
+            y = bb.emit(relax.op.matmul(x, w))
+            z = bb.emit(relax.op.nn.relu(x))
+            out = bb.emit_output(relax.Tuple([y, z]))
+        bb.emit_func_output(out)
+    vm = relax.VirtualMachine(tvm.compile(bb.get(), target="dsa/stcp920", relax_pipeline="dsa"), tvm.cpu())
+    offloaded = tvm_dsa.pipeline_result()
+    hw = hardware.get("stcp920")
+    assert offloaded.model_ddr_bytes is None and offloaded.weight_bytes == 64 * 32 * hw.storage_bytes
+    a = rng.standard_normal((5, 64)).astype("float32")
+    y, z = vm["main"](tvm.runtime.tensor(a))
+    np.testing.assert_allclose(z.numpy(), np.maximum(a, 0), rtol=1e-2, atol=1e-2)
+    report = tvm_dsa.last_report()
+    assert report.model_bound
+    assert report.compulsory_ddr_bytes == (5 * 64 + 5 * 32 + 5 * 64) * hw.storage_bytes + offloaded.weight_bytes
+    assert report.bound_macs == 5 * 64 * 32 + offloaded.host_macs

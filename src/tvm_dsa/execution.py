@@ -28,6 +28,8 @@ from dataclasses import dataclass, field
 from functools import lru_cache
 
 import numpy as np
+import tvm
+import tvm_ffi
 
 from tvm_dsa.isa import Program
 from tvm_dsa.kernelgen.offload import OffloadResult
@@ -225,8 +227,14 @@ def end_run(outputs) -> None:
 
 
 def _elements(values) -> int:
-    """Elements of the tensors in ``values``, tuples flattened."""
-    return sum(math.prod(v.shape) if hasattr(v, "shape") else _elements(list(v)) for v in values)
+    """Elements of the tensors in ``values``, tuples flattened; shapes and scalars count none."""
+    total = 0
+    for v in values:
+        if isinstance(v, tvm.runtime.Tensor):
+            total += math.prod(v.shape)
+        elif isinstance(v, (tvm_ffi.Array, list, tuple)):
+            total += _elements(v)
+    return total
 
 
 def execute(program_text, info_text, *tensors) -> None:
