@@ -56,7 +56,8 @@ class Run:
     compilation: str  # the id of the compilation that made the model (``pipeline_result``)
     kernels: list[KernelRun] = field(default_factory=list)
     trace: list = field(default_factory=list)
-    io_elements: int | None = None  # a dynamic model's input and output elements (``end_run``)
+    input_elements: int = 0  # a dynamic model's (``begin_run``)
+    output_elements: int | None = None  # a dynamic model's, once it returned (``end_run``)
 
     def report(self) -> Report | None:
         """All of the run's DSA kernels in one report, None where it ran none. Its roofline is the
@@ -71,11 +72,11 @@ class Run:
             return report
         if compiled.model_ddr_bytes is not None:
             return report.with_bound(compiled.model_macs, compiled.model_ddr_bytes)
-        if self.io_elements is None:  # the run stopped before its end
+        if self.output_elements is None:  # the run stopped before its end
             return report
-        hw = report.hardware
+        elements = self.input_elements + self.output_elements
         return report.with_bound(report.bound_macs + compiled.host_macs,
-                                 self.io_elements * hw.storage_bytes + compiled.weight_bytes)
+                                 elements * report.hardware.storage_bytes + compiled.weight_bytes)
 
 
 class Session:
@@ -216,14 +217,14 @@ def _named(text: str, name: str, names: str) -> Program:
 def begin_run(compilation, *inputs) -> None:
     """A model run starts (the first call of ``main``): its kernels' reports go to a new run. A
     dynamic model passes its tensor inputs (``end_run`` its outputs): their elements count."""
-    current().runs.append(Run(str(compilation), io_elements=_elements(inputs) if inputs else None))
+    current().runs.append(Run(str(compilation), input_elements=_elements(inputs)))
 
 
 def end_run(outputs) -> None:
     """A dynamic model's run ends with ``outputs`` (a tensor or a tuple)."""
     run = current().last_run()
-    if run is not None and run.io_elements is not None:
-        run.io_elements += _elements([outputs])
+    if run is not None:
+        run.output_elements = _elements([outputs])
 
 
 def _elements(values) -> int:
