@@ -104,6 +104,22 @@ def test_row_instances_recompute_the_halo(monkeypatch, elements):
     assert (3 + 4 + 4 + 3 + 8) / 16 > RECOMPUTE_LIMIT and four.count == 2 and four.recompute == two.recompute
 
 
+def test_a_single_sample_is_split_by_rows_when_its_channels_cannot_be():
+    """At batch 1 the scheduler's split (channels, loop 1) gives one instance, and a channel split
+    would have every instance compute all of its producer's channels. Given the chip, the batch
+    with the rows cut alone is tried too: the two row halves of the test above, within the limit,
+    so two clusters work where one did."""
+    _, graph, layers = _fused_layers(lambda: conv_chain(batch=1, k=3, hw_=32))
+    prints = {L.name: footprints(L) for L in layers}
+    alone = plan_instances(layers, prints, [graph.outputs[0]], loop=1, groups=8)
+    assert alone.count == 1
+    rows = plan_instances(layers, prints, [graph.outputs[0]], loop=1, groups=8, hw=HW)
+    assert rows.count == 2 and rows.recompute == (5 + 5 + 4 + 4) / 16 <= RECOMPUTE_LIMIT
+    mid = layers[0].args[layers[0].ir.params[-1][0]]
+    assert [b[mid] for b in rows.boxes] == [((0, 0, 0, 0), (1, 8, 20, 32)), ((0, 0, 12, 0), (1, 8, 32, 32))]
+    assert [c[0] // HW.cores_per_cluster for c in binding(rows.count, HW)] == [0, 1]
+
+
 def test_boxes_cut_by_the_edges_say_so_and_are_no_translates():
     """A padded 3x3 conv's row tiles: the first reads its input from row 0 with the padding above,
     the last to the end with it below, the others neither. Two clusters whose instances are the
@@ -122,6 +138,48 @@ def test_boxes_cut_by_the_edges_say_so_and_are_no_translates():
     assert (heights[top] == heights[bottom]).all()  # translates as boxes
     both = Instances([{first.name: top}, {first.name: bottom}], [{}, {}], 1.0)
     assert stitch._translation(SimpleNamespace(layers=[first]), prints, both, [(0, 1)], frozenset()) is None
+
+
+def _rms_norm(shape=(2, 3, 4, 5)):
+    """RMS normalization over all but the first dim (ONNX's RMSNormalization, axis 1)."""
+    return relax_graph([shape, shape[1:]],
+                       lambda x, w: relax.op.nn.rms_norm(x, w, axes=list(range(1, len(shape))), epsilon=1e-5))
+
+
+def test_row_tiles_that_load_the_whole_sample_and_read_their_rows_are_no_translates():
+    """A row tile of an RMS normalization over (C, H, W) loads its whole sample (the reduction)
+    and reads its own rows of it: the first and third row tiles load alike (the input's boxes do
+    not move) but read apart in the LB (``Footprint.relative``), so two clusters running them are
+    not copies of each other. Tiles of two samples do move alike."""
+    _, graph, layers = _fused_layers(_rms_norm)
+    (norm,) = layers
+    fp = footprints(norm)
+    x = norm.ir.params[0][0]
+    tiles = np.asarray(fp.tiles)
+    first = np.flatnonzero((tiles[:, 0] == 0) & (tiles[:, 2] == 0))
+    third = np.flatnonzero((tiles[:, 0] == 0) & (tiles[:, 2] == 2))
+    other_sample = np.flatnonzero((tiles[:, 0] == 1) & (tiles[:, 2] == 0))
+    assert len(first) == len(third) > 0
+    assert (fp.reads[x][0][first] == fp.reads[x][0][third]).all()  # the whole sample, both
+    assert (fp.relative[first] != fp.relative[third]).any()
+    rows = Instances([{norm.name: first}, {norm.name: third}], [{}, {}], 1.0)
+    assert stitch._translation(SimpleNamespace(layers=[norm]), {norm.name: fp}, rows, [(0, 1)], frozenset()) is None
+    samples = Instances([{norm.name: first}, {norm.name: other_sample}], [{}, {}], 1.0)
+    moved = stitch._translation(SimpleNamespace(layers=[norm]), {norm.name: fp}, samples, [(0, 1)], frozenset())
+    assert moved[norm.args[x]] == (1, 0, 0, 0)
+
+
+def test_an_rms_normalization_split_by_rows_matches_numpy(rng):
+    """End to end: graphturbo splits the two samples' rows over the clusters (8 instances) and
+    every row is right (the third and fourth rows' cluster was a wrong copy of the first's)."""
+    mod = _rms_norm()
+    x, w = rng.standard_normal((2, 3, 4, 5)).astype("float32"), rng.standard_normal((3, 4, 5)).astype("float32")
+    vm, result = _run(mod, "graphturbo")
+    out = vm["main"](tvm.runtime.tensor(x), tvm.runtime.tensor(w)).numpy()
+    (info,) = result.stitched.values()
+    assert info.instances == 8
+    ref = x / np.sqrt((x.astype("float64") ** 2).mean(axis=(1, 2, 3), keepdims=True) + 1e-5) * w
+    np.testing.assert_allclose(out, ref, rtol=1e-2, atol=1e-2 * np.abs(ref).max())
 
 
 def test_a_split_whose_sample_recomputes_too_much_is_not_propagated_in_full(monkeypatch):

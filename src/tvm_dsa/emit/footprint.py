@@ -22,7 +22,11 @@ class Footprint:
     writes, the box of every parameter it reads, the tile's work (loop iterations of its
     stages) and its loads: each read from outside the LB as (param, box shape, times per tile:
     the iterations of the chunk loops around it). ``cut``: per param, per tile, where the
-    tensor's start or end cut its box (the low corners, then the high; a window's padding)."""
+    tensor's start or end cut its box (the low corners, then the high; a window's padding).
+    ``relative``: per tile, where each stage's LB operand sits in its buffer (its corner less the
+    corner the buffer's writer gave it, the chunk loops at 0): two tiles whose boxes translate
+    run one program moved only if these agree. A layer norm's tile of one row loads the whole
+    sample and reads its own row of it: the rows' tiles load alike and read apart."""
 
     tiles: list[tuple[int, ...]]
     write: Boxes
@@ -30,6 +34,7 @@ class Footprint:
     work: int  # per tile
     loads: tuple  # (param, shape, count) per tile
     cut: dict  # param -> bool array, tiles x 2 dims
+    relative: np.ndarray  # tiles x (the dims of every LB operand)
 
 
 def footprints(layer: Layer) -> Footprint:
@@ -40,6 +45,7 @@ def footprints(layer: Layer) -> Footprint:
     out = ir.params[-1][0]
     tile_loops = ir.tile_loops()
     accesses, work = [], 0  # (param, access, is_write, stage, enclosing chunk loops)
+    on_chip, writer = [], {}  # (LB operand, stage); LB buffer -> (the access, stage) its writer starts
 
     def walk(nodes, chunks):
         nonlocal work
@@ -51,6 +57,10 @@ def footprints(layer: Layer) -> Footprint:
             for acc, w in [(n.dst, True)] + [(a, False) for a in n.reads()]:
                 if not acc.lb and (acc.buffer == out or not w):
                     accesses.append((acc.buffer, acc, w, n, chunks))
+                elif acc.lb:
+                    on_chip.append((acc, n))
+                    if w and layer.plan.buffers[acc.buffer].writer == n.name:
+                        writer.setdefault(acc.buffer, (acc, n))
 
     walk(tile_loops[-1].body, [])
     grid = np.indices([lp.extent for lp in tile_loops]).reshape(len(tile_loops), -1)
@@ -78,7 +88,13 @@ def footprints(layer: Layer) -> Footprint:
             box = (low.T, high.T)
             old = boxes.get((name, is_write))
             boxes[(name, is_write)] = box if old is None else (np.minimum(old[0], box[0]), np.maximum(old[1], box[1]))
+    tile_slots = {lp.slot for lp in tile_loops}
+    env = [v if slot in tile_slots else 0 for slot, v in enumerate(env)]  # the loops in a tile at 0
+    relative = [np.broadcast_to(np.asarray(a) - np.asarray(o), (count,))
+                for acc, st in on_chip if acc.buffer in writer
+                for a, o in zip(acc.low_corner(env, st.shape), writer[acc.buffer][0].low_corner(env, writer[acc.buffer][1].shape))]
     tiles = [tuple(t) for t in grid.T.tolist()]
     loads = tuple((name, tuple(acc.extents(stage.shape)), math.prod(e for _, e in chunks))
                   for name, acc, is_write, stage, chunks in accesses if not is_write)
-    return Footprint(tiles, boxes[(out, True)], {n: b for (n, w), b in boxes.items() if not w}, work, loads, cut)
+    return Footprint(tiles, boxes[(out, True)], {n: b for (n, w), b in boxes.items() if not w}, work, loads, cut,
+                     np.array(relative, dtype=np.int64).reshape(len(relative), count).T)

@@ -79,8 +79,10 @@ def plan_instances(layers: list[Layer], prints: dict, outputs: list[str], loop: 
     groups, then fewer loops) until the recomputation is within ``RECOMPUTE_LIMIT`` and the output
     layers' tiles are split between instances exactly; one instance at worst. Given the chip
     (``hw``), the coarsening goes on past the first such split while the busiest core's work
-    (``makespan``, instances bound by ``binding``) is above an even share of the sub-graph's, and
-    the split with the least is kept: ViT-B/16's MLP in overlapping 40- and 66-token tiles split
+    (``makespan``, instances bound by ``binding``) is above an even share of the sub-graph's, on to
+    the batch with one inner loop cut alone (a single sample's rows, where the scheduler's loop is
+    its channels: ResNet-50's first sub-graph at batch 1 ran on one cluster, now on two), and the
+    split with the least is kept: ViT-B/16's MLP in overlapping 40- and 66-token tiles split
     into 3 token ranges a sample kept 24 of 32 cores busy and computed 34 % of its FFN1 twice,
     where a split by samples, 4 cores each, does neither.
 
@@ -94,16 +96,24 @@ def plan_instances(layers: list[Layer], prints: dict, outputs: list[str], loop: 
     per_seed = 0.0  # the largest work per seed sampled, a share of the sub-graph's
     best = None  # (makespan, instances) of the best split within the limit
     even = sum(len(prints[L.name].tiles) * prints[L.name].work for L in layers) / hw.cores if hw else math.inf
-    for loop in range(min(loop, grid.shape[1] - 1), -1, -1):
+    last = grid.shape[1] - 1
+    # (the loops kept whole, the loop cut): the scheduler's loop and those outside it, then, given
+    # the chip, the batch with one inner loop cut alone (rows, not channels: a channel split makes
+    # every instance compute all its producers' channels)
+    cuts = [(tuple(range(lp)), lp) for lp in range(min(loop, last), -1, -1)]
+    if hw is not None:
+        cuts += [((0,), lp) for lp in range(2, last + 1) if lp > min(loop, last)]
+    start = groups
+    for whole, loop in cuts:
         extent = int(grid[:, loop].max()) + 1
-        groups = min(groups, extent)
+        groups = min(start if whole == tuple(range(loop)) else hw.clusters * hw.cores_per_cluster, extent)
         while groups > 1:
             size = -(-extent // groups)
             groups = (groups + 1) // 2
-            if (loop, size) in tried:
+            if (whole, loop, size) in tried:
                 continue
-            tried.add((loop, size))
-            cols = np.column_stack([grid[:, :loop], grid[:, loop] // size])
+            tried.add((whole, loop, size))
+            cols = np.column_stack([grid[:, list(whole)], grid[:, loop] // size])
             # the rows' groups in lexicographic order (np.unique(axis=0), of one integer per row)
             _, seed_of, counts = np.unique(np.ravel_multi_index(cols.T, cols.max(axis=0) + 1),
                                            return_inverse=True, return_counts=True)
@@ -123,7 +133,7 @@ def plan_instances(layers: list[Layer], prints: dict, outputs: list[str], loop: 
                     best = (span, inst)
                 if span <= even:
                     return inst
-        groups = 1 << 30
+        start = 1 << 30
     return best[1] if best else _propagate(layers, prints, outputs, primary, [np.arange(len(grid))])
 
 
@@ -519,9 +529,10 @@ def _translation(sg: SubGraphKernel, prints: dict, inst: Instances, pairs, fixed
     blocks): when every layer's tiles of the second read and write exactly the first's boxes moved
     that way (the ``fixed`` tensors, weights promoted to each cluster's GB, not moved), tile for
     tile, tiles that skip an access skipping it in both, and boxes cut by the tensor's edges cut
-    alike: a 3x3 window's first row tile reads rows [0, 3) with the padding above, the last
-    [5, 8) with it below, translates as boxes but not as programs. None when the instances are
-    not translates."""
+    alike (a 3x3 window's first row tile reads rows [0, 3) with the padding above, the last
+    [5, 8) with it below, translates as boxes but not as programs), and every LB operand sitting
+    where it sits in the first (``Footprint.relative``: a layer norm's row tiles load the whole
+    sample alike and read their rows apart). None when the instances are not translates."""
     delta: dict = {}
 
     def agree(tensor, a: Boxes, b: Boxes, cut_a: np.ndarray, cut_b: np.ndarray) -> bool:
@@ -544,6 +555,8 @@ def _translation(sg: SubGraphKernel, prints: dict, inst: Instances, pairs, fixed
                 return None
             if not len(ra):
                 continue
+            if (fp.relative[ra] != fp.relative[rb]).any():  # read apart in the LB
+                return None
             param = L.ir.params[-1][0]
             if not agree(L.args[param], (fp.write[0][ra], fp.write[1][ra]), (fp.write[0][rb], fp.write[1][rb]),
                          fp.cut[param][ra], fp.cut[param][rb]):
