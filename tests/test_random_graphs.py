@@ -171,6 +171,19 @@ def concat_same_tensor_twice(b):
     return [b.concat([r, r], axis=1)]
 
 
+def concat_thrice_then_pool(b):
+    """MaxPool, ConvTranspose 2x2 / 2, Concat of its output three times, AveragePool, the classifier
+    (GlobalAveragePool, Flatten, Gemm), stitched: a layer replayed from an earlier one reads one
+    region as three parameters, and the replica listed its move three times, which the program
+    format rejects (random graphs: seed 515)."""
+    x = b.maxpool(b.input("x", [2, 8, 6, 6]), 2, 2)
+    t = b.op("ConvTranspose", [x, b.param("w", [8, 8, 2, 2], 0.25)], kernel_shape=[2, 2], strides=[2, 2],
+             pads=[1, 1, 0, 0])
+    c = b.concat([t, t, t], axis=1)
+    p = b.op("AveragePool", [c], kernel_shape=[2, 2], pads=[0, 1, 1, 1], strides=[1, 1])
+    return [b.gemm(b.gap_flatten(p), 24, 10)]
+
+
 def square_then(op: str):
     """``x * x``, kept in float32 (docs/numerics.md), into a MatMul or a 3x3 Conv (random graphs:
     seeds 297, 146)."""
@@ -192,7 +205,8 @@ REGRESSIONS = {
     "grouped_conv_relu": functools.partial(_model, grouped_conv_relu),
     **{f"conv_transpose_s{s}": functools.partial(_model, conv_transpose(s)) for s in (1, 2)},
     **{f.__name__: functools.partial(_model, f) for f in (conv_transpose_asymmetric, concat_after_elementwise,
-                                                         concat_of_normalised, concat_same_tensor_twice)},
+                                                         concat_of_normalised, concat_same_tensor_twice,
+                                                         concat_thrice_then_pool)},
     "square_then_matmul": functools.partial(_model, square_then("MatMul")),
     "square_then_conv": functools.partial(_model, square_then("Conv")),
 }

@@ -625,10 +625,11 @@ class Compressor:
         for c in dict.fromkeys(c for _, c in call.work) if swap else ():
             for s, t in swap.items():  # the two copies of a double-buffered place trade places
                 moves.setdefault(("lb", c), []).append((e.lb_base + s, e.lb_base + s + abs(t - s), c + cores, t - s))
-        for ranges in moves.values():
+        for place, ranges in moves.items():
             ranges.sort()
             if any(y[0] < x[1] and y[2:] != x[2:] for x, y in itertools.pairwise(ranges)):
                 return None
+            moves[place] = _merged(ranges)
         return cores, moves, shifts
 
     def _replay(self, call: _Call, layer: Layer, work, regions: dict, lb_base: int) -> None:
@@ -909,4 +910,17 @@ def _rounds(work) -> list:
             cores = set()
         out[-1].append(item)
         cores.add(item[1])
+    return out
+
+
+def _merged(ranges: list) -> list:
+    """Sorted (lo, hi, to, shift) ranges with those that overlap (and so move alike) made one: a
+    layer that reads one region as two parameters (a concatenation of a tensor with itself)
+    moves it once (a replica's moves of one place must not overlap)."""
+    out: list = []
+    for r in ranges:
+        if out and r[0] < out[-1][1]:
+            out[-1] = (out[-1][0], max(out[-1][1], r[1]), *r[2:])
+        else:
+            out.append(r)
     return out
