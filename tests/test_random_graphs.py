@@ -184,6 +184,17 @@ def concat_thrice_then_pool(b):
     return [b.gemm(b.gap_flatten(p), 24, 10)]
 
 
+def concat_of_square_and_fp16(b):
+    """Concat (channels) of ``a * a`` (kept in float32), ``a`` and a grouped 1x1 Conv of ``a``, then
+    the classifier: the concatenation is a kernel of its own whose output is kept wide too, and
+    its fp16 inputs are converted on the way from DDR to DDR (a vector instruction wrote DDR, and
+    the kernel ran on the host; random graphs: seeds 585, 33)."""
+    x = b.input("x", [1, 3, 8, 8])
+    a = b.add(b.relu(_conv(b, x, 3, 3, kernel=1)), x)
+    c = b.concat([b.mul(a, a), a, _conv(b, a, 3, 3, kernel=1, groups=3)], axis=1)
+    return [x, b.gemm(b.gap_flatten(c), 9, 10)]
+
+
 def square_then(op: str):
     """``x * x``, kept in float32 (docs/numerics.md), into a MatMul or a 3x3 Conv (random graphs:
     seeds 297, 146)."""
@@ -206,7 +217,7 @@ REGRESSIONS = {
     **{f"conv_transpose_s{s}": functools.partial(_model, conv_transpose(s)) for s in (1, 2)},
     **{f.__name__: functools.partial(_model, f) for f in (conv_transpose_asymmetric, concat_after_elementwise,
                                                          concat_of_normalised, concat_same_tensor_twice,
-                                                         concat_thrice_then_pool)},
+                                                         concat_thrice_then_pool, concat_of_square_and_fp16)},
     "square_then_matmul": functools.partial(_model, square_then("MatMul")),
     "square_then_conv": functools.partial(_model, square_then("Conv")),
 }

@@ -479,14 +479,19 @@ class KernelEmitter:
             src = self._operand(stage, v.access, core, start, extent)
             if src.dtype == sub_dst.dtype:
                 self._dma(core, shape, sub_dst, src)
-            elif (src.mem, src.index) == ("lb", core):  # converted here, then moved
-                tmp = self._scratch(set(range(len(shape))), stage, core, sub_dst.dtype)
-                self.push(isa.Vector(core, "vme", "copy", shape, tmp, (src,)), core)
-                self._dma(core, shape, sub_dst, tmp)
-            else:  # moved here (a wide tensor to an fp16 MME operand), then converted
-                tmp = self._scratch(set(range(len(shape))), stage, core, src.dtype)
-                self._dma(core, shape, tmp, src)
-                self.push(isa.Vector(core, "vme", "copy", shape, sub_dst, (tmp,)), core)
+            else:  # converted in this core's LB: the temporaries are free again after (tokens order reuse)
+                top, box = self.scratch_top, set(range(len(shape)))
+                if (src.mem, src.index) != ("lb", core):  # moved here first (a wide tensor to an fp16 MME operand)
+                    tmp = self._scratch(box, stage, core, src.dtype)
+                    self._dma(core, shape, tmp, src)
+                    src = tmp
+                if (sub_dst.mem, sub_dst.index) == ("lb", core):
+                    self.push(isa.Vector(core, "vme", "copy", shape, sub_dst, (src,)), core)
+                else:  # then moved (an fp16 tensor concatenated into a wide one in DDR: both)
+                    cast = self._scratch(box, stage, core, sub_dst.dtype)
+                    self.push(isa.Vector(core, "vme", "copy", shape, cast, (src,)), core)
+                    self._dma(core, shape, sub_dst, cast)
+                self.scratch_top = top
         elif isinstance(v, Const) and sub_dst.mem == "lb":
             self.push(isa.Fill(core, shape, sub_dst, v.value), core)
         else:

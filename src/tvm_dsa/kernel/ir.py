@@ -726,13 +726,15 @@ def lb_dtypes(stages: list[Stage], hw: Hardware, wide: frozenset = frozenset()) 
 def scratch_bytes(stage: Stage, dtypes: dict[str, str], ddr_dtype, rounding=align) -> int:
     """Bytes of temporaries a stage needs: one per inner op of its expression, a materialised
     update for a compound reduction, a cast buffer for a copy between element types (LB buffers'
-    ``dtypes``, ``ddr_dtype(param)`` outside); each through ``rounding``."""
+    ``dtypes``, ``ddr_dtype(param)`` outside; two where a read and the destination are outside the
+    LB); each through ``rounding``."""
     box = 1
     for n in stage.shape:
         box *= n
-    if stage.op == "dma":
+    if stage.op == "dma":  # a read from outside into a place outside converts between two casts in the LB
         types = {dtypes[a.buffer] if a.lb else ddr_dtype(a.buffer) for a in [stage.dst] + stage.reads()}
-        return rounding(4 * box) if len(types) > 1 else 0
+        casts = max([1] + [int(not a.lb) + int(not stage.dst.lb) for a in stage.reads()])
+        return casts * rounding(4 * box) if len(types) > 1 else 0
     if stage.op == "mme":
         return 0
 
