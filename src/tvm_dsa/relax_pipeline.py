@@ -37,9 +37,8 @@ AUTO = "auto"  # the schedule the compiler chooses (``choose_schedule``)
 def choose_schedule(dynamic: bool) -> str:
     """The schedule ``pipeline(schedule="auto")`` compiles with: graphturbo's stitched kernels for a
     static model (1.3-7.3x faster than layerwise on every zoo model, chip and batch measured, and
-    a sub-graph it cannot stitch runs layer by layer; docs/graphturbo.md §10.8 names the one
-    slower case known), layerwise for a dynamic one (the only schedule for symbolic shapes and
-    control flow)."""
+    a sub-graph it cannot stitch runs layer by layer; docs/graphturbo.md §10.8), layerwise for a
+    dynamic one (the only schedule for symbolic shapes and control flow)."""
     return "layerwise" if dynamic else "graphturbo"
 
 

@@ -119,7 +119,7 @@ def _lower_layers(ctx: Lowered, lowering, tuned) -> None:
         func = ctx.mod[name]
         if not isinstance(func, tirx.PrimFunc):
             continue
-        if lowering.views and relax.analysis.has_reshape_pattern(func):
+        if relax.analysis.has_reshape_pattern(func):
             result.host[name] = VIEW
             continue
         try:
@@ -139,14 +139,13 @@ def _fall_back(ctx: Lowered, spec: KernelSpec, reason: str) -> list[KernelSpec]:
     """The kernels to build instead of ``spec``, which did not build: none for one layer (it runs
     on the host); for a stitched sub-graph or a SET tree, its lowered layers one kernel each (a
     layer the kernel cannot run, a flip walking its input backwards, sends only itself to the
-    host; pure reshapes run as views there, as layerwise runs them)."""
+    host)."""
     nodes = ctx.nodes(spec)
     if isinstance(spec.plan, LayerPlan):
         ctx.result.host[nodes[0].func] = reason
         return []
     ctx.result.unstitched[spec.name] = reason
-    return [KernelSpec(n.func, (n.name,)) for n in nodes
-            if n.func in ctx.lowered and not relax.analysis.has_reshape_pattern(ctx.mod[n.func])]
+    return [KernelSpec(n.func, (n.name,)) for n in nodes if n.func in ctx.lowered]
 
 
 def _account(ctx: Lowered, on_dsa: set) -> None:
@@ -165,8 +164,7 @@ def _account(ctx: Lowered, on_dsa: set) -> None:
                 result.vector_macs += macs
         else:
             result.host_macs += macs
-            view = relax.analysis.has_reshape_pattern(ctx.mod[node.func])
-            result.host.setdefault(node.func, VIEW if view else "not scheduled on the DSA")
+            result.host.setdefault(node.func, "not scheduled on the DSA")
 
 
 def _called_prim_funcs(func: relax.Function) -> list[str]:

@@ -60,13 +60,9 @@ class KernelSpec:
 @dataclass(frozen=True)
 class Lowering:
     """How kernel generation lowers the layers of a scheduler's kernels, before the scheduler hears
-    which of them the DSA runs.
-
-    ``views``: pure reshapes stay on the host as views, no data moves (graphturbo: False, a
-    sub-graph runs them). ``lb_bytes(hw)``: the bytes of the LB a layer's tiles get, None for all
-    of it; only then are tuning records replayed, as they are tuned for the whole LB. ``clamp``:
+    which of them the DSA runs (pure reshapes are never lowered: they stay on the host as views,
+    no data moves). ``lb_bytes(hw)``: the bytes of the LB a layer's tiles get, None for all of it; only then are tuning records replayed, as they are tuned for the whole LB. ``clamp``:
     a tile may overlap the end of its loop (``lower_kernel``; False: tiles divide their loops)."""
 
-    views: bool = True
     lb_bytes: Callable[[Hardware], int] | None = None
     clamp: bool = True
