@@ -152,6 +152,16 @@ def conv_transpose_asymmetric(b):
                  pads=[0, 0, 0, 1])]
 
 
+def conv_transpose_grouped_sliced(b):
+    """ConvTranspose 2x2 / 2 in 2 groups with pads 1 and an output padding along the width (8x8 ->
+    14x15): a grouped convolution of 15x15 whose rows are sliced to 14. Dealt to the cores in row
+    tiles of 5, the slice had a partial last tile, and the kernel ran on the host (random graphs:
+    seed 575)."""
+    x = b.input("x", [1, 8, 8, 8])
+    return [b.op("ConvTranspose", [x, b.param("w", [8, 2, 2, 2], 0.25)], kernel_shape=[2, 2], strides=[2, 2],
+                 pads=[1, 1, 1, 1], output_padding=[0, 1], group=2)]
+
+
 def concat_after_elementwise(b):
     """Concat (channels) of Relu(x), Sigmoid(x) and x * 2."""
     x = b.input("x", [1, 4, 8, 8])
@@ -215,7 +225,8 @@ REGRESSIONS = {
     **{f"conv_then_{act}": functools.partial(_model, conv_then(act)) for act in ("LeakyRelu", "Clip", "HardSigmoid")},
     "grouped_conv_relu": functools.partial(_model, grouped_conv_relu),
     **{f"conv_transpose_s{s}": functools.partial(_model, conv_transpose(s)) for s in (1, 2)},
-    **{f.__name__: functools.partial(_model, f) for f in (conv_transpose_asymmetric, concat_after_elementwise,
+    **{f.__name__: functools.partial(_model, f) for f in (conv_transpose_asymmetric, conv_transpose_grouped_sliced,
+                                                         concat_after_elementwise,
                                                          concat_of_normalised, concat_same_tensor_twice,
                                                          concat_thrice_then_pool, concat_of_square_and_fp16)},
     "square_then_matmul": functools.partial(_model, square_then("MatMul")),

@@ -236,9 +236,11 @@ def _fitting(func, info, plans, hw, lb_bytes, parallel, whole_rows=False):
         return lowered_if_fits(first), plans[first]
     best = min(_bisect(len(more), lambda i: spread(more[i])), len(more) - 1)
     try:
-        return lower_with_plan(func, more[best]), more[best]
+        lowered = lower_with_plan(func, more[best])
+        read_kernel(lowered)  # a consumer of the anchor may not take a partial tile
     except Unsupported:  # this split breaks an index's affinity: keep the plan that fits
         return lowered_if_fits(first), plans[first]
+    return lowered, more[best]
 
 
 def _loads_overlapped(func, info, plan: TilePlan, lowered, hw, lb_bytes):
