@@ -36,9 +36,11 @@ AUTO = "auto"  # the schedule the compiler chooses (``choose_schedule``)
 
 def choose_schedule(dynamic: bool) -> str:
     """The schedule ``pipeline(schedule="auto")`` compiles with: graphturbo's stitched kernels for a
-    static model (1.3-7.3x faster than layerwise on every zoo model, chip and batch measured, and
-    a sub-graph it cannot stitch runs layer by layer; docs/graphturbo.md §10.8), layerwise for a
-    dynamic one (the only schedule for symbolic shapes and control flow)."""
+    static model (on stcp920 1.3-7.3x faster than layerwise on every zoo model and batch measured,
+    and a sub-graph it cannot stitch runs layer by layer), layerwise for a dynamic one (the only
+    schedule for symbolic shapes and control flow). Not yet the fastest on every chip: on the SET
+    presets ResNet-50 at batch 1 runs faster with set (set-edge16-fp16) or layerwise
+    (set-cloud144-fp16), docs/graphturbo.md §10.8."""
     return "layerwise" if dynamic else "graphturbo"
 
 
