@@ -90,9 +90,12 @@ def footprints(layer: Layer) -> Footprint:
             boxes[(name, is_write)] = box if old is None else (np.minimum(old[0], box[0]), np.maximum(old[1], box[1]))
     tile_slots = {lp.slot for lp in tile_loops}
     env = [v if slot in tile_slots else 0 for slot, v in enumerate(env)]  # the loops in a tile at 0
-    relative = [np.broadcast_to(np.asarray(a) - np.asarray(o), (count,))
-                for acc, st in on_chip if acc.buffer in writer
-                for a, o in zip(acc.low_corner(env, st.shape), writer[acc.buffer][0].low_corner(env, writer[acc.buffer][1].shape))]
+    relative = []
+    for acc, st in on_chip:
+        if acc.buffer in writer:
+            origin, by = writer[acc.buffer]
+            relative += [np.broadcast_to(np.asarray(a) - np.asarray(o), (count,))
+                         for a, o in zip(acc.low_corner(env, st.shape), origin.low_corner(env, by.shape))]
     tiles = [tuple(t) for t in grid.T.tolist()]
     loads = tuple((name, tuple(acc.extents(stage.shape)), math.prod(e for _, e in chunks))
                   for name, acc, is_write, stage, chunks in accesses if not is_write)
