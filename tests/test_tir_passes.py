@@ -571,19 +571,21 @@ def test_a_bare_contraction_writes_its_tile_back_once_after_the_chunk_loop(rng):
     assert run.report.ddr_write == 64 * 96 * 2  # the output once, in fp16
 
 
-def test_a_first_tile_caps_every_plan_and_the_lowered_tiles():
-    """``first_tile`` (a micro-batch's samples) caps the first loop's tile in every candidate plan
-    and the parallel plans after them: an add over (8, 64, 512) takes plans of the whole batch
-    without it, none over 2 samples with ``first_tile=2``, and lowers so."""
+def test_caps_bound_every_plan_and_the_lowered_tiles():
+    """``caps`` (a micro-batch's samples for the first loop, a SET partition's tiles) bound the
+    leading loops' tiles in every candidate plan and the parallel plans after them: an add over
+    (8, 64, 512) takes plans of the whole batch without them, none over 2 samples and 16 rows
+    with ``caps=(2, 16)``, and lowers so."""
     hw = hardware.get("stcp920")
     op = relax.op
     func = fused_kernel(lambda: relax_graph([(8, 64, 512), (8, 64, 512)], lambda x, y: op.add(x, y)))
     info = anchor_info(func)
     assert max(p.tiles[0] for p in candidate_plans(info, hw.mme.rows, hw.mme.cols)) == 8
-    capped = list(candidate_plans(info, hw.mme.rows, hw.mme.cols, first_tile=2))
-    assert capped and max(p.tiles[0] for p in capped) == 2
-    assert lower_kernel(func, hw, first_tile=2)[1].tiles[0] <= 2
-
+    assert max(p.tiles[1] for p in candidate_plans(info, hw.mme.rows, hw.mme.cols)) == 64
+    capped = list(candidate_plans(info, hw.mme.rows, hw.mme.cols, caps=(2, 16)))
+    assert capped and max(p.tiles[0] for p in capped) == 2 and max(p.tiles[1] for p in capped) == 16
+    tiles = lower_kernel(func, hw, caps=(2, 16))[1].tiles
+    assert tiles[0] <= 2 and tiles[1] <= 16
 
 def _matmul_197():
     """(2, 197, 64) x (64, 96) + bias, ReLU: ViT's 197 tokens (prime) as M."""
@@ -692,3 +694,28 @@ def test_a_vit_sized_matmul_is_faster_in_overlapping_tiles():
     whole = lower_with_plan(func, TilePlan((1, 197, 24), 32))
     assert 197 % plan.tiles[1] and plan.tiles[2] > 24
     assert timing_cycles(build_program(lowered, hw, "m")) < timing_cycles(build_program(whole, hw, "m"))
+
+
+def test_a_partition_gives_each_core_one_tile_of_its_parts():
+    """A 256 x 256 product over 64 in 4 x 2 parts on 8 cores (set-edge16-fp16, a 32 x 32 array,
+    16 elements per cycle over a link): of the tilings into at most twice each role's parts,
+    64-row by 128-column tiles, one per core, take max(MME 64*64*128/1024 = 512, loads
+    (64 + 128) * 64 / 16 = 768) cycles, as do 128 x 64 tiles (the inner loop split less wins);
+    32 x 256 tiles load 1,152; 16 tiles of 64 x 64 take two rounds of 512."""
+    hw = hardware.get("set-edge16-fp16")
+    func = fused_kernel(lambda: relax_graph([(256, 64), (64, 256)], relax.op.matmul))
+    info = anchor_info(func)
+    assert info.roles == ("M", "N") and info.reduction == (64,)
+    assert tiling._part_tiles(info, {"M": 4, "N": 2}, 8, hw) == (64, 128)
+    lowered, plan = tiling.lower_in_parts(func, hw, None, {"M": 4, "N": 2}, 8)
+    assert plan.tiles == (64, 128) and plan.chunk == 64
+    assert len(footprints(Layer.of(lowered, hw, "k")).tiles) == 8
+
+
+def test_a_partition_keeps_tiles_that_divide_a_reshape():
+    """A loop whose index sits inside a reshape's division by 16 takes tiles dividing 16 even
+    when the partition asks for it whole (ViT's head split, on one core of a SET group)."""
+    from tvm_dsa.tir_passes.tile import AnchorInfo
+    from tvm_dsa.kernel.analysis import StageKind
+    info = AnchorInfo("T_reshape", StageKind("copy", ""), (2, 17, 64), (), ("", "", ""), (1, 1, 16))
+    assert tiling._part_tiles(info, {"": 1}, 1, hardware.get("set-edge16-fp16")) == (2, 17, 16)

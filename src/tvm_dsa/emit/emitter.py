@@ -649,11 +649,13 @@ def place_arguments(inputs, outputs, tensors: dict, hw: Hardware) -> tuple[dict,
     return regions, args, offset
 
 
-def build_program(func, hw: Hardware, name: str, num_outputs: int = 1, hold_stores: bool = True) -> isa.Program:
+def build_program(func, hw: Hardware, name: str, num_outputs: int = 1, hold_stores: bool = True,
+                  lb_bytes: int | None = None, cores: tuple[int, ...] = ()) -> isa.Program:
     """One-kernel program for a lowered PrimFunc whose last ``num_outputs`` params are outputs:
     every tensor in DDR, the first tile loop's index picks the cluster (the batch split), tiles go
-    round-robin over the cluster's cores (``hold_stores``: ``KernelEmitter``'s)."""
-    layer = Layer.of(func, hw, name)
+    round-robin over the cluster's cores, or over ``cores`` where given (``hold_stores``:
+    ``KernelEmitter``'s); its buffers in the first ``lb_bytes`` of the LB (all of it by default)."""
+    layer = Layer.of(func, hw, name, lb_bytes=lb_bytes)
     regions, args, offset = {}, [], 0
     for i, (pname, shape, dtype) in enumerate(layer.ir.params):
         role = "output" if i >= len(layer.ir.params) - num_outputs else "input"
@@ -665,7 +667,8 @@ def build_program(func, hw: Hardware, name: str, num_outputs: int = 1, hold_stor
     for pname, r in regions.items():
         emitter.claim(r, ("ddr", pname))
     extents = [lp.extent for lp in layer.ir.tile_loops()]
-    work = list(zip(itertools.product(*map(range, extents)), deal(extents, hw)))
+    tiles = list(itertools.product(*map(range, extents)))
+    work = list(zip(tiles, [cores[n % len(cores)] for n in range(len(tiles))] if cores else deal(extents, hw)))
     emitter.layer(layer, work, regions)
     return isa.Program(hw.to_dict(), max(offset, ALIGN), tuple(args), (emitter.kernel(),), name)
 

@@ -70,14 +70,14 @@ def lower_layer(func, hw, lb_bytes, name: str, *, clamp: bool) -> tuple:
     return func, low, None
 
 
-def lower_within(func, hw, lb_bytes, vector: bool = False, *, clamp: bool, first_tile: int | None = None):
+def lower_within(func, hw, lb_bytes, vector: bool = False, *, clamp: bool, caps: tuple[int, ...] = ()):
     """(lowered PrimFunc, LB budget it was tiled to): within ``lb_bytes`` where it fits (graphturbo
     leaves the rest of the LB to stitched intermediates), else within the whole LB; the
     contraction on the unit ``vector`` says, tiles overlapping where ``clamp`` lets them, the
-    first loop's at most ``first_tile`` (``lower_kernel``)."""
+    leading loops' at most ``caps`` (``lower_kernel``)."""
     if lb_bytes is not None:
         try:
-            return lower_kernel(func, hw, lb_bytes, vector=vector, clamp=clamp, first_tile=first_tile)[0], lb_bytes
+            return lower_kernel(func, hw, lb_bytes, vector=vector, clamp=clamp, caps=caps)[0], lb_bytes
         except Unsupported:
             pass
-    return lower_kernel(func, hw, vector=vector, clamp=clamp, first_tile=first_tile)[0], None
+    return lower_kernel(func, hw, vector=vector, clamp=clamp, caps=caps)[0], None

@@ -97,20 +97,20 @@ class StitchedKernels:
         low, budget = self.tiled_in_part(name) if part else ctx.lowered[name]
         if first_tile is not None and _first_tile(low) <= first_tile:
             first_tile = None
-        if first_tile is not None:
+        caps = () if first_tile is None else (first_tile,)
+        if caps:
             low, budget = lower_within(ctx.funcs[name], hw, stitch.lb_budget(hw) if part else budget, vector,
-                                       clamp=True, first_tile=first_tile)
+                                       clamp=True, caps=caps)
         on_chip = on_chip if stitch.gb else frozenset()
         key = (name, budget, on_chip, first_tile)
         if key not in self.overlapped:
             record = name in ctx.result.tuned and not part and first_tile is None
             if on_chip and not record:
-                low = lower_kernel(ctx.funcs[name], hw, budget, vector=vector, on_chip=on_chip,
-                                   first_tile=first_tile)[0]
+                low = lower_kernel(ctx.funcs[name], hw, budget, vector=vector, on_chip=on_chip, caps=caps)[0]
             keep = (not stitch.gb or vector or record
                     or not kernel_macs(ctx.mod[name]) or plan_lb(read_kernel(low), hw, budget).double_buffered)
             self.overlapped[key] = (low if keep else lower_kernel(ctx.funcs[name], hw, budget, overlap=True,
-                                                                  on_chip=on_chip, first_tile=first_tile)[0], budget)
+                                                                  on_chip=on_chip, caps=caps)[0], budget)
         return self.overlapped[key]
 
 

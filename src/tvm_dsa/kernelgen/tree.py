@@ -6,7 +6,8 @@ on the samples ``[q * b_v, (q + 1) * b_v)`` — with the ``KernelEmitter`` the o
 in the tree's invocation order (``schedule.set.tree.invocation_order``: each cut runs
 sub-batch k of all its children before sub-batch k + 1). A layer's tiles run on the cores of its
 tile group that its intra-layer partition uses (stripe ids mapped to mesh positions), dealt
-round-robin. The emitter's dependency tokens then let S-cut children on disjoint cores overlap
+round-robin; the layer is tiled as that partition splits it where this runs faster
+(``_in_parts``). The emitter's dependency tokens then let S-cut children on disjoint cores overlap
 as a pipeline, and make T-cut children follow one another on shared cores.
 
 Which invocation computes a tile: the one holding the last sample the tile writes, postponed
@@ -42,13 +43,15 @@ from tvm_dsa.hardware import Hardware
 from tvm_dsa.schedule.set.alloc import stripe_order
 from tvm_dsa.schedule.set.analysis import Schedule, Slot
 from tvm_dsa.schedule.set.tree import invocation_order
-from tvm_dsa.emit.emitter import KernelEmitter, place_arguments
+from tvm_dsa.emit.emitter import KernelEmitter, build_program, place_arguments
 from tvm_dsa.emit.placement import Layer, Pieces, Region
 from tvm_dsa.kernel.analysis import Unsupported
 from tvm_dsa.kernel.ir import ALIGN, CodegenError, align
 from tvm_dsa.kernelgen.rewrite import DSACall
 from tvm_dsa.emit.footprint import footprints
+from tvm_dsa.runtime import timing_cycles
 from tvm_dsa.runtime.timing import simulate_program
+from tvm_dsa.tiling import lower_in_parts
 
 
 @dataclass(frozen=True)
@@ -424,15 +427,38 @@ def build_tree_program(k: TreeKernel, hw) -> TreeProgram:
     return TreeProgram(program, tuple(spans), sched, keep.stats)
 
 
-def _tree_kernel(spec, nodes, graph, lowered, hw) -> TreeKernel:
+def _in_parts(ctx, func: str, leaf, cores: tuple[int, ...]) -> tuple:
+    """(lowered, LB budget) of PrimFunc ``func`` for a layer the tree plans as ``leaf`` on
+    ``cores``: tiled as its intra-layer partition splits it (``tiling.lower_in_parts``: ``pb`` x
+    ``pm`` x ``pn`` parts of B, M and N per invocation, or the parts of a vector-only layer), or
+    as lowering tiled it for the whole chip, whichever runs alone on those cores in fewer cycles
+    (a timing simulation: on few cores, the whole chip's smaller tiles overlap one tile's loads
+    with another's product where the partition's one large tile waits for its chunks)."""
+    pb, pm, pn = leaf.cost.partition
+    parts = {"B": pb, "M": pm * leaf.invocations, "N": pn, "": pb * pm * pn * leaf.invocations}
+    default = ctx.lowered[func]
+    try:
+        split = lower_in_parts(ctx.funcs[func], ctx.hw, default[1], parts, pb * pm * pn)[0], default[1]
+    except Unsupported:
+        return default
+    return min((split, default), key=lambda lb: timing_cycles(build_program(*lb[:1], ctx.hw, func, lb_bytes=lb[1],
+                                                                            cores=cores)))
+
+
+def _tree_kernel(spec, nodes, ctx) -> TreeKernel:
     """The ``TreeKernel`` of a SET kernel: one ``emit.Layer`` per layer of the plan's layer graph,
-    the other calls (pure reshapes, not lowered) as views."""
+    tiled as the tree partitions it (``_in_parts``), the other calls (pure reshapes, not lowered)
+    as views."""
+    graph, lowered, hw = ctx.graph, ctx.lowered, ctx.hw
     inputs, outputs = graph.boundary(nodes)
     tensors = {t: (graph.tensors[t].shape, graph.tensors[t].dtype) for n in nodes for t in (*n.inputs, n.output)}
     layers = []
-    for lay in spec.plan.graph.layers:
+    stripes = core_of_stripe(hw)
+    for v, lay in enumerate(spec.plan.graph.layers):
         n = graph.nodes[lay.node]
-        layers.append(Layer.of(lowered[n.func][0], hw, n.name, (*n.inputs, n.output), lowered[n.func][1]))
+        leaf = spec.plan.schedule.leaves[v]
+        func, budget = _in_parts(ctx, n.func, leaf, tuple(stripes[i] for i in range(*leaf.used)))
+        layers.append(Layer.of(func, hw, n.name, (*n.inputs, n.output), budget))
         if layers[-1].ir.wide:  # the tree's tensors are placed in the storage type
             raise Unsupported(f"layer {n.name} keeps a tensor wide (kernel.ranges)")
     views = {n.output: n.inputs[0] for n in nodes if n.func not in lowered}
@@ -450,7 +476,7 @@ class TreeKernels:
 
     def __call__(self, spec) -> DSACall:
         ctx = self.ctx
-        kernel = _tree_kernel(spec, ctx.nodes(spec), ctx.graph, ctx.lowered, ctx.hw)
+        kernel = _tree_kernel(spec, ctx.nodes(spec), ctx)
         lowered = build_tree_program(kernel, ctx.hw)
         ctx.result.dsa.append(spec.name)
         ctx.result.trees[spec.name] = (spec.plan, lowered)

@@ -8,6 +8,7 @@ their programs.
 
 from __future__ import annotations
 
+import itertools
 import math
 from dataclasses import replace
 
@@ -31,7 +32,7 @@ from tvm_dsa.runtime.cost import ddr_effective_bytes, mme_cycles
 
 def lower_kernel(func, hw, lb_bytes: int | None = None, parallel: bool = True, simplify: bool = True,
                  whole_rows: bool = False, vector: bool = False, overlap: bool = False, on_chip=frozenset(),
-                 clamp: bool = True, first_tile: int | None = None):
+                 clamp: bool = True, caps: tuple[int, ...] = ()):
     """Lower ``func`` with the largest tiling whose working set fits ``hw``'s LB (its first
     ``lb_bytes`` if given) and — unless ``parallel`` is False — that gives the cluster's cores a
     tile each where the kernel has that many. Returns (lowered, plan). With ``whole_rows`` no
@@ -56,7 +57,7 @@ def lower_kernel(func, hw, lb_bytes: int | None = None, parallel: bool = True, s
     reads from the GB (``load_cycles``), which also tries ``candidate_plans``' ``keep_n`` order.
     With ``clamp`` (the default) a prime extent may be tiled in parts whose last overlaps the one
     before (``ClampTiles``: ViT's 197 tokens); SET's layers keep tiles that divide
-    (``clamp=False``). ``first_tile`` caps the tiles of the first loop (``candidate_plans``)."""
+    (``clamp=False``). ``caps`` bound the tiles of the leading loops (``candidate_plans``)."""
     info = anchor_info(func, simplify)
     alignments = (False, True) if simplify and info.align != anchor_info(func, False).align else (None,)
     if vector and not unit_choice(info, hw):
@@ -65,7 +66,7 @@ def lower_kernel(func, hw, lb_bytes: int | None = None, parallel: bool = True, s
     for aligned in alignments:
         try:
             lowerings.append(_lower_aligned(func, hw, lb_bytes, parallel, simplify, aligned, vector, whole_rows,
-                                            overlap, on_chip, clamp, first_tile))
+                                            overlap, on_chip, clamp, caps))
         except Unsupported as err:
             error = err
     if not lowerings:
@@ -89,7 +90,7 @@ def _tiles(info, plan: TilePlan) -> int:
 
 def _lower_aligned(func, hw, lb_bytes: int | None, parallel: bool, simplify: bool, aligned: bool | None = None,
                    vector: bool = False, whole_rows: bool = False, overlap: bool = False, on_chip=frozenset(),
-                   clamp: bool = True, first_tile: int | None = None):
+                   clamp: bool = True, caps: tuple[int, ...] = ()):
     """``lower_kernel`` with one alignment: of the simplified indices or of the indices as they are
     (``aligned``, by default ``simplify``); the simplified kernel is lowered if ``simplify``; the
     contraction on the vector units if ``vector``.
@@ -108,7 +109,7 @@ def _lower_aligned(func, hw, lb_bytes: int | None, parallel: bool, simplify: boo
     for reuse, keep_n in orders:
         try:
             plans = [replace(p, vector=vector)
-                     for p in candidate_plans(info, hw.mme.rows, hw.mme.cols, reuse, keep_n, clamp, first_tile)]
+                     for p in candidate_plans(info, hw.mme.rows, hw.mme.cols, reuse, keep_n, clamp, caps)]
             chosen.append(_fitting(func, info, _rows_whole(info, plans) if whole_rows else plans, hw, lb_bytes,
                                    parallel, whole_rows))
         except Unsupported:
@@ -117,6 +118,62 @@ def _lower_aligned(func, hw, lb_bytes: int | None, parallel: bool, simplify: boo
     lowered, plan = chosen[0] if len(chosen) == 1 else \
         min(chosen, key=lambda c: load_cycles(c[0], hw, lb_bytes, on_chip))
     return _loads_overlapped(func, info, plan, lowered, hw, lb_bytes) if overlap else (lowered, plan)
+
+
+def lower_in_parts(func, hw, lb_bytes: int | None, parts: dict[str, int], cores: int):
+    """(lowered, plan): ``func`` tiled for ``cores`` cores as a partition asks: the spatial loops
+    of each role split into about ``parts[role]`` tiles (roles as ``AnchorInfo.roles``: a SET
+    layer's intra-layer partition, ``B``/``M``/``N`` parts of a contraction, ``""`` of another
+    anchor; a role not given stays whole; ``_part_tiles``), smaller tiles only where those do
+    not fit ``lb_bytes`` of the LB (``lower_kernel`` with these ``caps``, tiles dividing their
+    loops)."""
+    return lower_kernel(func, hw, lb_bytes, parallel=False, clamp=False,
+                        caps=_part_tiles(anchor_info(func), parts, cores, hw))
+
+
+PARTS_SLACK = 1.15
+
+
+def _tile_loads(size: dict[str, int], reduction: tuple[int, ...]) -> int:
+    """Elements a tile of ``size`` (its extent per role) loads: a contraction's M rows by the
+    first reduction loop (a convolution's input channels; its window overlaps) and N columns by
+    the whole reduction (the weights), per B; another anchor's elements by its reduction."""
+    b, depth = size.get("B", 1), math.prod(reduction)
+    if "M" in size or "N" in size:
+        return b * (size.get("M", 1) * (reduction[0] if reduction else 1) + size.get("N", 1) * depth)
+    return b * size.get("", 1) * depth
+
+
+def _part_tiles(info, parts: dict[str, int], cores: int, hw) -> tuple[int, ...]:
+    """Tiles near ``parts`` of each role, dealt round-robin over ``cores``. Candidates: tiles that
+    divide their loops (and, where a loop's index sits inside a reshape's division, that
+    divisor), splitting a role's loops into at most twice its parts (a loop of a role not given,
+    or with no such tile, keeps its largest). Of those whose busiest core's time is within
+    ``PARTS_SLACK`` of the least, the fewest tiles (less per-tile overhead: DMA set-ups, short
+    rows), then the outer loops split first (inner rows stay long, contiguous DMA). The busiest
+    core runs ⌈P / cores⌉ tiles, each taking the longer of its MME time (M and N padded to the
+    PE array) and its loads (``_tile_loads``) at one link's (or its GB share's) rate."""
+    roles = info.roles or ("",) * len(info.spatial)
+    aligns = info.align or (1,) * len(info.spatial)
+    unit = {"M": hw.mme.rows, "N": hw.mme.cols}
+    depth = math.prod(info.reduction)
+    rate = (hw.noc_link_bytes_per_cycle or hw.gb_bytes_per_cycle / hw.cores_per_cluster) / hw.storage_bytes
+    options = []
+    for i, (e, a, r) in enumerate(zip(info.spatial, aligns, roles)):
+        divisors = [t for t in range(e, 0, -1) if e % t == 0 and (a <= 1 or a % t == 0)]
+        options.append(([t for t in divisors if e // t <= 2 * parts[r]] or divisors[:1]) if r in parts else divisors[:1])
+    scored = []
+    for choice in itertools.product(*options):
+        p = math.prod(e // t for e, t in zip(info.spatial, choice))
+        size = {}
+        for t, r in zip(choice, roles):
+            size[r] = size.get(r, 1) * t
+        mme = depth * math.prod(-(-t // unit.get(r, 1)) * unit.get(r, 1) for r, t in size.items()) \
+            // (hw.mme.rows * hw.mme.cols)
+        work = max(mme, _tile_loads(size, info.reduction) / rate)
+        scored.append((-(-p // cores) * work, p, tuple(-t for t in reversed(choice)), choice))
+    least = min(s[0] for s in scored)
+    return min((s for s in scored if s[0] <= PARTS_SLACK * least), key=lambda s: s[1:3])[3]
 
 
 def loads(lowered, hw, lb_bytes: int | None = None, on_chip=frozenset()) -> tuple[int, int, int]:
@@ -388,7 +445,7 @@ def _gallop(lo: int, n: int, pred) -> int:
 
 __all__ = [
     "Unsupported", "classify", "TilePlan", "anchor_info", "candidate_plans", "tile_schedule",
-    "assign_scopes", "strip_epilogue", "lower_to_dsa", "lower_with_plan", "lower_kernel", "loads", "load_cycles", "chunk_cycles",
+    "assign_scopes", "strip_epilogue", "lower_to_dsa", "lower_with_plan", "lower_kernel", "lower_in_parts", "loads", "load_cycles", "chunk_cycles",
     "working_set_floor", "TileForLB", "AssignScopes", "StripEpilogue", "LowerToDSA", "ClampTiles", "LB_SCOPE",
     "GB_SCOPE",
 ]

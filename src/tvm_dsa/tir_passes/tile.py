@@ -362,7 +362,7 @@ def _intensity(m: int, n: int, rows: int, cols: int) -> float:
 
 
 def candidate_plans(info: AnchorInfo, mme_rows: int, mme_cols: int, reuse: bool = False, keep_n: bool = False,
-                    clamp: bool = True, first_tile: int | None = None):
+                    clamp: bool = True, caps: tuple[int, ...] = ()):
     """Tile plans from the whole output downwards, shrinking one loop at a time.
 
     Order of sacrifice: batch-like loops first (with ``reuse`` the first loop too: it deals the
@@ -384,11 +384,10 @@ def candidate_plans(info: AnchorInfo, mme_rows: int, mme_cols: int, reuse: bool 
     contraction's through every ⌈E / k⌉, another anchor's by halves: its first tile that fits is
     far down (ViT's layer norms: 4 of 197 rows, after 9 lowerings of 20-40 ms each from a
     working-set floor of 0; 6 of ViT-B/16's 106 lowerings fewer, the same cycles). With
-    ``first_tile`` (a divisor of the first loop's extent) no plan's first tile is larger: a
-    stitched kernel's micro-batch of samples."""
+    ``caps`` (divisors of the leading loops' extents) no plan's tile of those loops is larger: a
+    stitched kernel's micro-batch of samples, a SET layer's intra-layer partition."""
     tiles = [math.gcd(e, a) if a > 1 else e for e, a in zip(info.spatial, _aligns(info))]
-    if first_tile is not None:
-        tiles[0] = math.gcd(tiles[0], first_tile)
+    tiles[:len(caps)] = [math.gcd(t, c) for t, c in zip(tiles, caps)]
     clamp = clampable(info, mme_rows) if clamp else frozenset()
     chunk = info.reduction[0] if info.reduction else None
     roles = list(info.roles) if info.roles else [""] * len(tiles)
