@@ -151,3 +151,35 @@ def test_pieces_split_a_dma_box_along_their_cuts():
     assert (covered == expected).all() and len(parts) == 6
     with pytest.raises(Exception, match="not one loop with coefficient 1"):
         pieces.split(Access("t", False, (0, 0), ((), ()), ((1, 1), (0, 1))), [], [0, 0], [2, 2])
+
+
+def test_pins_load_ahead_on_the_prefetch_queues_in_long_rows(one_segment):
+    """set-edge16-fp16 gives each tile a prefetch queue: the weights a layer pins load on it
+    while earlier layers run, all but the first layer's (loaded before anything computes), and
+    in pieces whose DDR rows span at least four 64-byte bursts where the piece is that large (cut
+    along the output channels, not the input channels of a 1 x 1 convolution)."""
+    from tvm_dsa.runtime.cost import contiguous_run
+    kernel = one_segment[1].program.kernels[0]
+    first_mme = next(n for n, ins in enumerate(kernel.instructions) if isinstance(ins, isa.Mme))
+    pins = [(n, ins) for n, (ins, mark) in enumerate(zip(kernel.instructions, kernel.layer_of_each()))
+            if isinstance(ins, isa.Dma) and ins.src.mem == "ddr" and mark is not None and mark.name == PROMOTE]
+    ahead = [n for n, ins in pins if ins.prefetch]
+    assert ahead and all(n < first_mme for n, ins in pins if not ins.prefetch)
+    assert any(n > first_mme for n in ahead)
+    for _, ins in pins:
+        nbytes = int(np.prod(ins.shape)) * ins.src.itemsize
+        assert contiguous_run(ins.src, ins.shape) * ins.src.itemsize >= min(4 * 64, nbytes)
+
+
+def test_pinned_weights_are_cut_where_their_ddr_rows_stay_long():
+    """A 1 x 1 convolution's (2048, 512, 1, 1) int8 weights read by tiles of 256 output channels
+    and input chunks of 32: 16 pieces along the input channels give every box one piece, but
+    32-byte DDR rows (each a 64-byte burst); with rows of at least 256 bytes required the cut
+    goes along the output channels (2 pieces per box, rows of whole 512-byte filters)."""
+    from types import SimpleNamespace
+    from tvm_dsa.kernelgen.tree import _grid
+    reader = SimpleNamespace(ir=SimpleNamespace(stages=lambda: []))  # splittable along every dim
+    lo = np.array([(n, k, 0, 0) for n in range(0, 2048, 256) for k in range(0, 512, 32)])
+    boxes = (lo, lo + np.array([256, 32, 1, 1]))
+    assert _grid((2048, 512, 1, 1), [(reader, "w", boxes)], 16, 0)[0] == 1
+    assert _grid((2048, 512, 1, 1), [(reader, "w", boxes)], 16, 0, run=256)[0] == 0

@@ -13,7 +13,8 @@ from helpers import chain, ddr, f16, lb, make_program, mme_tile, preset, run_lb
 
 from tvm_dsa.hardware.model import Hardware
 from tvm_dsa.isa import (
-    Dma, Fill, LayerMark, Mme, Operand, Program, ProgramError, Reduce, TensorArg, Vector, operands,
+    Dma, Fill, LayerMark, Mme, Operand, Program, ProgramError, Reduce, TensorArg, Vector, disassemble, operands,
+    validate,
 )
 from tvm_dsa.runtime import (
     HazardError, Report, compute_cycles, dma_demand, instruction_cycles, simulate, write_trace,
@@ -433,6 +434,28 @@ def test_mesh_transfer_between_cores_uses_the_noc():
     lb_to_lb = [e for e in events(r, "dma") if e["args"]["index"] == 1][0]
     assert lb_to_lb["dur"] == pytest.approx(
         (h.dma_latency_cycles + hops + math.ceil(1024 / h.noc_link_bytes_per_cycle)) * 1e6 / h.clock_hz)
+
+
+def test_a_prefetch_dma_runs_on_the_cores_second_queue_beside_its_first():
+    """Two loads of 64 kB by one core from DDR: on its one queue they run one after the other,
+    the second marked ``prefetch`` runs at once on ``pdma`` (sharing DDR's bandwidth, so the pair
+    takes the DDR time of both); refused on a chip without the queue; kept by serialisation."""
+    hw = preset("set-edge16-fp16")
+    h = Hardware.from_dict(hw)
+    n = 32768
+    a = Dma(0, (n,), lb(0, "float16", 1), ddr(0, "float16", 1))
+    b = Dma(0, (n,), lb(2 * n, "float16", 1), ddr(2 * n, "float16", 1))
+    ddr_time = math.ceil(2 * n / h.ddr_bytes_per_cycle)
+    serial = simulate(make_program([[a, b]], (), 4 * n, hw), mode="timing")
+    assert serial.report.cycles == LAUNCH + 2 * (h.dma_latency_cycles + ddr_time)
+    program = make_program([[a, replace(b, prefetch=True)]], (), 4 * n, hw)
+    both = simulate(program, mode="timing")
+    assert both.report.cycles == LAUNCH + h.dma_latency_cycles + 2 * ddr_time
+    assert both.report.busy["pdma"] == both.report.busy["dma"] == 2 * ddr_time + h.dma_latency_cycles
+    assert Program.deserialize(program.serialize()).kernels[0].instructions[1].prefetch
+    assert "pdma" in disassemble(program) and "busy pdma" in str(both.report)
+    with pytest.raises(ProgramError, match="prefetch queue"):
+        validate(make_program([[replace(a, prefetch=True)]], (), 4 * n, preset()))
 
 
 def test_kernel_launch_cost_per_kernel_and_modes_agree():

@@ -105,10 +105,10 @@ class KernelEmitter:
         self.alias = {k: r for k, r in self.alias.items() if k[0] != core}
         self.content = {k: c for k, c in self.content.items() if k[0] != core}
 
-    def move(self, src: Region, dst: Region, core: int) -> None:
+    def move(self, src: Region, dst: Region, core: int, prefetch: bool = False) -> None:
         """Copy the box of ``dst`` from ``src`` (the same box or one holding it) to another memory,
         e.g. a weight promotion DDR -> GB; one transfer per piece, in order, where ``dst`` was
-        claimed in pieces."""
+        claimed in pieces; with ``prefetch`` on ``core``'s prefetch queue (``isa.Dma.prefetch``)."""
         self.cores_used.add(core)
         self.mark(PROMOTE, ())
         boxes = [(dst.origin, dst.extents)]
@@ -119,7 +119,8 @@ class KernelEmitter:
                       tuple(min(width, e - j) if d == dim else e for d, e in enumerate(dst.extents)))
                      for j in range(0, dst.extents[dim], width)]
         for origin, extents in boxes:
-            self.push(isa.Dma(core, extents, _whole_operand(dst, origin), _whole_operand(src, origin)), core)
+            self.push(isa.Dma(core, extents, _whole_operand(dst, origin), _whole_operand(src, origin),
+                              prefetch=prefetch), core)
 
     def replicate(self, start: int, stop: int, cores: int, cluster: int, ddr_shift: dict) -> bool:
         """Record that stream positions [start, stop) — one cluster's part of a kernel — run again

@@ -23,7 +23,7 @@ def fmt_instruction(n: int, ins) -> str:
     shape = ",".join(str(s) for s in ins.shape)
     head = f"{n:5d} c{ins.core:<3d}"
     if isinstance(ins, Dma):
-        body = f"dma    [{shape}] {fmt_operand(ins.dst)} <- {fmt_operand(ins.src)}"
+        body = f"{'pdma' if ins.prefetch else 'dma':<7s}[{shape}] {fmt_operand(ins.dst)} <- {fmt_operand(ins.src)}"
     elif isinstance(ins, Fill):
         body = f"fill   [{shape}] {fmt_operand(ins.dst)} <- #{ins.value:g}"
     elif isinstance(ins, Mme):

@@ -14,9 +14,12 @@ Units. Every instruction names the core that issues it (``core``, a global core 
 ==========  ==========================  =====================================================
 unit        runs                        operands
 ==========  ==========================  =====================================================
-``dma``     ``Dma`` with an LB side,    one side in ``lb[core]``, the other in DDR, any GB or
-(per core)  ``Fill``                    any LB (another core's LB: through the GBs on a bus,
-                                        over the NoC on a mesh); a fill writes ``lb[core]``
+``dma``     ``Dma`` with an LB side     one side in ``lb[core]``, the other in DDR, any GB or
+(per core)  (not ``prefetch``),         any LB (another core's LB: through the GBs on a bus,
+            ``Fill``                    over the NoC on a mesh); a fill writes ``lb[core]``
+``pdma``    ``Dma`` with an LB side     as ``dma``: the core's second DMA queue, on chips with
+(per core)  and ``prefetch``            ``prefetch_dma`` (a later layer's weights loaded
+                                        while the core's ``dma`` moves its tiles)
 ``cdma``    ``Dma`` without an LB side  DDR <-> ``gb[cluster of core]``, DDR <-> DDR or within
                                         ``gb[cluster of core]`` (a copy between on-chip tensors)
 (per
@@ -102,13 +105,16 @@ Scalar = float  # an immediate source of a vector instruction
 class Dma:
     """dst[p] = src[p] for p in shape (same dtype, no conversion). Unit: the core's ``dma`` when a
     side is in an LB, and then one side is the core's own LB; else the cluster's ``cdma``, between
-    DDR and the cluster's GB, within DDR or within the cluster's GB."""
+    DDR and the cluster's GB, within DDR or within the cluster's GB. With ``prefetch`` (an LB side;
+    chips with ``prefetch_dma``) the core's second queue ``pdma`` runs it, beside the transfers of
+    its ``dma`` (the JSON form then ends with 1)."""
 
     core: int
     shape: tuple[int, ...]
     dst: Operand
     src: Operand
     deps: tuple[int, ...] = ()
+    prefetch: bool = False  # on the core's second queue (``pdma``), beside its tile transfers
 
 
 @dataclass(frozen=True, slots=True)
@@ -184,7 +190,7 @@ def unit_of(ins: Instruction, cores_per_cluster: int) -> tuple[str, int]:
     if isinstance(ins, Dma):
         if ins.dst.mem != "lb" and ins.src.mem != "lb":
             return "cdma", ins.core // cores_per_cluster
-        return "dma", ins.core
+        return ("pdma" if ins.prefetch else "dma"), ins.core
     if isinstance(ins, Fill):
         return "dma", ins.core
     if isinstance(ins, Mme):

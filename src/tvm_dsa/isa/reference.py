@@ -25,7 +25,7 @@ END = "<!-- end: generated -->"
 
 _LB = Operand("lb", 3, 0x400, "float16", (32, 1))
 _SAMPLES = {
-    Dma: Dma(3, (4, 32), _LB, Operand("ddr", 0, 0x10000, "float16", (256, 1)), (7,)),
+    Dma: Dma(3, (4, 32), _LB, Operand("ddr", 0, 0x10000, "float16", (256, 1)), (7,), True),
     Fill: Fill(3, (4, 32), Operand("lb", 3, 0x800, "float32", (32, 1)), 0.0),
     Mme: Mme(3, (16, 32, 64), (False, False, True), Operand("lb", 3, 0, "float32", (32, 1, 0)),
              Operand("lb", 3, 0x1000, "float16", (64, 0, 1)), Operand("lb", 3, 0x3000, "float16", (0, 1, 32)),

@@ -74,6 +74,7 @@ class _Checker:
         self.sizes = {"ddr": program.ddr_bytes, "gb": hw["gb_bytes"], "lb": hw["lb_bytes"]}
         self.counts = {"ddr": 1, "gb": hw["clusters"], "lb": self.cores}
         self.mme_dtype = hw["mme"]["dtype"]
+        self.prefetch = bool(hw.get("prefetch_dma", False))
         self.accum_dtype = hw["mme"]["accum_dtype"]
         self.last: dict = {}  # (strides, shape) -> _last_element
         self.dst_ok: dict = {}  # (strides, shape, reduce mask) -> _dst_problem is None
@@ -191,6 +192,10 @@ class _Checker:
         core, src, dst = ins.core, ins.src, ins.dst
         if dst.dtype != src.dtype:
             return f"DMA cannot convert {src.dtype} to {dst.dtype}"
+        if ins.prefetch and not self.prefetch:
+            return "a prefetch DMA needs a chip whose cores have a prefetch queue (prefetch_dma)"
+        if ins.prefetch and dst.mem != "lb" and src.mem != "lb":
+            return "a prefetch DMA runs on a core's prefetch queue: one side must be in its LB"
         own = (dst.mem == "lb" and dst.index == core) or (src.mem == "lb" and src.index == core)
         if own:
             return None

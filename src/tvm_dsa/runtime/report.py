@@ -15,7 +15,7 @@ from tvm_dsa.isa.program import Program
 from tvm_dsa.runtime.cost import ddr_effective_bytes, elements, mme_traffic, noc_hops, stream_bytes
 from tvm_dsa.runtime.timing import ProgramTiming
 
-UNIT_TYPES = ("dma", "cdma", "mme", "vme", "vec")
+UNIT_TYPES = ("dma", "pdma", "cdma", "mme", "vme", "vec")
 TRAFFIC = ("ddr_read", "ddr_write", "gb_read", "gb_write", "lb_read", "lb_write")
 _SUMMED = ("cycles", "kernels", "instructions", "macs", "vector_lane_ops", *TRAFFIC, "ddr_burst_bytes",
            "noc_bytes", "noc_hop_bytes", "pe_link_bytes", "pe_register_bytes", "bound_macs", "compulsory_ddr_bytes")
@@ -165,7 +165,8 @@ class Report:
         rows.append(("peak LB / GB", f"{self.lb_peak_bytes:,} / {self.gb_peak_bytes:,} B"))
         util = self.utilisation
         for u in UNIT_TYPES:
-            rows.append((f"busy {u}", f"{self.busy.get(u, 0):,} cycles ({util[u]:.1%})"))
+            if u != "pdma" or self.hardware.prefetch_dma:
+                rows.append((f"busy {u}", f"{self.busy.get(u, 0):,} cycles ({util[u]:.1%})"))
         for k, v in self.energy.items():
             rows.append((f"energy {k}", f"{v * 1e6:.4g} uJ"))
         rows.append(("energy total", f"{self.energy_total * 1e6:.4g} uJ"))

@@ -78,7 +78,7 @@ class _Costs:
             if d.mem != "lb" and s.mem != "lb":
                 unit = ("cdma", core // self.hw.cores_per_cluster)
             else:
-                unit = ("dma", core)
+                unit = ("pdma" if ins.prefetch else "dma", core)
             key = (kind, ins.shape, d.mem, d.index, d.dtype, d.strides, s.mem, s.index, s.dtype, s.strides)
         elif kind is Fill:
             unit = ("dma", core)

@@ -19,7 +19,7 @@ from tvm_dsa.isa.program import Program
 from tvm_dsa.runtime.cost import elements
 from tvm_dsa.runtime.timing import ProgramTiming
 
-TRACKS = ("dma", "mme", "vme", "vec", "cdma")
+TRACKS = ("dma", "mme", "vme", "vec", "cdma", "pdma")
 _FLOW_IDS = itertools.count()  # unique in the process: traces of several runs concatenate
 
 

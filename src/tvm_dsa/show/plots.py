@@ -14,7 +14,7 @@ from pathlib import Path
 from tvm_dsa.hardware import Hardware
 from tvm_dsa.runtime import Report
 
-COLOURS = {"dma": "tab:blue", "cdma": "tab:cyan", "mme": "tab:red", "vme": "tab:green", "vec": "tab:olive"}
+COLOURS = {"dma": "tab:blue", "pdma": "tab:purple", "cdma": "tab:cyan", "mme": "tab:red", "vme": "tab:green", "vec": "tab:olive"}
 FORMATS = (".png", ".svg")
 
 
