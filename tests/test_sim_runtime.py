@@ -19,6 +19,7 @@ from tvm_dsa.isa import (
 from tvm_dsa.runtime import (
     HazardError, Report, compute_cycles, dma_demand, instruction_cycles, simulate, write_trace,
 )
+from tvm_dsa.runtime.cost import mesh_route
 from tvm_dsa.runtime.functional import erf
 from tvm_dsa.runtime.hazards import HazardTracker
 
@@ -434,6 +435,34 @@ def test_mesh_transfer_between_cores_uses_the_noc():
     lb_to_lb = [e for e in events(r, "dma") if e["args"]["index"] == 1][0]
     assert lb_to_lb["dur"] == pytest.approx(
         (h.dma_latency_cycles + hops + math.ceil(1024 / h.noc_link_bytes_per_cycle)) * 1e6 / h.clock_hz)
+
+
+def _copies(hw, pairs, nbytes=4096, by_sender=False):
+    """Timing of one kernel: ``nbytes`` copied from core ``src``'s LB to core ``dst``'s for each
+    pair, all at once: each issued by its receiver's DMA queue (by the sender's with
+    ``by_sender``), one pair per queue."""
+    n = nbytes // 2
+    instrs = [Dma(src if by_sender else dst, (n,), lb(j * nbytes, "float16", 1, core=dst), lb(0, "float16", 1, core=src))
+              for j, (src, dst) in enumerate(pairs)]
+    return simulate(make_program([instrs], (), 1024, hw), mode="timing").report.cycles
+
+
+def test_mesh_transfers_share_only_the_links_their_xy_routes_cross():
+    """On set-edge16's 4 x 4 mesh (32 B/cycle per directed link, XY routing) core 5 at (1, 1)
+    sends 4 kB to its four neighbours at once in the time of one copy, each over its own link;
+    cores 0 and 1 sending to cores 3 and 2 share the link 1 -> 2 (and take twice as long); two
+    copies into core 5 from its west and east neighbours cross no common link."""
+    hw = preset("set-edge16-fp16")
+    h = Hardware.from_dict(hw)
+    assert mesh_route(0, 6, h) == [(0, 1), (1, 2), (2, 6)]
+    assert mesh_route(14, 1, h) == [(14, 13), (13, 9), (9, 5), (5, 1)]
+    one = 4096 / h.noc_link_bytes_per_cycle
+    alone = _copies(hw, [(5, 6)])
+    assert alone == LAUNCH + h.dma_latency_cycles + 1 + one
+    assert _copies(hw, [(5, 4), (5, 6), (5, 1), (5, 9)]) == alone
+    shared = _copies(hw, [(0, 3), (1, 2)])  # 0 -> 3 crosses 0 -> 1 -> 2 -> 3, 1 -> 2 its second link
+    assert shared >= LAUNCH + h.dma_latency_cycles + 2 * one
+    assert _copies(hw, [(4, 5), (6, 5)], by_sender=True) == alone  # into core 5 from the west and the east
 
 
 def test_a_prefetch_dma_runs_on_the_cores_second_queue_beside_its_first():

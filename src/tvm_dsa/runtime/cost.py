@@ -4,7 +4,8 @@ Compute instructions take a fixed number of cycles (``compute_cycles``). Data mo
 fill) is a *transfer*: a fixed latency, then a demand in bytes on each shared resource it crosses
 (``dma_demand``); the simulator shares each resource's bandwidth among the transfers using it,
 and ``dma_cycles`` is the uncontended time. Resources are ``("ddr",)`` for the chip's DDR,
-``("gb", cluster)``, ``("lb", core)`` and ``("noc", source core)`` for a mesh core's outgoing links.
+``("gb", cluster)``, ``("lb", core)`` and ``("noc", core, next core)`` for each directed link of a
+mesh, which a transfer between two cores' LBs crosses along its XY route (``mesh_route``).
 """
 
 from __future__ import annotations
@@ -127,6 +128,22 @@ def mesh_hops(src_core: int, dst_core: int, hw: Hardware) -> int:
     return abs(a % w - b % w) + abs(a // w - b // w)
 
 
+def mesh_route(src_core: int, dst_core: int, hw: Hardware) -> list[tuple[int, int]]:
+    """The directed links (core, next core) of the XY route between two cores of a mesh: along
+    the row to the destination's column, then along that column (positions within the source's
+    cluster, like ``mesh_hops``)."""
+    w, cpc = hw.mesh[0], hw.cores_per_cluster
+    base, a, b = src_core - src_core % cpc, src_core % cpc, dst_core % cpc
+    x, y, links = a % w, a // w, []
+    for axis, target in ((0, b % w), (1, b // w)):
+        while (x, y)[axis] != target:
+            step = 1 if target > (x, y)[axis] else -1
+            nx, ny = (x + step, y) if axis == 0 else (x, y + step)
+            links.append((base + y * w + x, base + ny * w + nx))
+            x, y = nx, ny
+    return links
+
+
 def noc_hops(ins: Instruction, hw: Hardware) -> int:
     """Mesh hops of an LB-to-LB DMA between different cores; 0 for everything else."""
     if (isinstance(ins, Dma) and hw.interconnect == "mesh" and ins.src.mem == ins.dst.mem == "lb"
@@ -154,7 +171,8 @@ def dma_demand(ins: Dma | Fill, hw: Hardware) -> dict[Resource, int]:
             use((o.mem, o.index), payload)
     if ins.src.mem == ins.dst.mem == "lb" and ins.src.index != ins.dst.index:
         if hw.interconnect == "mesh":
-            use(("noc", ins.src.index), payload)
+            for link in mesh_route(ins.src.index, ins.dst.index, hw):
+                use(("noc", *link), payload)
         else:  # a bus goes through the GB of each cluster on the way
             for c in {ins.src.index // cpc, ins.dst.index // cpc}:
                 use(("gb", c), payload)
