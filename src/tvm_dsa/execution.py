@@ -291,3 +291,22 @@ def run_kernel(program: Program, info: dict, inputs: list[np.ndarray]) -> list[n
         raise FloatingPointError(result.report.numerics[0])
     return list(result.outputs or [])
 
+
+
+def dsa_cycles(mod: tvm.IRModule) -> int:
+    """Cycles of the DSA calls of ``mod``'s ``main`` (after ``OffloadToDSA``) in a timing
+    simulation, launches included: how the pipeline compares schedules."""
+    from tvm import relax
+
+    from tvm_dsa.packed import EXECUTE
+    from tvm_dsa.runtime import timing_cycles
+
+    texts = []
+
+    def visit(expr) -> None:
+        if isinstance(expr, relax.Call) and isinstance(expr.op, tvm.ir.Op) and expr.op.name == "relax.call_dps_packed" \
+                and isinstance(expr.args[0], relax.ExternFunc) and expr.args[0].global_symbol == EXECUTE:
+            texts.append(expr.args[1].fields[0].value)
+
+    relax.analysis.post_order_visit(mod["main"], visit)
+    return sum(timing_cycles(parsed_program(t)) for t in texts)

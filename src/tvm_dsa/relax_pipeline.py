@@ -26,22 +26,49 @@ from tvm_dsa.kernelgen.symbolic import is_dynamic, offload_symbolic
 from tvm_dsa.relax_passes.pool_fusion import FusePooling
 from tvm_dsa.relax_passes.reorder import ApplyExecutionPlan
 from tvm_dsa.relax_passes.sink import SinkIntoBranches
-from tvm_dsa.schedule.set.scheduler import SetOptions
+from tvm_dsa.schedule.set.scheduler import SetOptions, SetScheduleError
 from tvm_dsa.tuning import tuned_kernels
-from tvm_dsa.execution import compilation_of, current, record_compilation
+from tvm_dsa.execution import compilation_of, current, dsa_cycles, record_compilation
 from tvm_dsa.relax_passes.run_start import MarkRunStart
 
 AUTO = "auto"  # the schedule the compiler chooses (``choose_schedule``)
+OPTIONS = {"graphturbo": StitchOptions, "set": SetOptions}  # each scheduler's options type
 
 
-def choose_schedule(dynamic: bool) -> str:
-    """The schedule ``pipeline(schedule="auto")`` compiles with: graphturbo's stitched kernels for a
-    static model (on stcp920 1.3-7.3x faster than layerwise on every zoo model and batch measured,
-    and a sub-graph it cannot stitch runs layer by layer), layerwise for a dynamic one (the only
-    schedule for symbolic shapes and control flow). Not yet the fastest on every chip: on the SET
-    presets ResNet-50 at batch 1 runs faster with set (set-edge16-fp16) or layerwise
-    (set-cloud144-fp16), docs/graphturbo.md §10.8."""
-    return "layerwise" if dynamic else "graphturbo"
+def choose_schedule(dynamic: bool, hw: hardware.Hardware) -> tuple[str, ...]:
+    """The schedules ``pipeline(schedule="auto")`` tries; of several, the one whose DSA programs
+    take the fewest cycles in a timing simulation is kept (``_fastest``). A dynamic model runs
+    layerwise (the only schedule for symbolic shapes and control flow). On a bus chip a static
+    one takes graphturbo's stitched kernels (on stcp920 1.3-7.3x faster than layerwise on every
+    zoo model and batch measured; a sub-graph it cannot stitch runs layer by layer). On a mesh
+    chip set and layerwise are timed: on set-edge16-fp16 set was the fastest of the three on all
+    seven models at batch 1 (1.0-3.5x), on set-cloud144-fp16 on five and layerwise on BERT
+    (docs/performance.md, "The default schedule on the mesh presets")."""
+    if dynamic:
+        return ("layerwise",)
+    return ("set", "layerwise") if hw.interconnect == "mesh" else ("graphturbo",)
+
+
+def _fastest(mod: tvm.IRModule, chip, candidates: tuple[str, ...], options, tuned) -> tuple:
+    """(module, OffloadResult) of ``offload`` under the candidate whose DSA calls simulate in the
+    fewest cycles (timing, launches included; one candidate: not simulated). A candidate that
+    cannot schedule the module (``set`` without a batch dimension) is skipped; ``options`` go to
+    the candidate they belong to. The result records each candidate's cycles."""
+    tried, errors = [], []
+    for name in candidates:
+        mine = options if len(candidates) == 1 or isinstance(options, OPTIONS.get(name, ())) else None
+        try:
+            tried.append(offload(mod, chip, name, options=mine, tuned=tuned))
+        except SetScheduleError as err:
+            errors.append(err)
+    if not tried:
+        raise errors[0]
+    if len(tried) == 1:
+        return tried[0]
+    cycles = [dsa_cycles(m) for m, _ in tried]
+    best = min(range(len(tried)), key=cycles.__getitem__)
+    tried[best][1].timed = dict(zip(candidates, cycles))
+    return tried[best]
 
 
 def pipeline(schedule: str = AUTO, hw: hardware.Hardware | str | None = None,
@@ -70,7 +97,7 @@ def pipeline(schedule: str = AUTO, hw: hardware.Hardware | str | None = None,
         chip = hardware.get(hw) if isinstance(hw, str) else hw or hardware.from_target(target)
         host = target or tvm.target.Target("llvm")
         dynamic = is_dynamic(mod)
-        chosen = choose_schedule(dynamic) if schedule == AUTO else schedule
+        chosen = choose_schedule(dynamic, chip) if schedule == AUTO else (schedule,)
         ddr_bytes, weight_bytes = model_ddr_bytes(mod, chip), constant_bytes(mod, chip)
         with host, _no_cyclic_gc():
             mod = fuse(mod, rdp_fusion)
@@ -79,13 +106,13 @@ def pipeline(schedule: str = AUTO, hw: hardware.Hardware | str | None = None,
             if memory_plan:
                 mod = ApplyExecutionPlan(SinkIntoBranches(mod))
             mod, result = (offload_symbolic(mod, chip) if dynamic
-                           else offload(mod, chip, chosen, options=options,
-                                        tuned=tuned_kernels(database, chip)))
+                           else _fastest(mod, chip, chosen, options, tuned_kernels(database, chip)))
             result.model_ddr_bytes, result.weight_bytes = ddr_bytes, weight_bytes
-            result.schedule = "layerwise" if dynamic else chosen
-            if dynamic and chosen != "layerwise":
-                result.unstitched[chosen] = (f"the {chosen} schedule needs static shapes and no control "
-                                             "flow: a dynamic model runs layerwise")
+            if dynamic:
+                result.schedule = "layerwise"
+                if chosen != ("layerwise",):
+                    result.unstitched[chosen[0]] = (f"the {chosen[0]} schedule needs static shapes and no "
+                                                    "control flow: a dynamic model runs layerwise")
             mod = tvm.transform.Sequential(
                 [relax.transform.DeadCodeElimination(), MarkRunStart(record_compilation(result), io=ddr_bytes is None)]
                 + cpu_generic.pipeline.dataflow_lower_passes(host)

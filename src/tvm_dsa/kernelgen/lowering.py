@@ -37,6 +37,7 @@ class Lowered:
     funcs: dict = field(default_factory=dict)  # PrimFunc name -> as lowered (with ``COPY_EACH`` where it takes one)
     lowered: dict = field(default_factory=dict)  # PrimFunc name -> (lowered, LB budget tiled to; None: the whole LB)
     built: dict = field(default_factory=dict)  # PrimFunc name -> its one-layer program where lowering built it
+    parted: dict = field(default_factory=dict)  # SET: (PrimFunc name, partition, invocations, cores) -> as lowered
     on_vector: frozenset = frozenset()  # PrimFuncs whose contraction runs on the vector units, not the MME
 
     def nodes(self, spec: KernelSpec) -> list:

@@ -55,6 +55,7 @@ class OffloadResult:
     model_ddr_bytes: int | None = None  # the model's inputs, weights, outputs (None: dynamic)
     weight_bytes: int = 0  # of those, its weights (a dynamic model's bound adds a run's inputs, outputs)
     schedule: str = ""  # the inter-layer schedule it was compiled with (the pipeline's choice)
+    timed: dict = field(default_factory=dict)  # schedule -> DSA cycles, where the pipeline timed several
 
     @property
     def model_macs(self) -> int:
@@ -76,7 +77,7 @@ def OffloadToDSA(hw: Hardware, schedule: str = "layerwise", options=None, tuned=
 
     @tvm.transform.module_pass(opt_level=0, name="dsa.OffloadToDSA")
     def offload_to_dsa(mod: tvm.IRModule, _ctx) -> tvm.IRModule:
-        result = OffloadResult()
+        result = OffloadResult(schedule=schedule)
         ctx = Lowered(mod, OpGraph.from_relax(mod), hw, options, result)
         _lower_layers(ctx, scheduler.lowering, tuned)
         try:

@@ -37,6 +37,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import numpy as np
+import tvm_ffi
 
 from tvm_dsa import isa
 from tvm_dsa.hardware import Hardware
@@ -457,13 +458,24 @@ def _in_parts(ctx, func: str, leaf, cores: tuple[int, ...]) -> tuple:
     ``pm`` x ``pn`` parts of B, M and N per invocation, or the parts of a vector-only layer), or
     as lowering tiled it for the whole chip, whichever runs alone on those cores in fewer cycles
     (a timing simulation: on few cores, the whole chip's smaller tiles overlap one tile's loads
-    with another's product where the partition's one large tile waits for its chunks)."""
+    with another's product where the partition's one large tile waits for its chunks). Decided
+    once per function, partition and cores (a network's repeated blocks share them), and not
+    simulated where the two lowerings are one."""
+    key = (func, leaf.cost.partition, leaf.invocations, cores)
+    if key not in ctx.parted:
+        ctx.parted[key] = _lower_in_parts(ctx, func, leaf, cores)
+    return ctx.parted[key]
+
+
+def _lower_in_parts(ctx, func: str, leaf, cores: tuple[int, ...]) -> tuple:
     pb, pm, pn = leaf.cost.partition
     parts = {"B": pb, "M": pm * leaf.invocations, "N": pn, "": pb * pm * pn * leaf.invocations}
     default = ctx.lowered[func]
     try:
         split = lower_in_parts(ctx.funcs[func], ctx.hw, default[1], parts, pb * pm * pn)[0], default[1]
     except Unsupported:
+        return default
+    if tvm_ffi.structural_equal(split[0], default[0]):
         return default
     return min((split, default), key=lambda lb: timing_cycles(build_program(*lb[:1], ctx.hw, func, lb_bytes=lb[1],
                                                                             cores=cores)))
