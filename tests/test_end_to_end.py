@@ -13,6 +13,8 @@ from tvm.relax.frontend import onnx as rx_onnx
 import tvm_dsa
 from tvm_dsa.kernelgen.offload import VIEW
 from tvm_dsa import pipeline_result
+from tvm_dsa.harness import Compiled, import_onnx
+from tvm_dsa.models import TINY, example_inputs, get_model
 
 
 def small_cnn(rng):
@@ -72,6 +74,7 @@ def test_small_cnn_matches_llvm_and_onnxruntime(rng):
                                          report.compulsory_ddr_bytes / hw.ddr_bytes_per_cycle)
     assert report.roofline_fraction == report.roofline_cycles / report.cycles
     assert f"{report.roofline_fraction:.1%} reached" in str(report) and "the model's bound" in str(report)
+    assert report.host_kernels == 0 and "on the host" not in str(report)  # the flatten is a view
     # the launch cost is part of the time: at least one launch per kernel
     assert report.cycles >= 3 * tvm_dsa.hardware.get("stcp920").kernel_launch_cycles
     # per kernel: the offloaded kernels in call order, their reports adding up to the model's
@@ -124,6 +127,18 @@ def test_on_a_mesh_chip_the_pipeline_keeps_the_faster_of_set_and_layerwise(rng):
         assert pipeline_result(ex).schedule == schedule and not pipeline_result(ex).timed
         relax.VirtualMachine(ex, tvm.cpu())["main"](tvm.runtime.tensor(x))
         assert tvm_dsa.last_report().cycles == result.timed[schedule]
+
+
+def test_a_report_says_how_many_of_the_models_kernels_ran_on_the_host():
+    """Tiny DLRM's embedding gathers run on the host: the model's bound holds their tables and
+    work, the cycles not their time, and the report says how many kernels that is (from the
+    compilation's host kernels, views left out)."""
+    model = get_model("dlrm", **TINY["dlrm"])
+    compiled = Compiled.build(import_onnx(model), "dsa/stcp920")
+    result, report = compiled.offload, compiled.run(example_inputs(model), mode="timing").report
+    gathers = [name for name, why in result.host.items() if why != VIEW]
+    assert gathers and report.host_kernels == len(gathers)
+    assert f"{len(gathers)} of its kernels ran on the host, outside the cycles" in str(report)
 
 
 def test_export_library_keeps_the_program(rng, tmp_path):

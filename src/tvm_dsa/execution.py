@@ -70,13 +70,14 @@ class Run:
         compiled = COMPILATIONS.get(self.compilation) if self.compilation else None
         if compiled is None:
             return report
+        host = compiled.host_kernels
         if compiled.model_ddr_bytes is not None:
-            return report.with_bound(compiled.model_macs, compiled.model_ddr_bytes)
+            return report.with_bound(compiled.model_macs, compiled.model_ddr_bytes, host)
         if self.output_elements is None:  # the run stopped before its end
             return report
         elements = self.input_elements + self.output_elements
         return report.with_bound(report.bound_macs + compiled.host_macs,
-                                 elements * report.hardware.storage_bytes + compiled.weight_bytes)
+                                 elements * report.hardware.storage_bytes + compiled.weight_bytes, host)
 
 
 class Session:

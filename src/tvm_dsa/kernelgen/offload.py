@@ -58,6 +58,11 @@ class OffloadResult:
     timed: dict = field(default_factory=dict)  # schedule -> DSA cycles, where the pipeline timed several
 
     @property
+    def host_kernels(self) -> int:
+        """The kernels the host runs, not counting pure reshapes (views: no work)."""
+        return sum(why != VIEW for why in self.host.values())
+
+    @property
     def model_macs(self) -> int:
         """The MACs of the model's kernels, each once (on the DSA or the host)."""
         return self.dsa_macs + self.host_macs
