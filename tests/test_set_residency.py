@@ -183,3 +183,20 @@ def test_pinned_weights_are_cut_where_their_ddr_rows_stay_long():
     boxes = (lo, lo + np.array([256, 32, 1, 1]))
     assert _grid((2048, 512, 1, 1), [(reader, "w", boxes)], 16, 0)[0] == 1
     assert _grid((2048, 512, 1, 1), [(reader, "w", boxes)], 16, 0, run=256)[0] == 0
+
+
+def _holder_copies(tp) -> list[str]:
+    """Layers of the LB-to-LB copies of one tile buffer into another core's same buffer (the same
+    offset and strides: ``KernelEmitter._holder``'s copy tree)."""
+    kernel = tp.program.kernels[0]
+    return [mark.name for ins, mark in zip(kernel.instructions, kernel.layer_of_each())
+            if isinstance(ins, isa.Dma) and ins.src.mem == ins.dst.mem == "lb" and ins.src.index != ins.dst.index
+            and (ins.src.offset, ins.src.strides) == (ins.dst.offset, ins.dst.strides)]
+
+
+def test_boxes_kept_in_lbs_are_loaded_from_their_pieces_not_copied_along_a_tree(resnet, one_segment):
+    """Under one root child every feature map and weight a layer reads is kept in LBs: each tile
+    loads its box from the pieces, spread over their cores; only the first layer, which reads the
+    network's input from DDR, may copy a box from the tile that loaded it (a DDR read once)."""
+    _, _, _, names, _ = resnet
+    assert set(_holder_copies(one_segment[1])) <= {names[0]}
