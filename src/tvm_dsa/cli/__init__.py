@@ -61,7 +61,7 @@ def _run(args: argparse.Namespace) -> int:
             "model": label, "target": args.target, "mode": mode, "schedule": offload.schedule,
             "compile_seconds": dsa.seconds, "run_seconds": run.seconds, "numerics": check,
             "offload": {"dsa": offload.dsa, "host": offload.host, "dsa_macs": offload.dsa_macs,
-                        "host_macs": offload.host_macs, "dsa_mac_share": share},
+                        "host_macs": offload.host_macs, "dsa_mac_share": share, "timed": offload.timed},
             "report": run.report.to_dict() if run.report else None, "trace": args.trace,
         }, indent=2))
     else:
@@ -72,6 +72,9 @@ def _run(args: argparse.Namespace) -> int:
             print(f"numerics: max |dsa - llvm| / max |llvm| = {check['max_relative_error']:.2e} "
                   f"(tolerance {args.tolerance:.0e}): {verdict}")
         print(f"kernels: {len(offload.dsa)} on the DSA ({offload.schedule} schedule), {len(offload.host)} on the host")
+        if offload.timed:
+            print("schedule: timed " + ", ".join(f"{name} {cycles:,} cycles" for name, cycles in offload.timed.items())
+                  + f"; {offload.schedule} kept")
         for name, reason in offload.host.items():
             print(f"  host {name}: {reason}")
         total = offload.dsa_macs + offload.host_macs
