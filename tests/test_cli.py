@@ -20,17 +20,17 @@ def test_run_tiny_model_prints_numerics_offload_and_report(capsys):
 
 
 def test_run_on_a_mesh_chip_says_which_schedules_it_timed(capsys):
-    """On set-edge16-fp16 the pipeline times set and layerwise: the run names both with their
-    cycles and the one it kept, whose cycles the report has."""
+    """On set-edge16-fp16 the pipeline times set, layerwise and graphturbo: the run names each
+    with its cycles and the one it kept, whose cycles the report has."""
     assert main(["run", "resnet18", "--tiny", "--target", "dsa/set-edge16-fp16", "--json"]) == 0
     data = json.loads(capsys.readouterr().out)
     timed = data["offload"]["timed"]
-    assert set(timed) == {"set", "layerwise"} and data["schedule"] == min(timed, key=timed.get)
+    assert set(timed) == {"set", "layerwise", "graphturbo"} and data["schedule"] == min(timed, key=timed.get)
     assert data["report"]["cycles"] == timed[data["schedule"]]
     assert main(["run", "resnet18", "--tiny", "--target", "dsa/set-edge16-fp16"]) == 0
     out = capsys.readouterr().out
-    assert (f"schedule: timed set {timed['set']:,} cycles, layerwise {timed['layerwise']:,} cycles; "
-            f"{data['schedule']} kept") in out
+    assert ("schedule: timed " + ", ".join(f"{s} {timed[s]:,} cycles" for s in ("set", "layerwise", "graphturbo"))
+            + f"; {data['schedule']} kept") in out
 
 
 def test_json_macs_equal_the_models_macs(conv_onnx, capsys):

@@ -107,10 +107,11 @@ def test_the_pipeline_chooses_graphturbo_for_a_static_model(rng):
     assert cycles["graphturbo"] < cycles["layerwise"]
 
 
-def test_on_a_mesh_chip_the_pipeline_keeps_the_faster_of_set_and_layerwise(rng):
-    """On set-edge16-fp16 ``schedule="auto"`` compiles the static model with set and with
-    layerwise, simulates both programs (timing) and keeps the one with fewer cycles: the result
-    names both with their cycles, the kept schedule's are the run's, and the numbers are llvm's."""
+def test_on_a_mesh_chip_the_pipeline_keeps_the_fastest_schedule(rng):
+    """On set-edge16-fp16 ``schedule="auto"`` compiles the static model with set, layerwise and
+    graphturbo, simulates their programs (timing) and keeps the one with the fewest cycles: the
+    result names each with its cycles, the kept schedule's are the run's, and the numbers are
+    llvm's."""
     model = small_cnn(rng)
     x = rng.standard_normal((1, 8, 16, 16)).astype("float32")
     mod = rx_onnx.from_onnx(model, keep_params_in_input=False)
@@ -119,10 +120,10 @@ def test_on_a_mesh_chip_the_pipeline_keeps_the_faster_of_set_and_layerwise(rng):
     out = relax.VirtualMachine(ex, tvm.cpu())["main"](tvm.runtime.tensor(x)).numpy()
     np.testing.assert_allclose(out, ref, rtol=1e-2, atol=2e-3)
     result = pipeline_result(ex)
-    assert set(result.timed) == {"set", "layerwise"}
+    assert set(result.timed) == {"set", "layerwise", "graphturbo"}
     assert result.schedule == min(result.timed, key=result.timed.get)
     assert tvm_dsa.last_report().cycles == result.timed[result.schedule]
-    for schedule in ("set", "layerwise"):
+    for schedule in result.timed:
         ex = tvm.compile(mod, target="dsa/set-edge16-fp16", relax_pipeline=tvm_dsa.pipeline(schedule))
         assert pipeline_result(ex).schedule == schedule and not pipeline_result(ex).timed
         relax.VirtualMachine(ex, tvm.cpu())["main"](tvm.runtime.tensor(x))

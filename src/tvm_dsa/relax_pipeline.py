@@ -46,7 +46,7 @@ def choose_schedule(dynamic: bool, hw: hardware.Hardware) -> tuple[str, ...]:
     (docs/performance.md, "The default schedule on the mesh presets")."""
     if dynamic:
         return ("layerwise",)
-    return ("set", "layerwise") if hw.interconnect == "mesh" else ("graphturbo",)
+    return ("set", "layerwise", "graphturbo") if hw.interconnect == "mesh" else ("graphturbo",)
 
 
 def _fastest(mod: tvm.IRModule, chip, candidates: tuple[str, ...], options, tuned) -> tuple:
