@@ -40,10 +40,11 @@ def choose_schedule(dynamic: bool, hw: hardware.Hardware) -> tuple[str, ...]:
     take the fewest cycles in a timing simulation is kept (``_fastest``). A dynamic model runs
     layerwise (the only schedule for symbolic shapes and control flow). On a bus chip a static
     one takes graphturbo's stitched kernels (on stcp920 1.3-7.3x faster than layerwise on every
-    zoo model and batch measured; a sub-graph it cannot stitch runs layer by layer). On a mesh
-    chip set and layerwise are timed: on set-edge16-fp16 set was the fastest of the three on all
-    seven models at batch 1 (1.0-3.5x), on set-cloud144-fp16 on five and layerwise on BERT
-    (docs/performance.md, "The default schedule on the mesh presets")."""
+    zoo model and batch measured; a sub-graph it cannot stitch runs layer by layer; set needs a
+    mesh). On a mesh chip all three are timed: at batch 1 set was the fastest on all seven
+    models on set-edge16-fp16, and on set-cloud144-fp16 on five, layerwise on ResNet-50 and
+    graphturbo on BERT-128, each by 1-3 % (docs/performance.md, "The default schedule on the
+    mesh presets")."""
     if dynamic:
         return ("layerwise",)
     return ("set", "layerwise", "graphturbo") if hw.interconnect == "mesh" else ("graphturbo",)
