@@ -92,6 +92,7 @@ def test_hw_lists_the_presets(capsys):
     ("unknown_model", "unknown model 'resnet1000'"),
     ("unknown_target", "unknown DSA preset 'dsa/nope'"),
     ("float_on_int8", "--timing-only"),
+    ("set_on_a_bus", "schedule 'set' runs on a mesh of tiles; dsa/stcp920 has a bus"),
 ])
 def test_bad_input_exits_2_with_one_line(case, expected, tmp_path, capsys):
     garbage = tmp_path / "garbage.onnx"
@@ -102,6 +103,7 @@ def test_bad_input_exits_2_with_one_line(case, expected, tmp_path, capsys):
         "unknown_model": ["run", "resnet1000"],
         "unknown_target": ["run", "resnet18", "--tiny", "--target", "dsa/nope"],
         "float_on_int8": ["run", "resnet18", "--tiny", "--target", "dsa/set-edge16"],
+        "set_on_a_bus": ["compare", "resnet18", "--tiny", "--schedule", "set"],
     }[case]
     assert main(argv) == 2
     captured = capsys.readouterr()

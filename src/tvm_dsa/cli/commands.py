@@ -30,7 +30,7 @@ from tvm_dsa.show.lifetimes import capture_allocations, plot_lifetimes
 from tvm_dsa.tuning import tune
 
 
-SCHEDULES = ("auto", "layerwise", "graphturbo")
+SCHEDULES = ("auto", "layerwise", "graphturbo", "set")
 
 
 def _model_args(p: argparse.ArgumentParser) -> None:
@@ -43,6 +43,10 @@ def _model_args(p: argparse.ArgumentParser) -> None:
 def _timed_run(mod, inputs, target: str, schedule: str, database=None, trace: bool = False):
     """Compile for ``target`` and run it in timing mode (tokens trusted: the runs are for cycles);
     returns the build and the run."""
+    hw = hardware.from_target(target)
+    if schedule == "set" and hw.interconnect != "mesh":
+        raise InputError(f"schedule 'set' runs on a mesh of tiles; {target} has a {hw.interconnect} "
+                         "(the SET presets: tvm-dsa hw)")
     compiled = Compiled.build(mod, target, schedule, database=database)
     return compiled, compiled.run(inputs, mode="timing", trace=trace, check_hazards=False)
 
