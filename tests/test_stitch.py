@@ -524,13 +524,17 @@ def test_a_flip_in_a_sub_graph_is_refused_for_its_negative_stride(rng):
     assert np.abs(out - ref).max() / np.abs(ref).max() < 5e-3  # the conv in fp16 on the DSA
 
 
-def _mlp(monkeypatch, batch, rows, hidden):
+def _mlp(monkeypatch, batch, rows, hidden, timed: bool = False):
     """A two-matmul MLP with a residual, batch x rows x 256 -> hidden -> 256, and the list the
-    sub-graph modules graphturbo emits go into once it is compiled."""
+    sub-graph modules graphturbo emits go into once it is compiled. Unless ``timed``, its layers
+    keep the tiling search's first fitting plans (the compressor's cases below are built on
+    them), not the faster ones timed in place (``tiling.lower_timed``)."""
     import importlib
 
     op = relax.op
     generator = importlib.import_module("tvm_dsa.kernelgen.stitched")
+    if not timed:
+        monkeypatch.setattr(generator, "TIMED_MACS", math.inf)
     seen = []
     monkeypatch.setattr(generator, "emit_stitched", lambda mod, *a, **k: seen.append(mod) or stitch.emit_stitched(mod, *a, **k))
     mod = relax_graph([(batch, rows, 256), (256, hidden), (hidden, 256)],
@@ -962,3 +966,25 @@ def test_a_pieced_weight_goes_after_the_promotions_of_its_step_and_its_tiles_in_
     assert sorted(ordered) == list(rows) and (np.diff(piece[ordered]) >= 0).all()
     assert all(list(ordered[piece[ordered] == j]) == list(rows[piece == j]) for j in set(piece))
     assert list(stitch.piece_order(layer, rows, fp, {name: None})) == list(rows)
+
+
+def test_timed_plans_copied_give_what_emitting_them_gives(monkeypatch, rng):
+    """The MLP (``_mlp``) with its layers tiled as they run fastest in place
+    (``tiling.lower_timed``, 268 M MACs a matmul): some layer takes another plan than the search's
+    first fitting one, the kernels with copies are what emitting every tile gives, and the model
+    computes what llvm does."""
+    import importlib
+
+    generator = importlib.import_module("tvm_dsa.kernelgen.stitched")
+    chosen = []  # (search's lowering, the one kept)
+    timed = generator.lower_timed
+    monkeypatch.setattr(generator, "lower_timed", lambda *a, **k: chosen.append((a[4], timed(*a, **k))) or chosen[-1][1])
+    mod, seen = _mlp(monkeypatch, 8, 256, 512, timed=True)
+    args = [rng.standard_normal([int(s) for s in p.ty.shape]).astype("float32") * 0.1 for p in mod["main"].params]
+    vm, _ = _run(mod, "graphturbo")
+    out = vm["main"](*[tvm.runtime.tensor(a) for a in args]).numpy()
+    ref = _llvm(mod, args)
+    assert np.abs(out - ref).max() / np.abs(ref).max() < 5e-3
+    assert chosen and any(kept is not first for first, kept in chosen)
+    for sub in seen:
+        _copies_are_emission(monkeypatch, sub)

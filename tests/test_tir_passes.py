@@ -719,3 +719,40 @@ def test_a_partition_keeps_tiles_that_divide_a_reshape():
     from tvm_dsa.kernel.analysis import StageKind
     info = AnchorInfo("T_reshape", StageKind("copy", ""), (2, 17, 64), (), ("", "", ""), (1, 1, 16))
     assert tiling._part_tiles(info, {"": 1}, 1, hardware.get("set-edge16-fp16")) == (2, 17, 16)
+
+
+def test_timed_plans_load_during_the_product_and_compute_exactly(rng):
+    """A 1 x 1 convolution 256 -> 512 at 28 x 28 (batch 2, ReLU over a bias) from the GB: the
+    search's first fitting plan takes the whole reduction in one chunk, which leaves no room for
+    a second copy of its loads, so each tile loads, then multiplies. ``lower_timed`` keeps a plan
+    whose loads are double-buffered because it runs faster in place (``timed_cycles``), no
+    coarser along the batch than the search's, and the program computes what llvm does."""
+    hw = hardware.get("stcp920")
+    op = relax.op
+    func = fused_kernel(lambda: relax_graph([(2, 256, 28, 28), (512, 256, 1, 1), (1, 512, 1, 1)],
+                                            lambda x, w, b: op.nn.relu(op.add(op.nn.conv2d(x, w), b))))
+    gb = frozenset({0, 1, 2})
+    base = lower_kernel(func, hw)[0]
+    timed = tiling.lower_timed(func, hw, None, gb, base)
+    first, chosen = read_kernel(base), read_kernel(timed)
+    assert not plan_lb(first, hw).double_buffered and plan_lb(chosen, hw).double_buffered
+    assert tiling.timed_cycles(timed, hw, None, gb) < tiling.timed_cycles(base, hw, None, gb)
+    assert chosen.tile_loops()[0].extent >= first.tile_loops()[0].extent
+    args = random_args(func, rng)
+    ref = run_llvm(func, args)
+    run = simulate(build_program(timed, hw, "timed_conv"), args[:-1])
+    np.testing.assert_allclose(run.outputs[0], ref, rtol=1e-2, atol=5e-3 * np.abs(ref).max())
+
+
+def test_timed_cycles_scale_the_first_tiles_to_all():
+    """``timed_cycles`` runs the first ``TIMED_TILES`` tiles on one cluster's cores with the
+    inputs named and the output in the GB: a layer with no more tiles is timed whole, exactly
+    the program of all its tiles so placed."""
+    hw = hardware.get("stcp920")
+    func = conv_bias_relu()
+    low = lower_kernel(func, hw)[0]
+    tiles = math.prod(lp.extent for lp in read_kernel(low).tile_loops())
+    assert tiles <= tiling.TIMED_TILES
+    whole = build_program(low, hw, "whole", cores=tuple(range(hw.cores_per_cluster)), gb=frozenset({0, 1, 2, 3}))
+    assert not whole.args  # every tensor in the GB, none passed in through DDR
+    assert tiling.timed_cycles(low, hw, None, frozenset({0, 1, 2})) == timing_cycles(whole)

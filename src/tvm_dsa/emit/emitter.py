@@ -656,26 +656,34 @@ def place_arguments(inputs, outputs, tensors: dict, hw: Hardware) -> tuple[dict,
 
 
 def build_program(func, hw: Hardware, name: str, num_outputs: int = 1, hold_stores: bool = True,
-                  lb_bytes: int | None = None, cores: tuple[int, ...] = ()) -> isa.Program:
+                  lb_bytes: int | None = None, cores: tuple[int, ...] = (), gb: frozenset = frozenset(),
+                  tiles: int | None = None) -> isa.Program:
     """One-kernel program for a lowered PrimFunc whose last ``num_outputs`` params are outputs:
     every tensor in DDR, the first tile loop's index picks the cluster (the batch split), tiles go
     round-robin over the cluster's cores, or over ``cores`` where given (``hold_stores``:
-    ``KernelEmitter``'s); its buffers in the first ``lb_bytes`` of the LB (all of it by default)."""
+    ``KernelEmitter``'s); its buffers in the first ``lb_bytes`` of the LB (all of it by default).
+    For timing a layer as a stitched kernel runs it (``tiling.lower_timed``): the parameters at
+    positions ``gb`` in cluster 0's GB instead (their values are not loaded, and ``hw`` may be a
+    chip with a GB that holds them: the program is for timing), and only the first ``tiles``."""
     layer = Layer.of(func, hw, name, lb_bytes=lb_bytes)
-    regions, args, offset = {}, [], 0
+    regions, args, offset, top = {}, [], 0, 0
     for i, (pname, shape, dtype) in enumerate(layer.ir.params):
         role = "output" if i >= len(layer.ir.params) - num_outputs else "input"
         stored = layer.ir.ddr_dtype(pname, hw)
+        if i in gb and stored == hw.storage_dtype:
+            regions[pname] = Region.whole("gb", 0, top, shape, stored)
+            top = align(top + regions[pname].nbytes)
+            continue
         regions[pname] = Region.whole("ddr", 0, offset, shape, stored)
         args.append(isa.TensorArg(pname, role, shape, stored, dtype, offset))
         offset = align(offset + args[-1].nbytes)
     emitter = KernelEmitter(hw, name, hold_stores=hold_stores)
     for pname, r in regions.items():
-        emitter.claim(r, ("ddr", pname))
+        emitter.claim(r, (r.mem, pname))
     extents = [lp.extent for lp in layer.ir.tile_loops()]
-    tiles = list(itertools.product(*map(range, extents)))
-    work = list(zip(tiles, [cores[n % len(cores)] for n in range(len(tiles))] if cores else deal(extents, hw)))
-    emitter.layer(layer, work, regions)
+    every = list(itertools.product(*map(range, extents)))
+    work = list(zip(every, [cores[n % len(cores)] for n in range(len(every))] if cores else deal(extents, hw)))
+    emitter.layer(layer, work[:tiles], regions)
     return isa.Program(hw.to_dict(), max(offset, ALIGN), tuple(args), (emitter.kernel(),), name)
 
 

@@ -20,7 +20,7 @@ from tvm_dsa.kernelgen.lowering import lower_within
 from tvm_dsa.kernelgen.rewrite import DSACall
 from tvm_dsa.kernelgen.stitch import emit_stitched, read_allocation, subgraph_module
 from tvm_dsa.kernelgen.stitch_passes import BindCores, StitchBuffers, stitch_passes
-from tvm_dsa.tiling import lower_kernel
+from tvm_dsa.tiling import anchor_info, lower_kernel, lower_timed
 
 
 @dataclass(frozen=True)
@@ -87,11 +87,14 @@ class StitchedKernels:
 
     def layer(self, name, part: bool, on_chip: frozenset, first_tile: int | None = None):
         """A stitched kernel's layer, tiled to the LB share left to tiles (``part``) or the whole
-        LB, its plans ranked with the inputs at positions ``on_chip`` read from the GB (where the
-        kernel keeps its intermediates and promotes its weights: ``lower_kernel``); a contraction
-        that loads from the GB with its chunk loads overlapping the MME (``overlap``; from DDR, as
-        layerwise loads, a smaller chunk costs bursts). ``first_tile``: at most so many along the
-        first loop (a micro-batch's samples, ``_micro_batched``) where the tiling holds more."""
+        LB, for the inputs at positions ``on_chip`` read from the GB (where the kernel keeps its
+        intermediates and promotes its weights). Its plans are ranked with those reads from the
+        GB where another input comes from DDR (``lower_kernel``); a contraction that loads from
+        the GB with its chunk loads overlapping the MME (``overlap``; from DDR, as layerwise
+        loads, a smaller chunk costs bursts); then, on the MME with ``TIMED_MACS`` or more, the
+        fastest of that and other plans timed in place (``tiling.lower_timed``). ``first_tile``:
+        at most so many along the first loop (a micro-batch's samples, ``_micro_batched``) where
+        the tiling holds more."""
         ctx, stitch, hw = self.ctx, self.options, self.ctx.hw
         vector = name in ctx.on_vector
         low, budget = self.tiled_in_part(name) if part else ctx.lowered[name]
@@ -101,17 +104,34 @@ class StitchedKernels:
         if caps:
             low, budget = lower_within(ctx.funcs[name], hw, stitch.lb_budget(hw) if part else budget, vector,
                                        clamp=True, caps=caps)
-        on_chip = on_chip if stitch.gb else frozenset()
-        key = (name, budget, on_chip, first_tile)
+        gb = on_chip if stitch.gb else frozenset()
+        ranked = gb if len(gb) < len(ctx.funcs[name].params) - 1 else frozenset()
+        key = (name, budget, gb, first_tile)
         if key not in self.overlapped:
             record = name in ctx.result.tuned and not part and first_tile is None
-            if on_chip and not record:
-                low = lower_kernel(ctx.funcs[name], hw, budget, vector=vector, on_chip=on_chip, caps=caps)[0]
-            keep = (not stitch.gb or vector or record
-                    or not kernel_macs(ctx.mod[name]) or plan_lb(read_kernel(low), hw, budget).double_buffered)
-            self.overlapped[key] = (low if keep else lower_kernel(ctx.funcs[name], hw, budget, overlap=True,
-                                                                  on_chip=on_chip, caps=caps)[0], budget)
+            if ranked and not record:
+                low = lower_kernel(ctx.funcs[name], hw, budget, vector=vector, on_chip=ranked, caps=caps)[0]
+            macs = kernel_macs(ctx.mod[name])
+            keep = (not stitch.gb or vector or record or not macs
+                    or plan_lb(read_kernel(low), hw, budget).double_buffered)
+            if not keep:
+                low = lower_kernel(ctx.funcs[name], hw, budget, overlap=True, on_chip=ranked, caps=caps)[0]
+            if stitch.gb and not vector and not record and macs >= TIMED_MACS and _contraction(ctx.funcs[name]):
+                low = lower_timed(ctx.funcs[name], hw, budget, gb, low, caps)
+            self.overlapped[key] = (low, budget)
         return self.overlapped[key]
+
+
+TIMED_MACS = 1 << 24  # a smaller layer keeps the search's plan: timing others costs more compile time than it saves
+
+
+def _contraction(func) -> bool:
+    """Whether a layer's anchor is a contraction with a reduction (``lower_timed`` ranks its plans)."""
+    try:
+        info = anchor_info(func)
+    except Unsupported:
+        return False
+    return "N" in info.roles and bool(info.reduction)
 
 
 def _first_tile(lowered) -> int:
@@ -137,7 +157,7 @@ def _stitched(spec, nodes, graph, layer, hw, stitch) -> tuple:
         for n in nodes:
             on_chip = frozenset(i for i, t in enumerate(n.inputs) if t not in inputs or graph.tensors[t].constant)
             cap = first_tile if graph.tensors[n.output].shape[0] == batch else None
-            out[n.name] = layer(n.func, part, on_chip if len(on_chip) < len(n.inputs) else frozenset(), cap)
+            out[n.name] = layer(n.func, part, on_chip, cap)
             if read_kernel(out[n.name][0]).wide:  # stitched tensors are placed in the storage type
                 raise Unsupported(f"layer {n.name} keeps a tensor wide (kernel.ranges)")
         return out

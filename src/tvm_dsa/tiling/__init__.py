@@ -25,7 +25,7 @@ from tvm_dsa.tir_passes.tile import (
     unit_choice, working_set_floor
 )
 from tvm_dsa import isa
-from tvm_dsa.kernel.ir import Loop, chunk_loops, plan_lb, read_kernel, stages_of, tile_bytes
+from tvm_dsa.kernel.ir import CodegenError, Loop, align, chunk_loops, plan_lb, read_kernel, stages_of, tile_bytes
 from tvm_dsa.emit.footprint import footprints
 from tvm_dsa.runtime.cost import ddr_effective_bytes, mme_cycles
 
@@ -118,6 +118,94 @@ def _lower_aligned(func, hw, lb_bytes: int | None, parallel: bool, simplify: boo
     lowered, plan = chosen[0] if len(chosen) == 1 else \
         min(chosen, key=lambda c: load_cycles(c[0], hw, lb_bytes, on_chip))
     return _loads_overlapped(func, info, plan, lowered, hw, lb_bytes) if overlap else (lowered, plan)
+
+
+def lower_timed(func, hw, lb_bytes: int | None, gb: frozenset, baseline, caps: tuple[int, ...] = ()):
+    """A stitched kernel's contraction tiled for its place: ``baseline`` (``lower_kernel``'s
+    lowering for it) or one of the ``TIMED_PLANS`` plans of ``_grid`` ``_estimate`` ranks first
+    that fit ``lb_bytes`` of the LB, whichever ``timed_cycles`` finds fastest with the parameters
+    at positions ``gb`` in the GB. The search's first fitting plan is the largest tile, which
+    leaves no room to load the next chunk during the product, and the estimate alone misranks
+    plans by up to 4x (epilogues, stores, strided rows): timing settles it. ResNet-50's 1 x 1
+    convolution 256 -> 512 at 28 x 28 (batch 8): tiles of 512 channels x 1 row and the whole
+    reduction, 1.57M cycles on a cluster; 256 channels x 1 row in chunks of 16, 0.53M."""
+    info = anchor_info(func)
+    best = (timed_cycles(baseline, hw, lb_bytes, gb), baseline)
+    first = -(-info.spatial[0] // read_kernel(baseline).tile_loops()[0].extent)
+    caps = (min((first, *caps[:1])), *caps[1:])  # the first loop splits the batch over instances: no coarser
+    simplified, timed = simplify_indices(func), 0
+    capacity = hw.lb_bytes if lb_bytes is None else lb_bytes
+    for plan in sorted(_grid(info, hw, capacity, caps), key=lambda p: _estimate(info, p, hw, capacity)):
+        if timed == TIMED_PLANS:
+            break
+        try:
+            lowered = lower_with_plan(simplified, plan)
+            plan_lb(read_kernel(lowered), hw, lb_bytes)
+            timed += 1
+            cycles = timed_cycles(lowered, hw, lb_bytes, gb)
+        except (Unsupported, CodegenError):  # not affine, too big, or a tile the emitter cannot place
+            continue
+        if cycles < best[0]:
+            best = (cycles, lowered)
+    return best[1]
+
+
+TIMED_PLANS = 8  # plans ``lower_timed`` lowers and times besides the baseline
+TIMED_TILES = 24  # tiles a timing runs: three rounds of a cluster's eight cores
+
+
+def timed_cycles(lowered, hw, lb_bytes: int | None, gb: frozenset) -> float:
+    """Cycles of a lowered layer on one cluster, its parameters at positions ``gb`` (and its
+    output) in the GB, the rest in DDR: its first ``TIMED_TILES`` tiles round-robin over the
+    cluster's cores, scaled to all of them. The GB is taken as large as the tensors need: a
+    stitched kernel holds only its instances' part of them in each cluster's."""
+    kernel = read_kernel(lowered)
+    tiles = math.prod(lp.extent for lp in kernel.tile_loops())
+    gb = gb | {len(kernel.params) - 1}
+    need = sum(align(math.prod(kernel.params[i][1]) * hw.storage_bytes) for i in gb)
+    program = build_program(lowered, replace(hw, gb_bytes=max(hw.gb_bytes, need)), "timed", lb_bytes=lb_bytes,
+                            cores=tuple(range(hw.cores_per_cluster)), gb=gb, tiles=TIMED_TILES)
+    return timing_cycles(program) * tiles / min(tiles, TIMED_TILES)
+
+
+def _grid(info, hw, capacity: int, caps: tuple[int, ...]):
+    """Contraction plans whose least working set fits: every combination of the tiles
+    ``candidate_plans`` gives each loop in its three orders, with every chunk of the first
+    reduction loop from half the PE array's rows up, within ``capacity`` bytes of the LB."""
+    seen = [set() for _ in info.spatial]
+    for reuse, keep_n in ((False, False), (True, False), (True, True)):
+        for plan in candidate_plans(info, hw.mme.rows, hw.mme.cols, reuse, keep_n, caps=caps):
+            for i, t in enumerate(plan.tiles):
+                seen[i].add(t)
+    depth = info.reduction[0]
+    chunks = [c for c in range(1, depth + 1) if depth % c == 0 and c >= min(depth, hw.mme.rows // 2)]
+    for tiles in itertools.product(*map(sorted, seen)):
+        for chunk in chunks:
+            plan = TilePlan(tiles, chunk)
+            if working_set_floor(info, plan, hw.storage_bytes, hw.accum_bytes) <= capacity:
+                yield plan
+
+
+def _estimate(info, plan: TilePlan, hw, capacity: int) -> float:
+    """Rough cycles of a contraction plan on a cluster loading from the GB, to rank plans for
+    timing: per tile, each chunk's operand boxes (B·M and N rows by the chunk, the weights by the
+    rest of the reduction too) at a core's share of the GB and the MME's product, overlapped
+    where two copies of the boxes and the accumulator fit ``capacity`` bytes, then the epilogue's pass and
+    store; tiles dealt over the cluster's cores."""
+    size = {"M": 1, "N": 1, "B": 1, "": 1}
+    for t, r in zip(plan.tiles, info.roles):
+        size[r] *= t
+    m, n, rest = size["M"] * size["B"], size["N"], math.prod(info.reduction[1:])
+    share = hw.gb_bytes_per_cycle / hw.cores_per_cluster
+    boxes = (m + n * rest) * plan.chunk * hw.storage_bytes
+    load = boxes / share + 2 * hw.dma_latency_cycles
+    product = mme_cycles(1, m, n, plan.chunk * rest, hw)
+    chunks = info.reduction[0] // plan.chunk
+    doubled = 2 * boxes + m * n * hw.accum_bytes <= capacity
+    body = chunks * max(load, product) + load if doubled else chunks * (load + product)
+    epilogue = m * n / hw.vme_lanes + m * n * hw.storage_bytes / share + hw.dma_latency_cycles
+    tiles = math.prod(-(-e // t) for e, t in zip(info.spatial, plan.tiles))
+    return -(-tiles // hw.cores_per_cluster) * (body + epilogue)
 
 
 def lower_in_parts(func, hw, lb_bytes: int | None, parts: dict[str, int], cores: int):
@@ -445,7 +533,7 @@ def _gallop(lo: int, n: int, pred) -> int:
 
 __all__ = [
     "Unsupported", "classify", "TilePlan", "anchor_info", "candidate_plans", "tile_schedule",
-    "assign_scopes", "strip_epilogue", "lower_to_dsa", "lower_with_plan", "lower_kernel", "lower_in_parts", "loads", "load_cycles", "chunk_cycles",
+    "assign_scopes", "strip_epilogue", "lower_to_dsa", "lower_with_plan", "lower_kernel", "lower_in_parts", "lower_timed", "loads", "load_cycles", "chunk_cycles",
     "working_set_floor", "TileForLB", "AssignScopes", "StripEpilogue", "LowerToDSA", "ClampTiles", "LB_SCOPE",
     "GB_SCOPE",
 ]

@@ -362,7 +362,7 @@ def _intensity(m: int, n: int, rows: int, cols: int) -> float:
 
 
 def candidate_plans(info: AnchorInfo, mme_rows: int, mme_cols: int, reuse: bool = False, keep_n: bool = False,
-                    clamp: bool = True, caps: tuple[int, ...] = ()):
+                    clamp: bool = True, caps: tuple[int, ...] = (), chunk: int | None = None):
     """Tile plans from the whole output downwards, shrinking one loop at a time.
 
     Order of sacrifice: batch-like loops first (with ``reuse`` the first loop too: it deals the
@@ -385,11 +385,13 @@ def candidate_plans(info: AnchorInfo, mme_rows: int, mme_cols: int, reuse: bool 
     far down (ViT's layer norms: 4 of 197 rows, after 9 lowerings of 20-40 ms each from a
     working-set floor of 0; 6 of ViT-B/16's 106 lowerings fewer, the same cycles). With
     ``caps`` (divisors of the leading loops' extents) no plan's tile of those loops is larger: a
-    stitched kernel's micro-batch of samples, a SET layer's intra-layer partition."""
+    stitched kernel's micro-batch of samples, a SET layer's intra-layer partition. With ``chunk``
+    (a divisor of the first reduction loop) every plan takes that chunk: only tiles shrink."""
     tiles = [math.gcd(e, a) if a > 1 else e for e, a in zip(info.spatial, _aligns(info))]
     tiles[:len(caps)] = [math.gcd(t, c) for t, c in zip(tiles, caps)]
     clamp = clampable(info, mme_rows) if clamp else frozenset()
-    chunk = info.reduction[0] if info.reduction else None
+    fixed = chunk is not None
+    chunk = chunk if fixed else info.reduction[0] if info.reduction else None
     roles = list(info.roles) if info.roles else [""] * len(tiles)
     contraction = "N" in roles
     yield TilePlan(tuple(tiles), chunk)
@@ -431,11 +433,11 @@ def candidate_plans(info: AnchorInfo, mme_rows: int, mme_cols: int, reuse: bool 
         pick = outermost({"B"})
         if pick is None and reuse and tiles[0] > 1:
             pick = 0  # the first tile loop deals the batch over the clusters and instances (§2.1)
-        if pick is None and chunk is not None and chunk > (mme_cols if reuse and contraction else 256):
+        if pick is None and not fixed and chunk is not None and chunk > (mme_cols if reuse and contraction else 256):
             pick = "chunk"
         if pick is None:
             pick = m_or_n() if contraction else outermost({""})
-        if pick is None and chunk is not None and chunk > 1:
+        if pick is None and not fixed and chunk is not None and chunk > 1:
             pick = "chunk"
         if pick is None:
             pick = outermost({"M", "N", ""})
