@@ -19,7 +19,7 @@ from tvm_dsa.isa import (
 from tvm_dsa.runtime import (
     HazardError, Report, compute_cycles, dma_demand, instruction_cycles, simulate, write_trace,
 )
-from tvm_dsa.runtime.cost import mesh_route
+from tvm_dsa.runtime.cost import mesh_route, vector_cycles
 from tvm_dsa.runtime.functional import erf
 from tvm_dsa.runtime.hazards import HazardTracker
 
@@ -554,3 +554,55 @@ def test_trace_has_one_track_per_unit_used(tmp_path):
     assert layers == [None] * 2 + ["mm"] * 4  # instructions 2.. belong to the mark
     write_trace(r.trace_events, tmp_path / "t.json")
     assert json.loads((tmp_path / "t.json").read_text())["traceEvents"] == r.trace_events
+
+
+def _promotion(cluster: int, n: int, hw: Hardware, src: int = 0, multicast: bool = True) -> Dma:
+    """Cluster ``cluster`` promoting ``n`` fp16 elements of DDR at ``src`` to offset 0 of its GB."""
+    return Dma(cluster * hw.cores_per_cluster, (n,), Operand("gb", cluster, 0, "float16", (1,)),
+               ddr(src, "float16", 1), multicast=multicast)
+
+
+def test_the_clusters_multicast_promotions_of_one_box_read_ddr_once():
+    """stcp920 (``multicast_dma``): four clusters promoting the same 64 kB of weights to one GB
+    place move them as one transfer, in the DDR time of one (128 B/cycle; each GB takes 256), and
+    the report reads them from DDR once; as plain DMAs they share DDR and take four times as long.
+    A transfer waits for its last cluster: with cluster 3's promotion behind a vector copy on one
+    of its cores, all four start when that ends. Serialisation keeps the flag (1 prefetch + 2 multicast)."""
+    hw = preset()
+    h = Hardware.from_dict(hw)
+    n = 32768
+    ddr_time = math.ceil(2 * n / h.ddr_bytes_per_cycle)
+    together = make_program([[_promotion(c, n, h) for c in range(4)]], (), 2 * n, hw)
+    run = simulate(together, mode="timing")
+    assert run.report.cycles == LAUNCH + h.dma_latency_cycles + ddr_time
+    assert run.report.ddr_read == 2 * n and run.report.gb_write == 4 * 2 * n
+    plain = simulate(make_program([[_promotion(c, n, h, multicast=False) for c in range(4)]], (), 2 * n, hw),
+                     mode="timing")
+    assert plain.report.cycles == LAUNCH + h.dma_latency_cycles + 4 * ddr_time
+    assert plain.report.ddr_read == 4 * 2 * n
+    core, m = 3 * h.cores_per_cluster, 15872
+    work = Vector(core, "vme", "copy", (m,), lb(0, "float16", 1, core=core), (lb(2 * m, "float16", 1, core=core),))
+    late = [work] + [_promotion(c, n, h) for c in range(3)] + [replace(_promotion(3, n, h), deps=(0,))]
+    timed = simulate(make_program([late], (), 2 * n, hw), mode="timing").report
+    assert timed.cycles == LAUNCH + vector_cycles(m, "vme", h) + h.dma_latency_cycles + ddr_time
+    assert Program.deserialize(together.serialize()).kernels[0].instructions[0].multicast
+
+
+def test_multicast_dmas_that_cannot_meet_move_alone_and_each_reads_ddr():
+    """Two clusters promote boxes A and B in opposite orders: each one's first waits for the
+    other's, behind its own second. The simulator sees no way for them to meet and moves each
+    alone, so the run ends, each reading DDR (the cycles and bytes of plain DMAs). A multicast
+    needs a chip with ``multicast_dma`` and goes from DDR to a GB."""
+    hw = preset()
+    h = Hardware.from_dict(hw)
+    n = 8192
+    a0, b0 = _promotion(0, n, h, 0), replace(_promotion(0, n, h, 2 * n), dst=Operand("gb", 0, 2 * n, "float16", (1,)))
+    a1, b1 = _promotion(1, n, h, 0), replace(_promotion(1, n, h, 2 * n), dst=Operand("gb", 1, 2 * n, "float16", (1,)))
+    crossed = simulate(make_program([[a0, b0, b1, a1]], (), 4 * n, hw), mode="timing").report
+    alone = simulate(make_program([[replace(i, multicast=False) for i in (a0, b0, b1, a1)]], (), 4 * n, hw),
+                     mode="timing").report
+    assert (crossed.cycles, crossed.ddr_read) == (alone.cycles, alone.ddr_read) == (crossed.cycles, 4 * 2 * n)
+    with pytest.raises(ProgramError, match="multicast_dma"):
+        validate(make_program([[a0]], (), 4 * n, dict(hw, multicast_dma=False)))
+    with pytest.raises(ProgramError, match="copies DDR to the GBs"):
+        validate(make_program([[replace(a0, dst=lb(0, "float16", 1))]], (), 4 * n, hw))

@@ -108,7 +108,9 @@ class KernelEmitter:
     def move(self, src: Region, dst: Region, core: int, prefetch: bool = False) -> None:
         """Copy the box of ``dst`` from ``src`` (the same box or one holding it) to another memory,
         e.g. a weight promotion DDR -> GB; one transfer per piece, in order, where ``dst`` was
-        claimed in pieces; with ``prefetch`` on ``core``'s prefetch queue (``isa.Dma.prefetch``)."""
+        claimed in pieces; with ``prefetch`` on ``core``'s prefetch queue (``isa.Dma.prefetch``).
+        A promotion DDR -> GB on a chip with ``multicast_dma`` is a multicast (``isa.Dma.multicast``):
+        the clusters that promote the same box to the same place read DDR for it once."""
         self.cores_used.add(core)
         self.mark(PROMOTE, ())
         boxes = [(dst.origin, dst.extents)]
@@ -118,9 +120,10 @@ class KernelEmitter:
             boxes = [(tuple(o + (j if d == dim else 0) for d, o in enumerate(dst.origin)),
                       tuple(min(width, e - j) if d == dim else e for d, e in enumerate(dst.extents)))
                      for j in range(0, dst.extents[dim], width)]
+        multicast = self.hw.multicast_dma and (src.mem, dst.mem) == ("ddr", "gb")
         for origin, extents in boxes:
             self.push(isa.Dma(core, extents, _whole_operand(dst, origin), _whole_operand(src, origin),
-                              prefetch=prefetch), core)
+                              prefetch=prefetch, multicast=multicast), core)
 
     def replicate(self, start: int, stop: int, cores: int, cluster: int, ddr_shift: dict) -> bool:
         """Record that stream positions [start, stop) — one cluster's part of a kernel — run again

@@ -98,6 +98,7 @@ class Hardware:
     kernel_launch_cycles: int = 2000
     dma_latency_cycles: int = 64
     prefetch_dma: bool = False  # each core has a second DMA queue ("pdma") for prefetches
+    multicast_dma: bool = False  # the clusters' promotions of one DDR box move as one transfer (``isa.Dma.multicast``)
     vector_latency_cycles: int = 8
     ddr_burst_bytes: int = 64
     description: str = ""
@@ -217,8 +218,9 @@ def _validate(hw: Hardware) -> None:
     for name in ("dma_latency_cycles", "vector_latency_cycles"):
         if not isinstance(getattr(hw, name), int) or getattr(hw, name) < 0:
             raise HardwareError(f"field '{name}' must be a non-negative integer")
-    if not isinstance(hw.prefetch_dma, bool):
-        raise HardwareError(f"field 'prefetch_dma' must be true or false, got {hw.prefetch_dma!r}")
+    for name in ("prefetch_dma", "multicast_dma"):
+        if not isinstance(getattr(hw, name), bool):
+            raise HardwareError(f"field '{name}' must be true or false, got {getattr(hw, name)!r}")
     if not isinstance(hw.mme, MME):
         raise HardwareError("field 'mme' must be an MME")
     _positive(hw, "mme.rows", hw.mme.rows, integer=True)

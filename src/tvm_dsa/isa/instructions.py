@@ -107,7 +107,11 @@ class Dma:
     side is in an LB, and then one side is the core's own LB; else the cluster's ``cdma``, between
     DDR and the cluster's GB, within DDR or within the cluster's GB. With ``prefetch`` (an LB side;
     chips with ``prefetch_dma``) the core's second queue ``pdma`` runs it, beside the transfers of
-    its ``dma`` (the JSON form then ends with 1)."""
+    its ``dma``. With ``multicast`` (DDR -> GB; chips with ``multicast_dma``) it is one cluster's
+    share of a transfer to several: the clusters' multicast DMAs of one DDR box to one GB place,
+    the n-th of each cluster, are one transfer (``multicast_groups``), which starts when each of
+    them may, reads DDR once and writes every cluster's GB. Each still copies the box: the
+    values are a plain DMA's. (The JSON form ends with their flags: 1 prefetch, 2 multicast.)"""
 
     core: int
     shape: tuple[int, ...]
@@ -115,6 +119,7 @@ class Dma:
     src: Operand
     deps: tuple[int, ...] = ()
     prefetch: bool = False  # on the core's second queue (``pdma``), beside its tile transfers
+    multicast: bool = False  # one transfer with the other clusters' copies (``multicast_groups``)
 
 
 @dataclass(frozen=True, slots=True)
@@ -235,6 +240,24 @@ def operands(ins: Instruction) -> tuple[list[Operand], Operand]:
     if isinstance(ins, Vector):
         return [s for s in ins.srcs if isinstance(s, Operand)], ins.dst
     return [ins.src] + ([ins.dst] if ins.accumulate else []), ins.dst
+
+
+def multicast_groups(instructions, cores_per_cluster: int) -> dict[int, tuple[int, ...]]:
+    """Per multicast DMA of a kernel's stream (written out), the positions of its transfer's DMAs
+    (``Dma.multicast``), first the one that reads DDR for all: the n-th multicast DMA of each
+    cluster with one source box and GB place (offsets, strides, box) is one transfer. A DMA
+    no other cluster's matches is a transfer of its own."""
+    groups: dict[tuple, list[int]] = {}
+    seen: dict[tuple, int] = {}
+    for i, ins in enumerate(instructions):
+        if type(ins) is not Dma or not ins.multicast:
+            continue
+        box = (ins.src.offset, ins.src.strides, ins.src.dtype, ins.dst.offset, ins.dst.strides, ins.shape)
+        cluster = ins.core // cores_per_cluster
+        n = seen.get((box, cluster), 0)
+        seen[(box, cluster)] = n + 1
+        groups.setdefault((box, n), []).append(i)
+    return {i: tuple(members) for members in groups.values() for i in members}
 
 
 def macs(ins: Instruction) -> int:

@@ -22,9 +22,10 @@ from tvm_dsa.isa.instructions import (
     OPCODE_OF, OPCODES, Dma, Fill, Instruction, Mme, Operand, Reduce, Vector, moved, replaced
 )
 
-VERSION = 5  # 2: kernels may carry replicas; 3: a replica goes where it says, moved by ranges; 4: remaps deps;
-# 5: a dma may end with 1 (prefetch queue)
-READS = (1, 3, 4, 5)  # versions this runtime reads (3 is 4 without ``Replica.remap``, 4 is 5 without prefetches)
+VERSION = 6  # 2: kernels may carry replicas; 3: a replica goes where it says, moved by ranges; 4: remaps deps;
+# 5: a dma may end with 1 (prefetch queue); 6: ... with its flags, 1 prefetch + 2 multicast
+READS = (1, 3, 4, 5, 6)  # versions this runtime reads (3 is 4 without ``Replica.remap``, 4 is 5 without
+# prefetches, 5 is 6 without multicasts)
 MAGIC = "DSAP"
 
 
@@ -298,7 +299,8 @@ def ins_to_list(i: Instruction) -> list:
     """The instruction as JSON values (tuples serialise as lists)."""
     head = [OPCODE_OF[type(i)], i.core, i.deps, i.shape]
     if isinstance(i, Dma):
-        return head + [op_to_list(i.dst), op_to_list(i.src)] + ([1] if i.prefetch else [])
+        flags = int(i.prefetch) | 2 * int(i.multicast)
+        return head + [op_to_list(i.dst), op_to_list(i.src)] + ([flags] if flags else [])
     if isinstance(i, Fill):
         return head + [op_to_list(i.dst), i.value]
     if isinstance(i, Mme):
@@ -316,7 +318,8 @@ def _ins_from_list(v: list) -> Instruction:
         raise ValueError(f"unknown opcode {opcode!r}")
     core, deps, shape = int(core), tuple(int(d) for d in deps), tuple(int(s) for s in shape)
     if opcode == "dma":
-        return Dma(core, shape, _op_from_list(rest[0]), _op_from_list(rest[1]), deps, bool(rest[2:3] and rest[2]))
+        flags = int(rest[2]) if rest[2:] else 0
+        return Dma(core, shape, _op_from_list(rest[0]), _op_from_list(rest[1]), deps, bool(flags & 1), bool(flags & 2))
     if opcode == "fill":
         return Fill(core, shape, _op_from_list(rest[0]), float(rest[1]), deps)
     if opcode == "mme":

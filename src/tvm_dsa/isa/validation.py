@@ -75,6 +75,7 @@ class _Checker:
         self.counts = {"ddr": 1, "gb": hw["clusters"], "lb": self.cores}
         self.mme_dtype = hw["mme"]["dtype"]
         self.prefetch = bool(hw.get("prefetch_dma", False))
+        self.multicast = bool(hw.get("multicast_dma", False))
         self.accum_dtype = hw["mme"]["accum_dtype"]
         self.last: dict = {}  # (strides, shape) -> _last_element
         self.dst_ok: dict = {}  # (strides, shape, reduce mask) -> _dst_problem is None
@@ -196,6 +197,10 @@ class _Checker:
             return "a prefetch DMA needs a chip whose cores have a prefetch queue (prefetch_dma)"
         if ins.prefetch and dst.mem != "lb" and src.mem != "lb":
             return "a prefetch DMA runs on a core's prefetch queue: one side must be in its LB"
+        if ins.multicast and not self.multicast:
+            return "a multicast DMA needs a chip whose clusters' promotions can move as one (multicast_dma)"
+        if ins.multicast and (src.mem, dst.mem) != ("ddr", "gb"):
+            return f"a multicast DMA copies DDR to the GBs, not {src.mem} to {dst.mem}"
         own = (dst.mem == "lb" and dst.index == core) or (src.mem == "lb" and src.index == core)
         if own:
             return None

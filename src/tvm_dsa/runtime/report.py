@@ -194,8 +194,9 @@ def _union_bytes(ranges: list[tuple[int, int]]) -> int:
     return total
 
 
-def _counts(ins, hw: Hardware) -> dict[str, int]:
-    """What one instruction adds to the report's counters (traffic, MACs, lane operations)."""
+def _counts(ins, hw: Hardware, rider: bool = False) -> dict[str, int]:
+    """What one instruction adds to the report's counters (traffic, MACs, lane operations); a
+    ``rider`` (a multicast DMA that moved in another's transfer) reads nothing of its own."""
     c: dict[str, int] = {}
 
     def add(name: str, n: int) -> None:
@@ -209,7 +210,7 @@ def _counts(ins, hw: Hardware) -> dict[str, int]:
     srcs, dst = operands(ins)
     if isinstance(ins, (Dma, Fill)):
         payload = elements(ins.shape) * dst.itemsize
-        for o in srcs:
+        for o in srcs if not rider else ():
             traffic(o, "read", payload, ins.shape)
         traffic(dst, "write", payload, ins.shape)
         hops = noc_hops(ins, hw)
@@ -267,9 +268,9 @@ def build_report(program: Program, hw: Hardware, timing: ProgramTiming, numerics
 
     for k, kt in zip(program.kernels, timing.kernels):
         written: dict[tuple[str, int], list[tuple[int, int]]] = {}
-        for ins, (unit, _), s, e in zip(k.instructions, kt.units, kt.start, kt.end):
+        for i, (ins, (unit, _), s, e) in enumerate(zip(k.instructions, kt.units, kt.start, kt.end)):
             busy[unit] += e - s
-            key = _key(ins)
+            key = (_key(ins), i in kt.riders)
             entry = seen.get(key)
             if entry is None:
                 seen[key] = [ins, 1]
@@ -284,8 +285,8 @@ def build_report(program: Program, hw: Hardware, timing: ProgramTiming, numerics
                 written.setdefault((dst.mem, dst.index), []).append((dst.offset, dst.offset + span * dst.itemsize))
         for (mem, _), ranges in written.items():
             peak[mem] = max(peak[mem], _union_bytes(ranges))
-    for ins, count in seen.values():
-        for name, n in _counts(ins, hw).items():
+    for (_, rider), (ins, count) in seen.items():
+        for name, n in _counts(ins, hw, rider).items():
             c[name] += n * count
     c.update(cycles=timing.cycles, kernels=len(program.kernels), instructions=program.num_instructions,
              bound_macs=c["macs"], compulsory_ddr_bytes=sum(a.nbytes for a in program.args))

@@ -7,7 +7,9 @@ in memory must have finished too, otherwise ``HazardError``. Compute instruction
 ``compute_cycles``. Transfers wait their fixed latency, then share bandwidth as a fluid: at every
 change of the set of moving transfers, each one's rate is the minimum over its resources of the
 resource's bandwidth divided among the transfers using it. A transfer completes at the first whole
-cycle after its last byte. Kernels run one after another, each after ``kernel_launch_cycles``.
+cycle after its last byte. The multicast DMAs of one transfer (``isa.multicast_groups``) wait at
+their queues' heads until all of them may start, then move as one transfer (DDR read once, each
+GB written) and finish together. Kernels run one after another, each after ``kernel_launch_cycles``.
 """
 
 from __future__ import annotations
@@ -17,7 +19,7 @@ import math
 from dataclasses import dataclass
 
 from tvm_dsa.hardware.model import Hardware
-from tvm_dsa.isa.instructions import OPCODE_OF, Dma, Fill, Mme
+from tvm_dsa.isa.instructions import OPCODE_OF, Dma, Fill, Mme, multicast_groups
 from tvm_dsa.isa.program import Kernel, Program
 from tvm_dsa.runtime.cost import bandwidth, compute_cycles, dma_demand, dma_latency
 from tvm_dsa.runtime.hazards import HazardError, HazardTracker, exact_conflict
@@ -37,6 +39,7 @@ class KernelTiming:
     start: list[int]
     end: list[int]
     order: list[int]  # instruction indices in the order they started
+    riders: frozenset = frozenset()  # multicast DMAs that moved in another's transfer (no DDR read of their own)
 
 
 @dataclass
@@ -94,6 +97,20 @@ class _Costs:
             cost = self.cache[key] = self._cost(ins)
         return unit, cost
 
+    def multicast(self, members: list) -> tuple:
+        """The cost of one transfer of multicast DMAs ``members`` (the first reads DDR): the
+        longest latency, DDR once and each member's GB."""
+        key = (self.unit_and_cost(members[0])[1], tuple(m.dst.index for m in members))
+        cost = self.cache.get(key)
+        if cost is None:
+            hw, ids = self.hw, self.resource_ids
+            demand = dma_demand(members[0], hw)
+            for m in members[1:]:
+                demand[("gb", m.dst.index)] = demand.get(("gb", m.dst.index), 0) + dma_demand(m, hw)[("gb", m.dst.index)]
+            rates = tuple((ids.setdefault(r, len(ids)), bandwidth(r, hw) / b) for r, b in demand.items())
+            cost = self.cache[key] = (max(dma_latency(m, hw) for m in members), rates)
+        return cost
+
     def _cost(self, ins):
         hw = self.hw
         if isinstance(ins, (Dma, Fill)):
@@ -148,13 +165,13 @@ def simulate_kernel(kernel: Kernel, hw: Hardware, tracker: HazardTracker | None,
     seq = 0
     t_moving = 0.0  # time at which the remaining fractions are exact
     next_done = math.inf  # earliest time a moving transfer finishes
+    groups = {i: g for i, g in multicast_groups(instrs, hw.cores_per_cluster).items() if len(g) > 1}
+    waiting: set[int] = set()  # multicast DMAs at their queue's head until their transfer's others are
+    riding: dict[int, tuple[int, ...]] = {}  # a multicast transfer's first DMA -> the others, finishing with it
+    shared: dict[int, tuple] = {}  # a multicast transfer's first DMA -> its resources' rates, until it moves
 
-    def try_start(u: int, t: int) -> None:
-        nonlocal seq
-        q, p = queues[u], pos[u]
-        if busy[u] or p == len(q) or pending[q[p]]:
-            return
-        i = q[p]
+    def begin(i: int, t: int) -> None:
+        """``i`` (its unit's next, its deps done) starts at ``t``, after the hazard check."""
         for j in conflicts[i]:
             if not done[j]:
                 found = exact_conflict(instrs[j], instrs[i])
@@ -164,16 +181,49 @@ def simulate_kernel(kernel: Kernel, hw: Hardware, tracker: HazardTracker | None,
                         f"kernel {kernel.name!r}: instruction {i} ({OPCODE_OF[type(instrs[i])]}) starts at "
                         f"cycle {t} before instruction {j} ({OPCODE_OF[type(instrs[j])]}) finished, but it "
                         f"must follow it ({kind} on {o.mem}[{o.index}]): add {j} to the deps of {i}")
+        u = uid[i]
         busy[u] = True
-        pos[u] = p + 1
+        pos[u] += 1
         start[i] = t
         order.append(i)
+
+    def try_start(u: int, t: int) -> None:
+        nonlocal seq
+        q, p = queues[u], pos[u]
+        if busy[u] or p == len(q) or pending[q[p]]:
+            return
+        i = q[p]
+        members = groups.get(i)
+        if members is not None:
+            waiting.add(i)
+            if not waiting.issuperset(members):
+                return
+            waiting.difference_update(members)
+            for m in members:
+                begin(m, t)
+            riding[members[0]] = members[1:]
+            c = costs.multicast([instrs[m] for m in members])
+            shared[members[0]] = c[1]
+            seq += 1
+            heapq.heappush(heap, (t + c[0], seq, _MOVE, members[0]))
+            return
+        begin(i, t)
         c = cost[i]
         seq += 1
         if isinstance(c, int):
             heapq.heappush(heap, (t + c, seq, _FINISH, i))
         else:
             heapq.heappush(heap, (t + c[0], seq, _MOVE, i))
+
+    def finish(i: int, t: int, ready: list) -> None:
+        done[i] = True
+        end[i] = t
+        busy[uid[i]] = False
+        ready.append(uid[i])
+        for d in dependents[i]:
+            pending[d] -= 1
+            if not pending[d]:
+                ready.append(uid[d])
 
     def advance(t: float) -> None:
         nonlocal t_moving
@@ -186,48 +236,58 @@ def simulate_kernel(kernel: Kernel, hw: Hardware, tracker: HazardTracker | None,
         nonlocal next_done
         next_done = math.inf
         for i, m in moving.items():
-            m[1] = min(f / users[r] for r, f in cost[i][1])
+            m[1] = min(f / users[r] for r, f in rates[i])
             next_done = min(next_done, t + m[0] / m[1])
 
+    rates: dict[int, tuple] = {}  # moving transfer -> its resources' (id, full-speed rate)
     for u in range(len(queues)):
         try_start(u, 0)
-    while heap or moving:
-        t_event = heap[0][0] if heap else math.inf
-        if next_done <= t_event:  # some transfer moved its last byte
-            t = next_done
-            advance(t)
-            for i in [i for i, m in moving.items() if m[0] <= m[1] * _EPS]:  # < _EPS cycles left
-                del moving[i]
-                for r, _ in cost[i][1]:
-                    users[r] -= 1
-                seq += 1
-                heapq.heappush(heap, (math.ceil(t - _EPS), seq, _FINISH, i))
-            rebalance(t)
-            continue
-        t = t_event
-        ready: list[int] = []
-        joining: list[int] = []
-        while heap and heap[0][0] == t:
-            _, _, kind, i = heapq.heappop(heap)
-            if kind == _MOVE:
-                joining.append(i)
+    t = 0
+    while True:
+        while heap or moving:
+            t_event = heap[0][0] if heap else math.inf
+            if next_done <= t_event:  # some transfer moved its last byte
+                t = next_done
+                advance(t)
+                for i in [i for i, m in moving.items() if m[0] <= m[1] * _EPS]:  # < _EPS cycles left
+                    del moving[i]
+                    for r, _ in rates.pop(i):
+                        users[r] -= 1
+                    seq += 1
+                    heapq.heappush(heap, (math.ceil(t - _EPS), seq, _FINISH, i))
+                rebalance(t)
                 continue
-            done[i] = True
-            end[i] = t
-            busy[uid[i]] = False
-            ready.append(uid[i])
-            for d in dependents[i]:
-                pending[d] -= 1
-                if not pending[d]:
-                    ready.append(uid[d])
-        if joining:
-            advance(t)
-            for i in joining:
-                moving[i] = [1.0, 0.0]
-                for r, _ in cost[i][1]:
-                    users[r] += 1
-            rebalance(t)
-        for u in ready:
-            try_start(u, t)
+            t = t_event
+            ready: list[int] = []
+            joining: list[int] = []
+            while heap and heap[0][0] == t:
+                _, _, kind, i = heapq.heappop(heap)
+                if kind == _MOVE:
+                    joining.append(i)
+                    continue
+                finish(i, t, ready)
+                for r in riding.get(i, ()):
+                    finish(r, t, ready)
+            if joining:
+                advance(t)
+                for i in joining:
+                    moving[i] = [1.0, 0.0]
+                    rates[i] = shared.pop(i) if i in shared else cost[i][1]
+                    for r, _ in rates[i]:
+                        users[r] += 1
+                rebalance(t)
+            for u in ready:
+                try_start(u, t)
+        if not waiting:
+            break
+        # a multicast DMA whose transfer's others cannot come (each waits on something behind
+        # another's): they move alone, each reading DDR
+        alone, _ = sorted(waiting), waiting.clear()
+        for i in alone:
+            for m in groups.pop(i, ()):
+                groups.pop(m, None)
+        for i in alone:
+            try_start(uid[i], t)
 
-    return KernelTiming(kernel.name, start_cycle, max(end, default=0), units, start, end, order)
+    return KernelTiming(kernel.name, start_cycle, max(end, default=0), units, start, end, order,
+                        frozenset(r for rs in riding.values() for r in rs))
