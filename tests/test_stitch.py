@@ -988,3 +988,19 @@ def test_timed_plans_copied_give_what_emitting_them_gives(monkeypatch, rng):
     assert chosen and any(kept is not first for first, kept in chosen)
     for sub in seen:
         _copies_are_emission(monkeypatch, sub)
+
+
+@pytest.mark.parametrize("batch", [2, 8])
+def test_layers_are_timed_only_where_samples_feed_every_cluster(monkeypatch, batch):
+    """With fewer samples than clusters a sub-graph's rows may be split over clusters, planned on
+    the search's tiles, so its layers are not timed (``lower_timed``); with a sample or more per
+    cluster they are."""
+    import importlib
+
+    generator = importlib.import_module("tvm_dsa.kernelgen.stitched")
+    calls = []
+    timed = generator.lower_timed
+    monkeypatch.setattr(generator, "lower_timed", lambda *a, **k: calls.append(a) or timed(*a, **k))
+    mod, _ = _mlp(monkeypatch, batch, 256, 512, timed=True)
+    _run(mod, "graphturbo")
+    assert bool(calls) == (batch >= HW.clusters)

@@ -660,14 +660,15 @@ def place_arguments(inputs, outputs, tensors: dict, hw: Hardware) -> tuple[dict,
 
 def build_program(func, hw: Hardware, name: str, num_outputs: int = 1, hold_stores: bool = True,
                   lb_bytes: int | None = None, cores: tuple[int, ...] = (), gb: frozenset = frozenset(),
-                  tiles: int | None = None) -> isa.Program:
+                  tiles: int | None = None, replay: bool = True) -> isa.Program:
     """One-kernel program for a lowered PrimFunc whose last ``num_outputs`` params are outputs:
     every tensor in DDR, the first tile loop's index picks the cluster (the batch split), tiles go
     round-robin over the cluster's cores, or over ``cores`` where given (``hold_stores``:
     ``KernelEmitter``'s); its buffers in the first ``lb_bytes`` of the LB (all of it by default).
     For timing a layer as a stitched kernel runs it (``tiling.lower_timed``): the parameters at
     positions ``gb`` in cluster 0's GB instead (their values are not loaded, and ``hw`` may be a
-    chip with a GB that holds them: the program is for timing), and only the first ``tiles``."""
+    chip with a GB that holds them: the program is for timing), and only the first ``tiles``.
+    ``replay``: ``KernelEmitter``'s (a program of a few tiles is emitted faster whole)."""
     layer = Layer.of(func, hw, name, lb_bytes=lb_bytes)
     regions, args, offset, top = {}, [], 0, 0
     for i, (pname, shape, dtype) in enumerate(layer.ir.params):
@@ -680,7 +681,7 @@ def build_program(func, hw: Hardware, name: str, num_outputs: int = 1, hold_stor
         regions[pname] = Region.whole("ddr", 0, offset, shape, stored)
         args.append(isa.TensorArg(pname, role, shape, stored, dtype, offset))
         offset = align(offset + args[-1].nbytes)
-    emitter = KernelEmitter(hw, name, hold_stores=hold_stores)
+    emitter = KernelEmitter(hw, name, replay, hold_stores)
     for pname, r in regions.items():
         emitter.claim(r, (r.mem, pname))
     extents = [lp.extent for lp in layer.ir.tile_loops()]

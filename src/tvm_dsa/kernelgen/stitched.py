@@ -85,16 +85,16 @@ class StitchedKernels:
                                               name in ctx.on_vector, clamp=True)
         return self.in_part[name]
 
-    def layer(self, name, part: bool, on_chip: frozenset, first_tile: int | None = None):
+    def layer(self, name, part: bool, on_chip: frozenset, first_tile: int | None = None, timed: bool = True):
         """A stitched kernel's layer, tiled to the LB share left to tiles (``part``) or the whole
         LB, for the inputs at positions ``on_chip`` read from the GB (where the kernel keeps its
         intermediates and promotes its weights). Its plans are ranked with those reads from the
         GB where another input comes from DDR (``lower_kernel``); a contraction that loads from
         the GB with its chunk loads overlapping the MME (``overlap``; from DDR, as layerwise
-        loads, a smaller chunk costs bursts); then, on the MME with ``TIMED_MACS`` or more, the
-        fastest of that and other plans timed in place (``tiling.lower_timed``). ``first_tile``:
-        at most so many along the first loop (a micro-batch's samples, ``_micro_batched``) where
-        the tiling holds more."""
+        loads, a smaller chunk costs bursts); then, on the MME with ``TIMED_MACS`` or more and
+        where ``timed``, the fastest of that and other plans timed in place
+        (``tiling.lower_timed``). ``first_tile``: at most so many along the first loop (a
+        micro-batch's samples, ``_micro_batched``) where the tiling holds more."""
         ctx, stitch, hw = self.ctx, self.options, self.ctx.hw
         vector = name in ctx.on_vector
         low, budget = self.tiled_in_part(name) if part else ctx.lowered[name]
@@ -106,7 +106,7 @@ class StitchedKernels:
                                        clamp=True, caps=caps)
         gb = on_chip if stitch.gb else frozenset()
         ranked = gb if len(gb) < len(ctx.funcs[name].params) - 1 else frozenset()
-        key = (name, budget, gb, first_tile)
+        key = (name, budget, gb, first_tile, timed)
         if key not in self.overlapped:
             record = name in ctx.result.tuned and not part and first_tile is None
             if ranked and not record:
@@ -116,7 +116,7 @@ class StitchedKernels:
                     or plan_lb(read_kernel(low), hw, budget).double_buffered)
             if not keep:
                 low = lower_kernel(ctx.funcs[name], hw, budget, overlap=True, on_chip=ranked, caps=caps)[0]
-            if stitch.gb and not vector and not record and macs >= TIMED_MACS and _contraction(ctx.funcs[name]):
+            if timed and stitch.gb and not vector and not record and macs >= TIMED_MACS and _contraction(ctx.funcs[name]):
                 low = lower_timed(ctx.funcs[name], hw, budget, gb, low, caps)
             self.overlapped[key] = (low, budget)
         return self.overlapped[key]
@@ -148,7 +148,11 @@ def _stitched(spec, nodes, graph, layer, hw, stitch) -> tuple:
     comes from DDR (a sub-graph's first layers). A layer reading only the GB keeps the plan
     ranked as layerwise ranks it: ranking it so too changed no cycles of the seven models of
     ``benchmarks/graphturbo.py`` and cost ResNet-50's build 0.6 s. ``layer(..., first_tile)``:
-    with at most so many samples a tile (micro-batches, ``_micro_batched``)."""
+    with at most so many samples a tile (micro-batches, ``_micro_batched``). With fewer samples
+    than clusters the layers keep the search's tiles (``layer(..., timed=False)``): a sample's
+    rows are then split over clusters within ``RECOMPUTE_LIMIT``, and timed tiles of several
+    rows recompute more in each halo (ResNet-50's first sub-graph at batch 1 ran on one cluster
+    instead of two: 1,745,711 -> 1,908,712 cycles)."""
     inputs, outputs = graph.boundary(nodes)
     batch = graph.tensors[outputs[0]].shape[0]  # the first dim of the layers that have it (§2.1)
 
@@ -157,7 +161,7 @@ def _stitched(spec, nodes, graph, layer, hw, stitch) -> tuple:
         for n in nodes:
             on_chip = frozenset(i for i, t in enumerate(n.inputs) if t not in inputs or graph.tensors[t].constant)
             cap = first_tile if graph.tensors[n.output].shape[0] == batch else None
-            out[n.name] = layer(n.func, part, on_chip, cap)
+            out[n.name] = layer(n.func, part, on_chip, cap, batch >= hw.clusters)
             if read_kernel(out[n.name][0]).wide:  # stitched tensors are placed in the storage type
                 raise Unsupported(f"layer {n.name} keeps a tensor wide (kernel.ranges)")
         return out
