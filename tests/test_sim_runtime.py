@@ -606,3 +606,22 @@ def test_multicast_dmas_that_cannot_meet_move_alone_and_each_reads_ddr():
         validate(make_program([[a0]], (), 4 * n, dict(hw, multicast_dma=False)))
     with pytest.raises(ProgramError, match="copies DDR to the GBs"):
         validate(make_program([[replace(a0, dst=lb(0, "float16", 1))]], (), 4 * n, hw))
+
+
+def test_a_clusters_cores_loading_one_gb_box_to_one_lb_place_share_one_transfer():
+    """stcp920: the 8 cores of cluster 0 each load the same 16 kB of its GB into offset 0 of their
+    LBs. As multicast DMAs they are one transfer: the GB read once at 256 B/cycle, each LB written;
+    as plain DMAs the eight share the GB's port and take eight times as long. The report reads
+    the GB once for the transfer."""
+    hw = preset()
+    h = Hardware.from_dict(hw)
+    n = 8192
+    loads = [Dma(c, (n,), lb(0, "float16", 1, core=c), Operand("gb", 0, 0, "float16", (1,)), multicast=True)
+             for c in range(h.cores_per_cluster)]
+    one = math.ceil(2 * n / h.gb_bytes_per_cycle)
+    shared = simulate(make_program([loads], (), 1024, hw), mode="timing").report
+    assert shared.cycles == LAUNCH + h.dma_latency_cycles + one
+    assert shared.gb_read == 2 * n and shared.lb_write == h.cores_per_cluster * 2 * n
+    plain = simulate(make_program([[replace(i, multicast=False) for i in loads]], (), 1024, hw), mode="timing").report
+    assert plain.cycles == LAUNCH + h.dma_latency_cycles + h.cores_per_cluster * one
+    assert plain.gb_read == h.cores_per_cluster * 2 * n

@@ -508,12 +508,16 @@ class KernelEmitter:
 
     def _dma(self, core: int, shape, dst: isa.Operand, src: isa.Operand) -> None:
         """A DMA for ``core``'s tile; issued by the core whose LB it touches when that is not
-        ``core``'s (a copy between tensors kept in other cores' LBs, or between one and DDR)."""
+        ``core``'s (a copy between tensors kept in other cores' LBs, or between one and DDR). A
+        load from a GB is a multicast on chips with ``multicast_dma`` (``isa.Dma.multicast``):
+        the cluster's cores loading the same box to the same place, the n-th load of each (the
+        tiles of one round that share a weight chunk), read the GB once."""
         issuer = core
         if (dst.mem, dst.index) != ("lb", core) and (src.mem, src.index) != ("lb", core):
             issuer = src.index if src.mem == "lb" else dst.index if dst.mem == "lb" else core
         self.cores_used.add(issuer)
-        self.push(isa.Dma(issuer, shape, dst, src), issuer)
+        multicast = self.hw.multicast_dma and (src.mem, dst.mem) == ("gb", "lb")
+        self.push(isa.Dma(issuer, shape, dst, src, multicast=multicast), issuer)
 
     def _bounds_box(self, bounds, start, extent):
         """Per stage loop, the [lo, hi) range where all ``bounds`` hold inside the box, or None."""

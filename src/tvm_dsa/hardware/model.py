@@ -98,7 +98,7 @@ class Hardware:
     kernel_launch_cycles: int = 2000
     dma_latency_cycles: int = 64
     prefetch_dma: bool = False  # each core has a second DMA queue ("pdma") for prefetches
-    multicast_dma: bool = False  # the clusters' promotions of one DDR box move as one transfer (``isa.Dma.multicast``)
+    multicast_dma: bool = False  # DMAs of one box to several GBs or LBs move as one transfer (``isa.Dma.multicast``)
     vector_latency_cycles: int = 8
     ddr_burst_bytes: int = 64
     description: str = ""

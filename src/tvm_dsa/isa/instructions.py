@@ -107,11 +107,11 @@ class Dma:
     side is in an LB, and then one side is the core's own LB; else the cluster's ``cdma``, between
     DDR and the cluster's GB, within DDR or within the cluster's GB. With ``prefetch`` (an LB side;
     chips with ``prefetch_dma``) the core's second queue ``pdma`` runs it, beside the transfers of
-    its ``dma``. With ``multicast`` (DDR -> GB; chips with ``multicast_dma``) it is one cluster's
-    share of a transfer to several: the clusters' multicast DMAs of one DDR box to one GB place,
-    the n-th of each cluster, are one transfer (``multicast_groups``), which starts when each of
-    them may, reads DDR once and writes every cluster's GB. Each still copies the box: the
-    values are a plain DMA's. (The JSON form ends with their flags: 1 prefetch, 2 multicast.)"""
+    its ``dma``. With ``multicast`` (DDR -> GB or GB -> LB; chips with ``multicast_dma``) it is one
+    destination's share of a transfer to several: the multicast DMAs of one source box to one
+    place in several GBs (or LBs), the n-th into each, are one transfer (``multicast_groups``),
+    which starts when each of them may, reads the source once and writes every destination.
+    Each still copies the box: the values are a plain DMA's. (The JSON form ends with their flags: 1 prefetch, 2 multicast.)"""
 
     core: int
     shape: tuple[int, ...]
@@ -242,20 +242,20 @@ def operands(ins: Instruction) -> tuple[list[Operand], Operand]:
     return [ins.src] + ([ins.dst] if ins.accumulate else []), ins.dst
 
 
-def multicast_groups(instructions, cores_per_cluster: int) -> dict[int, tuple[int, ...]]:
+def multicast_groups(instructions) -> dict[int, tuple[int, ...]]:
     """Per multicast DMA of a kernel's stream (written out), the positions of its transfer's DMAs
-    (``Dma.multicast``), first the one that reads DDR for all: the n-th multicast DMA of each
-    cluster with one source box and GB place (offsets, strides, box) is one transfer. A DMA
-    no other cluster's matches is a transfer of its own."""
+    (``Dma.multicast``), first the one that reads the source for all: the n-th multicast DMA into
+    each memory (a GB, an LB) with one source box and one place there (offsets, strides, box) is
+    one transfer. A DMA no other memory's matches is a transfer of its own."""
     groups: dict[tuple, list[int]] = {}
     seen: dict[tuple, int] = {}
     for i, ins in enumerate(instructions):
         if type(ins) is not Dma or not ins.multicast:
             continue
-        box = (ins.src.offset, ins.src.strides, ins.src.dtype, ins.dst.offset, ins.dst.strides, ins.shape)
-        cluster = ins.core // cores_per_cluster
-        n = seen.get((box, cluster), 0)
-        seen[(box, cluster)] = n + 1
+        src, dst = ins.src, ins.dst
+        box = (src.mem, src.index, src.offset, src.strides, src.dtype, dst.mem, dst.offset, dst.strides, ins.shape)
+        n = seen.get((box, dst.index), 0)
+        seen[(box, dst.index)] = n + 1
         groups.setdefault((box, n), []).append(i)
     return {i: tuple(members) for members in groups.values() for i in members}
 

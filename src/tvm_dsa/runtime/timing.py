@@ -8,8 +8,8 @@ in memory must have finished too, otherwise ``HazardError``. Compute instruction
 change of the set of moving transfers, each one's rate is the minimum over its resources of the
 resource's bandwidth divided among the transfers using it. A transfer completes at the first whole
 cycle after its last byte. The multicast DMAs of one transfer (``isa.multicast_groups``) wait at
-their queues' heads until all of them may start, then move as one transfer (DDR read once, each
-GB written) and finish together. Kernels run one after another, each after ``kernel_launch_cycles``.
+their queues' heads until all of them may start, then move as one transfer (the source read once,
+each destination written) and finish together. Kernels run one after another, each after ``kernel_launch_cycles``.
 """
 
 from __future__ import annotations
@@ -98,15 +98,16 @@ class _Costs:
         return unit, cost
 
     def multicast(self, members: list) -> tuple:
-        """The cost of one transfer of multicast DMAs ``members`` (the first reads DDR): the
-        longest latency, DDR once and each member's GB."""
+        """The cost of one transfer of multicast DMAs ``members`` (the first reads the source):
+        the longest latency, the source once and each member's destination."""
         key = (self.unit_and_cost(members[0])[1], tuple(m.dst.index for m in members))
         cost = self.cache.get(key)
         if cost is None:
             hw, ids = self.hw, self.resource_ids
             demand = dma_demand(members[0], hw)
             for m in members[1:]:
-                demand[("gb", m.dst.index)] = demand.get(("gb", m.dst.index), 0) + dma_demand(m, hw)[("gb", m.dst.index)]
+                r = (m.dst.mem, m.dst.index)
+                demand[r] = demand.get(r, 0) + dma_demand(m, hw)[r]
             rates = tuple((ids.setdefault(r, len(ids)), bandwidth(r, hw) / b) for r, b in demand.items())
             cost = self.cache[key] = (max(dma_latency(m, hw) for m in members), rates)
         return cost
@@ -165,7 +166,7 @@ def simulate_kernel(kernel: Kernel, hw: Hardware, tracker: HazardTracker | None,
     seq = 0
     t_moving = 0.0  # time at which the remaining fractions are exact
     next_done = math.inf  # earliest time a moving transfer finishes
-    groups = {i: g for i, g in multicast_groups(instrs, hw.cores_per_cluster).items() if len(g) > 1}
+    groups = {i: g for i, g in multicast_groups(instrs).items() if len(g) > 1}
     waiting: set[int] = set()  # multicast DMAs at their queue's head until their transfer's others are
     riding: dict[int, tuple[int, ...]] = {}  # a multicast transfer's first DMA -> the others, finishing with it
     shared: dict[int, tuple] = {}  # a multicast transfer's first DMA -> its resources' rates, until it moves
