@@ -1,6 +1,7 @@
 """TIR passes on small kernels: each keeps the kernel's meaning (checked by running the TIR on
 llvm) and produces the structure the next stage relies on; the codegen + simulator reproduce it."""
 
+import dataclasses
 import math
 
 import numpy as np
@@ -756,3 +757,22 @@ def test_timed_cycles_scale_the_first_tiles_to_all():
     whole = build_program(low, hw, "whole", cores=tuple(range(hw.cores_per_cluster)), gb=frozenset({0, 1, 2, 3}))
     assert not whole.args  # every tensor in the GB, none passed in through DDR
     assert tiling.timed_cycles(low, hw, None, frozenset({0, 1, 2})) == timing_cycles(whole)
+
+
+def test_loads_from_the_gb_are_multicast_but_in_layers_whose_tiles_overlap():
+    """On stcp920 (``multicast_dma``) a layer's loads from the GB are multicast DMAs, the cores'
+    n-th loads of one box one transfer; a layer whose tiles overlap (ViT's 197 rows, clamped)
+    loads them plainly, and so does a chip without the field."""
+    hw = hardware.get("stcp920")
+
+    def flags(func, chip):
+        low = lower_kernel(func, chip)[0]
+        program = build_program(low, chip, "k", cores=tuple(range(chip.cores_per_cluster)), gb=frozenset({0, 1, 2}))
+        return {ins.multicast for ins in program.kernels[0].instructions if isinstance(ins, isa.Dma)
+                and ins.src.mem == "gb"}
+
+    plain = conv_bias_relu()
+    assert flags(plain, hw) == {True}
+    assert flags(plain, dataclasses.replace(hw, multicast_dma=False)) == {False}
+    clamped = _matmul_197()
+    assert read_kernel(lower_kernel(clamped, hw)[0]).clamped and flags(clamped, hw) == {False}
