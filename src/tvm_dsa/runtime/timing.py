@@ -9,7 +9,8 @@ change of the set of moving transfers, each one's rate is the minimum over its r
 resource's bandwidth divided among the transfers using it. A transfer completes at the first whole
 cycle after its last byte. The multicast DMAs of one transfer (``isa.multicast_groups``) wait at
 their queues' heads until all of them may start, then move as one transfer (the source read once,
-each destination written) and finish together. Kernels run one after another, each after ``kernel_launch_cycles``.
+each destination written) and finish together. Kernels run one after another, each after
+``kernel_launch_cycles``.
 """
 
 from __future__ import annotations
@@ -39,7 +40,7 @@ class KernelTiming:
     start: list[int]
     end: list[int]
     order: list[int]  # instruction indices in the order they started
-    riders: frozenset = frozenset()  # multicast DMAs that moved in another's transfer (no DDR read of their own)
+    riders: frozenset = frozenset()  # multicast DMAs that moved in another's transfer (no source read of their own)
 
 
 @dataclass
@@ -282,8 +283,9 @@ def simulate_kernel(kernel: Kernel, hw: Hardware, tracker: HazardTracker | None,
         if not waiting:
             break
         # a multicast DMA whose transfer's others cannot come (each waits on something behind
-        # another's): they move alone, each reading DDR
-        alone, _ = sorted(waiting), waiting.clear()
+        # another's): they move alone, each reading its source
+        alone = sorted(waiting)
+        waiting.clear()
         for i in alone:
             for m in groups.pop(i, ()):
                 groups.pop(m, None)
