@@ -111,7 +111,8 @@ class Dma:
     destination's share of a transfer to several: the multicast DMAs of one source box to one
     place in several GBs (or LBs), the n-th into each, are one transfer (``multicast_groups``),
     which starts when each of them may, reads the source once and writes every destination.
-    Each still copies the box: the values are a plain DMA's. (The JSON form ends with their flags: 1 prefetch, 2 multicast.)"""
+    Each still copies the box: the values are a plain DMA's. (The JSON form ends with their
+    flags: 1 prefetch, 2 multicast.)"""
 
     core: int
     shape: tuple[int, ...]
@@ -119,7 +120,7 @@ class Dma:
     src: Operand
     deps: tuple[int, ...] = ()
     prefetch: bool = False  # on the core's second queue (``pdma``), beside its tile transfers
-    multicast: bool = False  # one transfer with the other clusters' copies (``multicast_groups``)
+    multicast: bool = False  # one transfer with the other destinations' copies (``multicast_groups``)
 
 
 @dataclass(frozen=True, slots=True)

@@ -20,7 +20,7 @@ from tvm_dsa.kernelgen.lowering import lower_within
 from tvm_dsa.kernelgen.rewrite import DSACall
 from tvm_dsa.kernelgen.stitch import emit_stitched, read_allocation, subgraph_module
 from tvm_dsa.kernelgen.stitch_passes import BindCores, StitchBuffers, stitch_passes
-from tvm_dsa.tiling import anchor_info, lower_kernel, lower_timed
+from tvm_dsa.tiling import lower_kernel, lower_timed
 
 
 @dataclass(frozen=True)
@@ -116,22 +116,13 @@ class StitchedKernels:
                     or plan_lb(read_kernel(low), hw, budget).double_buffered)
             if not keep:
                 low = lower_kernel(ctx.funcs[name], hw, budget, overlap=True, on_chip=ranked, caps=caps)[0]
-            if timed and stitch.gb and not vector and not record and macs >= TIMED_MACS and _contraction(ctx.funcs[name]):
+            if timed and stitch.gb and not vector and not record and macs >= TIMED_MACS:
                 low = lower_timed(ctx.funcs[name], hw, budget, gb, low, caps)
             self.overlapped[key] = (low, budget)
         return self.overlapped[key]
 
 
 TIMED_MACS = 1 << 24  # a smaller layer keeps the search's plan: timing others costs more compile time than it saves
-
-
-def _contraction(func) -> bool:
-    """Whether a layer's anchor is a contraction with a reduction (``lower_timed`` ranks its plans)."""
-    try:
-        info = anchor_info(func)
-    except Unsupported:
-        return False
-    return "N" in info.roles and bool(info.reduction)
 
 
 def _first_tile(lowered) -> int:

@@ -128,8 +128,14 @@ def lower_timed(func, hw, lb_bytes: int | None, gb: frozenset, baseline, caps: t
     leaves no room to load the next chunk during the product, and the estimate alone misranks
     plans by up to 4x (epilogues, stores, strided rows): timing settles it. ResNet-50's 1 x 1
     convolution 256 -> 512 at 28 x 28 (batch 8): tiles of 512 channels x 1 row and the whole
-    reduction, 1.57M cycles on a cluster; 256 channels x 1 row in chunks of 16, 0.53M."""
-    info = anchor_info(func)
+    reduction, 1.57M cycles on a cluster; 256 channels x 1 row in chunks of 16, 0.53M. A layer
+    whose anchor is not a contraction with a reduction keeps ``baseline``."""
+    try:
+        info = anchor_info(func)
+    except Unsupported:
+        return baseline
+    if "N" not in info.roles or not info.reduction:
+        return baseline
     best = (timed_cycles(baseline, hw, lb_bytes, gb), baseline)
     first = -(-info.spatial[0] // read_kernel(baseline).tile_loops()[0].extent)
     caps = (min((first, *caps[:1])), *caps[1:])  # the first loop splits the batch over instances: no coarser
