@@ -113,9 +113,16 @@ def test_layers_no_split_fits_into_the_lb_group_at_the_gb_level():
     assert group(SubGraphs(chain(shapes)), 16, FP16).groups == [frozenset({i}) for i in range(3)]
     # with the GB in Algorithm 1 each splits by 1 and merging keeps it: one sub-graph
     assert group_two_levels(SubGraphs(chain(shapes)), 16, 1024, FP16).groups == [frozenset(range(3))]
-    # where every sub-graph splits into the LB, the GB level changes nothing
+
+
+def test_the_gb_level_merges_what_rule_i_stopped_where_the_tensors_fit_the_gb():
+    # the LB grouping stops at the downsampling (test_group_stops_at_a_downsampling); the whole
+    # chain's peak, 256 KiB, fits an 8 MiB GB unsplit (factor 1 each), so the GB level merges it
     shapes = [(1, 16, 64, 64), (1, 16, 64, 64), (1, 32, 32, 32), (1, 32, 32, 32)]
-    assert group_two_levels(SubGraphs(chain(shapes)), LB, 8 << 20, FP16).groups == [frozenset({0, 1}), frozenset({2})]
+    assert chain_peak(shapes) == 256 * 1024
+    assert group_two_levels(SubGraphs(chain(shapes)), LB, 8 << 20, FP16).groups == [frozenset(range(3))]
+    # a GB of the LB's size splits {0, 1} by 4 and {2} by 2 again: rule (i) stops the merge there too
+    assert group_two_levels(SubGraphs(chain(shapes)), LB, LB, FP16).groups == [frozenset({0, 1}), frozenset({2})]
 
 
 def test_group_merges_a_small_diamond_then_the_entry():

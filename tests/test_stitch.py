@@ -553,8 +553,10 @@ def test_rounds_and_other_cores_copied_give_what_emitting_them_gives(monkeypatch
     other cores copy calls on the first. At 128 x 384 a round finds the weight tile its
     predecessor left in the LB, which its model round did not: only the tile buffers' state tells
     them apart. At batch 24 (six samples a cluster) runs of rounds on different cores are joined
-    and copied. At 256 x 512 a round is also copied from one whose double-buffered tile buffers
-    were in each other's copies (an odd number of tiles before): the copy trades the two copies'
+    and copied (its layers grouped at the LB level only, as two kernels, the first of 192
+    instances: merged at the GB level, one kernel's chunk loops are too short for the copies of
+    runs of chunks below). At 256 x 512 a round is also copied from one whose double-buffered
+    tile buffers were in each other's copies (an odd number of tiles before): the copy trades the two copies'
     places (``Reuse.swapped``). Every layer holds a tile's stores back behind its core's next tile's loads, so a
     round's copy also releases what its model round did. The chunks of an emitted tile's
     reduction are copies: of its second chunk, then of the run since it, or of the core's tile
@@ -563,6 +565,10 @@ def test_rounds_and_other_cores_copied_give_what_emitting_them_gives(monkeypatch
     instruction of its unit, the same simulated cycles; and the model computes what llvm does."""
     from tvm_dsa.emit import emitter as emit
 
+    import tvm_dsa.schedule.graphturbo as scheduler
+
+    if batch == 24:
+        monkeypatch.setattr(scheduler, "group_two_levels", lambda sgs, lb, gb, esize, fixed: scheduler.group(sgs, lb, esize, fixed))
     mod, seen = _mlp(monkeypatch, batch, rows, hidden)
     args = [rng.standard_normal([int(s) for s in p.ty.shape]).astype("float32") * 0.1 for p in mod["main"].params]
     vm, _ = _run(mod, "graphturbo")
@@ -774,17 +780,19 @@ def test_clusters_copy_the_first_clusters_instructions(monkeypatch):
 
 
 def test_a_gb_too_small_for_a_clusters_samples_runs_them_in_rounds(monkeypatch, rng):
-    """The MLP (``_mlp``) at batch 8 x 64 rows, 256 -> 256 -> 256, its weights constants (128 KiB
-    each, fp16): two samples a cluster, each sample's hidden tensor 32 KiB. Run at once, a
-    cluster's instances keep both samples' hidden tensors beside a weight: 128 + 64 KiB, over a
-    176 KiB GB, so the plan spills. In two rounds (micro-batches of one sample, each round's
-    instances on twice the cores) a round keeps 128 + 32 KiB and promotes the weights it reads
+    """The MLP (``_mlp``) at batch 8 x 256 rows, 256 -> 256 -> 256, its weights constants (128 KiB
+    each, fp16): two samples a cluster, each sample's hidden tensor 128 KiB. Run at once, a
+    cluster's instances keep both samples' hidden tensors beside a weight: 128 + 256 KiB, over a
+    320 KiB GB, so the plan spills. In two rounds (micro-batches of one sample, each round's
+    instances on twice the cores) a round keeps 128 + 128 KiB and promotes the weights it reads
     itself: nothing spills, each weight is promoted twice per cluster, and the model computes
-    what llvm does (the functional run checks every dependency)."""
+    what llvm does (the functional run checks every dependency). Two rounds are kept because they
+    move fewer bytes through DDR (``stitched.ddr_bytes``): the weights once more (256 KiB, the
+    clusters' promotions multicast) against the spilled pieces written and read."""
     import importlib
 
     generator = importlib.import_module("tvm_dsa.kernelgen.stitched")
-    mod, seen = _mlp(monkeypatch, 8, 64, 256)
+    mod, seen = _mlp(monkeypatch, 8, 256, 256)
     x, w1, w2 = [rng.standard_normal([int(s) for s in p.ty.shape]).astype("float32") * 0.1 for p in mod["main"].params]
     ref = _llvm(mod, [x, w1, w2])
     mod = relax.transform.BindParams("main", {"a1": tvm.runtime.tensor(w1), "a2": tvm.runtime.tensor(w2)})(mod)
@@ -799,13 +807,13 @@ def test_a_gb_too_small_for_a_clusters_samples_runs_them_in_rounds(monkeypatch, 
         return micro(plan, hw, samples)
 
     monkeypatch.setattr(generator, "_micro_batched", recorded)
-    hardware.register(dataclasses.replace(HW, name="stcp920-gb176k", gb_bytes=176 * KB), override=True)
-    vm, result = _run(mod, "graphturbo", hw="dsa/stcp920-gb176k")
+    hardware.register(dataclasses.replace(HW, name="stcp920-gb320k", gb_bytes=320 * KB), override=True)
+    vm, result = _run(mod, "graphturbo", hw="dsa/stcp920-gb320k")
     out = vm["main"](tvm.runtime.tensor(x)).numpy()
     assert np.abs(out - ref).max() / np.abs(ref).max() < 5e-3
     (info,) = result.stitched.values()
     assert tried[0][0] == 1 and tried[0][1] > 0 and tried[1] == (2, 0) and len(tried) == 2
-    weight, hidden = 256 * 256 * 2, 64 * 256 * 2
+    weight, hidden = 256 * 256 * 2, 256 * 256 * 2
     assert info.order == "rounds" and info.spilled == () and info.gb_peak == weight + hidden
 
     def promotions(sub):  # (weight, cluster) -> how many times the cluster promotes it
@@ -821,6 +829,34 @@ def test_a_gb_too_small_for_a_clusters_samples_runs_them_in_rounds(monkeypatch, 
     (whole,) = tvm_dsa.pipeline_result().stitched.values()
     assert whole.order == "dfs" and whole.cores_per_instance * 2 == info.cores_per_instance
     assert set(promotions(seen[-1]).values()) == {1}
+
+
+def test_a_spill_cheaper_than_promoting_the_weights_again_stays_in_one_round(monkeypatch, rng):
+    """The MLP at batch 8 x 64 rows (each sample's hidden tensor 32 KiB) on a 176 KiB GB: at once,
+    a cluster spills a 16 KiB piece of a hidden tensor, written and read: 32 KiB a cluster,
+    128 KiB in all, against the 256 KiB two rounds would promote again (both weights, the
+    clusters' promotions multicast). One round is kept, its spill in DDR, and the model still
+    computes what llvm does."""
+    import importlib
+
+    generator = importlib.import_module("tvm_dsa.kernelgen.stitched")
+    mod, seen = _mlp(monkeypatch, 8, 64, 256)
+    x, w1, w2 = [rng.standard_normal([int(s) for s in p.ty.shape]).astype("float32") * 0.1 for p in mod["main"].params]
+    ref = _llvm(mod, [x, w1, w2])
+    mod = relax.transform.BindParams("main", {"a1": tvm.runtime.tensor(w1), "a2": tvm.runtime.tensor(w2)})(mod)
+    costs = []
+    measured = generator.ddr_bytes
+    monkeypatch.setattr(generator, "ddr_bytes", lambda allocation, hw: costs.append(measured(allocation, hw)) or costs[-1])
+    hardware.register(dataclasses.replace(HW, name="stcp920-gb176k", gb_bytes=176 * KB), override=True)
+    vm, result = _run(mod, "graphturbo", hw="dsa/stcp920-gb176k")
+    out = vm["main"](tvm.runtime.tensor(x)).numpy()
+    assert np.abs(out - ref).max() / np.abs(ref).max() < 5e-3
+    weights = 2 * 256 * 256 * 2
+    spilled = [b for b in stitch.read_allocation(seen[-1]) if b.level == "ddr"]
+    assert {b.cluster for b in spilled} == set(range(HW.clusters)) and {b.nbytes for b in spilled} == {16 * KB}
+    assert costs == [weights + 2 * 16 * KB * HW.clusters, 2 * weights]
+    (info,) = result.stitched.values()
+    assert info.order == "dfs" and len(info.spilled) == HW.clusters
 
 
 def test_promotions_come_later_where_early_ones_would_spill(rng):

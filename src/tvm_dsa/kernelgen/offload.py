@@ -162,11 +162,12 @@ def _account(ctx: Lowered, on_dsa: set) -> None:
     for name in _called_prim_funcs(ctx.mod["main"]):
         if name not in in_graph:
             result.host[name] = "several outputs: the DSA runs kernels of one output"
+    stitched_on_vector = {layer for info in result.stitched.values() for layer in info.on_vector}
     for node in graph.nodes:
         macs = kernel_macs(ctx.mod[node.func])
         if node.name in on_dsa:
             result.dsa_macs += macs
-            if node.func in ctx.on_vector:
+            if node.func in ctx.on_vector or node.name in stitched_on_vector:
                 result.vector_macs += macs
         else:
             result.host_macs += macs

@@ -32,6 +32,7 @@ from tvm_dsa.emit.placement import Layer, Region
 from tvm_dsa import isa, memory_plan
 from tvm_dsa.emit.footprint import Boxes, Footprint, footprints
 from tvm_dsa.kernel.ir import ALIGN, align
+from tvm_dsa.tir_passes.tile import on_vector_units
 
 RECOMPUTE_LIMIT = 1.25  # assumed (the seed gives no number): at most 25 % of the work computed twice
 
@@ -466,6 +467,7 @@ class StitchInfo:
     spilled: tuple  # intermediates and weights kept in DDR instead of the GB
     lb_kept: int = 0  # instance intermediates kept in their core's LB
     lb_bytes: int = 0  # bytes of each core's LB set aside for them (the rest holds the layers' tiles)
+    on_vector: tuple = ()  # layers whose contraction runs on the vector units (``tiling.lower_timed``)
 
 
 def binding(n: int, hw, rounds: int = 1) -> list[tuple[int, ...]]:
@@ -752,5 +754,5 @@ def emit_stitched(mod: tvm.IRModule, hw, replicate: bool = True, replay: bool = 
     gb_peak = max((b.offset + align(b.nbytes) for b in buffers if b.level == "gb"), default=0)
     info = StitchInfo(inst.count, inst.recompute, len(cores[0]), order, gb_peak,
                       tuple(b.key for b in buffers if b.level == "ddr"), sum(b.level == "lb" for b in buffers),
-                      lb_bytes)
+                      lb_bytes, tuple(gv.name_hint for gv, f in mod.functions.items() if on_vector_units(f)))
     return program, info

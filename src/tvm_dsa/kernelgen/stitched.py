@@ -91,9 +91,9 @@ class StitchedKernels:
         intermediates and promotes its weights). Its plans are ranked with those reads from the
         GB where another input comes from DDR (``lower_kernel``); a contraction that loads from
         the GB with its chunk loads overlapping the MME (``overlap``; from DDR, as layerwise
-        loads, a smaller chunk costs bursts); then, on the MME with ``TIMED_MACS`` or more and
-        where ``timed``, the fastest of that and other plans timed in place
-        (``tiling.lower_timed``). ``first_tile``: at most so many along the first loop (a
+        loads, a smaller chunk costs bursts); then, where ``timed``, the fastest of that and other
+        plans timed in place for a contraction on the MME with ``TIMED_MACS`` or more, and the
+        faster unit for a depthwise one (``tiling.lower_timed``). ``first_tile``: at most so many along the first loop (a
         micro-batch's samples, ``_micro_batched``) where the tiling holds more."""
         ctx, stitch, hw = self.ctx, self.options, self.ctx.hw
         vector = name in ctx.on_vector
@@ -116,8 +116,8 @@ class StitchedKernels:
                     or plan_lb(read_kernel(low), hw, budget).double_buffered)
             if not keep:
                 low = lower_kernel(ctx.funcs[name], hw, budget, overlap=True, on_chip=ranked, caps=caps)[0]
-            if timed and stitch.gb and not vector and not record and macs >= TIMED_MACS:
-                low = lower_timed(ctx.funcs[name], hw, budget, gb, low, caps)
+            if timed and stitch.gb and not vector and not record:
+                low = lower_timed(ctx.funcs[name], hw, budget, gb, low, caps, plans=macs >= TIMED_MACS)
             self.overlapped[key] = (low, budget)
         return self.overlapped[key]
 
@@ -177,23 +177,37 @@ def _stitched(spec, nodes, graph, layer, hw, stitch) -> tuple:
 
 def _micro_batched(planned, hw, samples: int):
     """``planned(rounds)`` (a sub-graph module through the stitch passes, each cluster's
-    instances bound to run in ``rounds`` rounds) with the fewest buffers spilled to DDR, the
-    fewest rounds among those: 1, or where the GB does not hold what a cluster's instances keep
-    at once, twice as many while that spills and a cluster has ``samples`` or instances for
-    them. Micro-batches: each round's intermediates live for the round, and in the ``rounds``
-    order each round promotes the weights it reads (BERT-128 at batch 16: four samples a cluster
-    spilled each FFN1 output, 3 MB, beside FFN2's 4.5 MB of weights; two rounds of two spill
-    nothing)."""
+    instances bound to run in ``rounds`` rounds) that moves the fewest bytes through DDR
+    (``ddr_bytes``), the fewest rounds among those: 1, or where the GB does not hold what a
+    cluster's instances keep at once, twice as many while that spills and a cluster has
+    ``samples`` or instances for them. Micro-batches: each round's intermediates live for the
+    round, and in the ``rounds`` order each round promotes the weights it reads again (BERT-128
+    at batch 16: four samples a cluster spilled each FFN1 output, 3 MB, beside FFN2's 4.5 MB of
+    weights; two rounds of two spill nothing). A spill is weighed against the weights a round
+    promotes again: ViT-B/16's encoder as one kernel spills one 1.2 MB MLP activation per sample
+    in one round and promotes 170 MB of weights twice in two."""
     best, rounds = None, 1
     while True:
         sub = planned(rounds)
-        spills = sum(b.level == "ddr" for b in read_allocation(sub))
-        if best is None or spills < best[0]:
-            best = (spills, sub)
+        allocation = read_allocation(sub)
+        cost = ddr_bytes(allocation, hw)
+        if best is None or cost < best[0]:
+            best = (cost, sub)
         cores = sub.attrs["dsa.cores"]
-        if not spills or 2 * rounds > max(samples, len(cores) // min(len(cores), hw.clusters)):
+        if not any(b.level == "ddr" for b in allocation) \
+                or 2 * rounds > max(samples, len(cores) // min(len(cores), hw.clusters)):
             return best[1]
         rounds *= 2
+
+
+def ddr_bytes(allocation, hw) -> int:
+    """Bytes a stitched kernel's allocation moves through DDR beyond its inputs and outputs: each
+    intermediate spilled to DDR written and read once, and each weight promotion read (once for
+    all clusters in a round where ``hw.multicast_dma`` lets their promotions share the read)."""
+    spilled = sum(2 * b.nbytes for b in allocation if b.kind == "t" and b.level == "ddr")
+    reads = {(b.tensor, b.owner // hw.clusters if hw.multicast_dma else b.owner): b.nbytes
+             for b in allocation if b.kind == "w"}
+    return spilled + sum(reads.values())
 
 
 def _form(spec, nodes, graph) -> tuple:
@@ -215,7 +229,8 @@ def _form(spec, nodes, graph) -> tuple:
 def _renamed(program, info, names: dict, name: str) -> tuple:
     """``program`` and ``info`` made for a sub-graph of the same form, named after another one
     (``names``: its tensor and layer names -> the other's; ``name``: the other kernel's)."""
-    return program.renamed(name, names), replace(info, spilled=tuple((kind, names[t], owner) for kind, t, owner in info.spilled))
+    return program.renamed(name, names), replace(info, spilled=tuple((kind, names[t], owner) for kind, t, owner in info.spilled),
+                                                 on_vector=tuple(names[layer] for layer in info.on_vector))
 
 
 def _subgraph(spec, nodes, graph, lowered) -> tvm.IRModule:
