@@ -779,6 +779,19 @@ def test_clusters_copy_the_first_clusters_instructions(monkeypatch):
         assert all(a.instructions[d].core // cpc != x.core // cpc for d in set(x.deps) - set(y.deps))
 
 
+def _mlp_with_weights(monkeypatch, rng, rows):
+    """(the stitched-kernel generator module, the MLP at batch 8 x ``rows``, 256 -> 256 -> 256
+    with its weights bound as constants, the sub-graph modules it emits, an input, llvm's output)."""
+    import importlib
+
+    generator = importlib.import_module("tvm_dsa.kernelgen.stitched")
+    mod, seen = _mlp(monkeypatch, 8, rows, 256)
+    x, w1, w2 = [rng.standard_normal([int(s) for s in p.ty.shape]).astype("float32") * 0.1 for p in mod["main"].params]
+    ref = _llvm(mod, [x, w1, w2])
+    mod = relax.transform.BindParams("main", {"a1": tvm.runtime.tensor(w1), "a2": tvm.runtime.tensor(w2)})(mod)
+    return generator, mod, seen, x, ref
+
+
 def test_a_gb_too_small_for_a_clusters_samples_runs_them_in_rounds(monkeypatch, rng):
     """The MLP (``_mlp``) at batch 8 x 256 rows, 256 -> 256 -> 256, its weights constants (128 KiB
     each, fp16): two samples a cluster, each sample's hidden tensor 128 KiB. Run at once, a
@@ -789,13 +802,7 @@ def test_a_gb_too_small_for_a_clusters_samples_runs_them_in_rounds(monkeypatch, 
     what llvm does (the functional run checks every dependency). Two rounds are kept because they
     move fewer bytes through DDR (``stitched.ddr_bytes``): the weights once more (256 KiB, the
     clusters' promotions multicast) against the spilled pieces written and read."""
-    import importlib
-
-    generator = importlib.import_module("tvm_dsa.kernelgen.stitched")
-    mod, seen = _mlp(monkeypatch, 8, 256, 256)
-    x, w1, w2 = [rng.standard_normal([int(s) for s in p.ty.shape]).astype("float32") * 0.1 for p in mod["main"].params]
-    ref = _llvm(mod, [x, w1, w2])
-    mod = relax.transform.BindParams("main", {"a1": tvm.runtime.tensor(w1), "a2": tvm.runtime.tensor(w2)})(mod)
+    generator, mod, seen, x, ref = _mlp_with_weights(monkeypatch, rng, 256)
     tried = []
     micro = generator._micro_batched
 
@@ -837,13 +844,7 @@ def test_a_spill_cheaper_than_promoting_the_weights_again_stays_in_one_round(mon
     128 KiB in all, against the 256 KiB two rounds would promote again (both weights, the
     clusters' promotions multicast). One round is kept, its spill in DDR, and the model still
     computes what llvm does."""
-    import importlib
-
-    generator = importlib.import_module("tvm_dsa.kernelgen.stitched")
-    mod, seen = _mlp(monkeypatch, 8, 64, 256)
-    x, w1, w2 = [rng.standard_normal([int(s) for s in p.ty.shape]).astype("float32") * 0.1 for p in mod["main"].params]
-    ref = _llvm(mod, [x, w1, w2])
-    mod = relax.transform.BindParams("main", {"a1": tvm.runtime.tensor(w1), "a2": tvm.runtime.tensor(w2)})(mod)
+    generator, mod, seen, x, ref = _mlp_with_weights(monkeypatch, rng, 64)
     costs = []
     measured = generator.ddr_bytes
     monkeypatch.setattr(generator, "ddr_bytes", lambda allocation, hw: costs.append(measured(allocation, hw)) or costs[-1])
