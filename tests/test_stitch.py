@@ -921,12 +921,7 @@ def test_a_large_weight_is_promoted_in_pieces_and_tiles_wait_for_theirs(monkeypa
     transfer each, in order; the first tile's load of it waits for the first piece, not the last. Functional runs check every dependency
     (hazards), and the model computes what llvm does."""
     mod, seen = _mlp(monkeypatch, 8, 64, 1024)
-    x, w1, w2 = [rng.standard_normal([int(s) for s in p.ty.shape]).astype("float32") * 0.1 for p in mod["main"].params]
-    ref = _llvm(mod, [x, w1, w2])
-    mod = relax.transform.BindParams("main", {"a1": tvm.runtime.tensor(w1), "a2": tvm.runtime.tensor(w2)})(mod)
-    vm, _ = _run(mod, "graphturbo")
-    out = vm["main"](tvm.runtime.tensor(x)).numpy()
-    assert np.abs(out - ref).max() / np.abs(ref).max() < 5e-3
+    _weights_bound_run_as_llvm(mod, rng, 0.1)
     ((sub, sg, prints, name),) = [(m, sg, prints, t) for m in seen for sg, prints in [stitch.read_subgraph(m, HW)]
                                 for t, (shape, _) in sg.tensors.items() if tuple(shape) == (1024, 256)]
     (lo, hi), = [prints[L.name].reads[p] for L in sg.layers for p, t in L.args.items() if t == name]
@@ -1041,3 +1036,33 @@ def test_layers_are_timed_only_where_samples_feed_every_cluster(monkeypatch, bat
     mod, _ = _mlp(monkeypatch, batch, 256, 512, timed=True)
     _run(mod, "graphturbo")
     assert bool(calls) == (batch >= HW.clusters)
+
+
+def test_a_stitched_depthwise_conv_on_the_vector_units_computes_and_is_counted_there(rng):
+    """A depthwise 3 x 3 conv + ReLU, then a 1 x 1 conv, at batch 8 (timed in place: two samples a
+    cluster): the depthwise layer is faster on the vector units (``tiling.lower_timed``), so
+    ``StitchInfo.on_vector`` names it; the offload counts its MACs as the vector units', the MME
+    executes exactly the 1 x 1 conv's, and the model computes what llvm does."""
+    op = relax.op
+    mod = relax_graph([(8, 32, 28, 28), (32, 1, 3, 3), (64, 32, 1, 1)],
+                      lambda x, w, p: op.nn.conv2d(op.nn.relu(op.nn.conv2d(x, w, padding=1, groups=32)), p))
+    result = _weights_bound_run_as_llvm(mod, rng, 0.3)
+    (info,) = result.stitched.values()
+    depthwise, pointwise = 8 * 32 * 28 * 28 * 9, 8 * 64 * 32 * 28 * 28
+    assert len(info.on_vector) == 1 and result.vector_macs == depthwise
+    assert result.dsa_macs == depthwise + pointwise
+    report = tvm_dsa.last_report()
+    assert report.macs == pointwise and report.vector_lane_ops >= 2 * depthwise
+
+
+def _weights_bound_run_as_llvm(mod, rng, scale: float):
+    """Compile ``mod`` with graphturbo, its inputs but the first (``a1``, ``a2``, ...) bound as
+    constants, all drawn from ``rng`` times ``scale``; check one run against llvm's and return the
+    pipeline's result."""
+    args = [rng.standard_normal([int(s) for s in p.ty.shape]).astype("float32") * scale for p in mod["main"].params]
+    ref = _llvm(mod, args)
+    mod = relax.transform.BindParams("main", {f"a{i}": tvm.runtime.tensor(a) for i, a in enumerate(args) if i})(mod)
+    vm, result = _run(mod, "graphturbo")
+    out = vm["main"](tvm.runtime.tensor(args[0])).numpy()
+    assert np.abs(out - ref).max() / np.abs(ref).max() < 5e-3
+    return result

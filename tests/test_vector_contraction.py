@@ -2,7 +2,8 @@
 vector units (products, then a sum reduction) instead of the MME; both compute the kernel (against
 the same PrimFunc built for llvm). Where the MME would use one PE column (a depthwise conv) the
 tuning space offers the choice (the default lowering keeps the MME), and its capacity boxes hold
-tilings that fit on each unit."""
+tilings that fit on each unit; a stitched kernel's layer is timed in place on both
+(``tiling.lower_timed``)."""
 
 import math
 
@@ -18,7 +19,7 @@ from tvm_dsa.harness import import_onnx, max_relative_error
 from tvm_dsa.runtime import simulate
 from tvm_dsa.tir_passes.tile import TilePlan, anchor_info
 from tvm_dsa.kernel.analysis import Unsupported
-from tvm_dsa.tiling import lower_kernel
+from tvm_dsa.tiling import lower_kernel, lower_timed, timed_cycles
 from tvm_dsa.tir_passes import lower_with_plan
 from tvm_dsa.tir_passes.tile import annotate_vector_contraction, on_vector_units
 from tvm_dsa.tuning import extract_tasks
@@ -85,6 +86,19 @@ def test_lower_kernel_takes_the_mme_unless_told(conv_relu, depthwise):
     (task,) = extract_tasks(import_onnx(conv_relu(32, 32, 16, groups=32)), int8)
     with pytest.raises(Unsupported, match="cannot run on the vector units of set-edge16"):
         lower_kernel(task.mod["main"], hardware.get(int8), vector=True)
+
+
+def test_lower_timed_keeps_the_unit_timed_faster_in_place(depthwise):
+    """A stitched depthwise layer is timed on the MME (one PE column) and on the vector units,
+    its input in the GB (``timed_cycles``), and lowered for the faster, whether or not other
+    plans are timed too (``plans``)."""
+    func, gb = depthwise.mod["main"], frozenset({0})
+    mme, vme = lower_kernel(func, HW)[0], lower_kernel(func, HW, vector=True)[0]
+    on_vector = timed_cycles(vme, HW, None, gb) < timed_cycles(mme, HW, None, gb)
+    for plans in (True, False):
+        assert on_vector_units(lower_timed(func, HW, None, gb, mme, plans=plans)) == on_vector
+    # 32 channels of 16 x 16: a tile's products on 64 lanes beat one PE column of 16 rows
+    assert on_vector
 
 
 def test_capacity_boxes_are_per_unit_and_their_largest_tilings_fit(depthwise):

@@ -93,8 +93,9 @@ class StitchedKernels:
         the GB with its chunk loads overlapping the MME (``overlap``; from DDR, as layerwise
         loads, a smaller chunk costs bursts); then, where ``timed``, the fastest of that and other
         plans timed in place for a contraction on the MME with ``TIMED_MACS`` or more, and the
-        faster unit for a depthwise one (``tiling.lower_timed``). ``first_tile``: at most so many along the first loop (a
-        micro-batch's samples, ``_micro_batched``) where the tiling holds more."""
+        faster unit for a depthwise one (``tiling.lower_timed``). ``first_tile``: at most so many
+        along the first loop (a micro-batch's samples, ``_micro_batched``) where the tiling holds
+        more."""
         ctx, stitch, hw = self.ctx, self.options, self.ctx.hw
         vector = name in ctx.on_vector
         low, budget = self.tiled_in_part(name) if part else ctx.lowered[name]
@@ -229,8 +230,8 @@ def _form(spec, nodes, graph) -> tuple:
 def _renamed(program, info, names: dict, name: str) -> tuple:
     """``program`` and ``info`` made for a sub-graph of the same form, named after another one
     (``names``: its tensor and layer names -> the other's; ``name``: the other kernel's)."""
-    return program.renamed(name, names), replace(info, spilled=tuple((kind, names[t], owner) for kind, t, owner in info.spilled),
-                                                 on_vector=tuple(names[layer] for layer in info.on_vector))
+    spilled = tuple((kind, names[t], owner) for kind, t, owner in info.spilled)
+    return program.renamed(name, names), replace(info, spilled=spilled, on_vector=tuple(names[n] for n in info.on_vector))
 
 
 def _subgraph(spec, nodes, graph, lowered) -> tvm.IRModule:

@@ -182,8 +182,8 @@ def timed_cycles(lowered, hw, lb_bytes: int | None, gb: frozenset) -> float:
     output) in the GB, the rest in DDR: its first ``TIMED_TILES`` tiles round-robin over the
     cluster's cores, scaled to all of them, less the kernel's launch (paid once, not per tile:
     scaled with the tiles, it made a plan of many small tiles look slower than it runs, a
-    depthwise convolution's on the vector units 2.5x). The GB is taken as large as the tensors need: a
-    stitched kernel holds only its instances' part of them in each cluster's."""
+    depthwise convolution's on the vector units 2.5x). The GB is taken as large as the tensors
+    need: a stitched kernel holds only its instances' part of them in each cluster's."""
     kernel = read_kernel(lowered)
     tiles = math.prod(lp.extent for lp in kernel.tile_loops())
     gb = gb | {len(kernel.params) - 1}
