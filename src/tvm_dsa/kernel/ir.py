@@ -31,6 +31,7 @@ from tvm_dsa.isa import DTYPES
 
 SBlockRealize = tvm.s_tir.stmt.SBlockRealize
 ALIGN = 64
+POINT_SUMS = 9  # at most so many points of a vector contraction's reduced loops are summed one at a time
 
 
 class CodegenError(Unsupported):
@@ -153,6 +154,24 @@ class Stage:
     # tiles where it holds (compute_at guards a producer whose region a tile does not need, e.g.
     # a concatenation's other operand at the first row); () runs it in every tile
     guard: tuple[Bound, ...] = ()
+
+    def point_sums(self) -> tuple[int, ...]:
+        """The reduced loops of a sum of one product (a contraction on the vector units) that is
+        summed one point of them at a time, where they have at most ``POINT_SUMS`` points: a
+        depthwise convolution's 3 x 3 taps. Each point's products (a temporary the size of the
+        output box) are added into the destination, instead of all of them held at once and
+        summed (9x the output box in the LB, which kept its tiles to one channel). () where the
+        stage sums its products whole."""
+        v = self.value
+        if self.op != "reduce" or self.reduce_op != "sum" or not isinstance(v, Op) \
+                or not all(isinstance(k, (Read, Const)) for k in v.kids):
+            return ()
+        reduced = tuple(i for i in range(len(self.shape)) if not any(row[i] for row in self.dst.inner))
+        kept = set(range(len(self.shape))) - set(reduced)
+        points = 1
+        for i in reduced:
+            points *= self.shape[i]
+        return reduced if reduced and kept <= v.dims and points <= POINT_SUMS else ()
 
     def reads(self) -> list[Access]:
         out = []
@@ -754,6 +773,9 @@ def scratch_bytes(stage: Stage, dtypes: dict[str, str], ddr_dtype, rounding=alig
             if not root:
                 total += size(v.dims)
 
+    reduced = stage.point_sums()
+    if reduced:  # one point's products at a time
+        return size(stage.value.dims - set(reduced))
     walk(stage.value, stage.op == "vector")
     if stage.op == "reduce" and isinstance(stage.value, Op):
         total += rounding(4 * box)
