@@ -14,7 +14,7 @@ from tvm import s_tir, te
 
 from tvm_dsa import hardware, isa
 from tvm_dsa.emit.emitter import build_program
-from tvm_dsa.kernel.ir import read_kernel, scratch_bytes
+from tvm_dsa.kernel.ir import plan_lb, read_kernel, scratch_bytes
 from tvm_dsa.harness import import_onnx, max_relative_error
 from tvm_dsa.runtime import simulate
 from tvm_dsa.tir_passes.tile import TilePlan, anchor_info
@@ -108,14 +108,24 @@ def test_capacity_boxes_are_per_unit_and_their_largest_tilings_fit(depthwise):
     for box in boxes:
         top = TilePlan(tuple(t[0] for t in box.tiles), box.chunk[0], box.vector)
         assert fits_lb(func, top, HW)
-    # the products are summed one 3 x 3 tap at a time (``Stage.point_sums``): their temporary is one
-    # output box in float32, so the vector boxes' tops hold as many outputs as the MME's here
+    # where all the products do not fit, they are summed one 3 x 3 tap at a time (``Stage.point_sums``,
+    # ``LBPlan.point_sums``): their temporary is one output box in float32, so the vector boxes'
+    # tops hold as many outputs as the MME's here; a tile that holds all nine sums them whole
     volume = {v: max(math.prod(t[0] for t in b.tiles) for b in boxes if b.vector == v) for v in (False, True)}
     assert volume[True] == volume[False]
     (anchor,) = [st for st in read_kernel(lower_with_plan(func, TilePlan(PLAN.tiles, PLAN.chunk, True))).stages()
                  if st.op == "reduce"]
     assert anchor.point_sums() == (4, 5, 6) and math.prod(anchor.shape[i] for i in (4, 5, 6)) == 9
-    assert scratch_bytes(anchor, {}, None) == 4 * math.prod(PLAN.tiles)
+    assert scratch_bytes(anchor, {}, None, point_sums=True) == 4 * math.prod(PLAN.tiles)
+    assert not plan_lb(read_kernel(lower_with_plan(func, TilePlan(PLAN.tiles, PLAN.chunk, True))), HW).point_sums
+    top = max((b for b in boxes if b.vector), key=lambda b: math.prod(t[0] for t in b.tiles))
+    big = read_kernel(lower_with_plan(func, TilePlan(tuple(t[0] for t in top.tiles), top.chunk[0], True)))
+    assert plan_lb(big, HW).point_sums
+    args, expected = _reference(func)  # summed a tap at a time, the kernel computes what llvm does
+    program = build_program(lower_with_plan(func, TilePlan(tuple(t[0] for t in top.tiles), top.chunk[0], True)), HW, "taps")
+    assert sum(isinstance(i, isa.Reduce) for k in program.kernels for i in k.instructions) % 9 == 0
+    (out,) = simulate(program, args).outputs
+    assert max_relative_error([out], [expected]) < 2e-2
 
 
 def test_the_space_samples_the_unit_and_the_mutator_flips_it(depthwise):

@@ -405,7 +405,7 @@ class KernelEmitter:
             self.push(isa.Mme(core, stage.shape, mask, dst, a, b, self._adds(stage)), core)
         elif stage.op == "reduce":
             mask = tuple(s == 0 for s in dst.strides)
-            reduced = stage.point_sums()
+            reduced = stage.point_sums() if self.cur.plan.point_sums else ()
             if reduced:
                 self._point_sums(stage, reduced, mask, dst, core)
                 return

@@ -156,12 +156,13 @@ class Stage:
     guard: tuple[Bound, ...] = ()
 
     def point_sums(self) -> tuple[int, ...]:
-        """The reduced loops of a sum of one product (a contraction on the vector units) that is
-        summed one point of them at a time, where they have at most ``POINT_SUMS`` points: a
-        depthwise convolution's 3 x 3 taps. Each point's products (a temporary the size of the
-        output box) are added into the destination, instead of all of them held at once and
-        summed (9x the output box in the LB, which kept its tiles to one channel). () where the
-        stage sums its products whole."""
+        """The reduced loops of a sum of one product (a contraction on the vector units) that may
+        be summed one point of them at a time, where they have at most ``POINT_SUMS`` points: a
+        depthwise convolution's 3 x 3 taps. Where all the products do not fit the LB (9x the
+        output box in float32, which kept a depthwise tile to one channel), ``plan_lb`` has each
+        point's products (a temporary the size of the output box) added into the destination
+        instead (``LBPlan.point_sums``): more, shorter instructions. () where the stage sums its
+        products whole."""
         v = self.value
         if self.op != "reduce" or self.reduce_op != "sum" or not isinstance(v, Op) \
                 or not all(isinstance(k, (Read, Const)) for k in v.kids):
@@ -715,6 +716,7 @@ class LBPlan:
     scratch_offset: int
     scratch_bytes: int
     total_bytes: int
+    point_sums: bool = False  # vector contractions sum their products a point at a time (``Stage.point_sums``)
 
     @property
     def double_buffered(self) -> bool:
@@ -742,11 +744,12 @@ def lb_dtypes(stages: list[Stage], hw: Hardware, wide: frozenset = frozenset()) 
     return out
 
 
-def scratch_bytes(stage: Stage, dtypes: dict[str, str], ddr_dtype, rounding=align) -> int:
+def scratch_bytes(stage: Stage, dtypes: dict[str, str], ddr_dtype, rounding=align, point_sums: bool = False) -> int:
     """Bytes of temporaries a stage needs: one per inner op of its expression, a materialised
     update for a compound reduction, a cast buffer for a copy between element types (LB buffers'
     ``dtypes``, ``ddr_dtype(param)`` outside; two where a read and the destination are outside the
-    LB); each through ``rounding``."""
+    LB); each through ``rounding``. With ``point_sums`` a sum of products that may be summed a
+    point at a time (``Stage.point_sums``) needs one point's products."""
     box = 1
     for n in stage.shape:
         box *= n
@@ -773,7 +776,7 @@ def scratch_bytes(stage: Stage, dtypes: dict[str, str], ddr_dtype, rounding=alig
             if not root:
                 total += size(v.dims)
 
-    reduced = stage.point_sums()
+    reduced = stage.point_sums() if point_sums else ()
     if reduced:  # one point's products at a time
         return size(stage.value.dims - set(reduced))
     walk(stage.value, stage.op == "vector")
@@ -796,6 +799,9 @@ def plan_lb(kernel: KernelIR, hw: Hardware, lb_bytes: int | None = None) -> LBPl
     capacity = hw.lb_bytes if lb_bytes is None else lb_bytes
     first, loaded, places, sizes, scratch = _tile_layout(kernel, hw)
     single = sum(sizes.values())
+    point_sums = single + scratch > capacity  # all of a vector contraction's products do not fit
+    if point_sums:
+        scratch = _tile_layout(kernel, hw, point_sums=True)[-1]
     if single + scratch > capacity:
         raise CodegenError(f"tile working set {single + scratch} bytes exceeds the LB ({capacity})")
     fits_two = 2 * single + scratch <= capacity
@@ -818,10 +824,10 @@ def plan_lb(kernel: KernelIR, hw: Hardware, lb_bytes: int | None = None) -> LBPl
             offset += size
     placed = {b.name: LBBuffer(b.name, b.dtype, b.extents, b.writer, tuple(slots[places[b.name]]))
               for b in first.values()}
-    return LBPlan(placed, offset, scratch, offset + scratch)
+    return LBPlan(placed, offset, scratch, offset + scratch, point_sums)
 
 
-def _tile_layout(kernel: KernelIR, hw: Hardware, rounding=align):
+def _tile_layout(kernel: KernelIR, hw: Hardware, rounding=align, point_sums: bool = False):
     """One tile's LB buffers (by name), those DMAs fill, each buffer's place (``_shared_places``),
     each place's bytes (its largest buffer's) and the temporaries' bytes of the stage that needs
     most; every size passed through ``rounding``."""
@@ -842,7 +848,8 @@ def _tile_layout(kernel: KernelIR, hw: Hardware, rounding=align):
     sizes: dict = {}
     for name, place in places.items():
         sizes[place] = max(sizes.get(place, 0), rounding(first[name].nbytes))
-    scratch = max((scratch_bytes(st, dtypes, lambda b: kernel.ddr_dtype(b, hw), rounding) for st in stages), default=0)
+    scratch = max((scratch_bytes(st, dtypes, lambda b: kernel.ddr_dtype(b, hw), rounding, point_sums) for st in stages),
+                  default=0)
     return first, loaded, places, sizes, scratch
 
 
@@ -850,7 +857,7 @@ def tile_bytes(kernel: KernelIR, hw: Hardware) -> int:
     """LB bytes one tile of ``kernel`` needs, one copy of each buffer (``plan_lb``'s least), sizes
     not rounded up to ``ALIGN``: it shrinks in proportion to the boxes, which lets a tile search
     predict which smaller tiling fits (``tiling.lower_kernel``)."""
-    *_, sizes, scratch = _tile_layout(kernel, hw, rounding=int)
+    *_, sizes, scratch = _tile_layout(kernel, hw, rounding=int, point_sums=True)
     return sum(sizes.values()) + scratch
 
 
