@@ -9,6 +9,7 @@ from tvm.relax.backend import cpu_generic
 from tvm_dsa.kernelgen.symbolic import is_dynamic
 from tvm_dsa.relax_passes.concat import ConcatApart
 from tvm_dsa.relax_passes.conv_transpose import ConvTransposeAsConv
+from tvm_dsa.relax_passes.patch_conv import PatchConvAsMatmul
 from tvm_dsa.relax_passes.gather import GatherOfRangeAsSlice
 from tvm_dsa.relax_passes.pool_divisor import ExactPoolDivisor
 from tvm_dsa.relax_passes.rdp_apply import ApplyRDP
@@ -24,7 +25,8 @@ def fuse(mod: tvm.IRModule, rdp_fusion: bool = True) -> tvm.IRModule:
     """The module as the offload sees it (in the current target's scope): simplified (with
     transposes around a softmax cancelled, gathers at a range of indices sliced, an average
     pooling that excludes the padding made one that counts it, times a constant:
-    ``ExactPoolDivisor``, a transposed convolution a convolution: ``ConvTransposeAsConv``),
+    ``ExactPoolDivisor``, a transposed convolution a convolution: ``ConvTransposeAsConv``, a
+    convolution whose stride is its kernel a matmul of patches: ``PatchConvAsMatmul``),
     legalized and fused (a concatenation of two values of one tensor left unfused:
     ``ConcatApart``), each PrimFunc's buffers named uniquely (``UniqueBufferNames``) and its bool
     masks inlined into their readers (``InlineMasks``), the tensors whose values can leave the
@@ -35,7 +37,8 @@ def fuse(mod: tvm.IRModule, rdp_fusion: bool = True) -> tvm.IRModule:
     across = dynamic and rdp_fusion
     return tvm.transform.Sequential(
         ([ApplyRDP()] if dynamic else [])
-        + [SimplifyInference(), CancelTransposePairs, GatherOfRangeAsSlice, ExactPoolDivisor, ConvTransposeAsConv]
+        + [SimplifyInference(), PatchConvAsMatmul, CancelTransposePairs, GatherOfRangeAsSlice, ExactPoolDivisor,
+           ConvTransposeAsConv]
         # dataflow blocks (an importer gives none to a function with an If) for FuseOps, and RDP
         # again: FoldBatchnormToConv2D and ConvertToDataflow lose the shapes of If results,
         # CanonicalizeBindings drops casts that only assert dims (docs/sod2.md)
