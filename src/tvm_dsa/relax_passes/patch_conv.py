@@ -1,15 +1,19 @@
 """PatchConvAsMatmul: a convolution whose stride is its kernel (a ViT's patch embedding) becomes a
-matrix product of the image's patches.
+1 x 1 convolution of the image's patches, a matmul over all of its reduction.
 
 Such a convolution reads each input pixel once, and its reduction (channels x kernel rows x kernel
 columns: 3 x 16 x 16 for ViT-B/16) is chunked by the DSA's tiling along its first loop only, the
 3 channels: a weight chunk holds all 256 taps of a channel, so a tile holds few output channels
 and every tile loads its image rows again (ViT-B/16 at batch 8: 78 MB read from DDR for a 2.4 MB
-image, 758,780 cycles for 0.9 G MACs). As patches the same value is a matmul over a reduction of
-768 the tiling chunks freely:
+image, 758,780 cycles for 0.9 G MACs). As patches (space to depth) the same value reduces over
+one loop of 768 that the tiling chunks freely:
 
-    x (N, C, Ho kh, Wo kw) -> (N, C, Ho, kh, Wo, kw) -> (N, Ho, Wo, C, kh, kw) -> (N, Ho Wo, C kh kw)
-    y = patches @ W.reshape(O, C kh kw).T -> (N, Ho Wo, O) -> (N, O, Ho, Wo)
+    x (N, C, Ho kh, Wo kw) -> (N, C, Ho, kh, Wo, kw) -> (N, C, kh, kw, Ho, Wo) -> (N, C kh kw, Ho, Wo)
+    y = conv2d(patches, W.reshape(O, C kh kw, 1, 1))  -> (N, O, Ho, Wo)
+
+The output is the convolution's, in its layout, so what reads it fuses as before (ViT's bias,
+tokens, class token and position embedding; a matmul's (N, Ho Wo, O) transposed back and fused
+with those had indices the DSA cannot tile, and that kernel ran on the host).
 
 NCHW / OIHW, groups 1, dilation 1, no padding, a kernel larger than 1 x 1 that tiles the input
 exactly, constant weights, static shapes; others are kept.
@@ -19,7 +23,6 @@ exactly, constant weights, static shapes; others are kept.
 
 from __future__ import annotations
 
-import numpy as np
 import tvm
 from tvm import relax
 
@@ -49,12 +52,10 @@ class _AsMatmul(relax.PyExprMutator):
         ho, wo = h // kh, wd // kw
         emit = self.builder_.emit
         patches = emit(relax.op.reshape(x, (n, c, ho, kh, wo, kw)))
-        patches = emit(relax.op.permute_dims(patches, [0, 2, 4, 1, 3, 5]))
-        patches = emit(relax.op.reshape(patches, (n, ho * wo, c * kh * kw)))
-        weights = relax.const(np.ascontiguousarray(w.reshape(o, c * kh * kw).T).astype(str(call.args[1].ty.dtype)))
-        y = emit(relax.op.matmul(patches, weights, out_dtype=str(a.out_dtype) if a.out_dtype else None))
-        y = emit(relax.op.permute_dims(y, [0, 2, 1]))
-        return relax.op.reshape(y, (n, o, ho, wo))
+        patches = emit(relax.op.permute_dims(patches, [0, 1, 3, 5, 2, 4]))
+        patches = emit(relax.op.reshape(patches, (n, c * kh * kw, ho, wo)))
+        weights = relax.const(w.reshape(o, c * kh * kw, 1, 1).astype(str(call.args[1].ty.dtype)))
+        return relax.op.nn.conv2d(patches, weights, out_dtype=str(a.out_dtype) if a.out_dtype else None)
 
 
 @tvm.transform.module_pass(opt_level=0, name="dsa.PatchConvAsMatmul")
