@@ -33,7 +33,7 @@ _CONV2D = tvm.ir.Op.get("relax.nn.conv2d")
 
 
 @relax.expr_functor.mutator
-class _AsMatmul(relax.PyExprMutator):
+class _OfPatches(relax.PyExprMutator):
     def visit_call_(self, call):
         call = super().visit_call_(call)
         if not call.op.same_as(_CONV2D):
@@ -60,4 +60,4 @@ class _AsMatmul(relax.PyExprMutator):
 
 @tvm.transform.module_pass(opt_level=0, name="dsa.PatchConvAsMatmul")
 def PatchConvAsMatmul(mod: tvm.IRModule, _ctx) -> tvm.IRModule:  # noqa: N802 (a pass, named like TVM's)
-    return rewrite_functions(mod, _AsMatmul)
+    return rewrite_functions(mod, _OfPatches)
