@@ -18,7 +18,7 @@ import numpy as np
 import tvm
 from tvm import relax
 
-from tvm_dsa.relax_passes.fold import constant_value
+from tvm_dsa.relax_passes.fold import constant_value, static_shape
 from tvm_dsa.relax_passes.rewrite import rewrite_functions
 
 _CONV2D_TRANSPOSE = tvm.ir.Op.get("relax.nn.conv2d_transpose")
@@ -47,14 +47,13 @@ class _AsConv(relax.PyExprMutator):
         if not call.op.same_as(_CONV2D_TRANSPOSE):
             return call
         a = call.attrs
-        w = constant_value(call.args[1]) if isinstance(call.args[1], tvm.ir.expr.Constant) else None
-        shape = call.args[0].ty.shape
-        if (w is None or str(a.data_layout) != "NCHW" or str(a.kernel_layout) != "IOHW" or str(a.out_layout) != "NCHW"
-                or any(int(d) != 1 for d in a.dilation) or not all(isinstance(d, tvm.tirx.IntImm) for d in shape)):
+        w, shape = constant_value(call.args[1]), static_shape(call.args[0].ty)
+        if (w is None or shape is None or str(a.data_layout) != "NCHW" or str(a.kernel_layout) != "IOHW"
+                or str(a.out_layout) != "NCHW" or any(int(d) != 1 for d in a.dilation)):
             return call
         (sh, sw), (top, left, bottom, right), (oh, ow) = (
             tuple(int(v) for v in t) for t in (a.strides, a.padding, a.output_padding))
-        n, c, h, wd = (int(d) for d in shape)
+        n, c, h, wd = shape
         kh, kw = w.shape[2:]
         # per spatial dim, the s - 1 zeros go after each pixel (the last s - 1 rows zeros) or,
         # where that would ask for a negative pad at the end, before it

@@ -31,14 +31,18 @@ def _shape(expr) -> tuple[int, ...] | None:
 
 
 def constant_value(c) -> np.ndarray | None:
-    """The value of a Relax constant as a numpy array (None where its type has no dtype)."""
+    """The value of a Relax constant as a numpy array (None where ``c`` is not a constant or its
+    type has no dtype)."""
+    if not isinstance(c, tvm.ir.expr.Constant):
+        return None
     if isinstance(c.value, tvm.runtime.Tensor):
         return c.value.numpy()
     dtype = getattr(c.ty, "dtype", None)
     return np.asarray(c.value, dtype=str(dtype)) if dtype else None
 
 
-def _static(ty) -> tuple[int, ...] | None:
+def static_shape(ty) -> tuple[int, ...] | None:
+    """The dims of a tensor type where all are known, else None."""
     dims = getattr(ty, "shape", None)
     if dims is None or not all(isinstance(d, tvm.tirx.IntImm) for d in dims):
         return None
@@ -95,8 +99,8 @@ def _fold_block(block, values: dict, shapes: dict) -> list:
             for known in (values, shapes):
                 if value in known:
                     known[b.var] = known[value]
-        elif name == "relax.shape_of" and _static(value.args[0].ty) is not None:
-            shapes[b.var] = _static(value.args[0].ty)  # a static shape: the index arithmetic on it folds
+        elif name == "relax.shape_of" and static_shape(value.args[0].ty) is not None:
+            shapes[b.var] = static_shape(value.args[0].ty)  # a static shape: the index arithmetic on it folds
             value = relax.ShapeExpr(list(shapes[b.var]))
         elif name == "relax.shape_to_tensor" and (shapes.get(value.args[0]) or _shape(value.args[0])) is not None:
             out = np.array(shapes.get(value.args[0]) or _shape(value.args[0]), dtype=str(value.ty.dtype))
@@ -111,7 +115,7 @@ def _fold_block(block, values: dict, shapes: dict) -> list:
                 out = fold(value, *consts)
                 if out is not None:
                     out = np.array(out, dtype=str(value.ty.dtype), order="C")  # ascontiguousarray makes 0-d 1-d
-                    if _static(value.ty) == tuple(out.shape):
+                    if static_shape(value.ty) == tuple(out.shape):
                         values[b.var] = out
                         value = relax.const(out, str(value.ty.dtype))
         bindings.append(relax.VarBinding(b.var, value) if not value.same_as(b.value) else b)

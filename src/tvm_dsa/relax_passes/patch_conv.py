@@ -26,7 +26,7 @@ from __future__ import annotations
 import tvm
 from tvm import relax
 
-from tvm_dsa.relax_passes.fold import constant_value
+from tvm_dsa.relax_passes.fold import constant_value, static_shape
 from tvm_dsa.relax_passes.rewrite import rewrite_functions
 
 _CONV2D = tvm.ir.Op.get("relax.nn.conv2d")
@@ -39,13 +39,12 @@ class _OfPatches(relax.PyExprMutator):
         if not call.op.same_as(_CONV2D):
             return call
         a, x = call.attrs, call.args[0]
-        w = constant_value(call.args[1]) if isinstance(call.args[1], tvm.ir.expr.Constant) else None
-        shape = x.ty.shape
-        if (w is None or str(a.data_layout) != "NCHW" or str(a.kernel_layout) != "OIHW" or str(a.out_layout) != "NCHW"
-                or int(a.groups) != 1 or any(int(d) != 1 for d in a.dilation) or any(int(p) for p in a.padding)
-                or shape is None or not all(isinstance(d, tvm.tirx.IntImm) for d in shape)):
+        w, shape = constant_value(call.args[1]), static_shape(x.ty)
+        if (w is None or shape is None or str(a.data_layout) != "NCHW" or str(a.kernel_layout) != "OIHW"
+                or str(a.out_layout) != "NCHW" or int(a.groups) != 1 or any(int(d) != 1 for d in a.dilation)
+                or any(int(p) for p in a.padding)):
             return call
-        n, c, h, wd = (int(d) for d in shape)
+        n, c, h, wd = shape
         o, _, kh, kw = w.shape
         if (tuple(int(s) for s in a.strides) != (kh, kw) or kh * kw == 1 or h % kh or wd % kw):
             return call

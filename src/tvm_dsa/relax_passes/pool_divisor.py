@@ -17,6 +17,7 @@ import numpy as np
 import tvm
 from tvm import relax
 
+from tvm_dsa.relax_passes.fold import static_shape
 from tvm_dsa.relax_passes.rewrite import rewrite_functions
 
 _AVG_POOL2D = tvm.ir.Op.get("relax.nn.avg_pool2d")
@@ -35,13 +36,13 @@ class _Exact(relax.PyExprMutator):
         if not call.op.same_as(_AVG_POOL2D):
             return call
         a = call.attrs
-        shape, out = call.args[0].ty.shape, call.ty.shape
+        shape, out = static_shape(call.args[0].ty), static_shape(call.ty)
         if (a.count_include_pad or not any(int(p) for p in a.padding) or a.ceil_mode or str(a.layout) != "NCHW"
-                or any(int(d) != 1 for d in a.dilation) or not all(isinstance(d, tvm.tirx.IntImm) for d in (*shape, *out))):
+                or any(int(d) != 1 for d in a.dilation) or shape is None or out is None):
             return call
         (kh, kw), (sh, sw), (top, left, _, _) = (tuple(int(v) for v in t) for t in (a.pool_size, a.strides, a.padding))
-        rows = covered(int(shape[2]), int(out[2]), kh, sh, top)
-        cols = covered(int(shape[3]), int(out[3]), kw, sw, left)
+        rows = covered(shape[2], out[2], kh, sh, top)
+        cols = covered(shape[3], out[3], kw, sw, left)
         factor = (kh * kw / np.outer(rows, cols)).astype(str(call.ty.dtype))[None, None]
         pooled = relax.op.nn.avg_pool2d(call.args[0], a.pool_size, a.strides, a.padding, a.dilation, a.ceil_mode,
                                         True, str(a.layout), str(a.out_layout))

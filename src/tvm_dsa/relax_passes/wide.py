@@ -34,7 +34,7 @@ def _bindings(expr):
 
 def _beyond_fp16(arg) -> bool:
     """A constant (weights) with values fp16 cannot hold."""
-    values = constant_value(arg) if isinstance(arg, tvm.ir.expr.Constant) else None
+    values = constant_value(arg)
     if values is None or values.dtype.kind != "f":
         return False
     return bool(np.abs(values[np.isfinite(values)], dtype=np.float64).max(initial=0) > FP16_MAX)
