@@ -128,6 +128,20 @@ def test_vector_ops_on_vme_and_vec():
         np.testing.assert_allclose(outs[7], 1 / np.sqrt(y), rtol=1e-6)
 
 
+def test_mac_multiplies_and_accumulates_in_place_at_two_lane_ops_an_element():
+    """``mac(a, b, c) = a * b + c``, the product rounded to float32 first (a ``mul`` then an
+    ``add``); one pass over the lanes (the cycles of a ``mul``), two lane operations of energy."""
+    n = 64
+    rng = np.random.default_rng(3)
+    a, b, c = (rng.standard_normal(n).astype(np.float32) for _ in range(3))
+    src = lambda off: lb(off, "float32", 1)  # noqa: E731
+    body = [Vector(0, "vme", "mac", (n,), src(512), (src(0), src(256), src(512)))]
+    r = run_lb(body, [(0, a), (256, b), (512, c)], [(512, (n,), "float32")])
+    np.testing.assert_array_equal(r.outputs[0], (a * b) + c)
+    assert r.report.vector_lane_ops == 2 * n
+    assert compute_cycles(body[0], HW) == compute_cycles(Vector(0, "vme", "mul", (n,), src(512), (src(0), src(256))), HW)
+
+
 def test_erf_accuracy():
     x = np.linspace(-6, 6, 24001)
     assert np.max(np.abs(erf(x) - np.array([math.erf(v) for v in x]))) < 2e-7

@@ -405,31 +405,29 @@ class KernelEmitter:
             self.push(isa.Mme(core, stage.shape, mask, dst, a, b, self._adds(stage)), core)
         elif stage.op == "reduce":
             mask = tuple(s == 0 for s in dst.strides)
-            reduced = stage.point_sums() if self.cur.plan.point_sums else ()
+            reduced = stage.point_sums()
             if reduced:
-                self._point_sums(stage, reduced, mask, dst, core)
+                self._point_sums(stage, reduced, dst, core)
                 return
             src = self._expr(stage, stage.value, core, None)
             self.push(isa.Reduce(core, "vme", stage.reduce_op, stage.shape, mask, dst, src, self._adds(stage)), core)
         else:
             self._expr(stage, stage.value, core, dst)
 
-    def _point_sums(self, stage: Stage, reduced: tuple[int, ...], mask, dst: isa.Operand, core: int) -> None:
+    def _point_sums(self, stage: Stage, reduced: tuple[int, ...], dst: isa.Operand, core: int) -> None:
         """A sum of products (``Stage.point_sums``) one point of its ``reduced`` loops at a time:
-        that point's products into a temporary the size of the output box, then added into
-        ``dst`` (the first point adds only where the stage does, ``_adds``)."""
-        v = stage.value
-        kids = [self._operand(stage, k.access, core) if isinstance(k, Read) else k.value for k in v.kids]
-        out = self._scratch(v.dims - set(reduced), stage, core)
+        that point's products multiply-accumulated into ``dst`` (``mac``; the first point's
+        written with ``mul`` where the stage does not add, ``_adds``)."""
+        kids = [self._operand(stage, k.access, core) if isinstance(k, Read) else k.value for k in stage.value.kids]
         box = tuple(1 if i in reduced else n for i, n in enumerate(stage.shape))
-        unit, adds = ("vme" if v.name in isa.VME_OPS else "vec"), self._adds(stage)
+        adds = self._adds(stage)
         for point in itertools.product(*(range(stage.shape[i]) for i in reduced)):
             start = [0] * len(stage.shape)
             for i, x in zip(reduced, point):
                 start[i] = x
             args = tuple(_sub_operand(k, start) if isinstance(k, isa.Operand) else k for k in kids)
-            self.push(isa.Vector(core, unit, v.name, box, out, args), core)
-            self.push(isa.Reduce(core, "vme", stage.reduce_op, box, mask, dst, out, adds), core)
+            self.push(isa.Vector(core, "vme", "mac", box, dst, (*args, dst)) if adds
+                      else isa.Vector(core, "vme", "mul", box, dst, args), core)
             adds = True
 
     def _holder(self, stage: Stage, core: int, dst: isa.Operand) -> isa.Operand | None:

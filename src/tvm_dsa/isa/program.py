@@ -22,10 +22,10 @@ from tvm_dsa.isa.instructions import (
     OPCODE_OF, OPCODES, Dma, Fill, Instruction, Mme, Operand, Reduce, Vector, moved, replaced
 )
 
-VERSION = 6  # 2: kernels may carry replicas; 3: a replica goes where it says, moved by ranges; 4: remaps deps;
-# 5: a dma may end with 1 (prefetch queue); 6: ... with its flags, 1 prefetch + 2 multicast
-READS = (1, 3, 4, 5, 6)  # versions this runtime reads (3 is 4 without ``Replica.remap``, 4 is 5 without
-# prefetches, 5 is 6 without multicasts)
+VERSION = 7  # 2: kernels may carry replicas; 3: a replica goes where it says, moved by ranges; 4: remaps deps;
+# 5: a dma may end with 1 (prefetch queue); 6: ... with its flags, 1 prefetch + 2 multicast; 7: vector op mac
+READS = (1, 3, 4, 5, 6, 7)  # versions this runtime reads (3 is 4 without ``Replica.remap``, 4 is 5 without
+# prefetches, 5 is 6 without multicasts, 6 is 7 without ``mac``)
 MAGIC = "DSAP"
 
 

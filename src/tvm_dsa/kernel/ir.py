@@ -156,15 +156,14 @@ class Stage:
     guard: tuple[Bound, ...] = ()
 
     def point_sums(self) -> tuple[int, ...]:
-        """The reduced loops of a sum of one product (a contraction on the vector units) that may
-        be summed one point of them at a time, where they have at most ``POINT_SUMS`` points: a
-        depthwise convolution's 3 x 3 taps. Where all the products do not fit the LB (9x the
-        output box in float32, which kept a depthwise tile to one channel), ``plan_lb`` has each
-        point's products (a temporary the size of the output box) added into the destination
-        instead (``LBPlan.point_sums``): more, shorter instructions. () where the stage sums its
-        products whole."""
+        """The reduced loops of a sum of one product (a contraction on the vector units) that is
+        summed one point of them at a time by the VME's multiply-accumulate (``mac``) into its
+        destination, where they have at most ``POINT_SUMS`` points: a depthwise convolution's
+        3 x 3 taps. All the products at once are 9x the output box in float32 (which kept a
+        depthwise tile to one channel), and a ``mul`` and a ``reduce`` over them cost twice the
+        lane cycles of the nine ``mac``s. () where the stage sums its products whole."""
         v = self.value
-        if self.op != "reduce" or self.reduce_op != "sum" or not isinstance(v, Op) \
+        if self.op != "reduce" or self.reduce_op != "sum" or not isinstance(v, Op) or v.name != "mul" \
                 or not all(isinstance(k, (Read, Const)) for k in v.kids):
             return ()
         reduced = tuple(i for i in range(len(self.shape)) if not any(row[i] for row in self.dst.inner))
@@ -716,7 +715,6 @@ class LBPlan:
     scratch_offset: int
     scratch_bytes: int
     total_bytes: int
-    point_sums: bool = False  # vector contractions sum their products a point at a time (``Stage.point_sums``)
 
     @property
     def double_buffered(self) -> bool:
@@ -744,12 +742,12 @@ def lb_dtypes(stages: list[Stage], hw: Hardware, wide: frozenset = frozenset()) 
     return out
 
 
-def scratch_bytes(stage: Stage, dtypes: dict[str, str], ddr_dtype, rounding=align, point_sums: bool = False) -> int:
+def scratch_bytes(stage: Stage, dtypes: dict[str, str], ddr_dtype, rounding=align) -> int:
     """Bytes of temporaries a stage needs: one per inner op of its expression, a materialised
     update for a compound reduction, a cast buffer for a copy between element types (LB buffers'
     ``dtypes``, ``ddr_dtype(param)`` outside; two where a read and the destination are outside the
-    LB); each through ``rounding``. With ``point_sums`` a sum of products that may be summed a
-    point at a time (``Stage.point_sums``) needs one point's products."""
+    LB); each through ``rounding``. A sum of products summed a point at a time
+    (``Stage.point_sums``) needs none."""
     box = 1
     for n in stage.shape:
         box *= n
@@ -776,9 +774,8 @@ def scratch_bytes(stage: Stage, dtypes: dict[str, str], ddr_dtype, rounding=alig
             if not root:
                 total += size(v.dims)
 
-    reduced = stage.point_sums() if point_sums else ()
-    if reduced:  # one point's products at a time
-        return size(stage.value.dims - set(reduced))
+    if stage.point_sums():  # multiply-accumulated into the destination
+        return 0
     walk(stage.value, stage.op == "vector")
     if stage.op == "reduce" and isinstance(stage.value, Op):
         total += rounding(4 * box)
@@ -799,9 +796,6 @@ def plan_lb(kernel: KernelIR, hw: Hardware, lb_bytes: int | None = None) -> LBPl
     capacity = hw.lb_bytes if lb_bytes is None else lb_bytes
     first, loaded, places, sizes, scratch = _tile_layout(kernel, hw)
     single = sum(sizes.values())
-    point_sums = single + scratch > capacity  # all of a vector contraction's products do not fit
-    if point_sums:
-        scratch = _tile_layout(kernel, hw, point_sums=True)[-1]
     if single + scratch > capacity:
         raise CodegenError(f"tile working set {single + scratch} bytes exceeds the LB ({capacity})")
     fits_two = 2 * single + scratch <= capacity
@@ -824,10 +818,10 @@ def plan_lb(kernel: KernelIR, hw: Hardware, lb_bytes: int | None = None) -> LBPl
             offset += size
     placed = {b.name: LBBuffer(b.name, b.dtype, b.extents, b.writer, tuple(slots[places[b.name]]))
               for b in first.values()}
-    return LBPlan(placed, offset, scratch, offset + scratch, point_sums)
+    return LBPlan(placed, offset, scratch, offset + scratch)
 
 
-def _tile_layout(kernel: KernelIR, hw: Hardware, rounding=align, point_sums: bool = False):
+def _tile_layout(kernel: KernelIR, hw: Hardware, rounding=align):
     """One tile's LB buffers (by name), those DMAs fill, each buffer's place (``_shared_places``),
     each place's bytes (its largest buffer's) and the temporaries' bytes of the stage that needs
     most; every size passed through ``rounding``."""
@@ -848,7 +842,7 @@ def _tile_layout(kernel: KernelIR, hw: Hardware, rounding=align, point_sums: boo
     sizes: dict = {}
     for name, place in places.items():
         sizes[place] = max(sizes.get(place, 0), rounding(first[name].nbytes))
-    scratch = max((scratch_bytes(st, dtypes, lambda b: kernel.ddr_dtype(b, hw), rounding, point_sums) for st in stages),
+    scratch = max((scratch_bytes(st, dtypes, lambda b: kernel.ddr_dtype(b, hw), rounding) for st in stages),
                   default=0)
     return first, loaded, places, sizes, scratch
 
@@ -857,7 +851,7 @@ def tile_bytes(kernel: KernelIR, hw: Hardware) -> int:
     """LB bytes one tile of ``kernel`` needs, one copy of each buffer (``plan_lb``'s least), sizes
     not rounded up to ``ALIGN``: it shrinks in proportion to the boxes, which lets a tile search
     predict which smaller tiling fits (``tiling.lower_kernel``)."""
-    *_, sizes, scratch = _tile_layout(kernel, hw, rounding=int, point_sums=True)
+    *_, sizes, scratch = _tile_layout(kernel, hw, rounding=int)
     return sum(sizes.values()) + scratch
 
 

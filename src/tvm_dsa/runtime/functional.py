@@ -71,6 +71,7 @@ VECTOR_OPS = {
     "gt": _compare(np.greater),
     "ge": _compare(np.greater_equal),
     "select": lambda c, a, b: np.where(c != 0, a, b),
+    "mac": lambda a, b, c: a * b + c,
 }
 REDUCE_UFUNCS = {"sum": np.add, "max": np.maximum, "min": np.minimum}
 _NP_DTYPES = {name: np.dtype(name) for name in ("float16", "float32", "int8", "int32")}

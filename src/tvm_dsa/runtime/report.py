@@ -10,7 +10,7 @@ import dataclasses
 from dataclasses import dataclass, field
 
 from tvm_dsa.hardware.model import Hardware
-from tvm_dsa.isa.instructions import Dma, Fill, Mme, Operand, Reduce, macs, operands
+from tvm_dsa.isa.instructions import LANE_OPS, Dma, Fill, Mme, Operand, Reduce, macs, operands
 from tvm_dsa.isa.program import Program
 from tvm_dsa.runtime.cost import ddr_effective_bytes, elements, mme_traffic, noc_hops, stream_bytes
 from tvm_dsa.runtime.timing import ProgramTiming
@@ -232,7 +232,7 @@ def _counts(ins, hw: Hardware, rider: bool = False) -> dict[str, int]:
     for o in srcs:
         traffic(o, "read", stream_bytes(o, ins.shape), ins.shape)
     traffic(dst, "write", stream_bytes(dst, ins.shape), ins.shape)
-    add("vector_lane_ops", elements(ins.shape))
+    add("vector_lane_ops", elements(ins.shape) * (1 if isinstance(ins, Reduce) else LANE_OPS.get(ins.op, 1)))
     return c
 
 
@@ -253,7 +253,7 @@ def _key(ins) -> tuple:
     if kind is Reduce:
         s = ins.src
         return (kind, ins.shape, ins.accumulate, d.mem, d.dtype, d.strides, s.mem, s.dtype, s.strides)
-    return (kind, ins.shape, d.mem, d.dtype, d.strides,
+    return (kind, LANE_OPS.get(ins.op, 1), ins.shape, d.mem, d.dtype, d.strides,
             *[(o.mem, o.dtype, o.strides) if isinstance(o, Operand) else None for o in ins.srcs])
 
 
