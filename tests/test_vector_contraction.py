@@ -11,11 +11,14 @@ import math
 import numpy as np
 import pytest
 import tvm
+from onnx import TensorProto as TP
+from onnx import helper as h
+from onnx import numpy_helper as nh
 from tvm import s_tir, te
 
 from tvm_dsa import hardware, isa
 from tvm_dsa.emit.emitter import build_program
-from tvm_dsa.kernel.ir import read_kernel, scratch_bytes
+from tvm_dsa.kernel.ir import POINT_SUMS, read_kernel, scratch_bytes
 from tvm_dsa.harness import import_onnx, max_relative_error
 from tvm_dsa.runtime import simulate
 from tvm_dsa.tir_passes.tile import TilePlan, anchor_info
@@ -125,6 +128,27 @@ def test_capacity_boxes_are_per_unit_and_their_largest_tilings_fit(depthwise):
     # per output box: the first tap written (mul, where the zero fill was folded in), eight added (mac)
     assert not any(isinstance(i, isa.Reduce) for i in vector) and ops["mac"] == 8 * ops["mul"] > 0
     assert all(i.srcs[2] == i.dst for i in vector if i.op == "mac")
+    (out,) = simulate(program, args).outputs
+    assert max_relative_error([out], [expected]) < 2e-2
+
+
+def test_a_conformers_31_taps_are_multiply_accumulated_one_at_a_time():
+    """A 1-D depthwise convolution of 31 taps (a Conformer's) on the vector units: each tap a
+    ``mac`` of the output box (``POINT_SUMS`` covers it), the values llvm's."""
+    w = np.random.default_rng(1).standard_normal((16, 1, 31)).astype("float32") * 0.2
+    conv = h.make_node("Conv", ["x", "W"], ["y"], pads=[15, 15], group=16)
+    graph = h.make_graph([conv], "dw31", [h.make_tensor_value_info("x", TP.FLOAT, [1, 16, 64])],
+                         [h.make_tensor_value_info("y", TP.FLOAT, [1, 16, 64])], [nh.from_array(w, "W")])
+    (task,) = extract_tasks(import_onnx(h.make_model(graph, opset_imports=[h.make_opsetid("", 17)], ir_version=10)),
+                            TARGET)
+    func = task.mod["main"]
+    lowered = lower_kernel(func, HW, vector=True)[0]
+    (anchor,) = [st for st in read_kernel(lowered).stages() if st.op == "reduce"]
+    assert math.prod(anchor.shape[i] for i in anchor.point_sums()) == 31 <= POINT_SUMS
+    program = build_program(lowered, HW, "dw31")
+    ops = collections.Counter(i.op for k in program.kernels for i in k.instructions if isinstance(i, isa.Vector))
+    assert ops["mac"] == 30 * ops["mul"] > 0
+    args, expected = _reference(func)
     (out,) = simulate(program, args).outputs
     assert max_relative_error([out], [expected]) < 2e-2
 

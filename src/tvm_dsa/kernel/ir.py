@@ -31,7 +31,9 @@ from tvm_dsa.isa import DTYPES
 
 SBlockRealize = tvm.s_tir.stmt.SBlockRealize
 ALIGN = 64
-POINT_SUMS = 9  # at most so many points of a vector contraction's reduced loops are summed one at a time
+# at most so many points of a vector contraction's reduced loops are summed one at a time: a 5 x 5
+# window, a Conformer's 31 taps (a bound on the instructions a tile emits)
+POINT_SUMS = 32
 
 
 class CodegenError(Unsupported):
@@ -159,7 +161,7 @@ class Stage:
         """The reduced loops of a sum of one product (a contraction on the vector units) that is
         summed one point of them at a time by the VME's multiply-accumulate (``mac``) into its
         destination, where they have at most ``POINT_SUMS`` points: a depthwise convolution's
-        3 x 3 taps. All the products at once are 9x the output box in float32 (which kept a
+        3 x 3 taps, a Conformer's 31. All the products at once are 9x the output box in float32 (which kept a
         depthwise tile to one channel), and a ``mul`` and a ``reduce`` over them cost twice the
         lane cycles of the nine ``mac``s. () where the stage sums its products whole."""
         v = self.value
