@@ -12,6 +12,7 @@ import pytest
 from helpers import chain, ddr, f16, lb, make_program, mme_tile, preset, run_lb
 
 from tvm_dsa.hardware.model import Hardware
+from tvm_dsa.isa.instructions import multicast_groups
 from tvm_dsa.isa import (
     Dma, Fill, LayerMark, Mme, Operand, Program, ProgramError, Reduce, TensorArg, Vector, disassemble, operands,
     validate,
@@ -620,6 +621,31 @@ def test_multicast_dmas_that_cannot_meet_move_alone_and_each_reads_ddr():
         validate(make_program([[a0]], (), 4 * n, dict(hw, multicast_dma=False)))
     with pytest.raises(ProgramError, match="copies DDR to the GBs"):
         validate(make_program([[replace(a0, dst=lb(0, "float16", 1))]], (), 4 * n, hw))
+
+
+def test_loads_of_one_gb_box_pair_only_while_its_bytes_are_unwritten():
+    """``multicast_groups`` pairs the n-th multicast load of one GB box to one LB place of each core
+    counted since the box's bytes were last written: core 0's load of the box, a store into it,
+    then core 1's load of the box are two transfers (the same address holds other data), and
+    core 1's queue does not wait for a partner; with the store elsewhere they are one."""
+    hw = preset()
+    h = Hardware.from_dict(hw)
+    n = 4096
+    box = Operand("gb", 0, 0, "float16", (1,))
+
+    def load(core):
+        return Dma(core, (n,), lb(0, "float16", 1, core=core), box, multicast=True)
+
+    def store(offset):  # core 2 writes n elements of the GB from its LB
+        return Dma(2, (n,), Operand("gb", 0, offset, "float16", (1,)), lb(0, "float16", 1, core=2))
+
+    rewritten = [load(0), replace(store(0), deps=(0,)), replace(load(1), deps=(1,))]
+    assert multicast_groups(rewritten) == {0: (0,), 2: (2,)}
+    assert multicast_groups([load(0), replace(store(4 * n), deps=(0,)), load(1)]) == {0: (0, 2), 2: (0, 2)}
+    # core 1's load waits only for the store, then moves alone
+    timed = simulate(make_program([rewritten], (), 1024, hw), mode="timing").report
+    one = h.dma_latency_cycles + math.ceil(2 * n / h.gb_bytes_per_cycle)
+    assert timed.cycles == LAUNCH + 3 * one and timed.gb_read == 2 * 2 * n
 
 
 def test_a_clusters_cores_loading_one_gb_box_to_one_lb_place_share_one_transfer():

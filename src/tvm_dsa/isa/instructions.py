@@ -57,6 +57,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+import numpy as np
+
 MEMORIES = ("ddr", "gb", "lb")
 DTYPES = {"float16": 2, "float32": 4, "int8": 1, "int32": 4}
 
@@ -113,8 +115,9 @@ class Dma:
     chips with ``prefetch_dma``) the core's second queue ``pdma`` runs it, beside the transfers of
     its ``dma``. With ``multicast`` (DDR -> GB or GB -> LB; chips with ``multicast_dma``) it is one
     destination's share of a transfer to several: the multicast DMAs of one source box to one
-    place in several GBs (or LBs), the n-th into each, are one transfer (``multicast_groups``),
-    which starts when each of them may, reads the source once and writes every destination.
+    place in several GBs (or LBs), the n-th into each since the source was last written, are one
+    transfer (``multicast_groups``), which starts when each of them may, reads the source once and
+    writes every destination.
     Each still copies the box: the values are a plain DMA's. (The JSON form ends with their
     flags: 1 prefetch, 2 multicast.)"""
 
@@ -247,21 +250,51 @@ def operands(ins: Instruction) -> tuple[list[Operand], Operand]:
     return [ins.src] + ([ins.dst] if ins.accumulate else []), ins.dst
 
 
+GRANULE = 64  # bytes: how finely ``multicast_groups`` tells which writes touch a source box
+
+
+def _span(o: Operand, shape: tuple[int, ...]) -> tuple[int, int]:
+    """The granules of ``o``'s memory from its box's first byte to its last."""
+    first, end = o.extent_bytes(shape)
+    return first // GRANULE, -(-end // GRANULE)
+
+
 def multicast_groups(instructions) -> dict[int, tuple[int, ...]]:
     """Per multicast DMA of a kernel's stream (written out), the positions of its transfer's DMAs
     (``Dma.multicast``), first the one that reads the source for all: the n-th multicast DMA into
-    each memory (a GB, an LB) with one source box and one place there (offsets, strides, box) is
-    one transfer. A DMA no other memory's matches is a transfer of its own."""
+    each memory (a GB, an LB) with one source box and one place there (offsets, strides, box),
+    counted since the source's bytes were last written, is one transfer. A DMA no other memory's
+    matches is a transfer of its own. (Counted from the kernel's start instead, a core's load of
+    one sample's rows paired with another instance's load of another tensor that later took the
+    same GB place, and the core's queue waited for it: ResNet-50 at batch 8.)"""
     groups: dict[tuple, list[int]] = {}
     seen: dict[tuple, int] = {}
+    written: dict[tuple[str, int], np.ndarray] = {}  # memory -> per granule, the last write's position
+
+    def granules(mem: tuple[str, int], hi: int) -> np.ndarray:
+        arr = written.get(mem)
+        if arr is None or len(arr) < hi:
+            grown = np.full(max(hi, 2 * len(arr) if arr is not None else hi), -1, dtype=np.int64)
+            if arr is not None:
+                grown[:len(arr)] = arr
+            arr = written[mem] = grown
+        return arr
+
     for i, ins in enumerate(instructions):
-        if type(ins) is not Dma or not ins.multicast:
+        if type(ins) is not Dma:
             continue
         src, dst = ins.src, ins.dst
-        box = (src.mem, src.index, src.offset, src.strides, src.dtype, dst.mem, dst.offset, dst.strides, ins.shape)
-        n = seen.get((box, dst.index), 0)
-        seen[(box, dst.index)] = n + 1
-        groups.setdefault((box, n), []).append(i)
+        if ins.multicast:
+            lo, hi = _span(src, ins.shape)
+            epoch = int(granules((src.mem, src.index), hi)[lo:hi].max()) if src.mem != "lb" else -1
+            box = (src.mem, src.index, src.offset, src.strides, src.dtype, dst.mem, dst.offset, dst.strides,
+                   ins.shape, epoch)
+            n = seen.get((box, dst.index), 0)
+            seen[(box, dst.index)] = n + 1
+            groups.setdefault((box, n), []).append(i)
+        if dst.mem != "lb":
+            lo, hi = _span(dst, ins.shape)
+            granules((dst.mem, dst.index), hi)[lo:hi] = i
     return {i: tuple(members) for members in groups.values() for i in members}
 
 
