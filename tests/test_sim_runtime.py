@@ -607,7 +607,7 @@ def test_multicast_dmas_that_cannot_meet_move_alone_and_each_reads_ddr():
     """Two clusters promote boxes A and B in opposite orders: each one's first waits for the
     other's, behind its own second. The simulator sees no way for them to meet and moves each
     alone, so the run ends, each reading DDR (the cycles and bytes of plain DMAs). A multicast
-    needs a chip with ``multicast_dma`` and goes from DDR to a GB."""
+    needs a chip with ``multicast_dma`` and goes down from DDR or a GB."""
     hw = preset()
     h = Hardware.from_dict(hw)
     n = 8192
@@ -619,8 +619,8 @@ def test_multicast_dmas_that_cannot_meet_move_alone_and_each_reads_ddr():
     assert (crossed.cycles, crossed.ddr_read) == (alone.cycles, alone.ddr_read) == (crossed.cycles, 4 * 2 * n)
     with pytest.raises(ProgramError, match="multicast_dma"):
         validate(make_program([[a0]], (), 4 * n, dict(hw, multicast_dma=False)))
-    with pytest.raises(ProgramError, match="copies DDR to the GBs"):
-        validate(make_program([[replace(a0, dst=lb(0, "float16", 1))]], (), 4 * n, hw))
+    with pytest.raises(ProgramError, match="copies DDR or a GB to the GBs or LBs below, not lb to ddr"):
+        validate(make_program([[replace(a0, src=lb(0, "float16", 1), dst=ddr(0, "float16", 1))]], (), 4 * n, hw))
 
 
 def test_loads_of_one_gb_box_pair_only_while_its_bytes_are_unwritten():

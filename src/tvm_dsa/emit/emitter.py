@@ -438,8 +438,10 @@ class KernelEmitter:
         waits for its holder's, so depth is latency; one source serving all would be a star on
         its links). A box whose source is kept in LBs (a SET tree's pieces) is loaded from there:
         the pieces spread the reads over their cores' links where a holder's would carry them
-        all (ResNet-50's SET tree on set-edge16: 3.00 M cycles with the tree, 2.90 M without)."""
-        if self.hw.interconnect != "mesh":
+        all (ResNet-50's SET tree on set-edge16: 3.00 M cycles with the tree, 2.90 M without). A
+        mesh with ``multicast_dma`` needs no tree: the cores' loads of the box are one multicast
+        (``_dma``)."""
+        if self.hw.interconnect != "mesh" or self.hw.multicast_dma:
             return None
         buf = stage.dst.buffer
         content = self.content[(core, buf)]
@@ -534,12 +536,14 @@ class KernelEmitter:
         tiles of one round that share a weight chunk), read the GB once. Not in a layer whose
         tiles overlap (``ClampTiles``): its last tile along the clamped loop loads boxes of its
         own, the cores' n-th loads stop lining up after it, and paired loads of different rounds
-        made the cores wait on each other (ViT-B/16 at batch 8: 25.76M cycles, 14.78M without)."""
+        made the cores wait on each other (ViT-B/16 at batch 8: 25.76M cycles, 14.78M without). On
+        a mesh, where tiles load their boxes from DDR (no GB), a load from DDR is the multicast."""
         issuer = core
         if (dst.mem, dst.index) != ("lb", core) and (src.mem, src.index) != ("lb", core):
             issuer = src.index if src.mem == "lb" else dst.index if dst.mem == "lb" else core
         self.cores_used.add(issuer)
-        multicast = self.hw.multicast_dma and (src.mem, dst.mem) == ("gb", "lb") and not self.cur.ir.clamped
+        shared = "ddr" if self.hw.interconnect == "mesh" else "gb"
+        multicast = self.hw.multicast_dma and (src.mem, dst.mem) == (shared, "lb") and not self.cur.ir.clamped
         self.push(isa.Dma(issuer, shape, dst, src, multicast=multicast), issuer)
 
     def _bounds_box(self, bounds, start, extent):

@@ -113,13 +113,12 @@ class Dma:
     side is in an LB, and then one side is the core's own LB; else the cluster's ``cdma``, between
     DDR and the cluster's GB, within DDR or within the cluster's GB. With ``prefetch`` (an LB side;
     chips with ``prefetch_dma``) the core's second queue ``pdma`` runs it, beside the transfers of
-    its ``dma``. With ``multicast`` (DDR -> GB or GB -> LB; chips with ``multicast_dma``) it is one
-    destination's share of a transfer to several: the multicast DMAs of one source box to one
-    place in several GBs (or LBs), the n-th into each since the source was last written, are one
-    transfer (``multicast_groups``), which starts when each of them may, reads the source once and
-    writes every destination.
-    Each still copies the box: the values are a plain DMA's. (The JSON form ends with their
-    flags: 1 prefetch, 2 multicast.)"""
+    its ``dma``. With ``multicast`` (DDR -> GB, GB -> LB or DDR -> LB; chips with
+    ``multicast_dma``) it is one destination's share of a transfer to several: the multicast DMAs
+    of one source box to one place in several GBs (or LBs), the n-th into each since the source
+    was last written, are one transfer (``multicast_groups``), which starts when each of them may,
+    reads the source once and writes every destination. Each still copies the box: the values are
+    a plain DMA's. (The JSON form ends with their flags: 1 prefetch, 2 multicast.)"""
 
     core: int
     shape: tuple[int, ...]
