@@ -121,9 +121,9 @@ def test_invocations_run_on_their_groups_in_tree_order(resnet):
         idx = [i for i in range(s.first, s.last) if timing.units[i][0] in ("mme", "vme", "vec")]
         if idx:
             compute[(s.layer, s.invocation)] = (min(timing.start[i] for i in idx), max(timing.end[i] for i in idx))
-    # the S-cut's pipeline: layer 1 computes sample 0 while layer 0 computes a later sample
-    assert any(compute[(0, q)][0] < compute[(1, 0)][1] and compute[(1, 0)][0] < compute[(0, q)][1]
-               for q in range(1, BATCH))
+    # the S-cut's pipeline: layer 1 computes a sample while layer 0 computes a later one
+    assert any(compute[(0, q)][0] < compute[(1, p)][1] and compute[(1, p)][0] < compute[(0, q)][1]
+               for p in range(BATCH) for q in range(p + 1, BATCH) if (1, p) in compute)
 
 
 def test_st_graph_draws_the_timeline(resnet, tmp_path):

@@ -480,6 +480,24 @@ def test_mesh_transfers_share_only_the_links_their_xy_routes_cross():
     assert _copies(hw, [(4, 5), (6, 5)], by_sender=True) == alone  # into core 5 from the west and the east
 
 
+def test_a_multicast_between_lbs_crosses_each_link_of_its_tree_once():
+    """Core 0 sends one 4 kB box to the same place in cores 2 and 3 (routes 0 -> 1 -> 2 and
+    0 -> 1 -> 2 -> 3). As two copies they share links 0 -> 1 and 1 -> 2 and take twice one
+    copy's link time; as one multicast (``multicast_dma``) the union of the routes carries the box
+    once: the farther destination's latency (three hops) and one link time, core 0's LB read
+    once."""
+    hw = preset("set-edge16-fp16")
+    h = Hardware.from_dict(hw)
+    n = 2048
+    copies = [Dma(dst, (n,), lb(0, "float16", 1, core=dst), lb(0, "float16", 1), multicast=True) for dst in (2, 3)]
+    one = 2 * n / h.noc_link_bytes_per_cycle
+    together = simulate(make_program([copies], (), 1024, hw), mode="timing").report
+    alone = simulate(make_program([[replace(c, multicast=False) for c in copies]], (), 1024, hw), mode="timing").report
+    assert together.cycles == LAUNCH + h.dma_latency_cycles + 3 + one
+    assert alone.cycles >= LAUNCH + h.dma_latency_cycles + 2 * one
+    assert (together.lb_read, alone.lb_read) == (2 * n, 4 * n)
+
+
 def test_a_prefetch_dma_runs_on_the_cores_second_queue_beside_its_first():
     """Two loads of 64 kB by one core from DDR: on its one queue they run one after the other,
     the second marked ``prefetch`` runs at once on ``pdma`` (sharing DDR's bandwidth, so the pair
@@ -619,7 +637,7 @@ def test_multicast_dmas_that_cannot_meet_move_alone_and_each_reads_ddr():
     assert (crossed.cycles, crossed.ddr_read) == (alone.cycles, alone.ddr_read) == (crossed.cycles, 4 * 2 * n)
     with pytest.raises(ProgramError, match="multicast_dma"):
         validate(make_program([[a0]], (), 4 * n, dict(hw, multicast_dma=False)))
-    with pytest.raises(ProgramError, match="copies DDR or a GB to the GBs or LBs below, not lb to ddr"):
+    with pytest.raises(ProgramError, match="copies DDR or a GB to the GBs or LBs below, or an LB to LBs, not lb to ddr"):
         validate(make_program([[replace(a0, src=lb(0, "float16", 1), dst=ddr(0, "float16", 1))]], (), 4 * n, hw))
 
 

@@ -68,10 +68,31 @@ class KernelEmitter:
         self.marks: list = []  # isa.LayerMark per run of instructions of one layer
         self.scratch_top = 0
         self.compression = Compressor(self, replay)
+        self.calls = 0  # layer calls emitted
+        self.tile_round: tuple | None = None  # (layer call, the core's tile in it) being emitted
+        self.rounds: dict[int, tuple] = {}  # stream position of a multicast DMA -> its tile_round
 
     def kernel(self) -> isa.Kernel:
+        if self.hw.interconnect == "mesh":
+            self._confirm_multicasts()
         return isa.Kernel(self.name, tuple(sorted(self.cores_used)), tuple(self.instructions), tuple(self.marks),
                           tuple(self.compression.replicas))
+
+    def _confirm_multicasts(self) -> None:
+        """Keep a chain of multicast DMAs (``isa.multicast_chains``) only where each of its
+        transfers joins loads of one round of one layer call: the cores' tiles that run at once.
+        The others move alone. The transfers are inferred from the stream (the n-th DMA of a
+        chain into each core), and a core that loaded a box in another round (or not at all,
+        its buffer holding it) would pair with the wrong round and hold up its queue: a
+        two-convolution SET tree on set-edge16-fp16 took 196,159 cycles so, 138,526 with no
+        multicasts (docs/set.md). On a mesh the stream is the instructions (no copies)."""
+        chains = isa.multicast_chains(self.instructions)
+        groups = isa.multicast_groups(self.instructions, chains)
+        mixed = {chains[i] for i, g in groups.items() if len({self.rounds.get(m) for m in g}) > 1
+                 and self.instructions[i].src.mem == "lb"}
+        for i, chain in chains.items():
+            if chain in mixed:
+                self.instructions[i] = isa.replaced(self.instructions[i], multicast=False)
 
     def mark(self, name: str, shape) -> None:
         """The instructions from here on compute layer ``name`` (for reports and traces)."""
@@ -176,6 +197,8 @@ class KernelEmitter:
         body = tile_loops[-1].body
         split = store_split(body, layer.plan) if self.hold_stores else None
         self.held: dict = {}  # core -> loop values of its last tile, whose stores are held back
+        self.calls += 1
+        tiles: dict[int, int] = {}  # core -> its tiles so far in this call
         if self.compression.recording is not None:
             parts = self.compression.rounds(layer, work, lb_base, split is not None)
         else:
@@ -185,6 +208,8 @@ class KernelEmitter:
             parts = [work]
         for part in parts:
             for values, core in part:
+                tiles[core] = tiles.get(core, 0) + 1
+                self.tile_round = (self.calls, tiles[core])
                 for lp, v in zip(tile_loops, values):
                     self.env[lp.slot] = v
                 if split is None:
@@ -206,6 +231,7 @@ class KernelEmitter:
         if split:
             for core in list(self.held):
                 self._release(core, tile_loops, body[split[2]:])
+        self.tile_round = None
 
     def _chunk_loop(self, loop: Loop, first: int, core: int) -> None:
         """Emit the chunks ``first``.. of the current tile's chunk loop on ``core``; while the
@@ -537,13 +563,17 @@ class KernelEmitter:
         tiles overlap (``ClampTiles``): its last tile along the clamped loop loads boxes of its
         own, the cores' n-th loads stop lining up after it, and paired loads of different rounds
         made the cores wait on each other (ViT-B/16 at batch 8: 25.76M cycles, 14.78M without). On
-        a mesh, where tiles load their boxes from DDR (no GB), a load from DDR is the multicast."""
+        a mesh, where tiles load their boxes from DDR (no GB) or from pieces kept in other cores'
+        LBs (a SET tree's feature maps), those loads are the multicasts."""
         issuer = core
         if (dst.mem, dst.index) != ("lb", core) and (src.mem, src.index) != ("lb", core):
             issuer = src.index if src.mem == "lb" else dst.index if dst.mem == "lb" else core
         self.cores_used.add(issuer)
-        shared = "ddr" if self.hw.interconnect == "mesh" else "gb"
-        multicast = self.hw.multicast_dma and (src.mem, dst.mem) == (shared, "lb") and not self.cur.ir.clamped
+        shared = ("ddr", "lb") if self.hw.interconnect == "mesh" else ("gb",)
+        multicast = (self.hw.multicast_dma and (dst.mem, dst.index) == ("lb", issuer) and src.mem in shared
+                     and (src.mem, src.index) != ("lb", issuer) and not self.cur.ir.clamped)
+        if multicast:
+            self.rounds[self.size] = self.tile_round
         self.push(isa.Dma(issuer, shape, dst, src, multicast=multicast), issuer)
 
     def _bounds_box(self, bounds, start, extent):

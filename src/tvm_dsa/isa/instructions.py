@@ -113,7 +113,7 @@ class Dma:
     side is in an LB, and then one side is the core's own LB; else the cluster's ``cdma``, between
     DDR and the cluster's GB, within DDR or within the cluster's GB. With ``prefetch`` (an LB side;
     chips with ``prefetch_dma``) the core's second queue ``pdma`` runs it, beside the transfers of
-    its ``dma``. With ``multicast`` (DDR -> GB, GB -> LB or DDR -> LB; chips with
+    its ``dma``. With ``multicast`` (DDR -> GB, GB -> LB, DDR -> LB or LB -> LB; chips with
     ``multicast_dma``) it is one destination's share of a transfer to several: the multicast DMAs
     of one source box to one place in several GBs (or LBs), the n-th into each since the source
     was last written, are one transfer (``multicast_groups``), which starts when each of them may,
@@ -258,16 +258,14 @@ def _span(o: Operand, shape: tuple[int, ...]) -> tuple[int, int]:
     return first // GRANULE, -(-end // GRANULE)
 
 
-def multicast_groups(instructions) -> dict[int, tuple[int, ...]]:
-    """Per multicast DMA of a kernel's stream (written out), the positions of its transfer's DMAs
-    (``Dma.multicast``), first the one that reads the source for all: the n-th multicast DMA into
-    each memory (a GB, an LB) with one source box and one place there (offsets, strides, box),
-    counted since the source's bytes were last written, is one transfer. A DMA no other memory's
-    matches is a transfer of its own. (Counted from the kernel's start instead, a core's load of
-    one sample's rows paired with another instance's load of another tensor that later took the
-    same GB place, and the core's queue waited for it: ResNet-50 at batch 8.)"""
-    groups: dict[tuple, list[int]] = {}
-    seen: dict[tuple, int] = {}
+def multicast_chains(instructions) -> dict[int, tuple]:
+    """Per multicast DMA of a kernel's stream (written out), its chain: the source box, counted
+    since the source's bytes were last written, and the place it goes to (offsets, strides, box).
+    The n-th DMA of a chain into each memory are one transfer (``multicast_groups``). (Counted
+    from the kernel's start instead, a core's load of one sample's rows paired with another
+    instance's load of another tensor that later took the same GB place, and the core's queue
+    waited for it: ResNet-50 at batch 8.)"""
+    chains: dict[int, tuple] = {}
     written: dict[tuple[str, int], np.ndarray] = {}  # memory -> per granule, the last write's position
 
     def granules(mem: tuple[str, int], hi: int) -> np.ndarray:
@@ -279,21 +277,34 @@ def multicast_groups(instructions) -> dict[int, tuple[int, ...]]:
             arr = written[mem] = grown
         return arr
 
+    # LB writes (by every unit) matter only where a multicast reads an LB (a mesh's pieces)
+    lb_sources = any(type(ins) is Dma and ins.multicast and ins.src.mem == "lb" for ins in instructions)
     for i, ins in enumerate(instructions):
-        if type(ins) is not Dma:
-            continue
-        src, dst = ins.src, ins.dst
-        if ins.multicast:
+        dst = ins.dst
+        if type(ins) is Dma and ins.multicast:
+            src = ins.src
             lo, hi = _span(src, ins.shape)
-            epoch = int(granules((src.mem, src.index), hi)[lo:hi].max()) if src.mem != "lb" else -1
-            box = (src.mem, src.index, src.offset, src.strides, src.dtype, dst.mem, dst.offset, dst.strides,
-                   ins.shape, epoch)
-            n = seen.get((box, dst.index), 0)
-            seen[(box, dst.index)] = n + 1
-            groups.setdefault((box, n), []).append(i)
-        if dst.mem != "lb":
+            epoch = int(granules((src.mem, src.index), hi)[lo:hi].max())
+            chains[i] = (src.mem, src.index, src.offset, src.strides, src.dtype, dst.mem, dst.offset, dst.strides,
+                         ins.shape, epoch)
+        if dst.mem != "lb" or lb_sources:
             lo, hi = _span(dst, ins.shape)
             granules((dst.mem, dst.index), hi)[lo:hi] = i
+    return chains
+
+
+def multicast_groups(instructions, chains: dict[int, tuple] | None = None) -> dict[int, tuple[int, ...]]:
+    """Per multicast DMA of a kernel's stream (written out), the positions of its transfer's DMAs
+    (``Dma.multicast``), first the one that reads the source for all: the n-th multicast DMA of
+    one chain (``multicast_chains``, unless given) into each memory (a GB, an LB). A DMA no other
+    memory's matches is a transfer of its own."""
+    groups: dict[tuple, list[int]] = {}
+    seen: dict[tuple, int] = {}
+    for i, chain in (multicast_chains(instructions) if chains is None else chains).items():
+        at = (chain, instructions[i].dst.index)
+        n = seen.get(at, 0)
+        seen[at] = n + 1
+        groups.setdefault((chain, n), []).append(i)
     return {i: tuple(members) for members in groups.values() for i in members}
 
 

@@ -199,8 +199,8 @@ class _Checker:
             return "a prefetch DMA runs on a core's prefetch queue: one side must be in its LB"
         if ins.multicast and not self.multicast:
             return "a multicast DMA needs a chip whose DMAs can deliver one box to several memories (multicast_dma)"
-        if ins.multicast and (src.mem, dst.mem) not in (("ddr", "gb"), ("gb", "lb"), ("ddr", "lb")):
-            return f"a multicast DMA copies DDR or a GB to the GBs or LBs below, not {src.mem} to {dst.mem}"
+        if ins.multicast and (src.mem, dst.mem) not in (("ddr", "gb"), ("gb", "lb"), ("ddr", "lb"), ("lb", "lb")):
+            return f"a multicast DMA copies DDR or a GB to the GBs or LBs below, or an LB to LBs, not {src.mem} to {dst.mem}"
         own = (dst.mem == "lb" and dst.index == core) or (src.mem == "lb" and src.index == core)
         if own:
             return None

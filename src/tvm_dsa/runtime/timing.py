@@ -100,15 +100,21 @@ class _Costs:
 
     def multicast(self, members: list) -> tuple:
         """The cost of one transfer of multicast DMAs ``members`` (the first reads the source):
-        the longest latency, the source once and each member's destination."""
+        the longest latency, the source once, each member's destination, and each resource on the
+        way (a mesh link, a GB a bus crosses) once: a multicast tree, the union of the routes."""
         key = (self.unit_and_cost(members[0])[1], tuple(m.dst.index for m in members))
         cost = self.cache.get(key)
         if cost is None:
             hw, ids = self.hw, self.resource_ids
             demand = dma_demand(members[0], hw)
+            source = (members[0].src.mem,) if members[0].src.mem == "ddr" else (members[0].src.mem, members[0].src.index)
             for m in members[1:]:
-                r = (m.dst.mem, m.dst.index)
-                demand[r] = demand.get(r, 0) + dma_demand(m, hw)[r]
+                mine = (m.dst.mem, m.dst.index)
+                for r, b in dma_demand(m, hw).items():
+                    if r == mine:
+                        demand[r] = demand.get(r, 0) + b
+                    elif r != source:
+                        demand.setdefault(r, b)
             rates = tuple((ids.setdefault(r, len(ids)), bandwidth(r, hw) / b) for r, b in demand.items())
             cost = self.cache[key] = (max(dma_latency(m, hw) for m in members), rates)
         return cost
