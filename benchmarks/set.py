@@ -35,7 +35,7 @@ from tvm_dsa.schedule.set import Evaluator, LayerGraph, Tree
 from tvm_dsa.schedule.set.evaluate import latency_bound
 from tvm_dsa.schedule.set.plot import st_graph
 from tvm_dsa.schedule.set.ops import LP, LS, SET
-from tvm_dsa.schedule.set.search import Anneal, anneal
+from tvm_dsa.schedule.set.search import OBJECTIVES, Anneal, anneal
 from tvm_dsa.harness import layer_graph
 
 PRESET_OBJECTIVE = {"set-edge16": "e2d", "set-cloud144": "ed2"}
@@ -89,7 +89,7 @@ def main() -> None:
                     stem = f"{model}-{preset}-b{batch}-{space.name}"
                     sim = simulate_tree(model, preset, r.tree, graph) if args.lower else None
                     if sim:
-                        lowered.append((model, preset, batch, space.name, e, *sim[:2]))
+                        lowered.append((model, preset, batch, space.name, e, sim[0], sim[1], sim[3], objective))
                     if args.plot and space is SET:
                         args.plot.mkdir(parents=True, exist_ok=True)
                         slots = ev.evaluate(r.tree, timeline=True).timeline
@@ -103,16 +103,32 @@ def main() -> None:
     if lowered:
         print(f"\nthe same trees lowered to DSA programs and simulated (timing):\n{'model':<10} {'preset':<13} "
               f"{'batch':>5} {'scheme':<6} {'evaluator(cyc)':>14} {'simulator(cyc)':>14} {'sim/eval':>8} "
-              f"{'eval DRAM(MB)':>13} {'sim DRAM(MB)':>12}")
-        for model, preset, batch, scheme, e, cycles, dram in lowered:
+              f"{'eval DRAM(MB)':>13} {'sim DRAM(MB)':>12} {'eval E(mJ)':>10} {'sim E(mJ)':>9}")
+        for model, preset, batch, scheme, e, cycles, dram, joules, _ in lowered:
             print(f"{model:<10} {preset:<13} {batch:>5} {scheme.upper():<6} {e.latency:>14.0f} {cycles:>14} "
-                  f"{cycles / e.latency:>8.2f} {e.dram_bytes / 1e6:>13.2f} {dram / 1e6:>12.2f}")
-        ratio = [c / e.latency for *_, e, c, _ in lowered]
+                  f"{cycles / e.latency:>8.2f} {e.dram_bytes / 1e6:>13.2f} {dram / 1e6:>12.2f} "
+                  f"{e.joules * 1e3:>10.3f} {joules * 1e3:>9.3f}")
+        ratio = [low[5] / low[4].latency for low in lowered]
         print(f"simulator / evaluator latency: mean {sum(ratio) / len(ratio):.2f}, min {min(ratio):.2f}, "
               f"max {max(ratio):.2f} over {len(ratio)} trees")
+        print_orders(lowered)
     if args.cases:
         args.cases.write_text(json.dumps(cases, indent=1))
     print_means(cases)
+
+
+def print_orders(lowered: list[tuple]) -> None:
+    """Per case, the schemes in the simulator's order of latency and of the search's objective
+    (energy^a x delay^b, ``search.OBJECTIVES``), the simulator's energy and latency."""
+    print("\nsimulated order (fastest / cheapest first):")
+    cases: dict = {}
+    for model, preset, batch, scheme, _, cycles, _, joules, objective in lowered:
+        cases.setdefault((model, preset, batch, objective), []).append((scheme.upper(), cycles, joules))
+    for (model, preset, batch, objective), runs in cases.items():
+        a, b = OBJECTIVES[objective]
+        by_latency = " <= ".join(s for s, *_ in sorted(runs, key=lambda r: r[1]))
+        by_objective = " <= ".join(s for s, *_ in sorted(runs, key=lambda r: r[2] ** a * r[1] ** b))
+        print(f"{model:<10} {preset:<13} {batch:>5}  latency: {by_latency:<16} {objective}: {by_objective}")
 
 
 def print_means(cases: list[dict]) -> None:
@@ -142,10 +158,11 @@ def _geo(xs: list[float]) -> float:
     return math.exp(sum(math.log(x) for x in xs) / len(xs))
 
 
-def simulate_tree(model: str, preset: str, tree: Tree, graph: LayerGraph) -> tuple[int, int, tuple]:
-    """(simulated cycles of the kernel, without its launch; DRAM payload bytes; S-T rectangles) of
-    ``tree`` lowered to a DSA program for ``model`` at the tree's batch (timing only: the presets
-    store int8)."""
+def simulate_tree(model: str, preset: str, tree: Tree, graph: LayerGraph) -> tuple[int, int, tuple, float]:
+    """(simulated cycles of the kernel, without its launch; DRAM payload bytes; S-T rectangles;
+    joules, the report's, with the pe_array's, which the evaluator does not count) of ``tree``
+    lowered to a DSA program for ``model`` at the tree's batch (timing only: the presets store
+    int8)."""
     import tvm
 
     from tvm_dsa.harness import import_onnx
@@ -158,7 +175,7 @@ def simulate_tree(model: str, preset: str, tree: Tree, graph: LayerGraph) -> tup
     _, program = tvm_dsa.pipeline_result().trees["set0"]
     report = simulate(program.program, mode="timing", check_hazards=False).report
     launch = hardware.get(preset).kernel_launch_cycles
-    return report.cycles - launch, report.ddr_read + report.ddr_write, program.timeline()
+    return report.cycles - launch, report.ddr_read + report.ddr_write, program.timeline(), report.energy_total
 
 
 if __name__ == "__main__":
