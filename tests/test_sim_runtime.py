@@ -485,7 +485,7 @@ def test_a_multicast_between_lbs_crosses_each_link_of_its_tree_once():
     0 -> 1 -> 2 -> 3). As two copies they share links 0 -> 1 and 1 -> 2 and take twice one
     copy's link time; as one multicast (``multicast_dma``) the union of the routes carries the box
     once: the farther destination's latency (three hops) and one link time, core 0's LB read
-    once."""
+    once, three links' hop-bytes (the report's NoC energy)."""
     hw = preset("set-edge16-fp16")
     h = Hardware.from_dict(hw)
     n = 2048
@@ -496,6 +496,7 @@ def test_a_multicast_between_lbs_crosses_each_link_of_its_tree_once():
     assert together.cycles == LAUNCH + h.dma_latency_cycles + 3 + one
     assert alone.cycles >= LAUNCH + h.dma_latency_cycles + 2 * one
     assert (together.lb_read, alone.lb_read) == (2 * n, 4 * n)
+    assert (together.noc_hop_bytes, alone.noc_hop_bytes) == (3 * 2 * n, (2 + 3) * 2 * n)  # the tree's 3 links
 
 
 def test_a_prefetch_dma_runs_on_the_cores_second_queue_beside_its_first():

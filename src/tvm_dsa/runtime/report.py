@@ -10,9 +10,9 @@ import dataclasses
 from dataclasses import dataclass, field
 
 from tvm_dsa.hardware.model import Hardware
-from tvm_dsa.isa.instructions import LANE_OPS, Dma, Fill, Mme, Operand, Reduce, macs, operands
+from tvm_dsa.isa.instructions import LANE_OPS, Dma, Fill, Mme, Operand, Reduce, macs, multicast_groups, operands
 from tvm_dsa.isa.program import Program
-from tvm_dsa.runtime.cost import ddr_effective_bytes, elements, mme_traffic, noc_hops, stream_bytes
+from tvm_dsa.runtime.cost import ddr_effective_bytes, elements, mesh_route, mme_traffic, noc_hops, stream_bytes
 from tvm_dsa.runtime.timing import ProgramTiming
 
 UNIT_TYPES = ("dma", "pdma", "cdma", "mme", "vme", "vec")
@@ -236,6 +236,24 @@ def _counts(ins, hw: Hardware, rider: bool = False) -> dict[str, int]:
     return c
 
 
+def _tree_hops_saved(kernel, riders: frozenset, hw: Hardware) -> int:
+    """Hop-bytes ``_counts`` bills a kernel's multicasts between LBs beyond their trees: a transfer
+    crosses each link of the union of its members' XY routes once (as the timing charges it,
+    ``timing._Costs.multicast``), where each member is billed its own route."""
+    instrs = kernel.instructions
+    if hw.interconnect != "mesh" or not any(instrs[i].src.mem == "lb" for i in riders):
+        return 0
+    saved = 0
+    for g in {g for g in multicast_groups(instrs).values() if len(g) > 1 and g[1] in riders}:
+        first = instrs[g[0]]
+        if first.src.mem != "lb":
+            continue
+        routes = [mesh_route(first.src.index, instrs[i].dst.index, hw) for i in g]
+        tree = set().union(*map(set, routes))
+        saved += elements(first.shape) * first.dst.itemsize * (sum(map(len, routes)) - len(tree))
+    return saved
+
+
 def _key(ins) -> tuple:
     """Everything ``_counts`` depends on: the box, and each operand's memory, dtype and strides
     (and, for a DMA, the memories' indices, which give the NoC hops), not the offsets."""
@@ -285,6 +303,7 @@ def build_report(program: Program, hw: Hardware, timing: ProgramTiming, numerics
                 written.setdefault((dst.mem, dst.index), []).append((dst.offset, dst.offset + span * dst.itemsize))
         for (mem, _), ranges in written.items():
             peak[mem] = max(peak[mem], _union_bytes(ranges))
+        c["noc_hop_bytes"] -= _tree_hops_saved(k, kt.riders, hw)
     for (_, rider), (ins, count) in seen.items():
         for name, n in _counts(ins, hw, rider).items():
             c[name] += n * count
