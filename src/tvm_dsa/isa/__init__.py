@@ -10,7 +10,7 @@ from tvm_dsa.isa.validation import validate
 
 __all__ = [
     "DTYPES", "OP_ARITY", "REDUCE_OPS", "VEC_OPS", "VME_OPS",
-    "Dma", "Fill", "Instruction", "Mme", "Operand", "Reduce", "Vector", "macs", "moved", "multicast_chains", "multicast_groups",
-    "operands", "replaced", "unit_of",
+    "Dma", "Fill", "Instruction", "Mme", "Operand", "Reduce", "Vector", "macs", "moved", "multicast_chains",
+    "multicast_groups", "operands", "replaced", "unit_of",
     "VERSION", "Kernel", "LayerMark", "Program", "ProgramError", "Replica", "TensorArg", "validate", "disassemble",
 ]

@@ -249,7 +249,7 @@ def operands(ins: Instruction) -> tuple[list[Operand], Operand]:
     return [ins.src] + ([ins.dst] if ins.accumulate else []), ins.dst
 
 
-GRANULE = 64  # bytes: how finely ``multicast_groups`` tells which writes touch a source box
+GRANULE = 64  # bytes: how finely ``multicast_chains`` tells which writes touch a source box
 
 
 def _span(o: Operand, shape: tuple[int, ...]) -> tuple[int, int]:
