@@ -478,7 +478,7 @@ def parallel_plans(info: AnchorInfo, start: TilePlan, mme_rows: int, mme_cols: i
         for i, (t, r) in enumerate(zip(tiles, roles)):
             if t == 1:
                 continue
-            smaller = divisor_below(t, t)
+            smaller = divisor_below(start.tiles[i], t)
             if r in floor:
                 others = 1
                 for j, (u, q) in enumerate(zip(tiles, roles)):
@@ -492,5 +492,5 @@ def parallel_plans(info: AnchorInfo, start: TilePlan, mme_rows: int, mme_cols: i
             break
         if pick is None:
             return
-        tiles[pick] = divisor_below(tiles[pick], tiles[pick])
+        tiles[pick] = divisor_below(start.tiles[pick], tiles[pick])
         yield TilePlan(tuple(tiles), start.chunk)
