@@ -1067,3 +1067,29 @@ def _weights_bound_run_as_llvm(mod, rng, scale: float):
     out = vm["main"](tvm.runtime.tensor(args[0])).numpy()
     assert np.abs(out - ref).max() / np.abs(ref).max() < 5e-3
     return result
+
+
+def test_transfers_that_continue_each_other_on_one_queue_are_one_dma():
+    """Core 0 moves the quarters of a DDR tensor into its LB, one after the other: the second box
+    continues the first in source and destination, so the emitter extends the first DMA (one
+    set-up, ``KernelEmitter._joined``). Core 1 then writes the third quarter in DDR: the third move
+    waits for that write, which the first did not, and is a DMA of its own; the fourth extends it."""
+    from tvm_dsa.emit.emitter import KernelEmitter
+    from tvm_dsa.emit.placement import Region
+
+    rows, cols = 2, 64
+    quarter = rows * cols * 2  # bytes of fp16
+    em = KernelEmitter(HW, "k")
+    em.claim(Region.whole("ddr", 0, 0, (4 * rows, cols), "float16"), ("ddr", "x"))
+    em.claim(Region.whole("lb", 0, 0, (4 * rows, cols), "float16"), ("lb", "x"))
+    em.claim(Region.whole("lb", 1, 0, (rows, cols), "float16"), ("lb", "y"))
+    ddr, lb = ([Region.whole(mem, 0, k * quarter, (rows, cols), "float16") for k in range(4)] for mem in ("ddr", "lb"))
+    em.move(ddr[0], lb[0], 0)
+    em.move(ddr[1], lb[1], 0)
+    em.push(isa.Dma(1, (rows, cols), isa.Operand("ddr", 0, 2 * quarter, "float16", (cols, 1)),
+                    isa.Operand("lb", 1, 0, "float16", (cols, 1))), 1)
+    em.move(ddr[2], lb[2], 0)
+    em.move(ddr[3], lb[3], 0)
+    moves = [i for i in em.instructions if isinstance(i, isa.Dma) and i.core == 0]
+    assert [(m.shape, m.src.offset, m.dst.offset, m.deps) for m in moves] == [
+        ((2 * rows, cols), 0, 0, ()), ((2 * rows, cols), 2 * quarter, 2 * quarter, (1,))]

@@ -370,6 +370,12 @@ class KernelEmitter:
         writes = [memory.key(dst, ins)]
         idx = self.size
         deps = tuple(sorted(memory.deps.deps(reads, writes, unit)))
+        joined = self._joined(ins, unit, deps)
+        if joined is not None:  # the unit's last transfer extended by this one's box
+            object.__setattr__(joined, "deps", self.instructions[-1].deps)
+            self.instructions[-1] = joined
+            memory.deps.record(idx - 1, reads, writes, unit)
+            return
         if self.compression.rec is not None:
             self.compression.rec.pushed(unit, reads, writes, deps, memory.deps)
         # the instruction was made here and nothing else holds it yet: its deps are set in place
@@ -380,6 +386,35 @@ class KernelEmitter:
         self.units.append(unit)
         self.size += 1
         memory.deps.record(idx, reads, writes, unit)
+
+    def _joined(self, ins, unit, deps: tuple):
+        """The stream's last instruction and ``ins`` (waiting for ``deps``) as one DMA, where both
+        are plain transfers on ``unit`` whose boxes continue each other along one dim in source and
+        destination alike (a concatenation's channel tiles copied between two LBs), and ``ins``
+        waits for nothing the last does not (the joined transfer starts no later): one set-up
+        instead of two. None where they do not join, or a copy run is being recorded (its record
+        counts the instructions pushed)."""
+        if (type(ins) is not isa.Dma or ins.multicast or ins.prefetch or not self.instructions
+                or self.literal_at[-1] != self.size - 1 or self.units[-1] != unit
+                or self.compression.rec is not None):
+            return None
+        last = self.instructions[-1]
+        if (type(last) is not isa.Dma or last.multicast or last.prefetch or last.core != ins.core
+                or not set(deps) <= set(last.deps)):
+            return None
+        a, b = (last.src, last.dst), (ins.src, ins.dst)
+        if any((x.mem, x.index, x.dtype, x.strides) != (y.mem, y.index, y.dtype, y.strides) for x, y in zip(a, b)):
+            return None
+        differ = [d for d, (m, n) in enumerate(zip(last.shape, ins.shape)) if m != n]
+        for d in differ or range(len(ins.shape)):
+            if [m for i, m in enumerate(last.shape) if i != d] != [n for i, n in enumerate(ins.shape) if i != d]:
+                continue
+            if all(y.offset - x.offset == last.shape[d] * x.strides[d] * x.itemsize != 0
+                   and x.strides[d] > sum((n - 1) * abs(t) for i, (n, t) in enumerate(zip(last.shape, x.strides)) if i != d)
+                   for x, y in zip(a, b)):  # the slices along d do not overlap
+                shape = tuple(m + n if i == d else m for i, (m, n) in enumerate(zip(last.shape, ins.shape)))
+                return isa.Dma(last.core, shape, last.dst, last.src)
+        return None
 
     def _stage(self, stage: Stage, core: int) -> None:
         self.scratch_top = 0
