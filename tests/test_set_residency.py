@@ -208,9 +208,10 @@ def test_tiles_loading_one_box_receive_it_in_one_multicast():
     DDR (the first layer) or from the pieces the first layer left in other cores' LBs (the
     second). Their loads are multicast DMAs, grouped into transfers of distinct cores loading one
     box to one place, each reading its source once: the program's DDR and LB reads (payload) are
-    the same program's with the flags cleared minus what the other members would have read. It
-    runs faster than that program; with transfers inferred across rounds of tiles it ran 1.4x
-    slower (``KernelEmitter._confirm_multicasts``). Values: llvm's."""
+    the same program's with the flags cleared minus what the other members would have read. The
+    transfers from LBs are named (``Dma.group``: the loads of one round of tiles,
+    ``KernelEmitter._group_multicasts``); inferred across rounds they made the program 1.4x
+    slower. It runs faster than the program without multicasts. Values: llvm's."""
     import dataclasses
 
     from onnx import TensorProto, helper, numpy_helper
@@ -238,6 +239,7 @@ def test_tiles_loading_one_box_receive_it_in_one_multicast():
     instrs = program.kernels[0].instructions
     groups = {tuple(g) for g in multicast_groups(instrs).values() if len(g) > 1}
     assert {instrs[g[0]].src.mem for g in groups} == {"ddr", "lb"}
+    assert all(bool(instrs[g[0]].group) == (instrs[g[0]].src.mem == "lb") for g in groups)
     for g in groups:
         first = instrs[g[0]]
         assert first.dst.mem == "lb" and len({instrs[i].core for i in g}) == len(g)
@@ -245,7 +247,7 @@ def test_tiles_loading_one_box_receive_it_in_one_multicast():
                    for i in g)
     riders = sum(int(np.prod(instrs[i].shape)) * instrs[i].src.itemsize for g in groups for i in g[1:])
     plain = dataclasses.replace(program, kernels=(dataclasses.replace(
-        program.kernels[0], instructions=tuple(dataclasses.replace(i, multicast=False) if isinstance(i, isa.Dma) else i
+        program.kernels[0], instructions=tuple(dataclasses.replace(i, multicast=False, group=0) if isinstance(i, isa.Dma) else i
                                                for i in instrs)),))
     together = simulate(program, mode="timing").report
     alone = simulate(plain, mode="timing").report

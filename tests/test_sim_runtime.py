@@ -20,7 +20,7 @@ from tvm_dsa.isa import (
 from tvm_dsa.runtime import (
     HazardError, Report, compute_cycles, dma_demand, instruction_cycles, simulate, write_trace,
 )
-from tvm_dsa.runtime.cost import mesh_route, vector_cycles
+from tvm_dsa.runtime.cost import dma_cycles, mesh_route, vector_cycles
 from tvm_dsa.runtime.functional import erf
 from tvm_dsa.runtime.hazards import HazardTracker
 
@@ -665,6 +665,37 @@ def test_loads_of_one_gb_box_pair_only_while_its_bytes_are_unwritten():
     timed = simulate(make_program([rewritten], (), 1024, hw), mode="timing").report
     one = h.dma_latency_cycles + math.ceil(2 * n / h.gb_bytes_per_cycle)
     assert timed.cycles == LAUNCH + 3 * one and timed.gb_read == 2 * 2 * n
+
+
+def test_a_named_transfer_group_pairs_the_loads_it_names():
+    """Core 0 loads a GB box into its LB twice, core 1 once, after a long load from DDR. Inferred,
+    the first load of each core is one transfer (``multicast_groups``): core 0's first waits for
+    core 1's queue and its second follows. Named (``Dma.group``: core 0's second and core 1's
+    load), core 0's first moves alone at once: one transfer's time less. The group survives the
+    program's JSON form; validation rejects a group on a plain DMA, and a group of two boxes."""
+    hw = preset()
+    h = Hardware.from_dict(hw)
+    n, m = 4096, 1 << 14
+    box = Operand("gb", 0, 0, "float16", (1,))
+
+    def load(core, **kw):
+        return Dma(core, (n,), lb(0, "float16", 1, core=core), box, multicast=True, **kw)
+
+    long = Dma(1, (m,), lb(1 << 14, "float16", 1, core=1), ddr(0, "float16", 1))
+    inferred = [load(0), replace(load(0), deps=(0,)), long, replace(load(1), deps=(2,))]
+    named = [replace(load(0), multicast=False), replace(load(0, group=5), deps=(0,)), long,
+             replace(load(1, group=5), deps=(2,))]
+    assert multicast_groups(inferred)[0] == (0, 3) and multicast_groups(named) == {1: (1, 3), 3: (1, 3)}
+    one, slow = dma_cycles(inferred[0], h), dma_cycles(long, h)
+    cycles = [simulate(make_program([p], (), 1 << 18, hw), mode="timing").report.cycles for p in (inferred, named)]
+    assert cycles == [LAUNCH + slow + 2 * one, LAUNCH + slow + one]
+    program = make_program([named], (), 1 << 18, hw)
+    assert Program.deserialize(program.serialize()).kernels[0].instructions == program.kernels[0].instructions
+    for bad, why in (([replace(named[1], deps=(), multicast=False)], "names a transfer group (5) only as a multicast"),
+                     ([replace(named[1], deps=()), replace(named[3], deps=(), src=replace(box, offset=64))],
+                      "its transfer group 5 copies another box than instruction 0")):
+        with pytest.raises(ProgramError, match=re.escape(why)):
+            validate(make_program([bad], (), 1 << 18, hw))
 
 
 def test_a_clusters_cores_loading_one_gb_box_to_one_lb_place_share_one_transfer():

@@ -74,27 +74,33 @@ class KernelEmitter:
 
     def kernel(self) -> isa.Kernel:
         if self.hw.interconnect == "mesh":
-            self._confirm_multicasts()
+            self._group_multicasts()
         return isa.Kernel(self.name, tuple(sorted(self.cores_used)), tuple(self.instructions), tuple(self.marks),
                           tuple(self.compression.replicas))
 
-    def _confirm_multicasts(self) -> None:
-        """Keep a chain of multicast DMAs from other cores' LBs (``isa.multicast_chains``) only
-        where each of its transfers joins loads of one round of one layer call: the cores' tiles
-        that run at once. The others move alone. The transfers are inferred from the stream (the
-        n-th DMA of a chain into each core), and a core that loaded a box in another round (or
-        not at all, its buffer holding it) would pair with the wrong round and hold up its queue:
-        a two-convolution SET tree on set-edge16-fp16 took 196,159 cycles so, 138,526 with no
-        multicasts (docs/set.md). Chains from DDR stay as inferred: checked alike, ResNet-50 on
-        set-cloud144 read 28.8 MB of DDR instead of 26.5. On a mesh the stream is the
-        instructions (no copies)."""
+    def _group_multicasts(self) -> None:
+        """Name the transfer of each multicast DMA from another core's LB (``isa.Dma.group``): the
+        loads of one box (since its bytes were last written) to one place, by the cores' tiles of
+        one round of one layer call, which run at once. A load no other core's joins moves alone.
+        Inferred instead (the n-th load of the box into each core, ``isa.multicast_groups``), a
+        core that loaded the box in another round, or in another layer reading the same feature
+        map into the same place, paired with the wrong round and held up its queue: a
+        two-convolution SET tree on set-edge16-fp16 took 196,159 cycles so, 138,526 with no
+        multicasts (docs/set.md); the chains that mixed rounds were then moved alone. Loads from
+        DDR keep the inferred pairing: across rounds they read DDR once (ResNet-50 on
+        set-cloud144: 26.5 MB of DDR reads, 28.8 MB grouped by round). On a mesh the stream is
+        the instructions (no copies)."""
         chains = isa.multicast_chains(self.instructions)
-        groups = isa.multicast_groups(self.instructions, chains)
-        mixed = {chains[i] for i, g in groups.items()
-                 if self.instructions[i].src.mem == "lb" and len({self.rounds.get(m) for m in g}) > 1}
+        transfers: dict[tuple, list[int]] = {}
         for i, chain in chains.items():
-            if chain in mixed:
-                self.instructions[i] = isa.replaced(self.instructions[i], multicast=False)
+            if self.instructions[i].src.mem == "lb":
+                transfers.setdefault((chain, self.rounds.get(i)), []).append(i)
+        for members in transfers.values():
+            cores = {self.instructions[i].dst.index for i in members}
+            for i in members:
+                ins = self.instructions[i]
+                self.instructions[i] = (isa.replaced(ins, group=members[0] + 1) if len(cores) == len(members) > 1
+                                        else isa.replaced(ins, multicast=False))
 
     def mark(self, name: str, shape) -> None:
         """The instructions from here on compute layer ``name`` (for reports and traces)."""

@@ -117,8 +117,10 @@ class Dma:
     ``multicast_dma``) it is one destination's share of a transfer to several: the multicast DMAs
     of one source box to one place in several GBs (or LBs), the n-th into each since the source
     was last written, are one transfer (``multicast_groups``), which starts when each of them may,
-    reads the source once and writes every destination. Each still copies the box: the values are
-    a plain DMA's. (The JSON form ends with their flags: 1 prefetch, 2 multicast.)"""
+    reads the source once and writes every destination; or, where the compiler names it, the
+    multicast DMAs of the kernel with the same nonzero ``group`` (one box, one destination each).
+    Each still copies the box: the values are a plain DMA's. (The JSON form ends with their flags,
+    1 prefetch, 2 multicast, then the group where there is one.)"""
 
     core: int
     shape: tuple[int, ...]
@@ -127,6 +129,7 @@ class Dma:
     deps: tuple[int, ...] = ()
     prefetch: bool = False  # on the core's second queue (``pdma``), beside its tile transfers
     multicast: bool = False  # one transfer with the other destinations' copies (``multicast_groups``)
+    group: int = 0  # with multicast: the transfer, named (the kernel's DMAs of this group); 0: inferred
 
 
 @dataclass(frozen=True, slots=True)
@@ -281,7 +284,7 @@ def multicast_chains(instructions) -> dict[int, tuple]:
     lb_sources = any(type(ins) is Dma and ins.multicast and ins.src.mem == "lb" for ins in instructions)
     for i, ins in enumerate(instructions):
         dst = ins.dst
-        if type(ins) is Dma and ins.multicast:
+        if type(ins) is Dma and ins.multicast and not ins.group:
             src = ins.src
             lo, hi = _span(src, ins.shape)
             epoch = int(granules((src.mem, src.index), hi)[lo:hi].max())
@@ -295,9 +298,10 @@ def multicast_chains(instructions) -> dict[int, tuple]:
 
 def multicast_groups(instructions, chains: dict[int, tuple] | None = None) -> dict[int, tuple[int, ...]]:
     """Per multicast DMA of a kernel's stream (written out), the positions of its transfer's DMAs
-    (``Dma.multicast``), first the one that reads the source for all: the n-th multicast DMA of
-    one chain (``multicast_chains``, unless given) into each memory (a GB, an LB). A DMA no other
-    memory's matches is a transfer of its own."""
+    (``Dma.multicast``), first the one that reads the source for all: those of its ``group``
+    where it names one, else the n-th multicast DMA of one chain (``multicast_chains``, unless
+    given) into each memory (a GB, an LB). A DMA no other memory's matches is a transfer of its
+    own."""
     groups: dict[tuple, list[int]] = {}
     seen: dict[tuple, int] = {}
     for i, chain in (multicast_chains(instructions) if chains is None else chains).items():
@@ -305,6 +309,9 @@ def multicast_groups(instructions, chains: dict[int, tuple] | None = None) -> di
         n = seen.get(at, 0)
         seen[at] = n + 1
         groups.setdefault((chain, n), []).append(i)
+    for i, ins in enumerate(instructions):
+        if type(ins) is Dma and ins.multicast and ins.group:
+            groups.setdefault(("group", ins.group), []).append(i)
     return {i: tuple(members) for members in groups.values() for i in members}
 
 

@@ -22,10 +22,11 @@ from tvm_dsa.isa.instructions import (
     OPCODE_OF, OPCODES, Dma, Fill, Instruction, Mme, Operand, Reduce, Vector, moved, replaced
 )
 
-VERSION = 7  # 2: kernels may carry replicas; 3: a replica goes where it says, moved by ranges; 4: remaps deps;
-# 5: a dma may end with 1 (prefetch queue); 6: ... with its flags, 1 prefetch + 2 multicast; 7: vector op mac
-READS = (1, 3, 4, 5, 6, 7)  # versions this runtime reads (3 is 4 without ``Replica.remap``, 4 is 5 without
-# prefetches, 5 is 6 without multicasts, 6 is 7 without ``mac``)
+VERSION = 8  # 2: kernels may carry replicas; 3: a replica goes where it says, moved by ranges; 4: remaps deps;
+# 5: a dma may end with 1 (prefetch queue); 6: ... with its flags, 1 prefetch + 2 multicast; 7: vector op mac;
+# 8: a multicast dma's flags may be followed by its transfer group
+READS = (1, 3, 4, 5, 6, 7, 8)  # versions this runtime reads (3 is 4 without ``Replica.remap``, 4 is 5 without
+# prefetches, 5 is 6 without multicasts, 6 is 7 without ``mac``, 7 is 8 without groups)
 MAGIC = "DSAP"
 
 
@@ -300,7 +301,7 @@ def ins_to_list(i: Instruction) -> list:
     head = [OPCODE_OF[type(i)], i.core, i.deps, i.shape]
     if isinstance(i, Dma):
         flags = int(i.prefetch) | 2 * int(i.multicast)
-        return head + [op_to_list(i.dst), op_to_list(i.src)] + ([flags] if flags else [])
+        return head + [op_to_list(i.dst), op_to_list(i.src)] + ([flags] if flags else []) + ([i.group] if i.group else [])
     if isinstance(i, Fill):
         return head + [op_to_list(i.dst), i.value]
     if isinstance(i, Mme):
@@ -319,7 +320,8 @@ def _ins_from_list(v: list) -> Instruction:
     core, deps, shape = int(core), tuple(int(d) for d in deps), tuple(int(s) for s in shape)
     if opcode == "dma":
         flags = int(rest[2]) if rest[2:] else 0
-        return Dma(core, shape, _op_from_list(rest[0]), _op_from_list(rest[1]), deps, bool(flags & 1), bool(flags & 2))
+        return Dma(core, shape, _op_from_list(rest[0]), _op_from_list(rest[1]), deps, bool(flags & 1), bool(flags & 2),
+                   int(rest[3]) if rest[3:] else 0)
     if opcode == "fill":
         return Fill(core, shape, _op_from_list(rest[0]), float(rest[1]), deps)
     if opcode == "mme":

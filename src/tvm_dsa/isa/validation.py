@@ -199,6 +199,10 @@ class _Checker:
             return "a prefetch DMA runs on a core's prefetch queue: one side must be in its LB"
         if ins.multicast and not self.multicast:
             return "a multicast DMA needs a chip whose DMAs can deliver one box to several memories (multicast_dma)"
+        if ins.group and not ins.multicast:
+            return f"a DMA names a transfer group ({ins.group}) only as a multicast"
+        if ins.group < 0:
+            return f"a multicast's transfer group is a positive number, not {ins.group}"
         if ins.multicast and (src.mem, dst.mem) not in (("ddr", "gb"), ("gb", "lb"), ("ddr", "lb"), ("lb", "lb")):
             return f"a multicast DMA copies DDR or a GB to the GBs or LBs below, or an LB to LBs, not {src.mem} to {dst.mem}"
         own = (dst.mem == "lb" and dst.index == core) or (src.mem == "lb" and src.index == core)
@@ -263,6 +267,24 @@ def _check_args(program: Program) -> None:
             raise ProgramError(f"args {n1} and {n2} overlap in DDR: bytes [{lo1}, {hi1}) and [{lo2}, {hi2})")
 
 
+def _check_groups(k) -> None:
+    """The multicast DMAs of one named transfer group copy one source box, each to another memory."""
+    first: dict[int, int] = {}
+    dests: dict[int, set] = {}
+    for n, ins in enumerate(k.instructions):
+        if type(ins) is not Dma or not ins.group:
+            continue
+        f = first.setdefault(ins.group, n)
+        head = k.instructions[f]
+        if (ins.src, ins.shape) != (head.src, head.shape):
+            raise ProgramError(f"kernel {k.name} instruction {n} (dma): its transfer group {ins.group} copies "
+                               f"another box than instruction {f}: one transfer reads one source box")
+        if (ins.dst.mem, ins.dst.index) in dests.setdefault(ins.group, set()):
+            raise ProgramError(f"kernel {k.name} instruction {n} (dma): transfer group {ins.group} already writes "
+                               f"{_place(ins.dst)}: a transfer writes each memory once")
+        dests[ins.group].add((ins.dst.mem, ins.dst.index))
+
+
 def validate(program: Program) -> None:
     """Raise ``ProgramError`` on the first problem (replicas included); return None for a valid program."""
     program = program.expanded()
@@ -282,3 +304,4 @@ def validate(program: Program) -> None:
             problem = check(ins, n, kernel_cores)
             if problem:
                 raise ProgramError(f"kernel {k.name} instruction {n} ({type(ins).__name__.lower()}): {problem}")
+        _check_groups(k)
