@@ -1073,7 +1073,9 @@ def test_transfers_that_continue_each_other_on_one_queue_are_one_dma():
     """Core 0 moves the quarters of a DDR tensor into its LB, one after the other: the second box
     continues the first in source and destination, so the emitter extends the first DMA (one
     set-up, ``KernelEmitter._joined``). Core 1 then writes the third quarter in DDR: the third move
-    waits for that write, which the first did not, and is a DMA of its own; the fourth extends it."""
+    waits for that write, which the first did not, and is a DMA of its own; the fourth extends it.
+    A DMA pushed while a run is recorded is never extended (a later copy of the run copies it)."""
+    from tvm_dsa.emit.compress import Record
     from tvm_dsa.emit.emitter import KernelEmitter
     from tvm_dsa.emit.placement import Region
 
@@ -1093,3 +1095,12 @@ def test_transfers_that_continue_each_other_on_one_queue_are_one_dma():
     moves = [i for i in em.instructions if isinstance(i, isa.Dma) and i.core == 0]
     assert [(m.shape, m.src.offset, m.dst.offset, m.deps) for m in moves] == [
         ((2 * rows, cols), 0, 0, ()), ((2 * rows, cols), 2 * quarter, 2 * quarter, (1,))]
+    # a DMA of a recorded run (a later call may copy the run) is never extended
+    em = KernelEmitter(HW, "k")
+    em.claim(Region.whole("ddr", 0, 0, (4 * rows, cols), "float16"), ("ddr", "x"))
+    em.claim(Region.whole("lb", 0, 0, (4 * rows, cols), "float16"), ("lb", "x"))
+    em.compression.rec = Record(0)
+    em.move(ddr[0], lb[0], 0)
+    em.compression.rec = None
+    em.move(ddr[1], lb[1], 0)
+    assert [i.shape for i in em.instructions] == [(rows, cols), (rows, cols)]

@@ -71,6 +71,7 @@ class KernelEmitter:
         self.calls = 0  # layer calls emitted
         self.tile_round: tuple | None = None  # (layer call, the core's tile in it) being emitted
         self.rounds: dict[int, tuple] = {}  # stream position of a multicast from an LB -> its tile_round
+        self.join_floor = 0  # stream positions below it are not extended (``_joined``)
 
     def kernel(self) -> isa.Kernel:
         if self.hw.interconnect == "mesh":
@@ -384,6 +385,7 @@ class KernelEmitter:
             return
         if self.compression.rec is not None:
             self.compression.rec.pushed(unit, reads, writes, deps, memory.deps)
+            self.join_floor = idx + 1  # a recorded run is copied as it was: never extended
         # the instruction was made here and nothing else holds it yet: its deps are set in place
         # (``dataclasses.replace`` cost more than the rest of the emission)
         object.__setattr__(ins, "deps", deps)
@@ -399,10 +401,11 @@ class KernelEmitter:
         destination alike (a concatenation's channel tiles copied between two LBs), and ``ins``
         waits for nothing the last does not (the joined transfer starts no later): one set-up
         instead of two. None where they do not join, or a copy run is being recorded (its record
-        counts the instructions pushed)."""
+        counts the instructions pushed), or the last instruction belongs to a recorded run (a later
+        copy of the run would copy the extended box)."""
         if (type(ins) is not isa.Dma or ins.multicast or ins.prefetch or not self.instructions
                 or self.literal_at[-1] != self.size - 1 or self.units[-1] != unit
-                or self.compression.rec is not None):
+                or self.compression.rec is not None or self.size - 1 < self.join_floor):
             return None
         last = self.instructions[-1]
         if (type(last) is not isa.Dma or last.multicast or last.prefetch or last.core != ins.core
