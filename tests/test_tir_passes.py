@@ -777,3 +777,16 @@ def test_loads_from_the_gb_are_multicast_but_in_layers_whose_tiles_overlap():
     assert flags(plain, dataclasses.replace(hw, multicast_dma=False)) == {False}
     clamped = _matmul_197()
     assert read_kernel(lower_kernel(clamped, hw)[0]).clamped and flags(clamped, hw) == {False}
+
+
+def test_a_tile_spread_over_many_cores_steps_through_the_whole_tiles_divisors():
+    """A concatenation of 256 + 320 + 128 + 128 channels at 7 x 7 (GoogLeNet's inception output)
+    on set-cloud144 (144 cores): the largest channel tile that gives every core a tile divides 832
+    and leaves at least 144 tiles, 4 channels. Stepping through the divisors of the current tile
+    instead (... 26, 13, 1) gave one-channel tiles, 832 DMAs."""
+    mod = relax.transform.LegalizeOps()(relax_graph([(1, c, 7, 7) for c in (256, 320, 128, 128)],
+                                                    lambda *x: relax.op.concat(x, axis=1)))
+    (func,) = [f for f in mod.functions.values() if isinstance(f, tvm.tirx.PrimFunc)]
+    hw = hardware.get("set-cloud144")
+    channels = max(t for t in range(1, 833) if 832 % t == 0 and 832 // t >= hw.cores)
+    assert channels == 4 and lower_kernel(func, hw)[1].tiles == (1, channels, 7, 7)

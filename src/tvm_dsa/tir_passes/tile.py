@@ -469,7 +469,8 @@ def parallel_plans(info: AnchorInfo, start: TilePlan, mme_rows: int, mme_cols: i
     """From a plan that fits, plans with more tiles for more cores: spatial loops only (a smaller
     chunk adds no tiles), outer loops first, and never a contraction's M or N product below the
     PE array's rows or columns nor another anchor's innermost loop below 64 elements (smaller
-    tiles would cost more in per-tile overhead than the extra cores return)."""
+    tiles would cost more in per-tile overhead than the extra cores return). A loop's tile steps
+    through the divisors of ``start``'s tile (832: ... 13, 8, 4), not of the current one (13, 1)."""
     tiles = list(start.tiles)
     roles = list(info.roles) if info.roles else [""] * len(tiles)
     floor = {"M": mme_rows, "N": mme_cols}
