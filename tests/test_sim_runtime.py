@@ -502,8 +502,9 @@ def test_a_multicast_between_lbs_crosses_each_link_of_its_tree_once():
 def test_a_prefetch_dma_runs_on_the_cores_second_queue_beside_its_first():
     """Two loads of 64 kB by one core from DDR: on its one queue they run one after the other,
     the second marked ``prefetch`` runs at once on ``pdma`` (sharing DDR's bandwidth, so the pair
-    takes the DDR time of both); refused on a chip without the queue; kept by serialisation."""
-    hw = preset("set-edge16-fp16")
+    takes the DDR time of both); refused on a chip without the queue; kept by serialisation.
+    (Queues here move one transfer at a time: the chip's ``dma_run_ahead`` is off.)"""
+    hw = dict(preset("set-edge16-fp16"), dma_run_ahead=False)
     h = Hardware.from_dict(hw)
     n = 32768
     a = Dma(0, (n,), lb(0, "float16", 1), ddr(0, "float16", 1))
@@ -519,6 +520,43 @@ def test_a_prefetch_dma_runs_on_the_cores_second_queue_beside_its_first():
     assert "pdma" in disassemble(program) and "busy pdma" in str(both.report)
     with pytest.raises(ProgramError, match="prefetch queue"):
         validate(make_program([[replace(a, prefetch=True)]], (), 4 * n, preset()))
+
+
+def test_a_run_ahead_queue_sets_up_its_next_transfer_while_the_current_one_moves():
+    """Core 6 copies two boxes from its neighbour core 5 (latency L = the DMA's and one hop, data
+    D at one link's rate). One transfer at a time they take 2 (L + D). With ``dma_run_ahead`` the
+    second's latency runs while the first moves, and its data follows the first's: L + max(L, D)
+    + D, for long boxes (D > L) and short ones (D < L); the queue's busy time counts each cycle
+    once. A multicast on two queues, one of them moving a long copy, sets up meanwhile and moves
+    when that copy is done."""
+    on = preset("set-edge16-fp16")
+    off = dict(on, dma_run_ahead=False)
+    h = Hardware.from_dict(on)
+    assert h.dma_run_ahead and not Hardware.from_dict(off).dma_run_ahead
+    latency = h.dma_latency_cycles + 1
+
+    def copies(n):
+        return [Dma(6, (n,), lb(j * 2 * n, "float16", 1, core=6), lb(j * 2 * n, "float16", 1, core=5)) for j in (0, 1)]
+
+    for n in (2048, 256):
+        data = 2 * n / h.noc_link_bytes_per_cycle
+        assert (data > latency) == (n == 2048)
+        serial = simulate(make_program([copies(n)], (), 1024, off), mode="timing").report
+        ahead = simulate(make_program([copies(n)], (), 1024, on), mode="timing").report
+        assert serial.cycles == LAUNCH + 2 * (latency + data)
+        assert ahead.cycles == LAUNCH + latency + max(latency, data) + data
+        assert ahead.busy["dma"] == ahead.cycles - LAUNCH  # the queue is never idle, nor counted twice
+    # core 1 copies 8 kB from core 0, then both load one box of core 0's LB in one multicast
+    n, m = 4096, 1024
+    long = Dma(1, (n,), lb(0, "float16", 1, core=1), lb(0, "float16", 1, core=0))
+    box = [Dma(c, (m,), lb(1 << 14, "float16", 1, core=c), lb(1 << 15, "float16", 1, core=0), multicast=True)
+           for c in (1, 4)]
+    latency_long, data_long = h.dma_latency_cycles + 1, 2 * n / h.noc_link_bytes_per_cycle
+    multicast = dma_cycles(box[1], h)  # core 0 -> 4, one hop; 0 -> 1 shares that link's time
+    ahead = simulate(make_program([[long, *box]], (), 1024, on), mode="timing").report.cycles
+    serial = simulate(make_program([[long, *box]], (), 1024, off), mode="timing").report.cycles
+    assert serial == LAUNCH + latency_long + data_long + multicast
+    assert ahead == LAUNCH + latency_long + data_long + multicast - (h.dma_latency_cycles + 1)
 
 
 def test_kernel_launch_cost_per_kernel_and_modes_agree():

@@ -99,6 +99,9 @@ class Hardware:
     dma_latency_cycles: int = 64
     prefetch_dma: bool = False  # each core has a second DMA queue ("pdma") for prefetches
     multicast_dma: bool = False  # DMAs of one box to several GBs or LBs move as one transfer (``isa.Dma.multicast``)
+    # each DMA queue sets up its next transfer while the current one moves (a descriptor queue that
+    # runs ahead by one): set-up latencies overlap data, which still moves in queue order
+    dma_run_ahead: bool = False
     vector_latency_cycles: int = 8
     ddr_burst_bytes: int = 64
     description: str = ""
@@ -218,7 +221,7 @@ def _validate(hw: Hardware) -> None:
     for name in ("dma_latency_cycles", "vector_latency_cycles"):
         if not isinstance(getattr(hw, name), int) or getattr(hw, name) < 0:
             raise HardwareError(f"field '{name}' must be a non-negative integer")
-    for name in ("prefetch_dma", "multicast_dma"):
+    for name in ("prefetch_dma", "multicast_dma", "dma_run_ahead"):
         if not isinstance(getattr(hw, name), bool):
             raise HardwareError(f"field '{name}' must be true or false, got {getattr(hw, name)!r}")
     if not isinstance(hw.mme, MME):

@@ -286,7 +286,7 @@ def build_report(program: Program, hw: Hardware, timing: ProgramTiming, numerics
 
     for k, kt in zip(program.kernels, timing.kernels):
         written: dict[tuple[str, int], list[tuple[int, int]]] = {}
-        for i, (ins, (unit, _), s, e) in enumerate(zip(k.instructions, kt.units, kt.start, kt.end)):
+        for i, (ins, (unit, _), s, e) in enumerate(zip(k.instructions, kt.units, kt.shown(), kt.end)):
             busy[unit] += e - s
             key = (_key(ins), i in kt.riders)
             entry = seen.get(key)

@@ -9,8 +9,10 @@ change of the set of moving transfers, each one's rate is the minimum over its r
 resource's bandwidth divided among the transfers using it. A transfer completes at the first whole
 cycle after its last byte. The multicast DMAs of one transfer (``isa.multicast_groups``) wait at
 their queues' heads until all of them may start, then move as one transfer (the source read once,
-each destination written) and finish together. Kernels run one after another, each after
-``kernel_launch_cycles``.
+each destination written) and finish together. On chips with ``dma_run_ahead`` a DMA queue starts
+its next transfer's latency once the current one moves its data; the next moves when the current
+has finished (a multicast when every queue it is on has), so data still moves in queue order.
+Kernels run one after another, each after ``kernel_launch_cycles``.
 """
 
 from __future__ import annotations
@@ -41,6 +43,16 @@ class KernelTiming:
     end: list[int]
     order: list[int]  # instruction indices in the order they started
     riders: frozenset = frozenset()  # multicast DMAs that moved in another's transfer (no source read of their own)
+
+    def shown(self) -> list[int]:
+        """When each instruction occupies its unit from: its start, or where a run-ahead DMA queue
+        set it up while the transfer before it moved (``Hardware.dma_run_ahead``), that transfer's
+        end. A unit's busy time and trace track then count no cycle twice."""
+        out, last = [], {}
+        for u, s, e in zip(self.units, self.start, self.end):
+            out.append(min(max(s, last.get(u, 0)), e))
+            last[u] = max(last.get(u, 0), e)
+        return out
 
 
 @dataclass
@@ -165,7 +177,11 @@ def simulate_kernel(kernel: Kernel, hw: Hardware, tracker: HazardTracker | None,
 
     start, end, order = [0] * n, [0] * n, []
     done = [False] * n
-    busy = [False] * len(queues)
+    busy = [False] * len(queues)  # the queue's next instruction may not start
+    ahead = [hw.dma_run_ahead and name in ("dma", "pdma", "cdma") for name, _ in unit_ids]
+    data = [-1] * len(queues)  # the transfer a run-ahead queue moves the data of
+    parked = [-1] * len(queues)  # the queue's next transfer, its latency over, waiting for that one
+    on_queues: dict[int, tuple[int, ...]] = {}  # a run-ahead transfer moving -> its queues
     pos = [0] * len(queues)
     users = [0] * len(costs.resource_ids)
     moving: dict[int, list] = {}  # transfer -> [remaining fraction, rate]
@@ -179,9 +195,11 @@ def simulate_kernel(kernel: Kernel, hw: Hardware, tracker: HazardTracker | None,
     shared: dict[int, tuple] = {}  # a multicast transfer's first DMA -> its resources' rates, until it moves
 
     def begin(i: int, t: int) -> None:
-        """``i`` (its unit's next, its deps done) starts at ``t``, after the hazard check."""
+        """``i`` (its unit's next, its deps done) starts at ``t``, after the hazard check (an
+        earlier transfer of a run-ahead queue finishes before ``i`` moves its data)."""
+        u = uid[i]
         for j in conflicts[i]:
-            if not done[j]:
+            if not done[j] and not (ahead[u] and uid[j] == u):
                 found = exact_conflict(instrs[j], instrs[i])
                 if found:
                     kind, o = found
@@ -189,7 +207,6 @@ def simulate_kernel(kernel: Kernel, hw: Hardware, tracker: HazardTracker | None,
                         f"kernel {kernel.name!r}: instruction {i} ({OPCODE_OF[type(instrs[i])]}) starts at "
                         f"cycle {t} before instruction {j} ({OPCODE_OF[type(instrs[j])]}) finished, but it "
                         f"must follow it ({kind} on {o.mem}[{o.index}]): add {j} to the deps of {i}")
-        u = uid[i]
         busy[u] = True
         pos[u] += 1
         start[i] = t
@@ -223,11 +240,33 @@ def simulate_kernel(kernel: Kernel, hw: Hardware, tracker: HazardTracker | None,
         else:
             heapq.heappush(heap, (t + c[0], seq, _MOVE, i))
 
-    def finish(i: int, t: int, ready: list) -> None:
+    def move(i: int, ready: list, joining: list) -> None:
+        """Transfer ``i`` (latency over) on run-ahead queues: it moves when none of its queues
+        moves another's data, and its queues then start their next transfers' latencies."""
+        qs = (uid[i], *(uid[r] for r in riding.get(i, ())))
+        if any(data[q] >= 0 for q in qs):
+            for q in qs:
+                parked[q] = i
+            return
+        on_queues[i] = qs
+        joining.append(i)
+        for q in qs:
+            data[q], parked[q], busy[q] = i, -1, False
+            ready.append(q)
+
+    def finish(i: int, t: int, ready: list, joining: list) -> None:
         done[i] = True
         end[i] = t
-        busy[uid[i]] = False
-        ready.append(uid[i])
+        u = uid[i]
+        if not ahead[u]:
+            busy[u] = False
+        elif i in on_queues:  # the queues' transfers set up behind it may move
+            qs = on_queues.pop(i)
+            for q in qs:
+                data[q] = -1
+            for j in dict.fromkeys(parked[q] for q in qs if parked[q] >= 0):
+                move(j, ready, joining)
+        ready.append(u)
         for d in dependents[i]:
             pending[d] -= 1
             if not pending[d]:
@@ -271,11 +310,14 @@ def simulate_kernel(kernel: Kernel, hw: Hardware, tracker: HazardTracker | None,
             while heap and heap[0][0] == t:
                 _, _, kind, i = heapq.heappop(heap)
                 if kind == _MOVE:
-                    joining.append(i)
+                    if ahead[uid[i]]:
+                        move(i, ready, joining)
+                    else:
+                        joining.append(i)
                     continue
-                finish(i, t, ready)
+                finish(i, t, ready, joining)
                 for r in riding.get(i, ()):
-                    finish(r, t, ready)
+                    finish(r, t, ready, joining)
             if joining:
                 advance(t)
                 for i in joining:

@@ -35,8 +35,9 @@ def trace_events(program: Program, hw: Hardware, timing: ProgramTiming, offset: 
     for k, kt in zip(program.kernels, timing.kernels):
         base = offset + kt.start_cycle
         marks = k.layer_of_each()
-        where = [(_pid(unit, hw), TRACKS.index(unit[0]), (base + s) * us) for unit, s in zip(kt.units, kt.start)]
-        for n, (ins, unit, s, e) in enumerate(zip(k.instructions, kt.units, kt.start, kt.end)):
+        shown = kt.shown()
+        where = [(_pid(unit, hw), TRACKS.index(unit[0]), (base + s) * us) for unit, s in zip(kt.units, shown)]
+        for n, (ins, unit, s, e) in enumerate(zip(k.instructions, kt.units, shown, kt.end)):
             pid, tid = where[n][:2]
             tracks.add((pid, tid, unit))
             name = OPCODE_OF[type(ins)] + (f".{ins.op}" if hasattr(ins, "op") else "")
