@@ -253,3 +253,47 @@ def test_tiles_loading_one_box_receive_it_in_one_multicast():
     alone = simulate(plain, mode="timing").report
     assert together.ddr_read + together.lb_read == alone.ddr_read + alone.lb_read - riders
     assert together.cycles < alone.cycles
+
+
+
+def test_weights_a_layer_does_not_pin_load_ahead_of_each_invocation(resnet):
+    """Under an inner T-cut of four sub-batches one layer is left unpinned (its weights would
+    not fit beside the others'): it reads its weights once per invocation. On set-edge16-fp16,
+    whose DDR is slower than a mesh link (``kernelgen.tree._ahead``), they load into pieces on
+    the prefetch queues while the invocations before it run, and its tiles read the pieces: its
+    weights are read from DDR only by those loads, at most once per invocation (a tile buffer
+    still holding the box from the invocation before reads nothing); the numbers are llvm's."""
+    _, _, ref, names, _ = resnet
+    out, tp = lowered(resnet, f"T{BATCH}/1( T{BATCH}/4( {' '.join(names)} ) )")
+    assert float(np.abs(out - ref).max() / np.abs(ref).max()) < 2e-2
+    unpinned = [p for p in tp.schedule.leaves if not p.pinned]
+    assert len(unpinned) == 1 and tp.residency["weights ahead"] > 0
+    reads, _, _ = ddr_traffic(tp)
+    weights = [a for a in tp.program.args if a.role == "input" and a.name != "input"]
+    again = [a for a in weights if reads[a.name] > a.nbytes]  # the unpinned layer's
+    assert again and all(reads[a.name] <= unpinned[0].invocations * a.nbytes for a in again)
+    assert all(reads[a.name] == a.nbytes for a in weights if a not in again)
+    kernel = tp.program.kernels[0]
+    for ins, mark in zip(kernel.instructions, kernel.layer_of_each()):
+        if isinstance(ins, isa.Dma) and ins.src.mem == "ddr" and \
+                any(a.offset <= ins.src.offset < a.offset + a.nbytes for a in again):
+            assert ins.prefetch and mark.name == PROMOTE
+
+
+def test_a_layer_loads_its_weights_ahead_where_a_link_gathers_a_tiles_share_faster_than_ddr_reads_all():
+    """``_ahead``: a core gathering its tiles' weights over one mesh link must take less than DDR
+    takes for the layer's weights. set-edge16's DDR (16.4 B/cycle) is slower than a link (32):
+    always. On set-cloud144 (147.5 B/cycle) a tile's share must be under 32 / 147.5 of the
+    weights; a chip without prefetch queues never loads ahead."""
+    from types import SimpleNamespace
+
+    from tvm_dsa import hardware
+    from tvm_dsa.kernelgen.tree import _ahead
+    ir = SimpleNamespace(params=[("x", None, None), ("w", None, None), ("y", None, None)])
+    L = SimpleNamespace(ir=ir, args={"x": "x", "w": "w", "y": "y"})
+    k = SimpleNamespace(tensors={"w": ((1000, 10), "float32")}, weights=frozenset({"w"}))
+    edge, cloud = hardware.get("set-edge16"), hardware.get("set-cloud144")
+    assert _ahead(10_000, L, k, edge)
+    share = 10_000 * cloud.noc_link_bytes_per_cycle / cloud.ddr_bytes_per_cycle  # 2,170 elements
+    assert _ahead(int(share) - 1, L, k, cloud) and not _ahead(int(share) + 1, L, k, cloud)
+    assert not _ahead(1, L, k, hardware.get("stcp920"))

@@ -27,6 +27,9 @@ layer's tile buffers is an arena (``_Arena``) for:
 - pinned weights: a layer the schedule pins loads its weights once per root sub-batch round
   (once under a root S-cut), in pieces along the output dim over its cores; its tiles read them
   in place when the piece is on their core, else over the NoC;
+- weights loaded ahead: a layer the schedule does not pin reads its weights once per invocation;
+  where the mesh gathers them faster than DDR reads them (``_ahead``) they load into the same
+  pieces on the prefetch queues up to ``WEIGHTS_AHEAD`` invocations early, for that invocation;
 
 and whatever does not fit the arena when it is placed goes through DDR as before. A chunk read
 later, across root T-cut children, through a reshape, or returned stays in DDR.
@@ -176,6 +179,7 @@ class TreeProgram:
         return tuple(out)
 
 
+WEIGHTS_AHEAD = 2  # invocations whose unpinned weights load while one computes (``_ahead``)
 PREFETCH_AHEAD = 3  # invocations whose pins load while one computes (where the arena has room)
 PIN_RUN_BURSTS = 4  # pinned weights are cut into pieces whose DDR rows span at least so many bursts
 MIN_PIECE = 8192  # bytes: a tensor is not cut into pieces smaller than this (each is a DMA per box)
@@ -295,7 +299,8 @@ class _Residency:
         self.pinned: dict = {}  # layer -> [_Kept of each weight it pins]
         self.placed: dict = {}  # (layer, chunk or round, "out" / "w") -> [(core, base, bytes)]
         # what the arena took: output chunks consumed at once, weights pinned for a round
-        self.stats = {"chunks on chip": 0, "chunks through DDR": 0, "pins": 0, "pins refused": 0}
+        self.stats = {"chunks on chip": 0, "chunks through DDR": 0, "pins": 0, "pins refused": 0,
+                      "weights ahead": 0}
         self.free_at: dict = {}  # position -> keys placed whose last use it is
         on_chip = {}
         for c in sched.chunks:
@@ -324,9 +329,12 @@ class _Residency:
                 for index, *_ in _cells_of(self.kept[u], p, self.itemsize):
                     self.kept[u].pieces.cells[index] = regions[t]
             regions[t] = self.kept[u].pieces
+        self.ahead: set = set()  # layers the schedule does not pin whose weights load ahead (``_ahead``)
         for v, L in enumerate(layers):
             if not sched.leaves[v].pinned:
-                continue
+                if not _ahead(sched.leaves[v].cost.weight_tile, L, k, hw):
+                    continue
+                self.ahead.add(v)
             for param, *_ in L.ir.params[:-1]:
                 t = L.args[param]
                 if t not in k.weights or len(readers[t]) > 1:
@@ -341,11 +349,12 @@ class _Residency:
                 kept = _Kept(t, regions[t], Pieces(tuple(shape), tuple(grid), {}), dim, used[v])
                 for index, *_ in _cells_of(kept, 0, self.itemsize):
                     kept.pieces.cells[index] = regions[t]
-                regions[t] = kept.pieces
+                if v not in self.ahead:  # (loaded ahead: in pieces only while placed)
+                    regions[t] = kept.pieces
                 self.pinned.setdefault(v, []).append(kept)
         root = sched.tree.root
         self.round = batch // root.sb if root.kind == "T" else batch
-        self.last_read, self.sched, self.on_chip = last_read, sched, on_chip
+        self.last_read, self.sched, self.on_chip, self.regions = last_read, sched, on_chip, regions
         self.position = {key: n for n, key in enumerate(invocation_order(sched.tree))}
 
     def _place(self, key, kept: _Kept, chunk: int, pos: int, load: bool = False, prefetch: bool = False) -> bool:
@@ -372,20 +381,30 @@ class _Residency:
         self.free_at.setdefault(pos, []).append(key)
         return True
 
-    def pins(self, v: int, q: int, prefetch: bool = False) -> None:
+    def pins(self, v: int, q: int, prefetch: bool = False, distance: int = 0) -> None:
         """Place and load the weights invocation ``(v, q)`` pins, if it is the first of a round
         and they are not placed yet. With ``prefetch`` (ahead of the invocation before it, on
         the cores' prefetch queues) pieces that do not fit yet are left to the invocation."""
         plan = self.sched.leaves[v]
-        if v not in self.pinned or (q * plan.batch) % self.round:
+        if v in self.ahead:  # for this invocation only, where it loads ahead
+            if not prefetch or distance > WEIGHTS_AHEAD:
+                return
+            r = q
+            last = self.position[(v, q)]
+        elif v not in self.pinned or (q * plan.batch) % self.round:
             return
-        r = q * plan.batch // self.round
-        last = self.position[(v, min(plan.invocations, (r + 1) * self.round // plan.batch) - 1)]
-        for n, kept in enumerate(self.pinned[v]):
-            if (v, r, "w", n) in self.placed:
-                continue
+        else:
+            r = q * plan.batch // self.round
+            last = self.position[(v, min(plan.invocations, (r + 1) * self.round // plan.batch) - 1)]
+        for n, kept in enumerate(self.pinned.get(v, ())):
+            if (v, r, "w", n) in self.placed or any(c is not kept.home for c in kept.pieces.cells.values()):
+                continue  # placed for this invocation or round, or still for the one before
             placed = self._place((v, r, "w", n), kept, 0, last, load=True, prefetch=prefetch)
-            if placed or not prefetch:
+            if v in self.ahead:
+                self.stats["weights ahead"] += placed
+                if placed:
+                    self.regions[kept.tensor] = kept.pieces
+            elif placed or not prefetch:
                 self.stats["pins" if placed else "pins refused"] += 1
 
     def before(self, v: int, q: int) -> None:
@@ -408,6 +427,22 @@ class _Residency:
             for (index, *_), (core, base, nbytes) in zip(_cells_of(kept, chunk, self.itemsize), taken):
                 self.arena.give(core, base, nbytes)
                 kept.pieces.cells[index] = kept.home
+            if key[0] in self.ahead and key[2] == "w":
+                self.regions[kept.tensor] = kept.home
+
+
+def _ahead(weight_tile: int, L, k: TreeKernel, hw) -> bool:
+    """Whether a layer the schedule does not pin loads its weights ahead, for each invocation (on
+    the prefetch queues, into pieces over its cores, while earlier invocations run), rather than
+    its tiles loading them from DDR when it runs. Its tiles then read the pieces over the mesh:
+    worth it where a core gathering its tiles' share (``weight_tile``) over one link takes less
+    than DDR takes for all of the layer's weights, the time the direct loads cost when the layer
+    runs. On set-edge16 (DDR 16 B/cycle, links 32) always; on set-cloud144 (DDR 147 B/cycle) only
+    where a tile holds under a fifth of the weights."""
+    if not hw.prefetch_dma or not hw.noc_link_bytes_per_cycle:
+        return False
+    weights = sum(int(np.prod(k.tensors[L.args[p]][0])) for p, *_ in L.ir.params[:-1] if L.args[p] in k.weights)
+    return weight_tile * hw.ddr_bytes_per_cycle < weights * hw.noc_link_bytes_per_cycle
 
 
 def build_tree_program(k: TreeKernel, hw) -> TreeProgram:
@@ -438,8 +473,8 @@ def build_tree_program(k: TreeKernel, hw) -> TreeProgram:
     for pos, (v, q) in enumerate(order):
         keep.before(v, q)
         if hw.prefetch_dma:  # the next invocations' pins load meanwhile
-            for ahead in order[pos + 1:pos + 1 + PREFETCH_AHEAD]:
-                keep.pins(*ahead, prefetch=True)
+            for n, ahead in enumerate(order[pos + 1:pos + 1 + PREFETCH_AHEAD]):
+                keep.pins(*ahead, prefetch=True, distance=n + 1)
         tiles = work.get((v, q), [])
         lo, hi = sched.leaves[v].used
         group = tuple(cores[i] for i in range(lo, hi))
