@@ -383,8 +383,11 @@ class _Residency:
 
     def pins(self, v: int, q: int, prefetch: bool = False, distance: int = 0) -> None:
         """Place and load the weights invocation ``(v, q)`` pins, if it is the first of a round
-        and they are not placed yet. With ``prefetch`` (ahead of the invocation before it, on
-        the cores' prefetch queues) pieces that do not fit yet are left to the invocation."""
+        and they are not placed yet. With ``prefetch`` (``distance`` invocations ahead of it, on
+        the cores' prefetch queues) pieces that do not fit yet are left to the invocation. A
+        layer loading its weights ahead (``_ahead``) places them for ``(v, q)`` alone, only
+        with ``prefetch`` and at most ``WEIGHTS_AHEAD`` invocations early (else its tiles read
+        DDR), and its tiles read the pieces while they are placed."""
         plan = self.sched.leaves[v]
         if v in self.ahead:  # for this invocation only, where it loads ahead
             if not prefetch or distance > WEIGHTS_AHEAD:
