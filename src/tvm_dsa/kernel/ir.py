@@ -871,13 +871,16 @@ def _shared_places(kernel: KernelIR, buffers: dict[str, LBBuffer]) -> dict[str, 
     same type and box: in place). Buffers a DMA fills keep places of their own (the emitter may
     find their content still there in the next tile and skip the load). Sharing a place makes two
     buffers one memory object for the emitter's dependencies, which keeps the order of their uses.
-    A strip loop's stages count as nodes of their own (what one strip writes and reads is one
-    strip's), but a buffer from before the loop that a strip reads is in use to the loop's end."""
-    body, strips = [], []  # the nodes in order, a strip loop's stages one by one; its (first, last)
+    A strip loop's or a chunk loop's stages count as nodes of their own (what one strip or chunk
+    writes and reads is that strip's or chunk's: a contraction fused before the anchor computes
+    its temporaries per chunk), but a buffer from before the loop that it reads is in use to the
+    loop's end, and one it writes and reads after it (the anchor's partial sums) from its start."""
+    body, loops = [], []  # the nodes in order, a strip or chunk loop's stages one by one; its (first, last)
     for node in kernel.tile_loops()[-1].body:
-        if isinstance(node, Loop) and node.kind == STRIP:
-            strips.append((len(body), len(body) + len(node.body) - 1))
-            body += node.body
+        if isinstance(node, Loop) and node.kind in (STRIP, "chunk"):
+            inner = stages_of(node.body)
+            loops.append((len(body), len(body) + len(inner) - 1))
+            body += inner
         else:
             body.append(node)
     ops = {}
@@ -888,8 +891,9 @@ def _shared_places(kernel: KernelIR, buffers: dict[str, LBBuffer]) -> dict[str, 
             for acc in [st.dst] + st.reads():
                 if acc.lb:
                     span[acc.buffer] = (span.get(acc.buffer, (k, k))[0], k)
-    for lo, hi in strips:
-        span.update({name: (a, hi) for name, (a, b) in span.items() if a < lo <= b})
+    for lo, hi in loops:
+        span.update({name: (min(a, lo) if lo <= a <= hi < b else a, hi if a < lo <= b else b)
+                     for name, (a, b) in span.items()})
 
     def in_place(old: str, new: str, k: int) -> bool:
         st = body[k]

@@ -9,15 +9,16 @@ from tvm.s_tir import SBlockRealize
 from tvm_dsa.kernel.analysis import Unsupported, contraction, int_value
 
 
-def kernel_macs(func: tirx.PrimFunc) -> int:
+def kernel_macs(func: tirx.PrimFunc, annotation: str | None = None) -> int:
     """MACs of a PrimFunc: the iteration-space size of each contraction block (``acc += a * b``),
-    whether or not the DSA can run it."""
+    whether or not the DSA can run it; with ``annotation``, of those it marks (a lowered kernel's
+    contractions on the vector units, ``VECTOR_CONTRACTION``)."""
     total = 0
 
     def visit(realize):
         nonlocal total
         block = realize.block
-        if contraction(block) is None:
+        if contraction(block) is None or annotation is not None and not int(block.annotations.get(annotation, 0)):
             return
         n = 1
         for it in block.iter_vars:

@@ -99,12 +99,13 @@ def _lower_aligned(func, hw, lb_bytes: int | None, parallel: bool, simplify: boo
     that fits from the first within ``working_set_floor`` of the LB, probing forwards). A
     contraction tries both orders of ``candidate_plans`` (and ``keep_n`` where some of its inputs
     are ``on_chip``) and keeps the plan whose tiles take fewer DMA cycles to load
-    (``load_cycles``)."""
+    (``load_cycles``); a kernel with contractions fused before its anchor only the ``reuse``
+    order (its chunk first: ``candidate_plans``)."""
     info = anchor_info(func, simplify if aligned is None else aligned)
     if simplify:
         func = simplify_indices(func)
-    orders = ((False, False), (True, False)) + (((True, True),) if on_chip else ()) if "N" in info.roles \
-        else ((False, False),)
+    orders = ((True, False),) if info.producers else \
+        ((False, False), (True, False)) + (((True, True),) if on_chip else ()) if "N" in info.roles else ((False, False),)
     chosen = []
     for reuse, keep_n in orders:
         try:

@@ -5,7 +5,8 @@ buffer (``local.dsa_lb``). Compute stages (MME, vector, reduce) may only touch t
 inputs get an LB copy (``cache_read``; one per stage with ``COPY_EACH``) loaded under the same tile/chunk loop, and their DDR outputs
 an LB staging buffer written back after them (``cache_write``), once per tile (after the chunk
 loop of a contraction). Reductions are split into an init stage (a fill) and an update stage,
-the init placed before the chunk loop for the anchor so partial sums accumulate across chunks.
+the init placed before the chunk loop for the anchor so partial sums accumulate across chunks
+(a contraction fused before the anchor sums within a chunk: its init goes inside).
 """
 
 from __future__ import annotations
@@ -15,7 +16,7 @@ from tvm import s_tir
 from tvm.s_tir import SBlockRealize
 
 from tvm_dsa.kernel.analysis import (
-    Unsupported, classify, sch_cache_read, sch_cache_write, sch_compute_at, sch_decompose_reduction, sch_get,
+    REDUCE_ITER, Unsupported, classify, sch_cache_read, sch_cache_write, sch_compute_at, sch_decompose_reduction, sch_get,
     sch_get_sblock, sch_loops, sch_reverse_compute_at, sch_set_scope
 )
 from tvm_dsa.tir_passes.tile import leaf_blocks
@@ -56,6 +57,23 @@ def _tile_loop(sch, block_rv):
     return tiles[-1]
 
 
+def _reduces_over(sch, block_rv, loop_rv) -> bool:
+    """Whether a reduce iterator of the block is bound to ``loop_rv`` (the anchor's chunk loop): a
+    contraction computed under another's chunk loop (a producer fused into it) sums over loops of
+    its own, and its zero fill goes inside the chunk, before them."""
+    var, block = sch_get(sch, loop_rv).loop_var, sch_get(sch, block_rv)
+    found = []
+
+    def visit(realize):
+        if realize.block.same_as(block):
+            for it, value in zip(block.iter_vars, realize.iter_values):
+                if int(it.iter_type) == REDUCE_ITER:
+                    tvm_ffi.structural_walk(value, [(type(var), lambda v: found.append(v) if v.same_as(var) else None)])
+
+    tvm_ffi.structural_walk(sch_get(sch, loop_rv).body, [(SBlockRealize, visit)])
+    return bool(found)
+
+
 def _is_param(buf, params) -> bool:
     return any(buf.same_as(p) for p in params)
 
@@ -92,7 +110,7 @@ def assign_scopes(sch: s_tir.Schedule) -> s_tir.Schedule:
             continue
         loops = sch_loops(sch, block_rv)
         at = attach_index(sch, block_rv)
-        if sch_get(sch, loops[at]).annotations["dsa.loop"] == "chunk":
+        if sch_get(sch, loops[at]).annotations["dsa.loop"] == "chunk" and _reduces_over(sch, block_rv, loops[at]):
             sch_decompose_reduction(sch, block_rv, loops[at])
         elif at + 1 < len(loops):
             sch_decompose_reduction(sch, block_rv, loops[at + 1])

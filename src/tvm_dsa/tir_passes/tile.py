@@ -1,8 +1,11 @@
 """TileForLB: tile a kernel around its anchor so every tile's working set fits the local buffer.
 
-The anchor is the kernel's contraction block (conv / matmul) — or a pooling that follows it (a
-reduction over a window of its result: the contraction is then computed per tile of the pooling,
-with the overlap the window needs) — or, without one, its last block.
+The anchor is the kernel's (last) contraction block (conv / matmul) — or a pooling that follows
+it (a reduction over a window of its result: the contraction is then computed per tile of the
+pooling, with the overlap the window needs) — or, without one, its last block. A contraction
+before the anchor (a depthwise convolution fused into the pointwise one reading it,
+``kernelgen.blocks``) is a producer like any other: computed per chunk, its N loops never tiled
+(``AnchorInfo.whole``).
 Every spatial loop of the anchor is split into (tile, point) loops — an extent-1 tile loop where it
 is not tiled, so every kernel has the same shape — and the first reduction loop into (chunk,
 point). Consumers move under the innermost tile loop (``reverse_compute_at``), producers under the
@@ -56,6 +59,10 @@ class AnchorInfo:
     # per spatial loop: D > 1 when the loop's index sits inside floordiv/floormod by D (a reshape):
     # its tile must divide D so that, inside a tile, the index stays affine
     align: tuple[int, ...] = ()
+    # spatial loops no tile splits: a contraction's N loops where contractions are fused before
+    # it (``producers``), which every tile of N would compute again
+    whole: frozenset = frozenset()
+    producers: int = 0  # contractions computed per chunk before the anchor (a fused depthwise convolution)
 
 
 def leaf_blocks(sch: s_tir.Schedule) -> list:
@@ -71,13 +78,11 @@ def find_anchor(sch: s_tir.Schedule) -> tuple[int, list]:
     blocks = leaf_blocks(sch)
     kinds = [classify(sch_get(sch, b)) for b in blocks]
     mmes = [i for i, k in enumerate(kinds) if k.kind == "mme"]
-    if len(mmes) > 1:
-        raise Unsupported("kernel has more than one contraction")
     if not mmes:
         return len(blocks) - 1, kinds
-    pools = [i for i in range(mmes[0] + 1, len(blocks))
+    pools = [i for i in range(mmes[-1] + 1, len(blocks))
              if kinds[i].kind == "reduce" and reads_window(sch_get(sch, blocks[i]))]
-    return (pools[-1] if pools else mmes[0]), kinds
+    return (pools[-1] if pools else mmes[-1]), kinds
 
 
 def _loop_roles(sch, block_rv):
@@ -131,11 +136,13 @@ def anchor_info(func, simplify: bool = True) -> AnchorInfo:
         aligned = block
     spatial_vars = [it.var for it, r in zip(aligned.iter_vars, is_red) if not r]
     fused = any(not any(r.source.same_as(p) for p in func.params) for r in block.reads)
+    producers = sum(k.kind == "mme" for k in kinds[:idx])
     return AnchorInfo(
         block.name_hint, kinds[idx],
         tuple(e for e, r in zip(extents, is_red) if not r),
         tuple(e for e, r in zip(extents, is_red) if r), tuple(roles),
         tuple(_joint(_alignment(aligned, v), _select_bounds(aligned, v) if fused else 0) for v in spatial_vars),
+        frozenset(i for i, r in enumerate(roles) if r == "N") if producers else frozenset(), producers,
     )
 
 
@@ -253,10 +260,12 @@ def unit_choice(info: AnchorInfo, hw) -> bool:
 
 
 def on_vector_units(func) -> bool:
-    """Whether a lowered kernel runs its contraction on the vector units (``annotate_vector_contraction``)."""
+    """Whether a lowered kernel runs its anchor's contraction (its last) on the vector units
+    (``annotate_vector_contraction``); a contraction fused before it on them does not count."""
     found = []
-    tvm_ffi.structural_walk(func.body, [(SBlock, lambda b: found.append(int(b.annotations.get(VECTOR_CONTRACTION, 0))))])
-    return any(found)
+    tvm_ffi.structural_walk(func.body, [(SBlock, lambda b: found.append(int(b.annotations.get(VECTOR_CONTRACTION, 0)))
+                                         if contraction(b) is not None else None)])
+    return bool(found) and bool(found[-1])
 
 
 def _anchor_loops(sch: s_tir.Schedule):
@@ -386,7 +395,11 @@ def candidate_plans(info: AnchorInfo, mme_rows: int, mme_cols: int, reuse: bool 
     working-set floor of 0; 6 of ViT-B/16's 106 lowerings fewer, the same cycles). With
     ``caps`` (divisors of the leading loops' extents) no plan's tile of those loops is larger: a
     stitched kernel's micro-batch of samples, a SET layer's intra-layer partition. With ``chunk``
-    (a divisor of the first reduction loop) every plan takes that chunk: only tiles shrink."""
+    (a divisor of the first reduction loop) every plan takes that chunk: only tiles shrink. Where
+    contractions are fused before the anchor (``info.producers``) N stays whole, the chunk shrinks
+    first, down to the array's rows (each chunk's producers are computed in the LB), and M loops
+    through every divisor of their extent (a depthwise convolution's rows: 56, 28, 14, 8, 7, 4,
+    2, 1, where halving 7 gives 1 and triples the halo read per row)."""
     tiles = [math.gcd(e, a) if a > 1 else e for e, a in zip(info.spatial, _aligns(info))]
     tiles[:len(caps)] = [math.gcd(t, c) for t, c in zip(tiles, caps)]
     clamp = clampable(info, mme_rows) if clamp else frozenset()
@@ -405,13 +418,14 @@ def candidate_plans(info: AnchorInfo, mme_rows: int, mme_cols: int, reuse: bool 
 
     def outermost(role_set):
         for i, (t, r) in enumerate(zip(tiles, roles)):
-            if t > 1 and r in role_set:
+            if t > 1 and r in role_set and i not in info.whole:
                 return i
         return None
 
     def shrunk(i):
         ts = list(tiles)
-        ts[i] = smaller_tile(info.spatial[i], ts[i], i in clamp, not contraction)
+        ts[i] = divisor_below(info.spatial[i], ts[i]) if info.producers and i not in clamp else \
+            smaller_tile(info.spatial[i], ts[i], i in clamp, not contraction)
         return ts
 
     def m_or_n():
@@ -433,7 +447,8 @@ def candidate_plans(info: AnchorInfo, mme_rows: int, mme_cols: int, reuse: bool 
         pick = outermost({"B"})
         if pick is None and reuse and tiles[0] > 1:
             pick = 0  # the first tile loop deals the batch over the clusters and instances (§2.1)
-        if pick is None and not fixed and chunk is not None and chunk > (mme_cols if reuse and contraction else 256):
+        if pick is None and not fixed and chunk is not None and \
+                chunk > (mme_rows if info.producers else mme_cols if reuse and contraction else 256):
             pick = "chunk"
         if pick is None:
             pick = m_or_n() if contraction else outermost({""})
@@ -477,7 +492,7 @@ def parallel_plans(info: AnchorInfo, start: TilePlan, mme_rows: int, mme_cols: i
     while True:
         pick = None
         for i, (t, r) in enumerate(zip(tiles, roles)):
-            if t == 1:
+            if t == 1 or i in info.whole:
                 continue
             smaller = divisor_below(start.tiles[i], t)
             if r in floor:
