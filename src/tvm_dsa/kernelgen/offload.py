@@ -20,7 +20,9 @@ from tvm import relax, tirx
 from tvm_dsa import schedule as schedules
 from tvm_dsa.hardware import Hardware
 from tvm_dsa.kernel.analysis import Unsupported
+from tvm_dsa.kernel.attrs import VECTOR_CONTRACTION
 from tvm_dsa.kernel.macs import kernel_macs
+from tvm_dsa.kernelgen.blocks import FuseSeparableBlocks
 from tvm_dsa.kernelgen.layer import LayerKernels
 from tvm_dsa.kernelgen.lowering import Lowered, lower_layer
 from tvm_dsa.kernelgen.rewrite import ReplaceWithDSACalls
@@ -56,6 +58,7 @@ class OffloadResult:
     weight_bytes: int = 0  # of those, its weights (a dynamic model's bound adds a run's inputs, outputs)
     schedule: str = ""  # the inter-layer schedule it was compiled with (the pipeline's choice)
     timed: dict = field(default_factory=dict)  # schedule -> DSA cycles, where the pipeline timed several
+    blocks: list = field(default_factory=list)  # kernelgen.blocks.FusedBlock per separable pair timed
 
     @property
     def host_kernels(self) -> int:
@@ -83,6 +86,8 @@ def OffloadToDSA(hw: Hardware, schedule: str = "layerwise", options=None, tuned=
     @tvm.transform.module_pass(opt_level=0, name="dsa.OffloadToDSA")
     def offload_to_dsa(mod: tvm.IRModule, _ctx) -> tvm.IRModule:
         result = OffloadResult(schedule=schedule)
+        if scheduler.lowering.separable:
+            mod = FuseSeparableBlocks(hw, scheduler.lowering.separable == "stitched", result.blocks)(mod)
         ctx = Lowered(mod, OpGraph.from_relax(mod), hw, options, result)
         _lower_layers(ctx, scheduler.lowering, tuned)
         try:
@@ -167,8 +172,10 @@ def _account(ctx: Lowered, on_dsa: set) -> None:
         macs = kernel_macs(ctx.mod[node.func])
         if node.name in on_dsa:
             result.dsa_macs += macs
-            if node.func in ctx.on_vector or node.name in stitched_on_vector:
-                result.vector_macs += macs
+            # a fused block's depthwise contraction is marked before lowering; a layer's one, by it
+            marked = kernel_macs(ctx.mod[node.func], VECTOR_CONTRACTION)
+            result.vector_macs += marked or (macs if node.func in ctx.on_vector or node.name in stitched_on_vector
+                                             else 0)
         else:
             result.host_macs += macs
             result.host.setdefault(node.func, "not scheduled on the DSA")

@@ -291,7 +291,7 @@ def order_instances(instances: list[Instance], edges) -> tuple[list[int], str]:
     return dfs, "dfs"
 
 
-@register("graphturbo", Lowering())  # a pure reshape is a view on the host: sub-graphs end at it
+@register("graphturbo", Lowering(separable="stitched"))  # a pure reshape is a view on the host: sub-graphs end at it
 def graphturbo(mod, hw, supported, options=None) -> list[KernelSpec]:
     """One stitched kernel per sub-graph of Algorithm 2's grouping of ``main``'s layers, with the
     sub-graph's best split (Eq. 1); layers the DSA cannot run stay single and on the host, and so

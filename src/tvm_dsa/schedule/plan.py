@@ -62,7 +62,12 @@ class Lowering:
     """How kernel generation lowers the layers of a scheduler's kernels, before the scheduler hears
     which of them the DSA runs (pure reshapes are never lowered: they stay on the host as views,
     no data moves). ``lb_bytes(hw)``: the bytes of the LB a layer's tiles get, None for all of it; only then are tuning records replayed, as they are tuned for the whole LB. ``clamp``:
-    a tile may overlap the end of its loop (``lower_kernel``; False: tiles divide their loops)."""
+    a tile may overlap the end of its loop (``lower_kernel``; False: tiles divide their loops).
+    ``separable``: how a depthwise convolution and the pointwise one reading it are timed to
+    decide whether they run as one kernel (``kernelgen.blocks``): ``"layer"`` as one-layer
+    kernels, ``"stitched"`` as a stitched kernel's layers, ``""`` never fused (SET's layer graph
+    models each layer alone)."""
 
     lb_bytes: Callable[[Hardware], int] | None = None
     clamp: bool = True
+    separable: str = "layer"

@@ -78,7 +78,7 @@ def program_groups(mod, graph: OpGraph, supported) -> list[list]:
 # SET's layers are tiled to half the LB (the other half keeps data between layers), with tiles that
 # divide their loops. A tuning record is tuned for the whole LB: replayed there, one took SET's
 # ResNet-50 tree on set-edge16 from 2.9M to 5.9M simulated cycles, so SET replays none
-@register("set", Lowering(lb_bytes=working_set_bytes, clamp=False))
+@register("set", Lowering(lb_bytes=working_set_bytes, clamp=False, separable=""))
 def set_schedule(mod, hw, supported, options: SetOptions | None = None) -> list[KernelSpec]:
     """One kernel per group of ``program_groups``, each scheduled by a resource allocation tree."""
     options = options if isinstance(options, SetOptions) else SetOptions()

@@ -1,0 +1,186 @@
+"""FuseSeparableBlocks: a depthwise convolution and the pointwise convolution that reads it (the
+second half of a depthwise-separable block: MobileNet's, an inverted residual's) as one kernel,
+where that runs faster.
+
+Layer by layer, the depthwise result goes out to the GB (or DDR) and comes back for the pointwise
+convolution: of an inverted residual block's 26 bytes a pixel per input channel through the GB's
+ports, 12. Fused, the pointwise convolution is the anchor and its reduction over the depthwise
+channels the chunk loop; each chunk's depthwise result is computed under it (``TileForLB``
+computes a contraction before the anchor like any producer, ``AnchorInfo.producers``) and stays
+in the LB, on the vector units where the MME accumulates in floating point (one PE column of the
+MME against the VME's lanes, as ``tile.unit_choice`` reasons). The cost: a tile covers all output
+channels (each tile of them would compute the depthwise chunk again, ``AnchorInfo.whole``), so it
+has fewer rows, and a depthwise tile of fewer rows reads more halo. Which wins depends on the
+shapes, so each pair is timed both ways (``_cycles``) and fused only where the fused kernel is
+faster. MobileNetV2 at batch 8 on stcp920: 16 of its 17 pairs fuse (docs/performance.md).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import tvm
+from tvm import relax, s_tir, tirx
+
+from tvm_dsa.hardware import Hardware
+from tvm_dsa.kernel.analysis import Load, Unsupported, classify, sch_annotate, sch_get
+from tvm_dsa.kernel.attrs import VECTOR_CONTRACTION
+from tvm_dsa.kernel.ir import read_kernel
+from tvm_dsa.kernelgen.pair import fused_pair
+from tvm_dsa.tiling import TIMED_TILES, lower_kernel, lower_timed, timed_cycles
+from tvm_dsa.tir_passes.tile import anchor_info, find_anchor, leaf_blocks
+
+CALL_TIR = tvm.ir.Op.get("relax.call_tir")
+
+
+@dataclass(frozen=True)
+class FusedBlock:
+    """A pair as decided: its two kernels and the chip's cycles each way (``_cycles``)."""
+
+    depthwise: str
+    pointwise: str
+    fused_cycles: float
+    parts_cycles: float
+
+
+def _kind(func) -> str | None:
+    """"pointwise" (a 1 x 1 contraction with an N loop), "depthwise" (a window, one input channel
+    per output channel, no N loop) or None."""
+    if not isinstance(func, tirx.PrimFunc):
+        return None
+    try:
+        info = anchor_info(func)
+    except Unsupported:
+        return None
+    if info.kind.kind != "mme" or info.producers or len(info.reduction) != 3:
+        return None
+    if "N" in info.roles:
+        return "pointwise" if info.reduction[1:] == (1, 1) else None
+    return "depthwise" if info.reduction[0] == 1 and info.reduction[1] * info.reduction[2] > 1 else None
+
+
+def pairs(mod: tvm.IRModule) -> list[tuple[relax.VarBinding, relax.VarBinding]]:
+    """(depthwise, pointwise) ``call_tir`` bindings of ``main`` where the pointwise convolution
+    reads the depthwise one's result as its data input and nothing else reads it."""
+    main = mod["main"]
+    bindings = [b for block in main.body.blocks for b in block.bindings]
+    readers: dict = {}
+    for value in [b.value for b in bindings] + [main.body.body]:
+        for v in relax.analysis.free_vars(value):
+            readers[v] = readers.get(v, 0) + 1
+    calls = {b.var: b for b in bindings if isinstance(b.value, relax.Call) and b.value.op.same_as(CALL_TIR)}
+    out = []
+    for b in calls.values():
+        args = b.value.args[1].fields
+        dw = calls.get(args[0]) if args else None
+        if dw is not None and readers.get(dw.var) == 1 and sum(a.same_as(dw.var) for a in args) == 1 \
+                and _kind(mod[b.value.args[0]]) == "pointwise" and _kind(mod[dw.value.args[0]]) == "depthwise":
+            out.append((dw, b))
+    return out
+
+
+def fused_function(mod: tvm.IRModule, pair, hw: Hardware, name: str = "block"):
+    """(the pair's PrimFunc, its ``call_tir``'s arguments, the ``call_tir``: ``pair.fused_pair``),
+    the depthwise convolution on the vector units where ``hw``'s MME accumulates in floating
+    point, and plain copies inlined (a 1 x 1 convolution's unpadded ``pad_temp`` would be an
+    LB-to-LB copy per chunk)."""
+    kernel, args, call = fused_pair(*pair, mod, name)
+    return _prepared(kernel, hw), args, call
+
+
+def _prepared(func: tirx.PrimFunc, hw: Hardware) -> tirx.PrimFunc:
+    """``func`` with its plain copies between its own buffers inlined into their readers and the
+    contractions before its anchor annotated for the vector units (a floating-point MME)."""
+    sch = s_tir.Schedule(func)
+    params = list(func.params)
+    for block_rv in leaf_blocks(sch):
+        block = sch_get(sch, block_rv)
+        store = block.body
+        if classify(block).kind == "copy" and isinstance(store.value, Load) \
+                and not any(store.value.source.same_as(p) for p in params) \
+                and list(map(str, store.value.indices)) == list(map(str, store.indices)):
+            sch.compute_inline(block_rv)
+    if hw.mme.accum_dtype.startswith("float"):
+        idx, kinds = find_anchor(sch)
+        for i, block_rv in enumerate(leaf_blocks(sch)[:idx]):
+            if kinds[i].kind == "mme":
+                sch_annotate(sch, block_rv, VECTOR_CONTRACTION, 1)
+    return sch.mod["main"]
+
+
+def _cycles(func, hw: Hardware, stitched: bool) -> float:
+    """Cycles of ``func`` on the chip as its schedule runs it: ``stitched``, every tensor in the GB
+    and tiled as a stitched kernel tiles its layers (``lower_timed``: the fastest of the plans it
+    times, a depthwise convolution on the faster unit), else a one-layer kernel as ``lower_kernel``
+    tiles it, its inputs in DDR. A round of tiles on a cluster's cores, as ``timed_cycles`` times
+    it, times the rounds the chip's cores take (a fused kernel's tiles cover all output channels:
+    fewer of them, and the last round may leave cores idle), and a launch (a layer kernel pays
+    it; a stitched kernel's layer waits about as long for the one before at a layer change: 4.5k
+    cycles on ResNet-50 at batch 8, ``benchmarks/idle.py``)."""
+    gb = frozenset(range(len(func.params) - 1)) if stitched else frozenset()
+    lowered = lower_kernel(func, hw)[0]
+    if stitched:
+        lowered = lower_timed(func, hw, None, gb, lowered)
+    tiles = math.prod(lp.extent for lp in read_kernel(lowered).tile_loops())
+    timed = min(tiles, TIMED_TILES)
+    per_round = timed_cycles(lowered, hw, None, gb) * timed / tiles / -(-timed // hw.cores_per_cluster)
+    return per_round * -(-tiles // (hw.clusters * hw.cores_per_cluster)) + hw.kernel_launch_cycles
+
+
+def FuseSeparableBlocks(hw: Hardware, stitched: bool, decided: list | None = None) -> tvm.transform.Pass:  # noqa: N802
+    """Pass: every (depthwise, pointwise) pair of ``main`` (``pairs``) whose fused kernel is faster
+    on ``hw`` (``_cycles``, as layers of a stitched kernel where ``stitched``, else as one-layer
+    kernels) becomes one ``call_tir`` of it; ``decided`` hears a ``FusedBlock`` for each pair
+    timed. A pair whose kernels do not lower stays apart."""
+
+    @tvm.transform.module_pass(opt_level=0, name="dsa.FuseSeparableBlocks")
+    def fuse_blocks(mod: tvm.IRModule, _ctx) -> tvm.IRModule:
+        chosen, timed = {}, {}
+        for pair in pairs(mod):
+            dw, pw = (b.value.args[0].name_hint for b in pair)
+            try:
+                fused = fused_function(mod, pair, hw, _name(pair))
+                if (dw, pw) not in timed:
+                    timed[(dw, pw)] = (_cycles(fused[0], hw, stitched),
+                                      _cycles(mod[dw], hw, stitched) + _cycles(mod[pw], hw, stitched))
+            except Exception:  # noqa: BLE001 - TVM's schedule errors too: a pair that does not lower stays apart
+                continue
+            block = FusedBlock(dw, pw, *timed[(dw, pw)])
+            if decided is not None:
+                decided.append(block)
+            if block.fused_cycles < block.parts_cycles:
+                chosen[pair[1].var] = (pair, fused)
+        if not chosen:
+            return mod
+        return _rewrite(mod, chosen)
+
+    return fuse_blocks
+
+
+def _name(pair) -> str:
+    """The fused kernel's name: its two kernels'."""
+    dw, pw = (b.value.args[0].name_hint for b in pair)
+    return f"{dw}_{pw.removeprefix('fused_')}"
+
+
+def _rewrite(mod: tvm.IRModule, chosen: dict) -> tvm.IRModule:
+    """``mod`` with each chosen pair's two bindings in ``main`` one ``call_tir`` of its kernel."""
+    builder = relax.BlockBuilder(mod.clone())
+    main = mod["main"]
+    dropped = {pair[0].var for pair, _ in chosen.values()}
+    blocks = []
+    for block in main.body.blocks:
+        bindings = []
+        for b in block.bindings:
+            if b.var in chosen:
+                pair, (kernel, args, call) = chosen[b.var]
+                gv = builder.add_func(kernel, _name(pair))
+                b = relax.VarBinding(b.var, relax.Call(CALL_TIR, [gv, *args], call.attrs, call.ty_args))
+            if b.var not in dropped:
+                bindings.append(b)
+        blocks.append(type(block)(bindings))
+    builder.update_func(builder.get().get_global_var("main"),
+                        relax.Function(main.params, relax.SeqExpr(blocks, main.body.body), main.ret_ty, main.is_pure,
+                                       main.attrs, main.span))
+    return relax.transform.DeadCodeElimination()(builder.get())
