@@ -1040,16 +1040,17 @@ def test_layers_are_timed_only_where_samples_feed_every_cluster(monkeypatch, bat
 
 
 def test_a_stitched_depthwise_conv_on_the_vector_units_computes_and_is_counted_there(rng):
-    """A depthwise 3 x 3 conv + ReLU, then a 1 x 1 conv, at batch 8 (timed in place: two samples a
+    """A depthwise 3 x 3 conv + ReLU, then a 3 x 3 conv, at batch 8 (timed in place: two samples a
     cluster): the depthwise layer is faster on the vector units (``tiling.lower_timed``), so
     ``StitchInfo.on_vector`` names it; the offload counts its MACs as the vector units', the MME
-    executes exactly the 1 x 1 conv's, and the model computes what llvm does."""
+    executes exactly the other conv's, and the model computes what llvm does. (A 1 x 1 conv after
+    it would take the depthwise conv into its own kernel: ``kernelgen.blocks``.)"""
     op = relax.op
-    mod = relax_graph([(8, 32, 28, 28), (32, 1, 3, 3), (64, 32, 1, 1)],
-                      lambda x, w, p: op.nn.conv2d(op.nn.relu(op.nn.conv2d(x, w, padding=1, groups=32)), p))
+    mod = relax_graph([(8, 32, 28, 28), (32, 1, 3, 3), (64, 32, 3, 3)],
+                      lambda x, w, p: op.nn.conv2d(op.nn.relu(op.nn.conv2d(x, w, padding=1, groups=32)), p, padding=1))
     result = _weights_bound_run_as_llvm(mod, rng, 0.3)
     (info,) = result.stitched.values()
-    depthwise, pointwise = 8 * 32 * 28 * 28 * 9, 8 * 64 * 32 * 28 * 28
+    depthwise, pointwise = 8 * 32 * 28 * 28 * 9, 8 * 64 * 32 * 28 * 28 * 9
     assert len(info.on_vector) == 1 and result.vector_macs == depthwise
     assert result.dsa_macs == depthwise + pointwise
     report = tvm_dsa.last_report()
