@@ -234,6 +234,11 @@ REGRESSIONS = {
     # Concat(x + Relu(x), x, x), BatchNorm, ConvTranspose, pools, Gemm: under set, a layer's tiles
     # from its intra-layer partition left their region, and the whole tree ran layer by layer
     "random_graph_77": functools.partial(random_graph, 77, "any"),
+    # a kernel (multiply, concatenate, sigmoid, subtract) whose producer is computed on its
+    # consumer's padded window: the load of a parameter past its edge was refused ("access to x
+    # leaves its region") and the kernel ran on the host under layerwise and graphturbo; the part
+    # outside is now zero-filled (``kernel.ir._Reader.guard``)
+    "random_graph_1154": functools.partial(random_graph, 1154, "any"),
 }
 
 #: regression -> (the schedules under which it falls back now, why)

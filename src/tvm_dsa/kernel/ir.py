@@ -458,11 +458,15 @@ class _Reader:
             return out
 
         store = block.body
-        guard = self.guard(realize, block.name_hint, loop_vars, position, store.buffer.scope() == LB_SCOPE)
+        guard, inside = self.guard(realize, block.name_hint, loop_vars, position, store.buffer.scope() == LB_SCOPE)
         dst = access(store.buffer, list(store.indices))
         shape = tuple(e for _, e in inner) or (1,)
         if not inner:
             dst = replace(dst, inner=tuple((0,) for _ in dst.inner))
+        if inside and op == "dma" and isinstance(store.value, Load) and store.value.source.scope() != LB_SCOPE:
+            # a load of a parameter into a box that reaches past its edge (a producer computed on
+            # a consumer's padded window): the part outside is zero, never read as data
+            return Stage(block.name_hint, op, shape, dst, Select(inside, value(store.value), Const(0.0)), guard=guard)
         if op in ("mme", "reduce"):
             if op == "mme":
                 val = tuple(value(ld) for ld in contraction(block))
@@ -472,26 +476,33 @@ class _Reader:
                          guard=guard)
         return Stage(block.name_hint, op, shape, dst, value(store.value), guard=guard)
 
-    def guard(self, realize, name, loop_vars, position, lb: bool) -> tuple[Bound, ...]:
-        """The block predicate as bounds on the tile loops. A predicate on the stage's own loops
-        (a partial tile) is dropped where the stage writes an LB buffer, so it computes its whole
-        box: ``compute_at`` clips a producer's region to its buffer where the consumer reads past
-        the edge under a guard (a pooling's padding reads a convolution's rows -1 and H at the
-        borders), and the clipped elements are never read; a load of a parameter outside its
-        bounds is still refused by the codegen. Elsewhere it is not supported."""
+    def guard(self, realize, name, loop_vars, position, lb: bool) -> tuple[tuple[Bound, ...], tuple[Bound, ...]]:
+        """The block predicate as (bounds on the tile loops, bounds on the stage's own loops). A
+        stage guarded by the first runs only in the tiles where they hold. The second (a partial
+        tile) is allowed where the stage writes an LB buffer, which then computes its whole box:
+        ``compute_at`` clips a producer's region to its buffer where the consumer reads past the
+        edge under a guard (a pooling's padding reads a convolution's rows -1 and H at the
+        borders), and the clipped elements are never read; a load of a parameter keeps them to
+        read inside it (``stage``). Elsewhere it is not supported."""
         pred = realize.predicate
         if isinstance(pred, tirx.IntImm) and pred.value:
-            return ()
-        out = []
+            return (), ()
+        out, inside = [], []
         for c in _conjuncts(pred):
             for op, diff in _comparisons(c, name):
                 coeffs, const = linear_form(diff, loop_vars)
+                outer = tuple((self.slot_of[v], k) for v, k in coeffs.items() if v not in position)
                 if any(v in position for v in coeffs):
-                    if lb:
-                        continue
-                    raise Unsupported(f"stage {name}: predicate {c} bounds the stage's own loops (a partial tile)")
-                out.append(Bound(op, const, tuple((self.slot_of[v], k) for v, k in coeffs.items()), ()))
-        return tuple(out)
+                    if not lb:
+                        raise Unsupported(f"stage {name}: predicate {c} bounds the stage's own loops (a partial tile)")
+                    row = [0] * len(position)
+                    for v, k in coeffs.items():
+                        if v in position:
+                            row[position[v]] = k
+                    inside.append(Bound(op, const, outer, tuple(row)))
+                    continue
+                out.append(Bound(op, const, outer, ()))
+        return tuple(out), tuple(inside)
 
 
 def _split_form(reader: _Reader, expr, realize, inner, position):
