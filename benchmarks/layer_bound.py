@@ -29,7 +29,7 @@ import math
 import numpy as np
 from onnx import numpy_helper, shape_inference
 
-from graphturbo import _table, load_workload
+from graphturbo import WORKLOADS, _table, load_workload
 from tvm_dsa import hardware
 
 
@@ -83,7 +83,7 @@ def bound(convs: list[dict], hw, fuse: int) -> float:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--models", nargs="+", default=["mobilenet_v2"])
+    ap.add_argument("--models", nargs="+", choices=sorted(WORKLOADS), default=["mobilenet_v2"])
     ap.add_argument("--batch", type=int, default=8)
     ap.add_argument("--target", default="dsa/stcp920")
     ap.add_argument("--tiny", action="store_true")

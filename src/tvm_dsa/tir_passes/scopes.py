@@ -16,8 +16,8 @@ from tvm import s_tir
 from tvm.s_tir import SBlockRealize
 
 from tvm_dsa.kernel.analysis import (
-    REDUCE_ITER, Unsupported, classify, sch_cache_read, sch_cache_write, sch_compute_at, sch_decompose_reduction, sch_get,
-    sch_get_sblock, sch_loops, sch_reverse_compute_at, sch_set_scope
+    REDUCE_ITER, Unsupported, classify, sch_cache_read, sch_cache_write, sch_compute_at, sch_decompose_reduction,
+    sch_get, sch_get_sblock, sch_loops, sch_reverse_compute_at, sch_set_scope
 )
 from tvm_dsa.tir_passes.tile import leaf_blocks
 from tvm_dsa.kernel.attrs import COPY_EACH, LB_SCOPE
