@@ -99,7 +99,8 @@ def _prepared(func: tirx.PrimFunc, hw: Hardware) -> tirx.PrimFunc:
         store = block.body
         if classify(block).kind == "copy" and isinstance(store.value, Load) \
                 and not any(store.value.source.same_as(p) for p in params) \
-                and list(map(str, store.value.indices)) == list(map(str, store.indices)):
+                and len(store.value.indices) == len(store.indices) \
+                and all(a.same_as(b) for a, b in zip(store.value.indices, store.indices)):
             sch.compute_inline(block_rv)
     if hw.mme.accum_dtype.startswith("float"):
         idx, kinds = find_anchor(sch)

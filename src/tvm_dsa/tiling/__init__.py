@@ -104,8 +104,12 @@ def _lower_aligned(func, hw, lb_bytes: int | None, parallel: bool, simplify: boo
     info = anchor_info(func, simplify if aligned is None else aligned)
     if simplify:
         func = simplify_indices(func)
-    orders = ((True, False),) if info.producers else \
-        ((False, False), (True, False)) + (((True, True),) if on_chip else ()) if "N" in info.roles else ((False, False),)
+    if info.producers:
+        orders = ((True, False),)
+    elif "N" in info.roles:
+        orders = ((False, False), (True, False)) + (((True, True),) if on_chip else ())
+    else:
+        orders = ((False, False),)
     chosen = []
     for reuse, keep_n in orders:
         try:
