@@ -112,3 +112,30 @@ def test_bad_input_exits_2_with_one_line(case, expected, tmp_path, capsys):
     assert captured.err.count("\n") == 1
     if case == "float_on_int8":
         assert "set-edge16-fp16" in captured.err
+
+
+def _chip_file(tmp_path, name: str, **changes) -> str:
+    """stcp920's description as ``<name>.json``, renamed ``name``, with ``changes``."""
+    from tvm_dsa import hardware
+
+    path = tmp_path / f"{name}.json"
+    path.write_text(json.dumps(hardware.get("stcp920").to_dict() | {"name": name} | changes))
+    return str(path)
+
+
+@pytest.mark.parametrize("case, expected", [
+    ("not_a_table", "the top level must be a table of fields, got list [1, 2]"),
+    ("lb_over_gb", "field 'lb_bytes' = 16,777,216 is larger than the GB, 'gb_bytes' = 8,388,608"),
+    ("lanes", "field 'vme_lanes' = 1,000,000,000,000 is not plausible: at most 16,384"),
+])
+def test_hw_names_what_is_off_in_a_file_in_one_line(case, expected, tmp_path, capsys):
+    if case == "not_a_table":
+        path = tmp_path / "list.json"
+        path.write_text("[1, 2]")
+    else:
+        path = _chip_file(tmp_path, case, **{"lb_over_gb": {"lb_bytes": 16 << 20}, "lanes": {"vme_lanes": 10**12}}[case])
+    assert main(["hw", str(path)]) == 2
+    captured = capsys.readouterr()
+    assert captured.out == ""
+    assert captured.err.startswith(f"tvm-dsa: error: hardware file '{path}': {expected}")
+    assert captured.err.count("\n") == 1

@@ -52,3 +52,14 @@ def test_hardware_format_names_every_field_and_its_example_is_the_preset():
             assert f"`{f.name}`" in text, f"docs/hardware-format.md does not describe {cls.__name__}.{f.name}"
     (example,) = _blocks("hardware-format.md", "toml")
     assert hardware.Hardware.from_dict(tomllib.loads(example)) == hardware.get("stcp920")
+
+
+def test_hardware_format_states_the_plausible_bounds():
+    """Each bound of ``hardware.LIMITS`` is in the table of "Plausible values", on its field's row."""
+    section = (DOCS / "hardware-format.md").read_text().split("## Plausible values", 1)[1].split("\n## ", 1)[0]
+    rows = [line.split("|")[1:3] for line in section.splitlines() if line.startswith("| `") or line.startswith("| the")]
+    for name, limit in hardware.LIMITS.items():
+        key = "[energy]" if name.startswith("energy.") else f"`{name}`"
+        (bound,) = [bound for what, bound in rows if key in what.split(" (")[0]]
+        assert bound.strip().startswith(f"{limit:,}"), (name, bound)
+    assert f"at least {hardware.model.MIN_CLOCK_HZ:,.0f}" in section

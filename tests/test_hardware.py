@@ -1,6 +1,8 @@
 """Hardware model: presets, derived values, validation errors, target tags."""
 
+import dataclasses
 import json
+import re
 
 import pytest
 import tvm
@@ -72,3 +74,71 @@ def test_user_chip_registers_a_tag(tmp_path):
     hw = tvm_dsa.hardware.register(_write(tmp_path, lb_bytes=128 * 1024))
     assert hw.lb_bytes == 128 * 1024
     assert tvm_dsa.hardware.from_target(tvm.target.Target("dsa/mine")) == hw
+
+
+ODD_VALUES = [None, "x", [], {}, [1], True, -1, 0, 2.5, float("nan"), float("inf"), 10**400, 10**12, [4, "a"],
+              [-4, -4]]
+
+
+@pytest.mark.parametrize("preset", ["stcp920", "set-edge16"])
+def test_every_odd_value_is_accepted_or_named(preset):
+    """Each field of a bus and of a mesh preset, and each of their [mme] and [energy] fields, set to
+    each odd value: the description is a plausible chip, or one HardwareError names the field;
+    nothing else is raised (a list for `storage_dtype` raised TypeError, a number for `mesh` too)."""
+    base = get(preset).to_dict()
+    paths = [(k,) for k in base] + [(k, sub) for k, v in base.items() if isinstance(v, dict) for sub in v]
+    refused = 0
+    for path in paths:
+        for value in ODD_VALUES:
+            d = json.loads(json.dumps(base))
+            (d if len(path) == 1 else d[path[0]])[path[-1]] = value
+            try:
+                tvm_dsa.hardware.check_plausible(tvm_dsa.Hardware.from_dict(d))
+            except HardwareError as err:
+                refused += 1
+                assert ".".join(path) in str(err) or (path == ("cores_per_cluster",) and "'mesh'" in str(err)), \
+                    (path, value, str(err))
+    assert refused > len(paths) * len(ODD_VALUES) // 2  # most odd values are refused, not all accepted
+
+
+def test_a_top_level_that_is_not_a_table_is_named(tmp_path):
+    path = tmp_path / "chip.json"
+    path.write_text("[1, 2]")
+    with pytest.raises(HardwareError, match=rf"^hardware file '{path}': the top level must be a table of fields, "
+                                            r"got list \[1, 2\]$"):
+        load_file(path)
+
+
+@pytest.mark.parametrize("changes, message", [
+    ({"clusters": 10**9}, "field 'clusters' = 1,000,000,000 is not plausible: at most 1,024"),
+    ({"vme_lanes": 10**12}, "field 'vme_lanes' = 1,000,000,000,000 is not plausible: at most 16,384"),
+    ({"clusters": 16, "cores_per_cluster": 8192},
+     "clusters x cores_per_cluster = 131,072 is not plausible: at most 65,536"),
+    ({"clock_hz": 1.0}, "field 'clock_hz' = 1 is not plausible: at least 1,000,000 (the clock is in Hz)"),
+    ({"lb_bytes": 16 << 20}, "field 'lb_bytes' = 16,777,216 is larger than the GB, 'gb_bytes' = 8,388,608"),
+    ({"energy": {**get("stcp920").to_dict()["energy"], "mac_pj": 5e4}},
+     "field 'energy.mac_pj' = 50,000 is not plausible: at most 1,000"),
+])
+def test_an_implausible_chip_is_refused_naming_the_field(tmp_path, changes, message):
+    with pytest.raises(HardwareError, match=re.escape(f"hardware file '{tmp_path / 'chip.json'}': {message}")):
+        load_file(_write(tmp_path, **changes))
+
+
+@pytest.mark.parametrize("field", ["clusters", "vme_lanes", "ddr_burst_bytes", "kernel_launch_cycles"])
+def test_a_bound_is_the_last_value_accepted(tmp_path, field):
+    limit = tvm_dsa.hardware.LIMITS[field]
+    assert getattr(load_file(_write(tmp_path, **{field: limit})), field) == limit
+    with pytest.raises(HardwareError, match=f"field '{field}' = {limit + 1:,} is not plausible: at most {limit:,}"):
+        load_file(_write(tmp_path, **{field: limit + 1}))
+
+
+def test_presets_are_plausible_and_objects_built_in_python_are_not_checked(tmp_path):
+    """Every preset is within the bounds. A Hardware built in Python need only be one the compiler
+    can use: the spill tests' 1 KiB GB below a 64 KiB LB is built, while the same description in a
+    file is refused."""
+    for name in tvm_dsa.hardware.names():
+        assert tvm_dsa.hardware.check_plausible(get(name)) is get(name)
+    small_gb = dataclasses.replace(get("stcp920"), gb_bytes=1024)
+    assert small_gb.gb_bytes < small_gb.lb_bytes
+    with pytest.raises(HardwareError, match="'lb_bytes' = 65,536 is larger than the GB, 'gb_bytes' = 1,024"):
+        load_file(_write(tmp_path, gb_bytes=1024))

@@ -7,13 +7,15 @@ a global buffer (GB, possibly 0 bytes) and are connected by a bus through the GB
 DDR is shared by the whole chip.
 
 The object is immutable and validated on construction: a bad value raises ``HardwareError`` naming
-the field. Bandwidths are bytes per cycle, energies picojoules.
+the field. A description read from a file or a dict is also checked for plausibility
+(``check_plausible``). Bandwidths are bytes per cycle, energies picojoules.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import math
+import operator
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -148,6 +150,9 @@ class Hardware:
 
     @classmethod
     def from_dict(cls, data: dict[str, Any], source: str = "hardware description") -> "Hardware":
+        if not isinstance(data, dict):
+            raise HardwareError(f"{source}: the top level must be a table of fields, got {type(data).__name__} "
+                                f"{_short(data)}")
         data = dict(data)
         known = {f.name for f in dataclasses.fields(cls)}
         unknown = sorted(set(data) - known)
@@ -165,8 +170,8 @@ class Hardware:
         try:
             data["mme"] = _sub(MME, data["mme"], f"{source}: mme")
             data["energy"] = _sub(Energy, data["energy"], f"{source}: energy")
-            if data.get("mesh") is not None:
-                data["mesh"] = tuple(int(v) for v in data["mesh"])
+            if isinstance(data.get("mesh"), list):
+                data["mesh"] = tuple(data["mesh"])
             return cls(**data)
         except HardwareError as err:
             if str(err).startswith(source):
@@ -178,7 +183,7 @@ def _sub(cls, value, where: str):
     if isinstance(value, cls):
         return value
     if not isinstance(value, dict):
-        raise HardwareError(f"{where} must be a table, got {value!r}")
+        raise HardwareError(f"{where} must be a table, got {_short(value)}")
     known = {f.name for f in dataclasses.fields(cls)}
     unknown = sorted(set(value) - known)
     if unknown:
@@ -189,13 +194,22 @@ def _sub(cls, value, where: str):
         raise HardwareError(f"{where}: {err}") from None
 
 
-def _positive(hw: Hardware, name: str, value, integer: bool) -> None:
+def _short(value) -> str:
+    """``value`` as a message shows it: its repr, cut to 60 characters."""
+    text = repr(value)
+    return text if len(text) <= 60 else text[:57] + "..."
+
+
+def _number(name: str, value, integer: bool, zero: bool = False) -> None:
+    """``value`` is a finite number (an integer where ``integer``; a bool is neither), positive, or
+    non-negative where ``zero``."""
     if integer and (not isinstance(value, int) or isinstance(value, bool)):
-        raise HardwareError(f"field '{name}' must be an integer, got {value!r}")
-    if not isinstance(value, (int, float)) or isinstance(value, bool) or not math.isfinite(value):
-        raise HardwareError(f"field '{name}' must be a number, got {value!r}")
-    if value <= 0:
-        raise HardwareError(f"field '{name}' must be positive, got {value!r}")
+        raise HardwareError(f"field '{name}' must be an integer, got {_short(value)}")
+    if not isinstance(value, (int, float)) or isinstance(value, bool) or (
+            isinstance(value, float) and not math.isfinite(value)):
+        raise HardwareError(f"field '{name}' must be a number, got {_short(value)}")
+    if value < 0 or (value == 0 and not zero):
+        raise HardwareError(f"field '{name}' must be {'non-negative' if zero else 'positive'}, got {value!r}")
 
 
 def min_lb_bytes(mme: MME, storage_bytes: int, accum_bytes: int) -> int:
@@ -208,57 +222,60 @@ def min_lb_bytes(mme: MME, storage_bytes: int, accum_bytes: int) -> int:
 
 def _validate(hw: Hardware) -> None:
     if not isinstance(hw.name, str) or not hw.name or "/" in hw.name:
-        raise HardwareError(f"field 'name' must be a non-empty string without '/', got {hw.name!r}")
-    for name in ("clusters", "cores_per_cluster", "lb_bytes", "vme_lanes", "vector_lanes",
-                 "kernel_launch_cycles", "ddr_burst_bytes"):
-        if name == "kernel_launch_cycles" and getattr(hw, name) == 0:
-            continue
-        _positive(hw, name, getattr(hw, name), integer=True)
+        raise HardwareError(f"field 'name' must be a non-empty string without '/', got {_short(hw.name)}")
+    if not isinstance(hw.description, str):
+        raise HardwareError(f"field 'description' must be a string, got {_short(hw.description)}")
+    if not isinstance(hw.notes, dict):
+        raise HardwareError(f"field 'notes' must be a table, got {_short(hw.notes)}")
+    for name in ("clusters", "cores_per_cluster", "lb_bytes", "vme_lanes", "vector_lanes", "ddr_burst_bytes"):
+        _number(name, getattr(hw, name), integer=True)
+    for name in ("gb_bytes", "kernel_launch_cycles", "dma_latency_cycles", "vector_latency_cycles"):
+        _number(name, getattr(hw, name), integer=True, zero=True)
     for name in ("clock_hz", "ddr_bytes_per_cycle", "gb_bytes_per_cycle", "lb_bytes_per_cycle"):
-        _positive(hw, name, getattr(hw, name), integer=False)
-    if not isinstance(hw.gb_bytes, int) or hw.gb_bytes < 0:
-        raise HardwareError(f"field 'gb_bytes' must be a non-negative integer, got {hw.gb_bytes!r}")
-    for name in ("dma_latency_cycles", "vector_latency_cycles"):
-        if not isinstance(getattr(hw, name), int) or getattr(hw, name) < 0:
-            raise HardwareError(f"field '{name}' must be a non-negative integer")
+        _number(name, getattr(hw, name), integer=False)
+    _number("noc_link_bytes_per_cycle", hw.noc_link_bytes_per_cycle, integer=False, zero=hw.interconnect != "mesh")
     for name in ("prefetch_dma", "multicast_dma", "dma_run_ahead"):
         if not isinstance(getattr(hw, name), bool):
-            raise HardwareError(f"field '{name}' must be true or false, got {getattr(hw, name)!r}")
+            raise HardwareError(f"field '{name}' must be true or false, got {_short(getattr(hw, name))}")
     if not isinstance(hw.mme, MME):
         raise HardwareError("field 'mme' must be an MME")
-    _positive(hw, "mme.rows", hw.mme.rows, integer=True)
-    _positive(hw, "mme.cols", hw.mme.cols, integer=True)
-    if hw.mme.dtype not in STORAGE_DTYPES:
-        raise HardwareError(f"field 'mme.dtype' must be one of {sorted(STORAGE_DTYPES)}, got {hw.mme.dtype!r}")
+    _number("mme.rows", hw.mme.rows, integer=True)
+    _number("mme.cols", hw.mme.cols, integer=True)
+    _number("mme.pipeline_cycles", hw.mme.pipeline_cycles, integer=True, zero=True)
+    if not isinstance(hw.mme.dtype, str) or hw.mme.dtype not in STORAGE_DTYPES:
+        raise HardwareError(f"field 'mme.dtype' must be one of {sorted(STORAGE_DTYPES)}, got {_short(hw.mme.dtype)}")
     if hw.mme.accum_dtype not in ("float32", "int32"):
-        raise HardwareError(f"field 'mme.accum_dtype' must be float32 or int32, got {hw.mme.accum_dtype!r}")
+        raise HardwareError(f"field 'mme.accum_dtype' must be float32 or int32, got {_short(hw.mme.accum_dtype)}")
     _validate_dataflow(hw.mme)
-    if hw.storage_dtype not in STORAGE_DTYPES:
+    if not isinstance(hw.storage_dtype, str) or hw.storage_dtype not in STORAGE_DTYPES:
         raise HardwareError(
-            f"field 'storage_dtype' must be one of {sorted(STORAGE_DTYPES)}, got {hw.storage_dtype!r}"
+            f"field 'storage_dtype' must be one of {sorted(STORAGE_DTYPES)}, got {_short(hw.storage_dtype)}"
         )
+    if not isinstance(hw.energy, Energy):
+        raise HardwareError("field 'energy' must be an Energy")
     for f in dataclasses.fields(Energy):
-        v = getattr(hw.energy, f.name)
-        if not isinstance(v, (int, float)) or v < 0:
-            raise HardwareError(f"field 'energy.{f.name}' must be a non-negative number, got {v!r}")
+        _number(f"energy.{f.name}", getattr(hw.energy, f.name), integer=False, zero=True)
     if hw.interconnect not in ("bus", "mesh"):
-        raise HardwareError(f"field 'interconnect' must be 'bus' or 'mesh', got {hw.interconnect!r}")
+        raise HardwareError(f"field 'interconnect' must be 'bus' or 'mesh', got {_short(hw.interconnect)}")
+    mesh = hw.mesh
+    if mesh is not None and not (isinstance(mesh, tuple) and len(mesh) == 2 and all(
+            isinstance(v, int) and not isinstance(v, bool) and v > 0 for v in mesh)):
+        raise HardwareError(f"field 'mesh' must be [width, height], two positive integers, got {_short(mesh)}")
     if hw.interconnect == "mesh":
-        if hw.mesh is None or len(hw.mesh) != 2:
+        if mesh is None:
             raise HardwareError("field 'mesh' must be [width, height] when interconnect is 'mesh'")
-        if hw.mesh[0] * hw.mesh[1] != hw.cores_per_cluster:
+        if mesh[0] * mesh[1] != hw.cores_per_cluster:
             raise HardwareError(
-                f"field 'mesh' {list(hw.mesh)} has {hw.mesh[0] * hw.mesh[1]} nodes but "
+                f"field 'mesh' {list(mesh)} has {mesh[0] * mesh[1]} nodes but "
                 f"cores_per_cluster is {hw.cores_per_cluster}"
             )
-        _positive(hw, "noc_link_bytes_per_cycle", hw.noc_link_bytes_per_cycle, integer=False)
     elif hw.gb_bytes == 0 and hw.cores_per_cluster > 1:
         raise HardwareError("field 'gb_bytes' is 0 but interconnect 'bus' goes through the GB; use a mesh")
     need = min_lb_bytes(hw.mme, STORAGE_DTYPES[hw.storage_dtype], np.dtype(hw.mme.accum_dtype).itemsize)
     if hw.lb_bytes < need:
         raise HardwareError(
-            f"field 'lb_bytes' = {hw.lb_bytes} is too small for the smallest MME tile of a "
-            f"{hw.mme.rows}x{hw.mme.cols} array: needs at least {need} bytes"
+            f"field 'lb_bytes' = {hw.lb_bytes} is too small for the smallest MME tile of a {_short(hw.mme.rows)}"
+            f"x{_short(hw.mme.cols)} array (mme.rows x mme.cols): needs at least {_short(need)} bytes"
         )
 
 
@@ -267,12 +284,64 @@ def _validate_dataflow(mme: MME) -> None:
     # Imported here: the dataflow package imports this module.
 
     if mme.model not in MME_MODELS:
-        raise HardwareError(f"field 'mme.model' must be one of {list(MME_MODELS)}, got {mme.model!r}")
-    try:
-        interconnect(mme.interconnect, 2)
-    except NotationError:
+        raise HardwareError(f"field 'mme.model' must be one of {list(MME_MODELS)}, got {_short(mme.model)}")
+    known = isinstance(mme.interconnect, str)
+    if known:
+        try:
+            interconnect(mme.interconnect, 2)
+        except NotationError:
+            known = False
+    if not known:
         raise HardwareError(f"field 'mme.interconnect' must be one of {list(INTERCONNECTS)} (K a positive "
-                            f"integer), got {mme.interconnect!r}") from None
+                            f"integer), got {_short(mme.interconnect)}")
     kinds = list(standard_names(BENCHMARKS["gemm"]))
     if mme.dataflow not in kinds:
-        raise HardwareError(f"field 'mme.dataflow' must be one of {kinds}, got {mme.dataflow!r}")
+        raise HardwareError(f"field 'mme.dataflow' must be one of {kinds}, got {_short(mme.dataflow)}")
+
+
+# How far a plausible chip goes (docs/hardware-format.md, "Plausible values"): each bound is far beyond the
+# presets and the accelerators they model, so a description past one holds a slip (of a unit, of digits),
+# not a chip, on which the compiler and the simulator would spend their memory and time. Dotted names are
+# fields of [mme] and [energy]; "cores" and "peak_macs_per_cycle" are the chip's totals.
+LIMITS: dict[str, int | float] = {
+    "clusters": 1024, "cores_per_cluster": 16384, "cores": 65536,
+    "mme.rows": 1024, "mme.cols": 1024, "peak_macs_per_cycle": 1 << 26,
+    "vme_lanes": 16384, "vector_lanes": 16384,
+    "lb_bytes": 1 << 30, "gb_bytes": 1 << 32,
+    "clock_hz": 10**10,
+    "ddr_bytes_per_cycle": 65536, "gb_bytes_per_cycle": 65536, "lb_bytes_per_cycle": 65536,
+    "noc_link_bytes_per_cycle": 65536, "ddr_burst_bytes": 4096,
+    "kernel_launch_cycles": 10**6, "dma_latency_cycles": 10**6, "vector_latency_cycles": 10**6,
+    "mme.pipeline_cycles": 10**6,
+    **{f"energy.{f.name}": 1000 for f in dataclasses.fields(Energy)},
+}
+MIN_CLOCK_HZ = 1e6  # a slower clock is a value given in MHz or GHz
+_TOTALS = {"cores": "clusters x cores_per_cluster",
+           "peak_macs_per_cycle": "the peak MACs per cycle (cores x mme.rows x mme.cols)"}
+
+
+def check_plausible(hw: Hardware, source: str = "hardware description") -> Hardware:
+    """``hw`` if a chip could be so: within ``LIMITS``, a clock of at least ``MIN_CLOCK_HZ``, an LB
+    no larger than its GB; else a ``HardwareError`` naming ``source``, the field and the bound.
+    Descriptions read from a file or a dict are checked (``registry.load_file``, ``registry.register``);
+    a ``Hardware`` built in Python need only be one the compiler can use, so tests build odd chips on
+    purpose (a 1 KiB GB below a 64 KiB LB, to make a stitched kernel spill)."""
+    for name, limit in LIMITS.items():
+        value = operator.attrgetter(name)(hw)
+        if value > limit:
+            what = _TOTALS.get(name, f"field '{name}'")
+            raise HardwareError(f"{source}: {what} = {_amount(value)} is not plausible: at most {_amount(limit)} "
+                                "(docs/hardware-format.md, \"Plausible values\")")
+    if hw.clock_hz < MIN_CLOCK_HZ:
+        raise HardwareError(f"{source}: field 'clock_hz' = {_amount(hw.clock_hz)} is not plausible: at least "
+                            f"{_amount(MIN_CLOCK_HZ)} (the clock is in Hz)")
+    if 0 < hw.gb_bytes < hw.lb_bytes:
+        raise HardwareError(f"{source}: field 'lb_bytes' = {hw.lb_bytes:,} is larger than the GB, 'gb_bytes' = "
+                            f"{hw.gb_bytes:,}: a cluster's GB, which its cores share, is the level above their LBs")
+    return hw
+
+
+def _amount(value: int | float) -> str:
+    """``value`` with thousands separators (a whole float as an integer)."""
+    whole = isinstance(value, int) or (value.is_integer() and abs(value) < 1e18)
+    return f"{int(value):,}" if whole else f"{value:,g}"

@@ -10,23 +10,25 @@ import tomllib
 from pathlib import Path
 
 from tvm_dsa import tags
-from tvm_dsa.hardware.model import Hardware, HardwareError
+from tvm_dsa.hardware.model import Hardware, HardwareError, check_plausible
 from tvm_dsa.tags import DEFAULT
 
 _REGISTRY: dict[str, Hardware] = {}
 
 
 def load_file(path: str | Path) -> Hardware:
-    """Read a hardware description from a ``.toml`` or ``.json`` file and validate it."""
+    """Read a hardware description from a ``.toml`` or ``.json`` file; validate it and check that it is
+    plausible (``check_plausible``)."""
     path = Path(path)
     if not path.is_file():
         raise HardwareError(f"hardware file {str(path)!r} does not exist")
-    text = path.read_text()
     try:
+        text = path.read_text()
         data = json.loads(text) if path.suffix == ".json" else tomllib.loads(text)
-    except (json.JSONDecodeError, tomllib.TOMLDecodeError) as err:
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError, tomllib.TOMLDecodeError) as err:
         raise HardwareError(f"hardware file {str(path)!r} is not valid {path.suffix[1:] or 'toml'}: {err}") from None
-    return Hardware.from_dict(data, source=f"hardware file {str(path)!r}")
+    source = f"hardware file {str(path)!r}"
+    return check_plausible(Hardware.from_dict(data, source=source), source)
 
 
 def _chips() -> dict[str, Hardware]:
@@ -43,11 +45,12 @@ def _chips() -> dict[str, Hardware]:
 
 
 def register(hw: Hardware | dict | str | Path, *, override: bool = False) -> Hardware:
-    """Register a chip (object, dict, or file) and its target tag ``dsa/<name>``."""
+    """Register a chip (object, dict, or file) and its target tag ``dsa/<name>``. A dict or a file is
+    checked for plausibility too (``check_plausible``); an object is taken as built."""
     if isinstance(hw, (str, Path)):
         hw = load_file(hw)
     elif isinstance(hw, dict):
-        hw = Hardware.from_dict(hw)
+        hw = check_plausible(Hardware.from_dict(hw))
     elif not isinstance(hw, Hardware):
         raise HardwareError(f"cannot register {type(hw).__name__}: expected Hardware, dict or file path")
     chips = _chips()
