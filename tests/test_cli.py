@@ -5,6 +5,7 @@ import json
 import numpy as np
 import pytest
 
+from tvm_dsa import hardware
 from tvm_dsa.cli import main
 from tvm_dsa.models import TINY, get_model, macs
 
@@ -114,12 +115,10 @@ def test_bad_input_exits_2_with_one_line(case, expected, tmp_path, capsys):
         assert "set-edge16-fp16" in captured.err
 
 
-def _chip_file(tmp_path, name: str, **changes) -> str:
-    """stcp920's description as ``<name>.json``, renamed ``name``, with ``changes``."""
-    from tvm_dsa import hardware
-
+def _chip_file(tmp_path, name: str, preset: str = "stcp920", **changes) -> str:
+    """``preset``'s description as ``<name>.json``, renamed ``name``, with ``changes``."""
     path = tmp_path / f"{name}.json"
-    path.write_text(json.dumps(hardware.get("stcp920").to_dict() | {"name": name} | changes))
+    path.write_text(json.dumps(hardware.get(preset).to_dict() | {"name": name} | changes))
     return str(path)
 
 
@@ -139,3 +138,55 @@ def test_hw_names_what_is_off_in_a_file_in_one_line(case, expected, tmp_path, ca
     assert captured.out == ""
     assert captured.err.startswith(f"tvm-dsa: error: hardware file '{path}': {expected}")
     assert captured.err.count("\n") == 1
+
+
+HALF_CLOCK = 0.5e9  # the file chips' clock: stcp920's is 1 GHz, so a report's time shows which chip ran
+
+
+@pytest.mark.parametrize("command", ["run", "compare", "trace", "tune", "explore", "dataflow"])
+def test_a_hardware_file_works_wherever_a_preset_name_does(command, conv_onnx, tmp_path, capsys):
+    """Each command taking --target runs on the chip a hardware file describes, under its tag:
+    its name in the output, its clock in the times."""
+    preset = "set-edge16-fp16" if command == "explore" else "stcp920"  # SET's search needs a mesh
+    chip = f"file-{preset}"
+    path = _chip_file(tmp_path, chip, preset, clock_hz=HALF_CLOCK)
+    model = conv_onnx[0]
+    argv = {
+        "run": ["run", model, "--timing-only"],
+        "compare": ["compare", model, "--target", "stcp920"],  # a preset's bare name is a target too
+        "trace": ["trace", model, "-o", str(tmp_path / "trace.json")],
+        "tune": ["tune", model, "--trials", "1", "--per-iter", "1", "--work-dir", str(tmp_path / "tune")],
+        "explore": ["explore", model, "--beta", "1"],
+        "dataflow": ["dataflow", "--model", model],
+    }[command]
+    assert main([*argv, "--target", path, "--json"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    if command == "run":
+        assert out["target"] == f"dsa/{chip}" and out["report"]["hardware"] == chip
+        assert out["report"]["seconds"] == pytest.approx(out["report"]["cycles"] / HALF_CLOCK)
+    elif command == "compare":
+        assert [r["target"] for r in out["runs"]] == ["dsa/stcp920", f"dsa/{chip}"]
+        assert [r["seconds"] * clock for r, clock in zip(out["runs"], (1e9, HALF_CLOCK))] == \
+            pytest.approx([r["cycles"] for r in out["runs"]])
+    elif command == "trace":  # the trace's time axis is in microseconds of the file chip's clock
+        events = json.loads((tmp_path / "trace.json").read_text())["traceEvents"]
+        end = max(e["ts"] + e["dur"] for e in events if e.get("ph") == "X")
+        assert end == pytest.approx(out["cycles"] / HALF_CLOCK * 1e6, rel=1e-3)
+    elif command == "tune":
+        assert out["target"] == chip and [t["trials"] for t in out["tasks"]] == [1]
+    elif command == "explore":
+        assert out["target"] == f"dsa/{chip}"
+        assert all(s["seconds"] == pytest.approx(s["latency_cycles"] / HALF_CLOCK) for s in out["schemes"])
+    else:
+        assert out["head"].startswith(f"{model} on dsa/{chip}: ")
+
+
+def test_a_bad_hardware_file_as_target_exits_2_with_one_line(tmp_path, capsys):
+    missing = tmp_path / "absent.toml"
+    implausible = _chip_file(tmp_path, "ten-ghz-lanes", vme_lanes=10**12)
+    for target, expected in ((str(missing), f"hardware file '{missing}' does not exist"),
+                             (implausible, "field 'vme_lanes' = 1,000,000,000,000 is not plausible")):
+        assert main(["compare", "resnet18", "--tiny", "--target", "dsa/stcp920", "--target", target]) == 2
+        captured = capsys.readouterr()
+        assert captured.out == "" and captured.err.count("\n") == 1
+        assert captured.err.startswith("tvm-dsa: error: ") and expected in captured.err

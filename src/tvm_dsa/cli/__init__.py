@@ -2,6 +2,7 @@
 
     tvm-dsa run resnet18 --tiny                   # compile, simulate, check against llvm, report
     tvm-dsa run model.onnx --target dsa/set-edge16 --timing-only --trace trace.json
+    tvm-dsa run resnet18 --tiny --target my-chip.toml   # a hardware file wherever a preset's name goes
     tvm-dsa compare resnet18 --tiny --target dsa/stcp920 --target dsa/set-edge16 --schedule graphturbo
     tvm-dsa trace resnet18 --tiny -o trace.json --gantt run.png   # Perfetto trace, per-unit summary
     tvm-dsa tune resnet50 --tiny --trials 64 --work-dir tuned     # meta-schedule on the simulator
@@ -20,6 +21,7 @@ import json
 import sys
 from pathlib import Path
 
+from tvm_dsa import hardware
 from tvm_dsa.cli import dataflow as dataflow_command
 from tvm_dsa.cli.args import positive_int
 from tvm_dsa.harness import (
@@ -100,7 +102,7 @@ def parser() -> argparse.ArgumentParser:
     sub = p.add_subparsers(dest="command", required=True)
     run = sub.add_parser("run", help="compile a model for the DSA, simulate it, check it against llvm, report")
     run.add_argument("model", help=f"an .onnx file or a built-in model: {', '.join(MODELS)}")
-    run.add_argument("--target", default="dsa/stcp920", help="DSA preset (default dsa/stcp920; see `tvm-dsa hw`)")
+    run.add_argument("--target", default="dsa/stcp920", help="a DSA preset (default dsa/stcp920; see `tvm-dsa hw`) or a hardware file (.toml/.json)")
     run.add_argument("--tiny", action="store_true", help="the built-in model's small configuration")
     run.add_argument("--batch", type=positive_int, help="batch size of a built-in model")
     run.add_argument("--timing-only", action="store_true",
@@ -119,9 +121,23 @@ def parser() -> argparse.ArgumentParser:
     return p
 
 
+def _resolve_targets(args: argparse.Namespace) -> None:
+    """Each ``--target`` as its chip's tag, ``dsa/<name>``, so that a hardware file works wherever a
+    preset's name does: its chip is registered (``hardware.tag``)."""
+    targets = getattr(args, "target", None)
+    try:
+        if isinstance(targets, list):
+            args.target = [hardware.tag(t) for t in targets]
+        elif targets is not None:
+            args.target = hardware.tag(targets)
+    except hardware.HardwareError as err:
+        raise InputError(str(err)) from None
+
+
 def main(argv: list[str] | None = None) -> int:
     args = parser().parse_args(argv)
     try:
+        _resolve_targets(args)
         return args.func(args)
     except InputError as err:
         print(f"tvm-dsa: error: {err}", file=sys.stderr)

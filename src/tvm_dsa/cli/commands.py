@@ -226,7 +226,7 @@ def _add_tune_parser(sub) -> None:
                                    "search, XGBoost cost model), each candidate measured as its simulated time; the "
                                    "records go to a JSON database in --work-dir (docs/tuning.md).")
     _model_args(p)
-    p.add_argument("--target", default="dsa/stcp920", help="DSA preset (default dsa/stcp920)")
+    p.add_argument("--target", default="dsa/stcp920", help="a DSA preset (default dsa/stcp920) or a hardware file")
     p.add_argument("--trials", type=positive_int, default=64, help="measured candidates in all (default 64)")
     p.add_argument("--per-iter", type=positive_int, default=16, help="candidates per search round (default 16)")
     p.add_argument("--work-dir", default="tune", help="where the JSON database goes (default ./tune)")
@@ -239,7 +239,7 @@ def _hw(args) -> int:
     if args.chip is None:
         return _presets(args.json)
     source = "preset"
-    if args.chip.endswith((".toml", ".json")) or Path(args.chip).is_file():
+    if hardware.is_file(args.chip):
         try:
             hw = hardware.load_file(args.chip)
         except hardware.HardwareError as err:
@@ -290,7 +290,7 @@ def add_parsers(sub) -> None:
                                          "simulate each in timing-only mode, and print one table (speedup against "
                                          "the first row).")
     _model_args(compare)
-    compare.add_argument("--target", action="append", help="a DSA preset; repeat to compare (default dsa/stcp920)")
+    compare.add_argument("--target", action="append", help="a DSA preset or a hardware file; repeat to compare (default dsa/stcp920)")
     compare.add_argument("--schedule", action="append", choices=SCHEDULES, help="repeat to compare (default auto: the compiler's choice)")
     compare.add_argument("--database", help="a `tvm-dsa tune` work_dir: adds the build with its records")
     compare.add_argument("--no-records", action="store_true",
@@ -305,7 +305,7 @@ def add_parsers(sub) -> None:
     trace.add_argument("--gantt", metavar="PNG_OR_SVG", help="also draw a per-unit Gantt chart")
     trace.add_argument("--lifetimes", metavar="PNG_OR_SVG",
                        help="with --schedule graphturbo: draw each stitched kernel's tensor lifetimes in LB/GB")
-    trace.add_argument("--target", default="dsa/stcp920", help="DSA preset (default dsa/stcp920)")
+    trace.add_argument("--target", default="dsa/stcp920", help="a DSA preset (default dsa/stcp920) or a hardware file")
     trace.add_argument("--schedule", default="auto", choices=SCHEDULES)
     trace.set_defaults(func=_trace)
     hw = sub.add_parser("hw", help="list the DSA presets, or validate and show one chip or hardware file",

@@ -1,6 +1,7 @@
 """Named chips: the shipped presets and user registrations, each with its TVM target tag
 (``tvm_dsa.tags``: ``dsa/<name>``, whose ``model`` names the chip looked up here). ``dsa`` alone
-means the default preset, ``stcp920``.
+means the default preset, ``stcp920``. Where a target is named, a hardware file may be too
+(``chip``, ``tag``): its chip is registered.
 """
 
 from __future__ import annotations
@@ -65,13 +66,33 @@ def names() -> list[str]:
     return sorted(_chips())
 
 
+def _key(name: str) -> str:
+    """The registry's key for ``name``: ``dsa`` is the default chip, a ``dsa/`` prefix is dropped."""
+    return (name[4:] if name.startswith("dsa/") else ("" if name == "dsa" else name)) or DEFAULT
+
+
 def get(name: str) -> Hardware:
     """The chip called ``name`` (``dsa/`` prefix allowed); a clear error for unknown names."""
-    key = name[4:] if name.startswith("dsa/") else ("" if name == "dsa" else name)
-    key = key or DEFAULT
-    if key not in _chips():
+    if _key(name) not in _chips():
         raise HardwareError(f"unknown DSA preset {name!r}; known: {', '.join(names())}")
-    return _REGISTRY[key]
+    return _REGISTRY[_key(name)]
+
+
+def is_file(target: str) -> bool:
+    """Whether ``target`` names a hardware file rather than a registered chip: it ends in ``.toml``
+    or ``.json``, or it is an existing file and no chip is so called."""
+    return target.endswith((".toml", ".json")) or (Path(target).is_file() and _key(target) not in _chips())
+
+
+def chip(target: str) -> Hardware:
+    """The chip ``target`` names: a registered one (``dsa``, ``dsa/<name>``, ``<name>``), or the one a
+    hardware file describes, registered here (``register``) so that its tag names it from then on."""
+    return register(target) if is_file(target) else get(target)
+
+
+def tag(target: str) -> str:
+    """The TVM target tag, ``dsa/<name>``, of the chip ``target`` names (``chip``)."""
+    return f"dsa/{chip(target).name}"
 
 
 def from_target(target=None) -> Hardware:
@@ -90,8 +111,8 @@ def from_target(target=None) -> Hardware:
 
 
 def make_target(name: str):
-    """``tvm.target.Target`` for ``dsa``/``dsa/<chip>``, with a clear error for unknown chips."""
+    """``tvm.target.Target`` for ``dsa``, ``dsa/<chip>`` or a hardware file (``chip``), with a clear
+    error for unknown chips."""
     import tvm
 
-    get(name)  # raises with the known names
-    return tvm.target.Target(name)
+    return tvm.target.Target(tag(name))
