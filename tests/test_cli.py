@@ -7,6 +7,7 @@ import pytest
 
 from tvm_dsa import hardware
 from tvm_dsa.cli import main
+from tvm_dsa.harness import Compiled
 from tvm_dsa.models import TINY, get_model, macs
 
 
@@ -94,6 +95,7 @@ def test_hw_lists_the_presets(capsys):
     ("unknown_target", "unknown DSA preset 'dsa/nope'"),
     ("float_on_int8", "--timing-only"),
     ("set_on_a_bus", "schedule 'set' runs on a mesh of tiles; dsa/stcp920 has a bus"),
+    ("set_search_on_a_bus", "SET's search runs on a mesh of tiles; dsa/stcp920 has a bus"),
 ])
 def test_bad_input_exits_2_with_one_line(case, expected, tmp_path, capsys):
     garbage = tmp_path / "garbage.onnx"
@@ -105,6 +107,7 @@ def test_bad_input_exits_2_with_one_line(case, expected, tmp_path, capsys):
         "unknown_target": ["run", "resnet18", "--tiny", "--target", "dsa/nope"],
         "float_on_int8": ["run", "resnet18", "--tiny", "--target", "dsa/set-edge16"],
         "set_on_a_bus": ["compare", "resnet18", "--tiny", "--schedule", "set"],
+        "set_search_on_a_bus": ["explore", "resnet18", "--tiny", "--target", "stcp920"],
     }[case]
     assert main(argv) == 2
     captured = capsys.readouterr()
@@ -190,3 +193,24 @@ def test_a_bad_hardware_file_as_target_exits_2_with_one_line(tmp_path, capsys):
         captured = capsys.readouterr()
         assert captured.out == "" and captured.err.count("\n") == 1
         assert captured.err.startswith("tvm-dsa: error: ") and expected in captured.err
+
+
+@pytest.mark.parametrize("error, expected", [
+    (MemoryError("Unable to allocate 32.0 GiB for an array with shape (65536, 65536) and data type float64"),
+     "out of memory: Unable to allocate 32.0 GiB for an array with shape (65536, 65536) and data type float64"),
+    (RuntimeError("Traceback (most recent call last):\n  0: tvm::Lower\nInternalError: Check failed: x"),
+     "RuntimeError: InternalError: Check failed: x (TVM_DSA_TRACEBACK=1 prints the traceback)"),
+])
+def test_any_other_failure_exits_2_with_one_line(error, expected, conv_onnx, monkeypatch, capsys):
+    """A failure that is not the input's fault (here raised where the model is compiled) is one
+    line too, exit code 2; TVM_DSA_TRACEBACK=1 lets it through with its traceback."""
+    def fail(*args, **kwargs):
+        raise error
+
+    monkeypatch.setattr(Compiled, "build", fail)
+    assert main(["run", conv_onnx[0]]) == 2
+    captured = capsys.readouterr()
+    assert captured.out == "" and captured.err == f"tvm-dsa: error: {expected}\n"
+    monkeypatch.setenv("TVM_DSA_TRACEBACK", "1")
+    with pytest.raises(type(error)):
+        main(["run", conv_onnx[0]])

@@ -11,13 +11,15 @@
     tvm-dsa dataflow gemm i=64,j=64,k=64          # TENET metrics of the MME's dataflows (seed 003)
 
 Exit codes: 0 success, 1 numerics outside the tolerance (or, with ``--strict``, a kernel whose values
-overflowed the chip's number type), 2 bad input (model, file, target).
+overflowed the chip's number type), 2 bad input (model, file, target) or any other failure, each said
+in one line (``TVM_DSA_TRACEBACK=1``: a failure's traceback instead).
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 from pathlib import Path
 
@@ -25,7 +27,7 @@ from tvm_dsa import hardware
 from tvm_dsa.cli import dataflow as dataflow_command
 from tvm_dsa.cli.args import positive_int
 from tvm_dsa.harness import (
-    Compiled, InputError, check_target, dsa_mac_share, import_onnx, load_model, max_relative_error
+    Compiled, InputError, check_target, dsa_mac_share, import_onnx, load_model, max_relative_error, one_line
 )
 from tvm_dsa.models import MODELS, example_inputs
 from tvm_dsa.runtime import write_trace
@@ -142,6 +144,19 @@ def main(argv: list[str] | None = None) -> int:
     except InputError as err:
         print(f"tvm-dsa: error: {err}", file=sys.stderr)
         return 2
+    except Exception as err:  # noqa: BLE001 - every other failure is one line too
+        if os.environ.get("TVM_DSA_TRACEBACK"):
+            raise
+        print(f"tvm-dsa: error: {_failure(err)}", file=sys.stderr)
+        return 2
+
+
+def _failure(err: Exception) -> str:
+    """One line for a failure that is not the input's fault: out of memory, or the error's kind and
+    its last line (TVM's errors put their traceback first), and how to see where it happened."""
+    if isinstance(err, MemoryError):
+        return "out of memory" + (f": {one_line(err)}" if str(err) else "")
+    return f"{type(err).__name__}: {one_line(err)} (TVM_DSA_TRACEBACK=1 prints the traceback)"
 
 
 if __name__ == "__main__":

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 
+from tvm_dsa.hardware import Hardware
 from tvm_dsa.harness import InputError
 from tvm_dsa.show.plots import check_path
 
@@ -22,3 +23,11 @@ def check_plot_path(path: str) -> None:
         check_path(path)
     except ValueError as err:
         raise InputError(str(err)) from None
+
+
+def check_mesh(target: str, hw: Hardware, what: str) -> None:
+    """An InputError where ``what`` (SET's schedule or search) needs a mesh of tiles and the chip of
+    ``target``, ``hw``, has none."""
+    if hw.interconnect != "mesh":
+        raise InputError(f"{what} runs on a mesh of tiles; {target} has a {hw.interconnect} "
+                         "(the SET presets: tvm-dsa hw)")

@@ -18,7 +18,7 @@ from contextlib import nullcontext
 from pathlib import Path
 
 from tvm_dsa import hardware
-from tvm_dsa.cli.args import check_plot_path, positive_int
+from tvm_dsa.cli.args import check_mesh, check_plot_path, positive_int
 from tvm_dsa.harness import Compiled, InputError, check_target, import_onnx, load_model
 from tvm_dsa.models import MODELS, example_inputs
 from tvm_dsa.runtime import write_trace
@@ -43,10 +43,8 @@ def _model_args(p: argparse.ArgumentParser) -> None:
 def _timed_run(mod, inputs, target: str, schedule: str, database=None, trace: bool = False):
     """Compile for ``target`` and run it in timing mode (tokens trusted: the runs are for cycles);
     returns the build and the run."""
-    hw = hardware.from_target(target)
-    if schedule == "set" and hw.interconnect != "mesh":
-        raise InputError(f"schedule 'set' runs on a mesh of tiles; {target} has a {hw.interconnect} "
-                         "(the SET presets: tvm-dsa hw)")
+    if schedule == "set":
+        check_mesh(target, hardware.get(target), "schedule 'set'")
     compiled = Compiled.build(mod, target, schedule, database=database)
     return compiled, compiled.run(inputs, mode="timing", trace=trace, check_hazards=False)
 

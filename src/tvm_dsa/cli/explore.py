@@ -14,7 +14,7 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass
 
-from tvm_dsa.cli.args import check_plot_path, positive_int
+from tvm_dsa.cli.args import check_mesh, check_plot_path, positive_int
 from tvm_dsa.harness import InputError, check_target, layer_graph, load_model
 from tvm_dsa.models import MODELS
 from tvm_dsa.show.table import render_table
@@ -63,6 +63,7 @@ def _explore(args) -> int:
         check_plot_path(args.plot)
     model = load_model(args.model, tiny=args.tiny)
     hw = check_target(args.target, model, timing_only=True)
+    check_mesh(args.target, hw, "SET's search")
     graph, evaluator, runs = explore(model, hw, args.batch, args.objective, args.beta, args.seed)
     best = runs[0].result
     if args.plot:
