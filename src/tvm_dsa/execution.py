@@ -34,6 +34,7 @@ import tvm_ffi
 from tvm_dsa.isa import Program
 from tvm_dsa.kernelgen.offload import OffloadResult
 from tvm_dsa.kernelgen.specialize import VERSIONS
+from tvm_dsa.packed import BEGIN_RUN, EXECUTE
 from tvm_dsa.runtime import Report, simulate
 
 KEEP = 16  # runs a session keeps (the oldest are dropped); compilations the process remembers: 4x
@@ -292,6 +293,48 @@ def run_kernel(program: Program, info: dict, inputs: list[np.ndarray]) -> list[n
         raise FloatingPointError(result.report.numerics[0])
     return list(result.outputs or [])
 
+
+def timing_calls(mod: tvm.IRModule) -> tuple[tuple[str, tuple[str, ...]], ...] | None:
+    """The calls of ``begin_run`` and ``execute`` a run of ``mod``'s ``main`` (lowered for the VM)
+    makes, in order, with their string arguments: all a timing run needs, for a DSA kernel's time
+    does not depend on its tensors' values (``replay``). None where the calls may depend on the
+    inputs: ``main`` branches or calls another Relax function, or makes another ``tvm_dsa`` call
+    (a kernel with symbolic dims, a dynamic model's run end or its inputs counted)."""
+    from tvm import relax
+
+    body = mod["main"].body
+    if not isinstance(body, relax.SeqExpr):
+        return None
+    calls = []
+    for binding in (b for block in body.blocks for b in block.bindings):
+        value = binding.value
+        if isinstance(value, relax.If):
+            return None
+        if not isinstance(value, relax.Call):
+            continue
+        if isinstance(value.op, relax.GlobalVar) and isinstance(mod[value.op], relax.Function):
+            return None
+        name = value.op.global_symbol if isinstance(value.op, relax.ExternFunc) else ""
+        if name == EXECUTE:  # its program and info; the tensors follow
+            calls.append((name, (value.args[0].value, value.args[1].value)))
+        elif name == BEGIN_RUN and all(isinstance(a, tvm.ir.StringImm) for a in value.args):  # the compilation's id
+            calls.append((name, tuple(a.value for a in value.args)))
+        elif name.startswith("tvm_dsa."):
+            return None
+    return tuple(calls)
+
+
+def replay(calls) -> None:
+    """Make ``calls`` (``timing_calls``) in the current session, without the VM and without
+    tensors: each kernel's program is simulated for its time only."""
+    if current().mode != "timing":
+        raise ValueError("a replay of a model's DSA calls simulates timing only: the kernels get no tensors")
+    for name, args in calls:
+        if name == BEGIN_RUN:
+            begin_run(*args)
+        else:
+            text, info = args[0], json.loads(args[1])
+            run_kernel(program_of(text, info), info, [])
 
 
 def dsa_cycles(mod: tvm.IRModule) -> int:

@@ -27,7 +27,8 @@ from tvm_dsa import hardware
 from tvm_dsa.cli import dataflow as dataflow_command
 from tvm_dsa.cli.args import positive_int
 from tvm_dsa.harness import (
-    Compiled, InputError, check_target, dsa_mac_share, import_onnx, load_model, max_relative_error, one_line
+    Compiled, InputError, check_inputs, check_target, dsa_mac_share, import_onnx, load_model, max_relative_error,
+    one_line, timing_run
 )
 from tvm_dsa.models import MODELS, example_inputs
 from tvm_dsa.runtime import write_trace
@@ -42,14 +43,15 @@ def _run(args: argparse.Namespace) -> int:
     check_target(args.target, model, timing_only=args.timing_only)
     if args.trace and not Path(args.trace).resolve().parent.is_dir():
         raise InputError(f"cannot write the trace to {args.trace}: its directory does not exist")
-    try:
-        inputs = example_inputs(model)
-    except ValueError as err:
-        raise InputError(str(err)) from None
+    check_inputs(model)
+    inputs = None if args.timing_only else example_inputs(model)  # timing_run makes them only where needed
     mod = import_onnx(model)
     mode = "timing" if args.timing_only else "functional"
     dsa = Compiled.build(mod, args.target)
-    run = dsa.run(inputs, mode=mode, trace=bool(args.trace))
+    if args.timing_only:
+        run = timing_run(dsa, model, trace=bool(args.trace))
+    else:
+        run = dsa.run(inputs, trace=bool(args.trace))
     check = None
     if not (args.no_check or args.timing_only):
         llvm = Compiled.build(mod, "llvm")
@@ -108,7 +110,8 @@ def parser() -> argparse.ArgumentParser:
     run.add_argument("--tiny", action="store_true", help="the built-in model's small configuration")
     run.add_argument("--batch", type=positive_int, help="batch size of a built-in model")
     run.add_argument("--timing-only", action="store_true",
-                     help="simulate time only (no numerics, no llvm check); needed for float models on int presets")
+                     help="simulate time only (no numerics, no llvm check, no inputs made where the DSA calls "
+                          "cannot depend on them); needed for float models on int presets")
     run.add_argument("--trace", metavar="PATH", help="write a Chrome/Perfetto trace of the run")
     run.add_argument("--json", action="store_true", help="print the result as JSON")
     run.add_argument("--no-check", action="store_true", help="skip the comparison with llvm")

@@ -19,8 +19,8 @@ from pathlib import Path
 
 from tvm_dsa import hardware
 from tvm_dsa.cli.args import check_mesh, check_plot_path, positive_int
-from tvm_dsa.harness import Compiled, InputError, check_target, import_onnx, load_model
-from tvm_dsa.models import MODELS, example_inputs
+from tvm_dsa.harness import Compiled, InputError, check_inputs, check_target, import_onnx, load_model, timing_run
+from tvm_dsa.models import MODELS
 from tvm_dsa.runtime import write_trace
 from tvm_dsa.runtime.report import UNIT_TYPES
 from tvm_dsa.show.table import render_table
@@ -40,13 +40,14 @@ def _model_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--json", action="store_true", help="print the result as JSON")
 
 
-def _timed_run(mod, inputs, target: str, schedule: str, database=None, trace: bool = False):
-    """Compile for ``target`` and run it in timing mode (tokens trusted: the runs are for cycles);
+def _timed_run(model, mod, target: str, schedule: str, database=None, trace: bool = False):
+    """Compile ``mod`` (``model`` imported) for ``target`` and run it in timing mode (tokens
+    trusted: the runs are for cycles; ``timing_run``: no inputs made where none are needed);
     returns the build and the run."""
     if schedule == "set":
         check_mesh(target, hardware.get(target), "schedule 'set'")
     compiled = Compiled.build(mod, target, schedule, database=database)
-    return compiled, compiled.run(inputs, mode="timing", trace=trace, check_hazards=False)
+    return compiled, timing_run(compiled, model, trace=trace, check_hazards=False)
 
 
 # -- compare -------------------------------------------------------------------------------------
@@ -62,12 +63,13 @@ def _compare(args) -> int:
             raise InputError("--roofline draws one chip's roofline: give a single --target")
         check_plot_path(args.roofline)
 
-    mod, inputs = import_onnx(model), example_inputs(model)
+    check_inputs(model)
+    mod = import_onnx(model)
     # False: no records; None: the default (a shipped database for the chip, if any)
     databases = [False] * args.no_records + [None] + [args.database] * bool(args.database)
     rows, points = [], []
     for target, schedule, db in itertools.product(targets, args.schedule or ["auto"], databases):
-        compiled, run = _timed_run(mod, inputs, target, schedule, db)
+        compiled, run = _timed_run(model, mod, target, schedule, db)
         report = run.report
         if report is None:
             raise InputError(f"no kernel of {args.model} runs on {target}: nothing to compare")
@@ -113,9 +115,10 @@ def _trace(args) -> int:
         check_plot_path(args.lifetimes)
     model = load_model(args.model, tiny=args.tiny, batch=args.batch)
     check_target(args.target, model, timing_only=True)
+    check_inputs(model)
 
     with capture_allocations() as stitched:
-        _, run = _timed_run(import_onnx(model), example_inputs(model), args.target, args.schedule, trace=True)
+        _, run = _timed_run(model, import_onnx(model), args.target, args.schedule, trace=True)
     if not run.trace:
         raise InputError(f"no kernel of {args.model} runs on {args.target}: the trace is empty")
     write_trace(run.trace, args.output)

@@ -6,10 +6,12 @@ and the benchmarks share.
     dsa, ref = Compiled.build(mod, "dsa/stcp920"), Compiled.build(mod, "llvm")
     run = dsa.run(inputs)              # outputs, wall time, the DSA report (and trace if asked)
     max_relative_error(run.outputs, ref.run(inputs).outputs)
+    timing_run(dsa, model).report      # the report of a timing run: no inputs made where none are needed
 """
 
 from __future__ import annotations
 
+import functools
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -20,7 +22,7 @@ import tvm
 from tvm import relax
 
 from tvm_dsa import execution, hardware
-from tvm_dsa.models import MODELS, TINY, get_model
+from tvm_dsa.models import MODELS, TINY, example_inputs, get_model, input_specs
 from tvm_dsa.relax_pipeline import pipeline, pipeline_result
 from tvm_dsa.kernelgen.offload import OffloadResult
 from tvm_dsa.relax_passes.fusion import fuse
@@ -105,12 +107,15 @@ class Run:
 
 @dataclass
 class Compiled:
-    """A model compiled for ``target``: the executable, the compile time and (DSA) the offload decisions."""
+    """A model compiled for ``target``: the executable, the compile time and (DSA) the offload
+    decisions and the DSA calls a run makes where its inputs cannot change them
+    (``execution.timing_calls``)."""
 
     executable: tvm.runtime.Executable
     target: str
     seconds: float
     offload: OffloadResult | None = None
+    calls: tuple | None = None
 
     @classmethod
     def build(cls, mod: tvm.IRModule, target: str = "dsa/stcp920", schedule: str = "auto",
@@ -118,28 +123,68 @@ class Compiled:
         """Compile with the ``dsa`` pipeline (``schedule``, stitched-kernel ``options``, tuning
         ``database``) for a DSA target, with TVM's default one for others."""
         is_dsa = target == "dsa" or target.startswith("dsa/")
+        passes, calls = "default", []
         if is_dsa:
             check_target(target)
+            passes = tvm.transform.Sequential([pipeline(schedule, options=options, database=database),
+                                               _record_timing_calls(calls)])
         start = time.perf_counter()
-        ex = tvm.compile(mod, target=target,
-                         relax_pipeline=pipeline(schedule, options=options, database=database) if is_dsa else "default")
+        ex = tvm.compile(mod, target=target, relax_pipeline=passes)
         seconds = time.perf_counter() - start
-        return cls(ex, target, seconds, pipeline_result() if is_dsa else None)
+        return cls(ex, target, seconds, pipeline_result() if is_dsa else None, calls[0] if calls else None)
 
-    def run(self, inputs: dict[str, np.ndarray], mode: str = "functional", trace: bool = False,
+    def run(self, inputs: dict[str, np.ndarray] | None, mode: str = "functional", trace: bool = False,
             check_hazards: bool = True) -> Run:
         """Run ``main`` once on ``inputs`` (in graph-input order). ``mode``, ``trace`` and
         ``check_hazards`` set how DSA kernels are simulated for this run, in a session of its own
-        (``execution.Session``; ``timing``: outputs of DSA kernels are not computed)."""
-        vm = relax.VirtualMachine(self.executable, tvm.cpu())
-        args = [tvm.runtime.tensor(v) for v in inputs.values()]
+        (``execution.Session``; ``timing``: outputs of DSA kernels are not computed). ``inputs``
+        None: a timing run without the VM, which replays the recorded DSA calls (``calls``):
+        no tensor is made, and the run has no outputs."""
+        if inputs is not None:
+            main = functools.partial(relax.VirtualMachine(self.executable, tvm.cpu())["main"],
+                                     *[tvm.runtime.tensor(v) for v in inputs.values()])
+        elif mode == "timing" and self.calls is not None:
+            main = functools.partial(execution.replay, self.calls)
+        else:
+            raise ValueError("a run without inputs is a timing run of a model whose DSA calls its inputs "
+                             "cannot change (Compiled.calls)")
         with execution.Session(mode, trace=trace, check_hazards=check_hazards) as s:
             start = time.perf_counter()
-            out = vm["main"](*args)
+            value = main()
             seconds = time.perf_counter() - start
+        out = [] if inputs is None else _numpy(value)
         if self.offload is None:
-            return Run(_numpy(out), seconds)
-        return Run(_numpy(out), seconds, s.report(), s.last_trace() if trace else [], s.kernel_runs())
+            return Run(out, seconds)
+        return Run(out, seconds, s.report(), s.last_trace() if trace else [], s.kernel_runs())
+
+
+def _record_timing_calls(found: list) -> tvm.transform.Pass:
+    """A pass that changes nothing and appends the module's ``execution.timing_calls`` to ``found``:
+    the last of the ``dsa`` pipeline, whose module is lowered for the VM."""
+
+    @tvm.transform.module_pass(opt_level=0, name="dsa.RecordTimingCalls")
+    def record(mod: tvm.IRModule, _ctx) -> tvm.IRModule:
+        found.append(execution.timing_calls(mod))
+        return mod
+
+    return record
+
+
+def check_inputs(model: onnx.ModelProto) -> None:
+    """An ``InputError`` for a model whose inputs cannot be made (``models.input_specs``): before
+    anything is compiled or allocated."""
+    try:
+        input_specs(model)
+    except ValueError as err:
+        raise InputError(str(err)) from None
+
+
+def timing_run(compiled: Compiled, model: onnx.ModelProto, trace: bool = False, check_hazards: bool = True) -> Run:
+    """A timing run of ``compiled`` (``model`` compiled) that allocates no data it does not need:
+    the recorded DSA calls replayed where the inputs cannot change them (``Compiled.calls``; a
+    static model), else ``main`` on the VM with ``model``'s example inputs."""
+    inputs = None if compiled.calls is not None else example_inputs(model)
+    return compiled.run(inputs, mode="timing", trace=trace, check_hazards=check_hazards)
 
 
 def _numpy(value) -> list[np.ndarray]:

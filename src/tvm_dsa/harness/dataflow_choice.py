@@ -20,7 +20,6 @@ from tvm_dsa.isa.program import Program
 from tvm_dsa.dataflow import closed
 from tvm_dsa.dataflow.library import mme_bandwidth
 from tvm_dsa.runtime.cost import mme_dims
-from tvm_dsa.models import example_inputs
 
 Shape = tuple[int, int, int]  # (M, N, K) of one product
 
@@ -50,12 +49,11 @@ def mme_products(programs: Iterable[Program]) -> Counter[Shape]:
 
 def model_products(model: str, target: str, tiny: bool = False) -> Counter[Shape]:
     """The MME products of a built-in model (or .onnx file) compiled for ``target`` and run timing-only."""
-    from tvm_dsa.harness import Compiled, check_target, import_onnx, load_model
+    from tvm_dsa.harness import Compiled, check_target, import_onnx, load_model, timing_run
 
     onnx_model = load_model(model, tiny=tiny)
     check_target(target, onnx_model, timing_only=True)
-    run = Compiled.build(import_onnx(onnx_model), target).run(example_inputs(onnx_model), mode="timing",
-                                                              check_hazards=False)
+    run = timing_run(Compiled.build(import_onnx(onnx_model), target), onnx_model, check_hazards=False)
     return mme_products(k.program for k in run.kernels)
 
 

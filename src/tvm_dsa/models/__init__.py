@@ -85,13 +85,12 @@ def _input_ranges(model: onnx.ModelProto) -> dict[str, list]:
     return ranges
 
 
-def example_inputs(model: onnx.ModelProto, seed: int = 0) -> dict[str, np.ndarray]:
-    """Random inputs for every graph input: floats ~ N(0, 1), integers uniform in the
-    input's valid range (from metadata or the Gather table it indexes)."""
-    rng = np.random.default_rng(seed)
+def input_specs(model: onnx.ModelProto) -> dict[str, tuple[list[int], np.dtype]]:
+    """The shape and dtype of every graph input (initializers are weights, not inputs); a
+    ValueError for a shape that is not static or a dtype ``example_inputs`` cannot fill. Cheap:
+    checks a model's inputs before anything is allocated for them."""
     inits = {t.name for t in model.graph.initializer}
-    ranges = _input_ranges(model)
-    feeds = {}
+    specs = {}
     for vi in model.graph.input:
         if vi.name in inits:
             continue
@@ -100,14 +99,25 @@ def example_inputs(model: onnx.ModelProto, seed: int = 0) -> dict[str, np.ndarra
         if any(s <= 0 for s in shape):
             raise ValueError(f"input {vi.name!r} has a non-static shape {shape}")
         dtype = onnx.helper.tensor_dtype_to_np_dtype(tt.elem_type)
-        if np.issubdtype(dtype, np.floating):
-            feeds[vi.name] = rng.standard_normal(shape).astype(dtype)
-        elif np.issubdtype(dtype, np.integer):
-            low, high = ranges.get(vi.name, (0, 2))
-            high = np.broadcast_to(np.asarray(high), shape)
-            feeds[vi.name] = rng.integers(low, high, size=shape).astype(dtype)
-        else:
+        if not (np.issubdtype(dtype, np.floating) or np.issubdtype(dtype, np.integer)):
             raise ValueError(f"unsupported input dtype {dtype} for {vi.name!r}")
+        specs[vi.name] = (shape, dtype)
+    return specs
+
+
+def example_inputs(model: onnx.ModelProto, seed: int = 0) -> dict[str, np.ndarray]:
+    """Random inputs for every graph input (``input_specs``): floats ~ N(0, 1), integers uniform
+    in the input's valid range (from metadata or the Gather table it indexes)."""
+    rng = np.random.default_rng(seed)
+    ranges = _input_ranges(model)
+    feeds = {}
+    for name, (shape, dtype) in input_specs(model).items():
+        if np.issubdtype(dtype, np.floating):
+            feeds[name] = rng.standard_normal(shape).astype(dtype)
+        else:
+            low, high = ranges.get(name, (0, 2))
+            high = np.broadcast_to(np.asarray(high), shape)
+            feeds[name] = rng.integers(low, high, size=shape).astype(dtype)
     return feeds
 
 
