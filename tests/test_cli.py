@@ -135,7 +135,8 @@ def test_hw_names_what_is_off_in_a_file_in_one_line(case, expected, tmp_path, ca
         path = tmp_path / "list.json"
         path.write_text("[1, 2]")
     else:
-        path = _chip_file(tmp_path, case, **{"lb_over_gb": {"lb_bytes": 16 << 20}, "lanes": {"vme_lanes": 10**12}}[case])
+        changes = {"lb_over_gb": {"lb_bytes": 16 << 20}, "lanes": {"vme_lanes": 10**12}}[case]
+        path = _chip_file(tmp_path, case, **changes)
     assert main(["hw", str(path)]) == 2
     captured = capsys.readouterr()
     assert captured.out == ""
@@ -186,9 +187,11 @@ def test_a_hardware_file_works_wherever_a_preset_name_does(command, conv_onnx, t
 
 def test_a_bad_hardware_file_as_target_exits_2_with_one_line(tmp_path, capsys):
     missing = tmp_path / "absent.toml"
-    implausible = _chip_file(tmp_path, "ten-ghz-lanes", vme_lanes=10**12)
+    implausible = _chip_file(tmp_path, "trillion-lanes", vme_lanes=10**12)
+    edited_preset = _chip_file(tmp_path, "stcp920", lb_bytes=128 * 1024)  # the preset's copy, edited, name kept
     for target, expected in ((str(missing), f"hardware file '{missing}' does not exist"),
-                             (implausible, "field 'vme_lanes' = 1,000,000,000,000 is not plausible")):
+                             (implausible, "field 'vme_lanes' = 1,000,000,000,000 is not plausible"),
+                             (edited_preset, "a different chip named 'stcp920' is already registered: give yours")):
         assert main(["compare", "resnet18", "--tiny", "--target", "dsa/stcp920", "--target", target]) == 2
         captured = capsys.readouterr()
         assert captured.out == "" and captured.err.count("\n") == 1

@@ -56,7 +56,8 @@ def register(hw: Hardware | dict | str | Path, *, override: bool = False) -> Har
         raise HardwareError(f"cannot register {type(hw).__name__}: expected Hardware, dict or file path")
     chips = _chips()
     if hw.name in chips and chips[hw.name] != hw and not override:
-        raise HardwareError(f"a different chip named {hw.name!r} is already registered; pass override=True")
+        raise HardwareError(f"a different chip named {hw.name!r} is already registered: give yours another "
+                            "name (or, from Python, pass override=True)")
     chips[hw.name] = hw
     tags.register(hw.name)
     return hw
