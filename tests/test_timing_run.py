@@ -70,8 +70,8 @@ def test_timing_only_makes_no_inputs(tmp_path, capsys):
     is 256 MiB of float32 (made from 512 MiB of float64 random numbers before), and the run's
     peak of traced allocations stays below it; the report has the model's MACs."""
     n = 8192
-    graph = h.make_graph([h.make_node("MatMul", ["a", "b"], ["y"])], "matmul",
-                         [h.make_tensor_value_info("a", TP.FLOAT, [1, n]), h.make_tensor_value_info("b", TP.FLOAT, [n, n])],
+    inputs = [h.make_tensor_value_info("a", TP.FLOAT, [1, n]), h.make_tensor_value_info("b", TP.FLOAT, [n, n])]
+    graph = h.make_graph([h.make_node("MatMul", ["a", "b"], ["y"])], "matmul", inputs,
                          [h.make_tensor_value_info("y", TP.FLOAT, [1, n])])
     model = h.make_model(graph, opset_imports=[h.make_opsetid("", 17)])
     model.ir_version = 10

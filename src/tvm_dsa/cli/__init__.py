@@ -106,7 +106,8 @@ def parser() -> argparse.ArgumentParser:
     sub = p.add_subparsers(dest="command", required=True)
     run = sub.add_parser("run", help="compile a model for the DSA, simulate it, check it against llvm, report")
     run.add_argument("model", help=f"an .onnx file or a built-in model: {', '.join(MODELS)}")
-    run.add_argument("--target", default="dsa/stcp920", help="a DSA preset (default dsa/stcp920; see `tvm-dsa hw`) or a hardware file (.toml/.json)")
+    run.add_argument("--target", default="dsa/stcp920",
+                     help="a DSA preset (default dsa/stcp920; see `tvm-dsa hw`) or a hardware file (.toml/.json)")
     run.add_argument("--tiny", action="store_true", help="the built-in model's small configuration")
     run.add_argument("--batch", type=positive_int, help="batch size of a built-in model")
     run.add_argument("--timing-only", action="store_true",

@@ -291,7 +291,8 @@ def add_parsers(sub) -> None:
                                          "simulate each in timing-only mode, and print one table (speedup against "
                                          "the first row).")
     _model_args(compare)
-    compare.add_argument("--target", action="append", help="a DSA preset or a hardware file; repeat to compare (default dsa/stcp920)")
+    compare.add_argument("--target", action="append",
+                         help="a DSA preset or a hardware file; repeat to compare (default dsa/stcp920)")
     compare.add_argument("--schedule", action="append", choices=SCHEDULES, help="repeat to compare (default auto: the compiler's choice)")
     compare.add_argument("--database", help="a `tvm-dsa tune` work_dir: adds the build with its records")
     compare.add_argument("--no-records", action="store_true",

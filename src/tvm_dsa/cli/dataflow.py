@@ -158,7 +158,8 @@ def add_parser(sub) -> None:
     p.add_argument("op", nargs="?",
                    help=f"a benchmark ({', '.join(BENCHMARKS)}) or a statement 'Y[i,j] += A[i,k] * B[k,j]'")
     p.add_argument("sizes", nargs="?", help="loop sizes, e.g. i=64,j=64,k=64 (default: the benchmark's)")
-    p.add_argument("--target", default="dsa/stcp920", help="the chip whose MME is the PE array: a preset (default dsa/stcp920) or a hardware file")
+    p.add_argument("--target", default="dsa/stcp920",
+                   help="the chip whose MME is the PE array: a preset (default dsa/stcp920) or a hardware file")
     p.add_argument("--array", help="PE array shape instead of the MME's, e.g. 8x8")
     p.add_argument("--bandwidth", type=float, help="scratchpad elements per stamp instead of the LB's")
     p.add_argument("--interconnect", help=f"one of {', '.join(INTERCONNECTS)} (default: multicast buses for "

@@ -105,7 +105,8 @@ def add_parser(sub) -> None:
                                    "energy and EDP, SET's best tree, and optionally its S-T graph and JSON.")
     p.add_argument("model", help=f"an .onnx file (batch 1) or a built-in model: {', '.join(MODELS)}")
     p.add_argument("--tiny", action="store_true", help="the built-in model's small configuration")
-    p.add_argument("--target", default="dsa/set-edge16", help="a DSA preset (default dsa/set-edge16) or a hardware file")
+    p.add_argument("--target", default="dsa/set-edge16",
+                   help="a DSA preset (default dsa/set-edge16) or a hardware file")
     p.add_argument("--batch", type=positive_int, default=1, help="samples the schedule processes (default 1)")
     p.add_argument("--objective", default="edp", help="e2d, ed2, edp, delay or energy (default edp)")
     p.add_argument("--beta", type=float, default=100.0, help="search effort: iterations per layer (default 100)")
