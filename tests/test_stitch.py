@@ -26,7 +26,8 @@ from tvm_dsa.emit.footprint import footprints
 from tvm_dsa.kernelgen.stitched import StitchOptions
 from tvm_dsa.packed import EXECUTE
 from tvm_dsa.runtime import simulate
-from tvm_dsa.schedule.graph import OpGraph
+from tvm_dsa.schedule import graphturbo
+from tvm_dsa.schedule.graph import OpGraph, SubGraphs
 from tvm_dsa.tir_passes.tile import TilePlan
 from tvm_dsa.tiling import lower_kernel
 from tvm_dsa.tir_passes import lower_with_plan
@@ -199,8 +200,8 @@ def test_a_split_whose_sample_recomputes_too_much_is_not_propagated_in_full(monk
     assert [len(prints[L.name].tiles) for L in layers] == [16, 8]
     real, sizes = stitch._propagate, []
 
-    def spy(layers, prints, outputs, primary, seeds, *limit):
-        out = real(layers, prints, outputs, primary, seeds, *limit)
+    def spy(layers, prints, outputs, primary, seeds, *limit, **owned):
+        out = real(layers, prints, outputs, primary, seeds, *limit, **owned)
         sizes.append((len(seeds), None if out is None else out.recompute))
         return out
 
@@ -352,7 +353,38 @@ def test_two_outputs_leave_one_kernel_as_a_tuple(rng):
     out = vm["main"](*[tvm.runtime.tensor(v) for v in args])
     assert len(result.dsa) == 1 and result.host == {}
     (info,) = result.stitched.values()
-    assert info.instances == 1  # a second output cannot be split between instances exactly
+    # each sample an instance, which also computes its sample's tiles of the second output (they
+    # read that sample's tiles of the first: ``_owners``), each tile once
+    assert info.instances == 2 and info.recompute == 1.0
+    for o, r in zip(out, ref):
+        assert np.abs(o.numpy() - r.numpy()).max() / np.abs(r.numpy()).max() < 5e-3
+
+
+def test_an_output_no_instance_reads_goes_to_the_instance_computing_its_inputs(rng, monkeypatch):
+    """conv -> (relu: an output nothing else reads; conv: the last output), one sub-graph. The
+    instances split the last output by samples and compute the first conv's tiles of their
+    sample; each tile of the relu output then goes to the instance holding the conv tiles it reads
+    (``_owners``): both outputs split, nothing computed twice, the values llvm's."""
+    op = relax.op
+    bb = relax.BlockBuilder()
+    x = relax.Var("x", relax.TensorType((2, 8, 8, 8), "float32"))
+    w = relax.Var("w", relax.TensorType((8, 8, 1, 1), "float32"))
+    with bb.function("main", [x, w]):
+        with bb.dataflow():
+            c = bb.emit(op.nn.conv2d(x, w))
+            a = bb.emit(op.nn.relu(c))
+            b = bb.emit(op.nn.relu(op.nn.conv2d(c, w)))
+            out = bb.emit_output(relax.Tuple([a, b]))
+        bb.emit_func_output(out)
+    mod = bb.get()
+    args = [rng.standard_normal((2, 8, 8, 8)).astype("float32"), rng.standard_normal((8, 8, 1, 1)).astype("float32") * 0.3]
+    ref = relax.VirtualMachine(tvm.compile(mod, target="llvm"), tvm.cpu())["main"](*[tvm.runtime.tensor(v) for v in args])
+    monkeypatch.setattr(graphturbo, "group_two_levels",
+                        lambda sgs, *_: SubGraphs(sgs.graph, [frozenset(range(len(sgs.graph.nodes)))]))
+    vm, result = _run(mod, "graphturbo")
+    out = vm["main"](*[tvm.runtime.tensor(v) for v in args])
+    (info,) = result.stitched.values()
+    assert info.instances == 2 and info.recompute == 1.0
     for o, r in zip(out, ref):
         assert np.abs(o.numpy() - r.numpy()).max() / np.abs(r.numpy()).max() < 5e-3
 

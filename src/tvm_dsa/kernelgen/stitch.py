@@ -99,11 +99,12 @@ def plan_instances(layers: list[Layer], prints: dict, outputs: list[str], loop: 
     even = sum(len(prints[L.name].tiles) * prints[L.name].work for L in layers) / hw.cores if hw else math.inf
     last = grid.shape[1] - 1
     # (the loops kept whole, the loop cut): the scheduler's loop and those outside it, then, given
-    # the chip, the batch with one inner loop cut alone (rows, not channels: a channel split makes
-    # every instance compute all its producers' channels)
+    # the chip, the batch with one inner loop cut alone: the rows (the second-to-last loop: a
+    # sequence's tokens, an image's rows) and those after the second (not an image's channels: a
+    # channel split makes every instance compute all its producers' channels)
     cuts = [(tuple(range(lp)), lp) for lp in range(min(loop, last), -1, -1)]
     if hw is not None:
-        cuts += [((0,), lp) for lp in range(2, last + 1) if lp > min(loop, last)]
+        cuts += [((0,), lp) for lp in sorted({last - 1, *range(2, last + 1)}) if lp > 0 and ((0,), lp) not in cuts]
     start = groups
     for whole, loop in cuts:
         extent = int(grid[:, loop].max()) + 1
@@ -164,7 +165,7 @@ def _hopeless(layers, prints, outputs, primary, order, starts, counts) -> tuple[
         return False, 0.0
     sample = [order[starts[i]:starts[i] + counts[i]]
               for i in np.linspace(0, len(counts) - 1, SAMPLE_SEEDS).round().astype(int)]
-    inst = _propagate(layers, prints, outputs, primary, sample)
+    inst = _propagate(layers, prints, outputs, primary, sample, owned=False)
     if inst is None:
         return True, 0.0
     per_seed = inst.recompute / len(sample)
@@ -175,41 +176,104 @@ PROPAGATE_ELEMENTS = 1 << 22  # instances x tiles x dims of the arrays ``_propag
 FIRST_SEEDS = 8  # instances ``_propagate`` works out first under a recomputation limit
 
 
-def _propagate(layers, prints, outputs, primary, seeds, limit: float = math.inf) -> Instances | None:
+def _propagate(layers, prints, outputs, primary, seeds, limit: float = math.inf,
+               owned: bool = True) -> Instances | None:
     """Instances from the ``seeds`` (rows of ``primary``'s tiles): every other layer's tiles whose
-    output meets what the instance's later layers read; None where an instance would read past
-    what it computes or a second output would be split. Instances in batches, each at once.
+    output meets what the instance's later layers read, and each tile of the sub-graph's other
+    outputs computed by one instance (``_owners``; without ``owned``, only the tiles instances
+    read: a lower bound of the work, for sampling); None where an instance would read past what
+    it computes or two would write one tile of an output. Instances in batches, each at once.
     Under a ``limit`` of recomputation, a split over it is only worked out until it exceeds it:
     the recomputation it reports is then a lower bound, and it has no rows or boxes (a split that
     would read past what it computes may be reported so too: either way it is not taken)."""
-    if len(seeds) > 1 and any(L.args[L.ir.params[-1][0]] in outputs for L in layers if L is not primary):
-        return None  # a second output: the instances could not split it exactly
+    others = [L for L in layers if L is not primary and L.args[L.ir.params[-1][0]] in outputs]
     widest = max(len(fp.tiles) * max(b[0].shape[1] for b in (fp.write, *fp.reads.values()))
                  for fp in (prints[L.name] for L in layers))
     batch = max(1, PROPAGATE_ELEMENTS // widest)
     total = max(sum(len(prints[L.name].tiles) * prints[L.name].work for L in layers), 1)
+    fixed = {L.name: np.zeros((len(seeds), len(prints[L.name].tiles)), dtype=bool) for L in others}
+    if len(seeds) == 1:
+        fixed = {name: ~mask for name, mask in fixed.items()}  # one instance computes them all
+    elif others and owned:
+        fixed = _owners(layers, prints, outputs, primary, seeds, fixed, batch)
+        if fixed is None:
+            return None
     # under a limit, a few instances first: their work alone often exceeds it (BERT's encoder
     # split into 128 is ruled out by 8 of them)
     cuts = sorted({0, *range(min(batch, FIRST_SEEDS) if limit < math.inf else batch, len(seeds), batch), len(seeds)})
     parts, work = [], 0
+    writers = {name: 0 for name in fixed}  # instances computing each tile of the other outputs
     for lo, hi in itertools.pairwise(cuts):
-        part = _chosen(layers, prints, outputs, primary, seeds[lo:hi])
+        part = _chosen(layers, prints, outputs, primary, seeds[lo:hi], {k: m[lo:hi] for k, m in fixed.items()})
         if part is None:
             return None
         parts.append(part[0])
         work += part[1]
+        for name in writers:
+            writers[name] = writers[name] + part[0][name].sum(axis=0)
         if work > limit * total:
             return Instances([], [], work / total)  # at least this much recomputation
+    if owned and any(np.any(count != 1) for count in writers.values()):
+        return None  # an output tile two instances compute (or none): the split is not exact
     recompute = work / total
     rows = [{name: np.flatnonzero(m[k]) for name, m in chosen.items()}
             for chosen in parts for k in range(len(next(iter(chosen.values()))))]
     return Instances.of(layers, prints, outputs, rows, recompute)
 
 
-def _chosen(layers, prints, outputs, primary, seeds):
+OWNED_ELEMENTS = 1 << 24  # instances x tiles of a sub-graph's layers ``_owners`` holds at once
+
+
+def _owners(layers, prints, outputs, primary, seeds, unread: dict, batch: int) -> dict | None:
+    """Which instance computes each tile of the sub-graph's outputs other than ``primary``'s, as a
+    (seed x tile) mask per layer: the tiles its instances read where they read them (``unread``:
+    none fixed), each other tile by the instance that computes most of the tiles it reads of
+    the sub-graph's layers (ViT's query, key and value beside the residual stream they are
+    computed from: the instance of those tokens), or, reading none, by its place in the layer's
+    tiles (the n-th of k instances the n-th k-th). None where the masks would be too large."""
+    n = len(seeds)
+    if n * sum(len(prints[L.name].tiles) for L in layers) > OWNED_ELEMENTS:
+        return None
+    read = {}  # layer name -> (seed x tile) tiles the instances compute, from the outputs they read
+    for lo in range(0, n, batch):
+        part = _chosen(layers, prints, outputs, primary, seeds[lo:lo + batch],
+                       {k: m[lo:lo + batch] for k, m in unread.items()})
+        if part is None:
+            return None
+        for name, mask in part[0].items():
+            read[name] = np.concatenate([read[name], mask]) if name in read else mask
+    out_of = {L.args[L.ir.params[-1][0]]: L for L in layers}
+    owner: dict = {}  # layer name -> instance computing each tile (-1: none; the first where several)
+    for L in layers:
+        fp, mask = prints[L.name], read[L.name]
+        own = np.where(mask.any(axis=0), mask.argmax(axis=0), -1)
+        free = np.flatnonzero(own < 0)
+        if len(free):
+            votes = np.zeros((len(free), n))
+            for param, (r_lo, r_hi) in fp.reads.items():
+                P = out_of.get(L.args[param])
+                if P is None:
+                    continue
+                w_lo, w_hi = prints[P.name].write
+                for start in range(0, len(free), 256):  # (free tile x producer tile) at a time
+                    u = free[start:start + 256]
+                    meets = np.ones((len(u), len(w_lo)), dtype=bool)
+                    for d in range(r_lo.shape[1]):
+                        meets &= (w_lo[None, :, d] < r_hi[u, None, d]) & (r_lo[u, None, d] < w_hi[None, :, d])
+                    theirs = owner[P.name]
+                    for k in range(n):
+                        votes[start:start + len(u), k] += (meets & (theirs == k)[None]).sum(axis=1)
+            placed = free * n // len(fp.tiles)
+            own[free] = np.where(votes.any(axis=1), votes.argmax(axis=1), placed)
+        owner[L.name] = own
+    return {name: read[name] | (owner[name][None] == np.arange(n)[:, None]) for name in unread}
+
+
+def _chosen(layers, prints, outputs, primary, seeds, fixed: dict):
     """(each layer's tiles per seed, their work) for ``_propagate``, all seeds at once: a boolean
-    matrix (seed x tile) per layer, boxes as (seed x dim) corners; None where an instance would
-    read past what it computes."""
+    matrix (seed x tile) per layer, boxes as (seed x dim) corners; the tiles of the other
+    outputs ``fixed`` (seed x tile masks) and those the instances read; None where an instance
+    would read past what it computes."""
     out_of = {L.args[L.ir.params[-1][0]]: L for L in layers}
     n = len(seeds)
     seed = np.zeros((n, len(prints[primary.name].tiles)), dtype=bool)
@@ -224,11 +288,8 @@ def _chosen(layers, prints, outputs, primary, seeds):
         out = L.args[L.ir.params[-1][0]]
         if L.name not in chosen:
             tiles = len(fp.tiles)
-            if out in outputs:
-                chosen[L.name] = np.ones((n, tiles), dtype=bool)
-            elif out not in need:
-                chosen[L.name] = np.zeros((n, tiles), dtype=bool)
-            else:
+            mask = fixed.get(L.name, np.zeros((n, tiles), dtype=bool))
+            if out in need:
                 lo, hi, some = need[out]
                 # a dimension at a time: (seed x tile x dim) temporaries were 14x slower on
                 # ViT-B/16's 18,912-tile layers
@@ -236,7 +297,8 @@ def _chosen(layers, prints, outputs, primary, seeds):
                 for d, (w_lo, w_hi) in enumerate(zip(fp.write[0].T, fp.write[1].T)):
                     meets &= w_lo[None] < hi[:, d, None]
                     meets &= lo[:, d, None] < w_hi[None]
-                chosen[L.name] = meets
+                mask = mask | meets
+            chosen[L.name] = mask
         mask = chosen[L.name]
         if out not in outputs:
             boxes[out] = _hulls(fp.write, mask, boxes.get(out))
