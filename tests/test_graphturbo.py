@@ -2,10 +2,13 @@
 
 import math
 
+from helpers import relax_graph
+from tvm import relax
+
 from tvm_dsa.schedule.graph import Node, OpGraph, SubGraphs, Tensor
 from tvm_dsa.schedule.graphturbo import (
-    Split, best_split, bytes_in_flight, group, group_two_levels, instance_graph, order_instances, peak_bytes,
-    split_info,
+    Split, best_split, bytes_in_flight, cut_before, group, group_two_levels, instance_graph, order_instances,
+    pair_product, peak_bytes, split_info,
 )
 
 LB = 64 * 1024
@@ -197,3 +200,16 @@ def test_per_cluster_peaks_let_a_batch_four_times_as_large_group_alike():
     share, _ = chain(shapes).per_cluster(4)
     assert best_split(split_info(SubGraphs(share), 0, 4096, FP16)) == \
         best_split(split_info(SubGraphs(chain([(4, 4, 32, 32)] * 2)), 0, 4096, FP16))
+
+
+def test_cut_before_leaves_runs_of_each_sub_graph():
+    sgs = SubGraphs(chain([(1, 8, 16, 16)] * 6), [frozenset({0, 1, 2, 3}), frozenset({4})])
+    cut = cut_before(sgs, frozenset({0, 2, 3}))  # the first node of a sub-graph starts it anyway
+    assert cut.groups == [frozenset({0, 1}), frozenset({2}), frozenset({3}), frozenset({4})]
+
+
+def test_pair_product_is_a_contraction_of_two_activations():
+    mod = relax.transform.LegalizeOps()(relax_graph([(1, 8, 16), (1, 16, 8)], lambda a, b: relax.op.matmul(a, b)))
+    func = next(f for gv, f in mod.functions.items() if gv.name_hint != "main")
+    assert pair_product(func)
+    assert not pair_product(func, weights=frozenset({1}))  # the second operand a weight: x @ W

@@ -389,6 +389,46 @@ def test_an_output_no_instance_reads_goes_to_the_instance_computing_its_inputs(r
         assert np.abs(o.numpy() - r.numpy()).max() / np.abs(r.numpy()).max() < 5e-3
 
 
+def _attention(rng, batch: int, t: int = 256, d: int = 128):
+    """A self-attention block (``t`` tokens of ``d`` features, softmax(Q K^T) V, a projection and
+    the residual), its weights constants, and an input of ``batch`` samples."""
+    op = relax.op
+    ws = [relax.const(rng.standard_normal((d, d)).astype("float32") * 0.05) for _ in range(4)]
+    bb = relax.BlockBuilder()
+    x = relax.Var("x", relax.TensorType((batch, t, d), "float32"))
+    with bb.function("main", [x]):
+        with bb.dataflow():
+            q, k, v = (bb.emit(op.matmul(x, w)) for w in ws[:3])
+            s = bb.emit(op.matmul(q, op.permute_dims(k, [0, 2, 1])))
+            o = bb.emit(op.matmul(op.nn.softmax(s, axis=-1), v))
+            out = bb.emit_output(op.add(op.matmul(o, ws[3]), x))
+        bb.emit_func_output(out)
+    return bb.get(), rng.standard_normal((batch, t, d)).astype("float32")
+
+
+def test_a_single_sample_attention_splits_its_rows_over_the_clusters(rng):
+    """One sample of a self-attention block (256 tokens): ``Q K^T`` and ``P V`` contract two
+    computed tensors, so each starts a sub-graph (``graphturbo.cut_before``: its 33.6 M MACs on
+    one cluster take 8,192 cycles, spread over four they save 6,144, more than the launches of
+    the two kernels the cuts add), whose instances split the tokens over the clusters, every layer
+    tiled within a cluster's 64 tokens (``stitched._row_shares``); a sub-graph with several
+    outputs has each tile of them computed by the instance of its tokens (``stitch._owners``).
+    The values are llvm's. With a sample per cluster nothing is cut: the block is one kernel whose
+    instances are the samples."""
+    mod, arg = _attention(rng, 1)
+    ref = _llvm(mod, [arg])
+    vm, result = _run(mod, "graphturbo")
+    out = vm["main"](tvm.runtime.tensor(arg)).numpy()
+    assert np.abs(out - ref).max() / np.abs(ref).max() < 5e-3
+    assert result.host == {} and len(result.dsa) == 3
+    # each kernel's instances split the tokens over several clusters, none computing a row twice
+    assert all(info.instances > 1 and info.recompute == 1.0 for info in result.stitched.values())
+    mod, arg = _attention(rng, HW.clusters)
+    _, result = _run(mod, "graphturbo")
+    (info,) = result.stitched.values()
+    assert info.instances % HW.clusters == 0 and info.recompute == 1.0
+
+
 def test_binding_balances_instances_over_cores():
     cpc = HW.cores_per_cluster
     # 4 instances: one per cluster, each on all 8 cores of it

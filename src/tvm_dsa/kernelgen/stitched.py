@@ -85,7 +85,8 @@ class StitchedKernels:
                                               name in ctx.on_vector, clamp=True)
         return self.in_part[name]
 
-    def layer(self, name, part: bool, on_chip: frozenset, first_tile: int | None = None, timed: bool = True):
+    def layer(self, name, part: bool, on_chip: frozenset, first_tile: int | None = None, timed: bool = True,
+              shares: tuple[int, ...] = ()):
         """A stitched kernel's layer, tiled to the LB share left to tiles (``part``) or the whole
         LB, for the inputs at positions ``on_chip`` read from the GB (where the kernel keeps its
         intermediates and promotes its weights). Its plans are ranked with those reads from the
@@ -95,19 +96,20 @@ class StitchedKernels:
         plans timed in place for a contraction on the MME with ``TIMED_MACS`` or more, and the
         faster unit for a depthwise one (``tiling.lower_timed``). ``first_tile``: at most so many
         along the first loop (a micro-batch's samples, ``_micro_batched``) where the tiling holds
-        more."""
+        more; ``shares``: at most so many along the leading loops (an instance's share of a
+        sample's rows, ``_row_shares``)."""
         ctx, stitch, hw = self.ctx, self.options, self.ctx.hw
         vector = name in ctx.on_vector
         low, budget = self.tiled_in_part(name) if part else ctx.lowered[name]
         if first_tile is not None and _first_tile(low) <= first_tile:
             first_tile = None
-        caps = () if first_tile is None else (first_tile,)
+        caps = shares if first_tile is None else (first_tile,)
         if caps:
             low, budget = lower_within(ctx.funcs[name], hw, stitch.lb_budget(hw) if part else budget, vector,
                                        clamp=True, caps=caps)
         gb = on_chip if stitch.gb else frozenset()
         ranked = gb if len(gb) < len(ctx.funcs[name].params) - 1 else frozenset()
-        key = (name, budget, gb, first_tile, timed)
+        key = (name, budget, gb, caps, timed)
         if key not in self.overlapped:
             record = name in ctx.result.tuned and not part and first_tile is None
             if ranked and not record:
@@ -147,13 +149,14 @@ def _stitched(spec, nodes, graph, layer, hw, stitch) -> tuple:
     instead of two: 1,745,711 -> 1,908,712 cycles)."""
     inputs, outputs = graph.boundary(nodes)
     batch = graph.tensors[outputs[0]].shape[0]  # the first dim of the layers that have it (§2.1)
+    shares = _row_shares(nodes, graph, outputs[0], hw) if spec.plan.rows else {}
 
     def lowered(part: bool, first_tile: int | None) -> dict:
         out = {}
         for n in nodes:
             on_chip = frozenset(i for i, t in enumerate(n.inputs) if t not in inputs or graph.tensors[t].constant)
             cap = first_tile if graph.tensors[n.output].shape[0] == batch else None
-            out[n.name] = layer(n.func, part, on_chip, cap, batch >= hw.clusters)
+            out[n.name] = layer(n.func, part, on_chip, cap, batch >= hw.clusters, shares.get(n.name, ()))
             if read_kernel(out[n.name][0]).wide:  # stitched tensors are placed in the storage type
                 raise Unsupported(f"layer {n.name} keeps a tensor wide (kernel.ranges)")
         return out
@@ -174,6 +177,33 @@ def _stitched(spec, nodes, graph, layer, hw, stitch) -> tuple:
         return tvm.transform.Sequential(list(later))(sub)  # the passes after BindCores
 
     return emit_stitched(_micro_batched(planned, hw, batch // hw.clusters), hw)
+
+
+def _row_shares(nodes, graph, output: str, hw) -> dict:
+    """Per node, caps on the tiles of its output's leading dims: at most a cluster's share of a
+    sample's rows (the sub-graph output's second-to-last dim: a sequence's tokens, an image's
+    rows) along the first dim of that extent (in row-major order the rows come before the
+    columns: attention's scores are queries x keys), where the sample has rows for every cluster.
+    With fewer samples than clusters, instances split a sample's rows (``stitch.plan_instances``),
+    and a layer's tile across two instances' rows is computed by both: BERT-base's encoder layers
+    at batch 1 took tiles of 64 or 128 tokens, which no split into four cuts between."""
+    shape = graph.tensors[output].shape
+    rows = shape[-2] if len(shape) >= 2 else 0
+    if rows < hw.clusters:
+        return {}
+    share = -(-rows // hw.clusters)
+    # where the share does not divide the rows (ViT's 197 tokens: 50), the last tile is clamped to
+    # end with them: it must start in the last share, or it overlaps the share before (tokens
+    # 147-196) and a four-way split computes 42 % more; the largest divisor of the share that
+    # does (25, the rows' tiles still meeting at the multiples of 50)
+    cap = max(d for d in range(1, share + 1) if share % d == 0 and rows - d >= (hw.clusters - 1) * share)
+    out = {}
+    for n in nodes:
+        dims = graph.tensors[n.output].shape
+        if rows in dims[1:]:
+            at = dims.index(rows, 1)
+            out[n.name] = (*dims[:at], cap)
+    return out
 
 
 def _micro_batched(planned, hw, samples: int):
@@ -223,7 +253,7 @@ def _form(spec, nodes, graph) -> tuple:
         ids.setdefault(t, len(ids))
     tensors = tuple((graph.tensors[t].shape, graph.tensors[t].dtype, graph.tensors[t].constant) for t in ids)
     layers = tuple((n.func, tuple(ids[t] for t in n.inputs), ids[n.output]) for n in nodes)
-    form = (spec.plan.split, layers, tensors, tuple(ids[t] for t in inputs), tuple(ids[t] for t in outputs))
+    form = (spec.plan, layers, tensors, tuple(ids[t] for t in inputs), tuple(ids[t] for t in outputs))
     return form, [*ids, *(n.name for n in nodes)]
 
 

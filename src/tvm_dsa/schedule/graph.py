@@ -133,6 +133,13 @@ class OpGraph:
                                      and tensors[names[v]].producer is not None))
         return cls(tuple(nodes), tensors, tuple(outputs), names)
 
+    @property
+    def batch(self) -> int | None:
+        """The leading dimension the non-constant graph inputs share (None when they disagree)."""
+        inputs = [t for t in self.tensors.values() if t.producer is None and not t.constant]
+        batch = {t.shape[0] if t.shape else None for t in inputs}
+        return batch.pop() if len(batch) == 1 else None
+
     def per_cluster(self, clusters: int) -> tuple["OpGraph", int]:
         """The graph one of ``clusters`` clusters runs when the batch is split across them
         (GraphTurbo's data parallelism, seed 000 §2.1), and the divisor applied (1 when it is not).
@@ -141,9 +148,7 @@ class OpGraph:
         reshape) gets that dimension divided by ``clusters``. Other activations keep their shape,
         which over-states their share. Not split when the inputs disagree on a batch or the
         batch does not divide by ``clusters``."""
-        inputs = [t for t in self.tensors.values() if t.producer is None and not t.constant]
-        batch = {t.shape[0] if t.shape else None for t in inputs}
-        n = batch.pop() if len(batch) == 1 else None
+        n = self.batch
         if clusters <= 1 or not n or n % clusters:
             return self, 1
         tensors = {name: t if t.constant or not t.shape or t.shape[0] % n

@@ -50,7 +50,8 @@ import tvm_ffi
 from tvm import tirx
 from tvm.s_tir import SBlockRealize
 
-from tvm_dsa.kernel.analysis import Load, uses_var
+from tvm_dsa.kernel.analysis import Load, contraction, uses_var
+from tvm_dsa.kernel.macs import kernel_macs
 from tvm_dsa.schedule import register
 from tvm_dsa.schedule.graph import OpGraph, SubGraphs
 from tvm_dsa.schedule.plan import KernelSpec, Lowering, StitchPlan
@@ -304,12 +305,16 @@ def graphturbo(mod, hw, supported, options=None) -> list[KernelSpec]:
     goes), so every cluster gets samples and, with a core per instance (Algorithm 4's factor 1),
     an instance's intermediates can stay in its core's LB; without a fitting split, the batch
     alone is split that way."""
-    graph, share = OpGraph.from_relax(mod).per_cluster(hw.clusters)
+    whole = OpGraph.from_relax(mod)
+    graph, share = whole.per_cluster(hw.clusters)
     esize = tvm_dtype_bytes(hw.storage_dtype)
     host = frozenset(n.index for n in graph.nodes if n.func not in supported)  # pure reshapes too: views
     alone = frozenset(n.index for n in graph.nodes if n.index not in host and not sample_wise(
         mod[n.func], frozenset(i for i, t in enumerate(n.inputs) if graph.tensors[t].constant)))
     sgs = group_two_levels(SubGraphs(graph), hw.lb_bytes, hw.gb_bytes, esize, host | alone)
+    spread = whole.batch is not None and whole.batch < hw.clusters  # a sample's rows split over the clusters
+    if spread:
+        sgs = cut_before(sgs, paying_cuts(sgs, mod, hw, host))
     specs = []
     for g, members in enumerate(sgs.groups):
         if members & host:
@@ -323,8 +328,67 @@ def graphturbo(mod, hw, supported, options=None) -> list[KernelSpec]:
         if d == 0:
             f = max(f * share, hw.clusters * hw.cores_per_cluster)
         calls = tuple(graph.nodes[n].name for n in sorted(members))
-        specs.append(KernelSpec(f"sg{len(specs)}_{calls[0]}", calls, StitchPlan((d, f))))
+        rows = spread and spreading_saves(sgs, members, mod, hw) > hw.kernel_launch_cycles
+        specs.append(KernelSpec(f"sg{len(specs)}_{calls[0]}", calls, StitchPlan((d, f), rows)))
     return specs
+
+
+def cut_before(sgs: SubGraphs, starts: frozenset) -> SubGraphs:
+    """``sgs`` with each sub-graph cut before its nodes in ``starts``: each piece a run of the
+    sub-graph's nodes in topological order (a path leaving a run and coming back would leave and
+    re-enter the sub-graph, which is convex). With fewer samples than clusters a stitched kernel
+    splits a sample's rows between instances (``kernelgen.stitch.plan_instances``), and a
+    contraction of two computed tensors (attention's ``Q K^T`` and ``P V``) needs all rows of its
+    second operand in every instance: within one sub-graph, every instance would compute all of
+    it and what it reads (BERT-base's encoder ran as one kernel on one cluster at batch 1)."""
+    groups = []
+    for members in sgs.groups:
+        run: list[int] = []
+        for n in sorted(members):
+            if run and n in starts:
+                groups.append(frozenset(run))
+                run = []
+            run.append(n)
+        groups.append(frozenset(run))
+    return SubGraphs(sgs.graph, groups)
+
+
+def spreading_saves(sgs: SubGraphs, members, mod, hw) -> float:
+    """Cycles spreading the MACs of the nodes ``members`` from one cluster over all would save at
+    the MMEs' peak: what splitting a sample's rows can gain at most."""
+    macs = sum(kernel_macs(mod[sgs.graph.nodes[n].func]) for n in members)
+    return macs / (hw.peak_macs_per_cycle / hw.clusters) * (1 - 1 / hw.clusters)
+
+
+def paying_cuts(sgs: SubGraphs, mod, hw, host: frozenset) -> frozenset:
+    """The nodes ``cut_before`` cuts a sub-graph before where a sample's rows are split over the
+    clusters: its contractions of two activations (``pair_product``), where spreading it saves
+    more than the launches of the kernels the cuts add (``spreading_saves``: DLRM's feature
+    interaction, a few thousand MACs, is not cut into two kernels that each pay a launch)."""
+    graph = sgs.graph
+    pairs = frozenset(n.index for n in graph.nodes if n.index not in host and pair_product(
+        mod[n.func], frozenset(i for i, t in enumerate(n.inputs) if graph.tensors[t].constant)))
+    cuts: set[int] = set()
+    for members in sgs.groups:
+        starts = (pairs & members) - {min(members)}
+        if starts and spreading_saves(sgs, members, mod, hw) > len(starts) * hw.kernel_launch_cycles:
+            cuts |= starts
+    return frozenset(cuts)
+
+
+def pair_product(func, weights: frozenset = frozenset()) -> bool:
+    """Whether ``func`` contracts two activations: a reduction ``acc += a * b`` whose loads both
+    read parameters not at the positions ``weights``."""
+    constant = {p for i, p in enumerate(func.params) if i in weights}
+    found = []
+
+    def visit(realize):
+        pair = contraction(realize.block)
+        if pair and all(ld.source not in constant for ld in pair) and not pair[0].source.same_as(pair[1].source):
+            found.append(realize)
+
+    tvm_ffi.structural_walk(func.body, [(SBlockRealize, visit)])
+    return bool(found)
 
 
 def sample_wise(func, weights: frozenset = frozenset()) -> bool:

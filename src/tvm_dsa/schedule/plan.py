@@ -28,9 +28,11 @@ class LayerPlan:
 class StitchPlan:
     """A GraphTurbo sub-graph run instance by instance, the tensors between its layers on chip and
     its weights promoted to the GB: ``split`` is Algorithm 1's best split (output dimension,
-    factor) that cuts it into instances."""
+    factor) that cuts it into instances; ``rows``: its instances may split a sample's rows over
+    the clusters (fewer samples than clusters, and MACs enough to pay for spreading them)."""
 
     split: tuple[int, int]
+    rows: bool = False
 
 
 @dataclass(frozen=True)

@@ -393,16 +393,18 @@ def candidate_plans(info: AnchorInfo, mme_rows: int, mme_cols: int, reuse: bool 
     contraction's through every ⌈E / k⌉, another anchor's by halves: its first tile that fits is
     far down (ViT's layer norms: 4 of 197 rows, after 9 lowerings of 20-40 ms each from a
     working-set floor of 0; 6 of ViT-B/16's 106 lowerings fewer, the same cycles). With
-    ``caps`` (divisors of the leading loops' extents) no plan's tile of those loops is larger: a
-    stitched kernel's micro-batch of samples, a SET layer's intra-layer partition. With ``chunk``
+    ``caps`` every plan's tile of the leading loops divides the cap (on a loop that clamps, the
+    cap need not divide the extent: the tiles still meet at each multiple of it): a stitched
+    kernel's micro-batch of samples or an instance's share of a sample's rows, a SET layer's
+    intra-layer partition. With ``chunk``
     (a divisor of the first reduction loop) every plan takes that chunk: only tiles shrink. Where
     contractions are fused before the anchor (``info.producers``) N stays whole, the chunk shrinks
     first, down to the array's rows (each chunk's producers are computed in the LB), and M loops
     through every divisor of their extent (a depthwise convolution's rows: 56, 28, 14, 8, 7, 4,
     2, 1, where halving 7 gives 1 and triples the halo read per row)."""
     tiles = [math.gcd(e, a) if a > 1 else e for e, a in zip(info.spatial, _aligns(info))]
-    tiles[:len(caps)] = [math.gcd(t, c) for t, c in zip(tiles, caps)]
     clamp = clampable(info, mme_rows) if clamp else frozenset()
+    tiles[:len(caps)] = [min(t, c) if i in clamp else math.gcd(t, c) for i, (t, c) in enumerate(zip(tiles, caps))]
     fixed = chunk is not None
     chunk = chunk if fixed else info.reduction[0] if info.reduction else None
     roles = list(info.roles) if info.roles else [""] * len(tiles)
@@ -422,10 +424,15 @@ def candidate_plans(info: AnchorInfo, mme_rows: int, mme_cols: int, reuse: bool 
                 return i
         return None
 
+    capped = {i: c for i, c in enumerate(caps) if i in clamp and c < info.spatial[i]}
+
     def shrunk(i):
         ts = list(tiles)
-        ts[i] = divisor_below(info.spatial[i], ts[i]) if info.producers and i not in clamp else \
-            smaller_tile(info.spatial[i], ts[i], i in clamp, not contraction)
+        if i in capped:  # through the cap's divisors: the tiles meet at each multiple of the cap
+            ts[i] = divisor_below(capped[i], ts[i])
+        else:
+            ts[i] = divisor_below(info.spatial[i], ts[i]) if info.producers and i not in clamp else \
+                smaller_tile(info.spatial[i], ts[i], i in clamp, not contraction)
         return ts
 
     def m_or_n():
