@@ -335,29 +335,42 @@ def test_gb_too_small_spills_to_ddr_and_stays_exact(rng):
     assert info.gb_peak == 0 < small.gb_bytes
 
 
-def test_two_outputs_leave_one_kernel_as_a_tuple(rng):
-    op = relax.op
+def _two_outputs(rng, body):
+    """``main(x, w)`` returning the tuple of the vars ``body(bb, x, w)`` emits (x: 2 samples of
+    8 x 8 x 8, w: a 1 x 1 convolution's weights), its arguments and llvm's outputs."""
     bb = relax.BlockBuilder()
     x = relax.Var("x", relax.TensorType((2, 8, 8, 8), "float32"))
     w = relax.Var("w", relax.TensorType((8, 8, 1, 1), "float32"))
     with bb.function("main", [x, w]):
         with bb.dataflow():
-            a = bb.emit(op.nn.relu(op.nn.conv2d(x, w)))
-            b = bb.emit(op.nn.relu(op.nn.conv2d(a, w)))
-            out = bb.emit_output(relax.Tuple([a, b]))
+            out = bb.emit_output(relax.Tuple(body(bb, x, w)))
         bb.emit_func_output(out)
     mod = bb.get()
     args = [rng.standard_normal((2, 8, 8, 8)).astype("float32"), rng.standard_normal((8, 8, 1, 1)).astype("float32") * 0.3]
     ref = relax.VirtualMachine(tvm.compile(mod, target="llvm"), tvm.cpu())["main"](*[tvm.runtime.tensor(v) for v in args])
-    vm, result = _run(mod, "graphturbo")
+    return mod, args, [r.numpy() for r in ref]
+
+
+def _outputs_close(vm, args, ref) -> bool:
     out = vm["main"](*[tvm.runtime.tensor(v) for v in args])
+    return all(np.abs(o.numpy() - r).max() / np.abs(r).max() < 5e-3 for o, r in zip(out, ref))
+
+
+def test_two_outputs_leave_one_kernel_as_a_tuple(rng):
+    op = relax.op
+
+    def body(bb, x, w):
+        a = bb.emit(op.nn.relu(op.nn.conv2d(x, w)))
+        return [a, bb.emit(op.nn.relu(op.nn.conv2d(a, w)))]
+
+    mod, args, ref = _two_outputs(rng, body)
+    vm, result = _run(mod, "graphturbo")
     assert len(result.dsa) == 1 and result.host == {}
     (info,) = result.stitched.values()
     # each sample an instance, which also computes its sample's tiles of the second output (they
     # read that sample's tiles of the first: ``_owners``), each tile once
     assert info.instances == 2 and info.recompute == 1.0
-    for o, r in zip(out, ref):
-        assert np.abs(o.numpy() - r.numpy()).max() / np.abs(r.numpy()).max() < 5e-3
+    assert _outputs_close(vm, args, ref)
 
 
 def test_an_output_no_instance_reads_goes_to_the_instance_computing_its_inputs(rng, monkeypatch):
@@ -366,27 +379,18 @@ def test_an_output_no_instance_reads_goes_to_the_instance_computing_its_inputs(r
     sample; each tile of the relu output then goes to the instance holding the conv tiles it reads
     (``_owners``): both outputs split, nothing computed twice, the values llvm's."""
     op = relax.op
-    bb = relax.BlockBuilder()
-    x = relax.Var("x", relax.TensorType((2, 8, 8, 8), "float32"))
-    w = relax.Var("w", relax.TensorType((8, 8, 1, 1), "float32"))
-    with bb.function("main", [x, w]):
-        with bb.dataflow():
-            c = bb.emit(op.nn.conv2d(x, w))
-            a = bb.emit(op.nn.relu(c))
-            b = bb.emit(op.nn.relu(op.nn.conv2d(c, w)))
-            out = bb.emit_output(relax.Tuple([a, b]))
-        bb.emit_func_output(out)
-    mod = bb.get()
-    args = [rng.standard_normal((2, 8, 8, 8)).astype("float32"), rng.standard_normal((8, 8, 1, 1)).astype("float32") * 0.3]
-    ref = relax.VirtualMachine(tvm.compile(mod, target="llvm"), tvm.cpu())["main"](*[tvm.runtime.tensor(v) for v in args])
+
+    def body(bb, x, w):
+        c = bb.emit(op.nn.conv2d(x, w))
+        return [bb.emit(op.nn.relu(c)), bb.emit(op.nn.relu(op.nn.conv2d(c, w)))]
+
+    mod, args, ref = _two_outputs(rng, body)
     monkeypatch.setattr(graphturbo, "group_two_levels",
                         lambda sgs, *_: SubGraphs(sgs.graph, [frozenset(range(len(sgs.graph.nodes)))]))
     vm, result = _run(mod, "graphturbo")
-    out = vm["main"](*[tvm.runtime.tensor(v) for v in args])
     (info,) = result.stitched.values()
     assert info.instances == 2 and info.recompute == 1.0
-    for o, r in zip(out, ref):
-        assert np.abs(o.numpy() - r.numpy()).max() / np.abs(r.numpy()).max() < 5e-3
+    assert _outputs_close(vm, args, ref)
 
 
 def _attention(rng, batch: int, t: int = 256, d: int = 128):
