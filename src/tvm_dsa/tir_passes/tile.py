@@ -393,10 +393,10 @@ def candidate_plans(info: AnchorInfo, mme_rows: int, mme_cols: int, reuse: bool 
     contraction's through every ⌈E / k⌉, another anchor's by halves: its first tile that fits is
     far down (ViT's layer norms: 4 of 197 rows, after 9 lowerings of 20-40 ms each from a
     working-set floor of 0; 6 of ViT-B/16's 106 lowerings fewer, the same cycles). With
-    ``caps`` every plan's tile of the leading loops divides the cap (on a loop that clamps, the
-    cap need not divide the extent: the tiles still meet at each multiple of it): a stitched
-    kernel's micro-batch of samples or an instance's share of a sample's rows, a SET layer's
-    intra-layer partition. With ``chunk``
+    ``caps`` no plan's tile of the leading loops is larger than the cap, and on a loop that
+    clamps (a prime extent, which the cap need not divide) the tiles step through the cap's
+    divisors, meeting at each multiple of it: a stitched kernel's micro-batch of samples or an
+    instance's share of a sample's rows, a SET layer's intra-layer partition. With ``chunk``
     (a divisor of the first reduction loop) every plan takes that chunk: only tiles shrink. Where
     contractions are fused before the anchor (``info.producers``) N stays whole, the chunk shrinks
     first, down to the array's rows (each chunk's producers are computed in the LB), and M loops
