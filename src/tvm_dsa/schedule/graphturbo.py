@@ -313,8 +313,9 @@ def graphturbo(mod, hw, supported, options=None) -> list[KernelSpec]:
         mod[n.func], frozenset(i for i, t in enumerate(n.inputs) if graph.tensors[t].constant)))
     sgs = group_two_levels(SubGraphs(graph), hw.lb_bytes, hw.gb_bytes, esize, host | alone)
     spread = whole.batch is not None and whole.batch < hw.clusters  # a sample's rows split over the clusters
+    macs = {n.index: kernel_macs(mod[n.func]) for n in graph.nodes if n.index not in host} if spread else {}
     if spread:
-        sgs = cut_before(sgs, paying_cuts(sgs, mod, hw, host))
+        sgs = cut_before(sgs, paying_cuts(sgs, mod, hw, host, macs))
     specs = []
     for g, members in enumerate(sgs.groups):
         if members & host:
@@ -328,7 +329,7 @@ def graphturbo(mod, hw, supported, options=None) -> list[KernelSpec]:
         if d == 0:
             f = max(f * share, hw.clusters * hw.cores_per_cluster)
         calls = tuple(graph.nodes[n].name for n in sorted(members))
-        rows = spread and spreading_saves(sgs, members, mod, hw) > hw.kernel_launch_cycles
+        rows = spread and spreading_saves(members, macs, hw) > hw.kernel_launch_cycles
         specs.append(KernelSpec(f"sg{len(specs)}_{calls[0]}", calls, StitchPlan((d, f), rows)))
     return specs
 
@@ -353,14 +354,13 @@ def cut_before(sgs: SubGraphs, starts: frozenset) -> SubGraphs:
     return SubGraphs(sgs.graph, groups)
 
 
-def spreading_saves(sgs: SubGraphs, members, mod, hw) -> float:
-    """Cycles spreading the MACs of the nodes ``members`` from one cluster over all would save at
-    the MMEs' peak: what splitting a sample's rows can gain at most."""
-    macs = sum(kernel_macs(mod[sgs.graph.nodes[n].func]) for n in members)
-    return macs / (hw.peak_macs_per_cycle / hw.clusters) * (1 - 1 / hw.clusters)
+def spreading_saves(members, macs: dict, hw) -> float:
+    """Cycles spreading the MACs of the nodes ``members`` (``macs``: per node) from one cluster
+    over all would save at the MMEs' peak: what splitting a sample's rows can gain at most."""
+    return sum(macs.get(n, 0) for n in members) / (hw.peak_macs_per_cycle / hw.clusters) * (1 - 1 / hw.clusters)
 
 
-def paying_cuts(sgs: SubGraphs, mod, hw, host: frozenset) -> frozenset:
+def paying_cuts(sgs: SubGraphs, mod, hw, host: frozenset, macs: dict) -> frozenset:
     """The nodes ``cut_before`` cuts a sub-graph before where a sample's rows are split over the
     clusters: its contractions of two activations (``pair_product``), where spreading it saves
     more than the launches of the kernels the cuts add (``spreading_saves``: DLRM's feature
@@ -371,7 +371,7 @@ def paying_cuts(sgs: SubGraphs, mod, hw, host: frozenset) -> frozenset:
     cuts: set[int] = set()
     for members in sgs.groups:
         starts = (pairs & members) - {min(members)}
-        if starts and spreading_saves(sgs, members, mod, hw) > len(starts) * hw.kernel_launch_cycles:
+        if starts and spreading_saves(members, macs, hw) > len(starts) * hw.kernel_launch_cycles:
             cuts |= starts
     return frozenset(cuts)
 
