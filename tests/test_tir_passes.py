@@ -382,6 +382,31 @@ def test_weights_on_chip_keep_the_output_channels_whole_and_the_input_read_once(
     np.testing.assert_allclose(out, ref, rtol=2e-2, atol=2e-2 * np.abs(ref).max())
 
 
+def test_an_elementwise_layer_tiles_through_every_divisor_of_its_channels(rng):
+    """DenseNet's batch norm + ReLU before a convolution, over 416 = 32 x 13 channels: halving
+    its tile of channels goes 416, 208, 104, 52, 26, 13, and 13's own divisors leave one channel
+    a tile, each with a load of every parameter. The tiles step through 416's divisors instead:
+    the plan is the largest divisor whose tile fits the LB, and it computes what llvm does."""
+    op = relax.op
+    func = fused_kernel(lambda: relax_graph(
+        [(2, 416, 28, 28)] + [(1, 416, 1, 1)] * 4,
+        lambda x, m, s, g, b: op.nn.relu(op.add(op.multiply(op.divide(op.subtract(x, m), s), g), b))))
+    lowered, plan = lower_kernel(func, HW)
+
+    def fits(c):
+        try:
+            return plan_lb(read_kernel(lower_with_plan(func, TilePlan((1, c, 28, 28), None))), HW) is not None
+        except CodegenError:
+            return False
+    largest = next(c for c in sorted((c for c in range(1, 417) if 416 % c == 0), reverse=True) if fits(c))
+    assert largest > 1 and plan.tiles == (1, largest, 28, 28)
+    args = random_args(func, rng)
+    args[2] = np.abs(args[2]) + 0.5  # the divisor: a standard deviation
+    ref = run_llvm(func, args)
+    out = simulate(build_program(lowered, HW, "k"), args[:-1]).outputs[0]
+    np.testing.assert_allclose(out, ref, rtol=2e-2, atol=2e-2 * np.abs(ref).max())
+
+
 def test_a_prime_reduction_takes_rows_of_one_not_chunks_of_one(rng):
     """probs x V of an attention over 197 tokens (prime): a tile holds 197 rows or one, a chunk
     the whole reduction or one step. With one-deep chunks each step's column of probs is 197
@@ -604,8 +629,8 @@ def test_a_prime_extent_is_tiled_in_parts_that_overlap_at_the_end():
     hw = hardware.get("stcp920")
     func = _matmul_197()
     info = anchor_info(func)
-    assert smaller_tile(197, 197, True) == 99 and smaller_tile(197, 99, True) == 66
-    assert smaller_tile(197, 99, True, halve=True) == 50 and smaller_tile(197, 50, True, halve=True) == 25
+    assert smaller_tile(197, 197) == 99 and smaller_tile(197, 99) == 66
+    assert smaller_tile(197, 99, halve=True) == 50 and smaller_tile(197, 50, halve=True) == 25
     # another anchor than a contraction (an add over 197 rows) halves its rows' tiles
     op = relax.op
     add = anchor_info(fused_kernel(lambda: relax_graph([(2, 197, 512), (2, 197, 512)], lambda x, y: op.add(x, y))))

@@ -341,12 +341,10 @@ def clampable(info: AnchorInfo, mme_rows: int) -> frozenset[int]:
                      if i and r in ("M", "") and a == 1 and e >= 2 * mme_rows and divisor_below(e, e) == 1)
 
 
-def smaller_tile(extent: int, tile: int, clamp: bool, halve: bool = False) -> int:
-    """The tile after ``tile`` in a loop of ``extent``: its largest divisor below it, or with
-    ``clamp`` the largest ⌈extent / parts⌉ below it, the last tile clamped (197: 99, 66, 50, ...),
-    or with ``halve`` too that of twice the parts (197: 99, 50, 25, ...)."""
-    if not clamp:
-        return divisor_below(tile, tile)
+def smaller_tile(extent: int, tile: int, halve: bool = False) -> int:
+    """The tile after ``tile`` in a clamped loop of ``extent``: the largest ⌈extent / parts⌉ below
+    it, the last tile clamped (197: 99, 66, 50, ...), or with ``halve`` that of twice the parts
+    (197: 99, 50, 25, ...)."""
     parts = -(-extent // tile) * 2 if halve else -(-extent // tile) + 1
     while -(-extent // parts) >= tile:
         parts += 1
@@ -380,7 +378,10 @@ def candidate_plans(info: AnchorInfo, mme_rows: int, mme_cols: int, reuse: bool 
     (inner loops stay long: contiguous DMA rows) of M (rows of the PE array) or N (its columns):
     the one further above its array size, or with ``reuse`` the one whose shrinking keeps more
     operand reuse (``_intensity``); then the chunk. Other anchors shrink their outer loops first
-    and their reduction chunk last. The two contraction orders suit different layers (a chunk
+    and their reduction chunk last, each loop's tile through the divisors of its first tile
+    (DenseNet's batch norms over 416 channels: ... 26, 16, 13, 8, where 13's own divisors gave
+    tiles of one channel, each with four 2-byte loads of its parameters); a contraction's through
+    those of its current tile (the tiles ``lower_timed`` combines and ranks). The two contraction orders suit different layers (a chunk
     that is the whole reduction keeps a weight tile in the LB from one tile to the next; a short
     one leaves room for tiles that reuse each operand more): ``lower_kernel`` keeps the plan that
     loads less. A third order, ``keep_n`` (the ``reuse`` order but M shrunk down to the array's
@@ -405,6 +406,7 @@ def candidate_plans(info: AnchorInfo, mme_rows: int, mme_cols: int, reuse: bool 
     tiles = [math.gcd(e, a) if a > 1 else e for e, a in zip(info.spatial, _aligns(info))]
     clamp = clampable(info, mme_rows) if clamp else frozenset()
     tiles[:len(caps)] = [min(t, c) if i in clamp else math.gcd(t, c) for i, (t, c) in enumerate(zip(tiles, caps))]
+    start = tuple(tiles)
     fixed = chunk is not None
     chunk = chunk if fixed else info.reduction[0] if info.reduction else None
     roles = list(info.roles) if info.roles else [""] * len(tiles)
@@ -430,9 +432,12 @@ def candidate_plans(info: AnchorInfo, mme_rows: int, mme_cols: int, reuse: bool 
         ts = list(tiles)
         if i in capped:  # through the cap's divisors: the tiles meet at each multiple of the cap
             ts[i] = divisor_below(capped[i], ts[i])
-        else:
-            ts[i] = divisor_below(info.spatial[i], ts[i]) if info.producers and i not in clamp else \
-                smaller_tile(info.spatial[i], ts[i], i in clamp, not contraction)
+        elif i in clamp:
+            ts[i] = smaller_tile(info.spatial[i], ts[i], not contraction)
+        elif info.producers:
+            ts[i] = divisor_below(info.spatial[i], ts[i])
+        else:  # another anchor through the first tile's divisors (416: ... 26, 16, 13, 8), not 13's (1)
+            ts[i] = divisor_below(ts[i] if contraction else start[i], ts[i])
         return ts
 
     def m_or_n():
