@@ -1,8 +1,8 @@
-"""A depthwise convolution and the pointwise convolution reading it as one kernel
-(``kernelgen.blocks.FuseSeparableBlocks``): found where the depthwise result has no other reader,
-lowered with the pointwise convolution as the anchor and the depthwise one computed per chunk of
-its channels (on the vector units of a floating-point MME), kept where it times faster, and
-computing the model as llvm does, under every schedule that fuses."""
+"""A depthwise convolution or an elementwise layer and the pointwise convolution reading it as one
+kernel (``kernelgen.blocks.FuseSeparableBlocks``): found where the first one's result has no other
+reader, lowered with the pointwise convolution as the anchor and the first one computed per chunk
+of its channels (a depthwise one on the vector units of a floating-point MME), kept where it times
+faster, and computing the model as llvm does, under every schedule that fuses."""
 
 import math
 
@@ -134,7 +134,7 @@ def test_a_pair_whose_fused_kernel_does_not_lower_stays_apart(schedule):
 
 
 def _name_of(block) -> str:
-    return f"{block.depthwise}_{block.pointwise.removeprefix('fused_')}"
+    return f"{block.producer}_{block.pointwise.removeprefix('fused_')}"
 
 
 def _simulates_like_llvm(func):
@@ -176,7 +176,7 @@ def test_a_pair_is_fused_where_its_kernel_times_faster(fused_mod):
     for b in decided:
         fused = b.fused_cycles < b.parts_cycles
         assert (_name_of(b) in called) == fused
-        assert (b.depthwise in called) != fused
+        assert (b.producer in called) != fused
     # a small MobileNetV2's blocks fuse: a kernel launch or a layer change fewer each
     assert all(b.fused_cycles < b.parts_cycles for b in decided)
 
@@ -191,7 +191,7 @@ def test_fused_blocks_compute_the_model_with_their_depthwise_macs_on_the_vector_
     assert result.host_macs == 0 and result.dsa_macs == total
     # a fused block's depthwise MACs on the VME; unfused depthwise layers on the VME too only
     # where a stitched kernel times them faster there
-    fused_dw = sum(kernel_macs(fused_mod[b.depthwise]) for b in fused)
+    fused_dw = sum(kernel_macs(fused_mod[b.producer]) for b in fused)
     assert fused_dw > 0
     if schedule == "layerwise":
         assert result.vector_macs == fused_dw
@@ -205,3 +205,58 @@ def _calls(func):
     found = []
     tvm_ffi.structural_walk(func.body, [(relax.Call, lambda c: found.append(c) if c.op.same_as(CALL_TIR) else None)])
     return found
+
+
+def _norm_then_conv(c: int, n: int, readers: int = 1, transpose: bool = False):
+    """x -> batch norm -> ReLU (DenseNet's pre-activation; ``transpose``: then H and W swapped)
+    -> ``readers`` 1 x 1 convolutions of it."""
+    rng = np.random.default_rng(0)
+    array = lambda name, a: nh.from_array(a.astype("float32"), name)  # noqa: E731
+    inits = [array("g", rng.standard_normal(c)), array("b", rng.standard_normal(c)),
+             array("m", rng.standard_normal(c)), array("v", rng.random(c) + 0.5)]
+    inits += [array(f"w{k}", rng.standard_normal((16 + k, c, 1, 1))) for k in range(readers)]
+    nodes = [h.make_node("BatchNormalization", ["x", "g", "b", "m", "v"], ["bn"]), h.make_node("Relu", ["bn"], ["r"])]
+    if transpose:
+        nodes.append(h.make_node("Transpose", ["r"], ["t"], perm=[0, 1, 3, 2]))
+    nodes += [h.make_node("Conv", ["t" if transpose else "r", f"w{k}"], [f"y{k}"]) for k in range(readers)]
+    graph = h.make_graph(nodes, "norm_then_conv", [h.make_tensor_value_info("x", TP.FLOAT, [2, c, n, n])],
+                         [h.make_tensor_value_info(f"y{k}", TP.FLOAT, [2, 16 + k, n, n]) for k in range(readers)],
+                         inits)
+    return h.make_model(graph, opset_imports=[h.make_opsetid("", 17)], ir_version=10)
+
+
+def test_an_elementwise_layer_before_a_pointwise_convolution_is_a_pair_only_alone_and_untransposed():
+    """A batch norm + ReLU read by one 1 x 1 convolution is a pair; read by two, or through a
+    transpose (not elementwise: TVM fuses it into the norm's kernel), it is not."""
+    with tvm.target.Target("llvm"):
+        (pair,) = pairs(fuse(import_onnx(_norm_then_conv(24, 8))))
+        assert pairs(fuse(import_onnx(_norm_then_conv(24, 8, readers=2)))) == []
+        assert pairs(fuse(import_onnx(_norm_then_conv(24, 8, transpose=True)))) == []
+
+
+@pytest.mark.parametrize("schedule", ["layerwise", "graphturbo"])
+def test_a_norm_fused_into_a_pointwise_convolution_computes_the_model(schedule):
+    """The norm's chunk of channels is computed in the LB under the convolution's chunk loop: the
+    fused kernel's program computes what llvm does, the pass keeps it where it times faster, and
+    the model computes as llvm does."""
+    model = _norm_then_conv(48, 14)
+    with tvm.target.Target("llvm"):
+        fused_mod = fuse(import_onnx(model))
+    (pair,) = pairs(fused_mod)
+    func, *_ = fused_function(fused_mod, pair, HW)
+    program = build_program(lower_kernel(func, HW)[0], HW, "block")
+    isa.validate(program)
+    arrays = random_args(func, np.random.default_rng(2))
+    arrays[2] = np.abs(arrays[2]) + 0.5  # the norm's divisor, a standard deviation
+    (out,) = simulate(program, arrays[:-1]).outputs
+    ref = run_llvm(func, arrays)
+    np.testing.assert_allclose(out, ref, rtol=1e-2, atol=5e-3 * np.abs(ref).max())
+    mod, inputs = import_onnx(model), example_inputs(model)
+    compiled = Compiled.build(mod, TARGET, schedule=schedule)
+    (block,) = compiled.offload.blocks
+    run = compiled.run(inputs)
+    layers = {L.name for k in run.kernels for pk in k.program.kernels for L in pk.layers if L.shape}
+    assert len(layers) == (1 if block.fused_cycles < block.parts_cycles else 2)  # kernels or a stitched one's layers
+    assert compiled.offload.host_macs == 0
+    reference = Compiled.build(mod, "llvm").run(inputs).outputs
+    assert max_relative_error(run.outputs, reference) < 2e-3

@@ -1,17 +1,20 @@
-"""FuseSeparableBlocks: a depthwise convolution and the pointwise convolution that reads it (the
-second half of a depthwise-separable block: MobileNet's, an inverted residual's) as one kernel,
-where that runs faster.
+"""FuseSeparableBlocks: a pointwise convolution and the layer before it that only it reads, a
+depthwise convolution (the second half of a depthwise-separable block: MobileNet's, an inverted
+residual's) or an elementwise layer (DenseNet's batch norm and ReLU before each 1 x 1
+convolution), as one kernel, where that runs faster.
 
-Layer by layer, the depthwise result goes out to the GB (or DDR) and comes back for the pointwise
-convolution: of an inverted residual block's 26 bytes a pixel per input channel through the GB's
-ports, 12. Fused, the pointwise convolution is the anchor and its reduction over the depthwise
-channels the chunk loop; each chunk's depthwise result is computed under it (``TileForLB``
-computes a contraction before the anchor like any producer, ``AnchorInfo.producers``) and stays
-in the LB, on the vector units where the MME accumulates in floating point (one PE column of the
-MME against the VME's lanes, as ``tile.unit_choice`` reasons). The cost: a tile covers all output
-channels (each tile of them would compute the depthwise chunk again, ``AnchorInfo.whole``), so it
-has fewer rows, and a depthwise tile of fewer rows reads more halo. Which wins depends on the
-shapes, so each pair is timed both ways (``_cycles``) and fused only where the fused kernel is
+Layer by layer, the first layer's result goes out to the GB (or DDR) and comes back for the
+pointwise convolution: of an inverted residual block's 26 bytes a pixel per input channel through
+the GB's ports, 12. Fused, the pointwise convolution is the anchor and its reduction over the
+first layer's channels the chunk loop; each chunk of the first layer's result is computed under it
+(``TileForLB`` computes a producer of the anchor under its chunk loop, a contraction like any
+other, ``AnchorInfo.producers``) and stays in the LB, on the vector units (a depthwise
+convolution there where the MME accumulates in floating point: one PE column of the MME against
+the VME's lanes, as ``tile.unit_choice`` reasons). The cost: a tile after a depthwise convolution
+covers all output channels (each tile of them would compute the depthwise chunk again,
+``AnchorInfo.whole``), so it has fewer rows, and a depthwise tile of fewer rows reads more halo;
+an elementwise layer is computed again for each tile of output channels. Which wins depends on
+the shapes, so each pair is timed both ways (``_cycles``) and fused only where the fused kernel is
 faster. MobileNetV2 at batch 8 on stcp920: 16 of its 17 pairs fuse (docs/performance.md).
 """
 
@@ -21,10 +24,11 @@ import math
 from dataclasses import dataclass
 
 import tvm
+import tvm_ffi
 from tvm import relax, s_tir, tirx
 
 from tvm_dsa.hardware import Hardware
-from tvm_dsa.kernel.analysis import Load, Unsupported, classify, sch_annotate, sch_get
+from tvm_dsa.kernel.analysis import Call, Load, Unsupported, call_name, classify, sch_annotate, sch_get
 from tvm_dsa.kernel.attrs import VECTOR_CONTRACTION
 from tvm_dsa.kernel.ir import read_kernel
 from tvm_dsa.kernelgen.pair import fused_pair
@@ -38,7 +42,7 @@ CALL_TIR = tvm.ir.Op.get("relax.call_tir")
 class FusedBlock:
     """A pair as decided: its two kernels and the chip's cycles each way (``_cycles``)."""
 
-    depthwise: str
+    producer: str  # the depthwise convolution or the elementwise layer
     pointwise: str
     fused_cycles: float
     parts_cycles: float
@@ -46,23 +50,60 @@ class FusedBlock:
 
 def _kind(func) -> str | None:
     """"pointwise" (a 1 x 1 contraction with an N loop), "depthwise" (a window, one input channel
-    per output channel, no N loop) or None."""
+    per output channel, no N loop), "elementwise" (``_elementwise``) or None."""
     if not isinstance(func, tirx.PrimFunc):
         return None
     try:
         info = anchor_info(func)
     except Unsupported:
         return None
-    if info.kind.kind != "mme" or info.producers or len(info.reduction) != 3:
+    if info.kind.kind != "mme":
+        return "elementwise" if _elementwise(func) else None
+    if info.producers or len(info.reduction) != 3:
         return None
     if "N" in info.roles:
         return "pointwise" if info.reduction[1:] == (1, 1) else None
     return "depthwise" if info.reduction[0] == 1 and info.reduction[1] * info.reduction[2] > 1 else None
 
 
+def _elementwise(func: tirx.PrimFunc) -> bool:
+    """Every block of ``func`` computes each element of its output from the same element of its
+    inputs (one of them, in a concatenation: shifted along the joined dim, which its condition
+    picks), or of inputs broadcast to it (a batch norm's per-channel parameters): no reduction,
+    no window, no transpose. Its result's chunks are then computed where a consumer loads them
+    (DenseNet's concatenation, batch norm and ReLU before each 1 x 1 convolution)."""
+    sch = s_tir.Schedule(func)
+    for block_rv in leaf_blocks(sch):
+        block = sch_get(sch, block_rv)
+        store = block.body
+        if classify(block).kind not in ("copy", "vector"):
+            return False
+        own = [v.var for v in block.iter_vars]
+        if len(store.indices) != len(own) or not all(i.same_as(v) for i, v in zip(store.indices, own)):
+            return False
+        loads = []
+        tvm_ffi.structural_walk(store.value, [(Load, loads.append)])
+        joined = isinstance(store.value, Call) and call_name(store.value) == "if_then_else"
+        if not all(len(ld.indices) == len(own) and all(_same_element(i, v, n, joined) for i, v, n in
+                                                         zip(ld.indices, own, ld.source.shape)) for ld in loads):
+            return False
+    return True
+
+
+def _same_element(index, var, extent, joined: bool) -> bool:
+    """``index`` reads the element at ``var``: it is ``var``, 0 along a broadcast dim of extent 1,
+    or (``joined``: a concatenation's pick) ``var`` shifted by a constant."""
+    if index.same_as(var):
+        return True
+    if isinstance(index, tirx.IntImm):
+        return int(index) == 0 and int(extent) == 1
+    return joined and isinstance(index, tirx.Sub) and index.a.same_as(var) and isinstance(index.b, tirx.IntImm)
+
+
 def pairs(mod: tvm.IRModule) -> list[tuple[relax.VarBinding, relax.VarBinding]]:
-    """(depthwise, pointwise) ``call_tir`` bindings of ``main`` where the pointwise convolution
-    reads the depthwise one's result as its data input and nothing else reads it."""
+    """(producer, pointwise) ``call_tir`` bindings of ``main`` where the pointwise convolution
+    reads the result of a depthwise convolution or an elementwise layer as its data input and
+    nothing else reads it."""
     main = mod["main"]
     bindings = [b for block in main.body.blocks for b in block.bindings]
     readers: dict = {}
@@ -73,10 +114,11 @@ def pairs(mod: tvm.IRModule) -> list[tuple[relax.VarBinding, relax.VarBinding]]:
     out = []
     for b in calls.values():
         args = b.value.args[1].fields
-        dw = calls.get(args[0]) if args else None
-        if dw is not None and readers.get(dw.var) == 1 and sum(a.same_as(dw.var) for a in args) == 1 \
-                and _kind(mod[b.value.args[0]]) == "pointwise" and _kind(mod[dw.value.args[0]]) == "depthwise":
-            out.append((dw, b))
+        first = calls.get(args[0]) if args else None
+        if first is not None and readers.get(first.var) == 1 and sum(a.same_as(first.var) for a in args) == 1 \
+                and _kind(mod[b.value.args[0]]) == "pointwise" \
+                and _kind(mod[first.value.args[0]]) in ("depthwise", "elementwise"):
+            out.append((first, b))
     return out
 
 
@@ -139,15 +181,15 @@ def FuseSeparableBlocks(hw: Hardware, stitched: bool, decided: list | None = Non
     def fuse_blocks(mod: tvm.IRModule, _ctx) -> tvm.IRModule:
         chosen, timed = {}, {}
         for pair in pairs(mod):
-            dw, pw = (b.value.args[0].name_hint for b in pair)
+            first, pw = (b.value.args[0].name_hint for b in pair)
             try:
                 fused = fused_function(mod, pair, hw, _name(pair))
-                if (dw, pw) not in timed:
-                    timed[(dw, pw)] = (_cycles(fused[0], hw, stitched),
-                                      _cycles(mod[dw], hw, stitched) + _cycles(mod[pw], hw, stitched))
+                if (first, pw) not in timed:
+                    timed[(first, pw)] = (_cycles(fused[0], hw, stitched),
+                                         _cycles(mod[first], hw, stitched) + _cycles(mod[pw], hw, stitched))
             except Exception:  # noqa: BLE001 - TVM's schedule errors too: a pair that does not lower stays apart
                 continue
-            block = FusedBlock(dw, pw, *timed[(dw, pw)])
+            block = FusedBlock(first, pw, *timed[(first, pw)])
             if decided is not None:
                 decided.append(block)
             if block.fused_cycles < block.parts_cycles:
@@ -161,8 +203,8 @@ def FuseSeparableBlocks(hw: Hardware, stitched: bool, decided: list | None = Non
 
 def _name(pair) -> str:
     """The fused kernel's name: its two kernels'."""
-    dw, pw = (b.value.args[0].name_hint for b in pair)
-    return f"{dw}_{pw.removeprefix('fused_')}"
+    first, pw = (b.value.args[0].name_hint for b in pair)
+    return f"{first}_{pw.removeprefix('fused_')}"
 
 
 def _rewrite(mod: tvm.IRModule, chosen: dict) -> tvm.IRModule:
