@@ -258,3 +258,12 @@ def test_quantized_cnn_against_onnxruntime(quantized_cnn, target):
     assert result.dsa_macs == CNN_MACS and result.host_kernels == 0
     expected = ort.InferenceSession(model.SerializeToString()).run(None, {"x": x})[0]
     assert np.abs(y - expected).max() <= _output_scale(model) * 1.001
+
+
+def test_cli_runs_a_qdq_model_with_numerics_on_an_int8_chip(quantized_cnn):
+    """``tvm-dsa run`` refuses a float model's numerics on an int8 preset, not a QDQ model's."""
+    from tvm_dsa.harness import InputError, check_target
+
+    check_target("dsa/set-edge16", quantized_cnn[0])
+    with pytest.raises(InputError, match="float model"):
+        check_target("dsa/set-edge16", _float_cnn())
