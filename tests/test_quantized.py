@@ -218,9 +218,9 @@ CNN_MACS = 16 * 3 * 9 * 16 * 16 + 16 * 16 * 9 * 16 * 16 + 32 * 16 * 9 * 8 * 8 + 
 
 
 @pytest.fixture(scope="module")
-def quantized_cnn(tmp_path_factory):
-    """(the QDQ model onnxruntime's quantize_static makes of the CNN: int8 activations,
-    per-channel int8 weights, calibrated on four inputs; a test input)."""
+def quantize_cnn(tmp_path_factory):
+    """The QDQ model onnxruntime's quantize_static makes of the CNN with activations of the given
+    ``QuantType`` name: per-channel int8 weights, calibrated on four inputs."""
     from onnxruntime.quantization import CalibrationDataReader, QuantFormat, QuantType, quantize_static
 
     class Inputs(CalibrationDataReader):
@@ -233,10 +233,20 @@ def quantized_cnn(tmp_path_factory):
 
     folder = tmp_path_factory.mktemp("qdq")
     onnx.save(_float_cnn(), str(folder / "cnn.onnx"))
-    quantize_static(str(folder / "cnn.onnx"), str(folder / "cnn_q.onnx"), Inputs(), quant_format=QuantFormat.QDQ,
-                    per_channel=True, activation_type=QuantType.QInt8, weight_type=QuantType.QInt8)
-    x = np.random.default_rng(6).standard_normal((1, 3, 16, 16)).astype(np.float32)
-    return onnx.load(str(folder / "cnn_q.onnx")), x
+
+    def quantize(activations: str) -> onnx.ModelProto:
+        path = str(folder / f"cnn_{activations}.onnx")
+        quantize_static(str(folder / "cnn.onnx"), path, Inputs(), quant_format=QuantFormat.QDQ, per_channel=True,
+                        activation_type=getattr(QuantType, activations), weight_type=QuantType.QInt8)
+        return onnx.load(path)
+
+    return quantize
+
+
+@pytest.fixture(scope="module")
+def quantized_cnn(quantize_cnn):
+    """(the CNN quantized with int8 activations, a test input)."""
+    return quantize_cnn("QInt8"), np.random.default_rng(6).standard_normal((1, 3, 16, 16)).astype(np.float32)
 
 
 def _output_scale(model: onnx.ModelProto) -> float:
@@ -267,3 +277,15 @@ def test_cli_runs_a_qdq_model_with_numerics_on_an_int8_chip(quantized_cnn):
     check_target("dsa/set-edge16", quantized_cnn[0])
     with pytest.raises(InputError, match="float model"):
         check_target("dsa/set-edge16", _float_cnn())
+
+
+def test_uint8_activations_run_as_int8(quantize_cnn, quantized_cnn):
+    """quantize_static's default uint8 activations are int8 on the chip, zero points 128 lower:
+    the same real values, so the same kernels on the DSA and the same output as onnxruntime's."""
+    import onnxruntime as ort
+
+    model, x = quantize_cnn("QUInt8"), quantized_cnn[1]
+    y, result = _on_dsa(model, {"x": x})
+    assert result.dsa_macs == CNN_MACS and result.host_kernels == 0
+    expected = ort.InferenceSession(model.SerializeToString()).run(None, {"x": x})[0]
+    assert np.abs(y - expected).max() <= _output_scale(model) * 1.001

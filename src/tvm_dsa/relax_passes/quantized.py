@@ -15,7 +15,8 @@ onnxruntime's float requantisation scale):
 - **MaxPool, reshape, transpose** between a dequantize and a quantize of the same scale and zero
   point: the op itself on the int8 values (it only moves or selects them).
 
-Only int8 tensors with per-tensor activation scales, int8 weights with zero points 0 (per tensor or
+uint8 activations (``quantize_static``'s default) are made int8 first, their zero points 128
+lower (``_Signed``: the same real values). Only int8 tensors with per-tensor activation scales, int8 weights with zero points 0 (per tensor or
 per output channel) and int32 biases of scale ``s_x * s_w`` are matched; anything else keeps its
 float ops. Run before constant folding (which would fold the weights' dequantize away).
 ``docs/numerics.md`` (quantized models) has the rounding rule and where it differs from onnxruntime.
@@ -34,6 +35,7 @@ from tvm_dsa.relax_passes.fold import constant_value, static_shape
 from tvm_dsa.relax_passes.rewrite import rewrite_functions
 
 INT8 = "int8"
+UINT8 = "uint8"
 INT8_RANGE = np.iinfo(INT8)
 _OPS = {name: tvm.ir.Op.get(f"relax.{name}") for name in (
     "quantize", "dequantize", "nn.conv2d", "matmul", "add", "nn.relu", "reshape", "permute_dims",
@@ -246,6 +248,48 @@ def _requantized(builder, real, zy: int, relu: bool) -> relax.Expr:
     return relax.op.quantize(builder.emit(real), _f32(1.0), relax.const(zy, INT8), 0, INT8)
 
 
+def _signed_calls(func: relax.Function) -> set:
+    """The quantize calls to uint8 whose results only dequantize calls read, with those readers;
+    their zero points constants (none in a function with branches: their reads are not walked)."""
+    bound, readers = {}, {}
+    for block in func.body.blocks:
+        for b in block.bindings:
+            if isinstance(b.value, relax.If):
+                return set()
+            bound[b.var] = b.value
+            for a in b.value.args if isinstance(b.value, relax.Call) else [b.value]:
+                readers.setdefault(a, []).append(b.value)
+    calls = set()
+    for var, value in bound.items():
+        users = readers.get(var, [])
+        if (isinstance(value, relax.Call) and value.op.same_as(_OPS["quantize"]) and str(value.ty.dtype) == UINT8
+                and users and not var.same_as(func.body.body)
+                and all(isinstance(u, relax.Call) and u.op.same_as(_OPS["dequantize"]) for u in users)
+                and all(constant_value(c.args[2]) is not None for c in [value, *users])):
+            calls.update([value, *users])
+    return calls
+
+
+@relax.expr_functor.mutator
+class _Signed(relax.PyExprMutator):
+    """uint8 activations (``quantize_static``'s default) as int8, their zero points 128 lower: the
+    same real values, the same rounding and saturation, in the chip's type."""
+
+    def __init__(self, mod):
+        super().__init__(mod)
+        self.signed = set().union(*[_signed_calls(f) for f in mod.functions.values() if isinstance(f, relax.Function)])
+
+    def visit_call_(self, call):
+        signed = call in self.signed
+        call = super().visit_call_(call)
+        if not signed:
+            return call
+        zero = relax.const((constant_value(call.args[2]).astype(np.int16) - 128).astype(np.int8))
+        if call.op.same_as(_OPS["quantize"]):
+            return relax.op.quantize(call.args[0], call.args[1], zero, int(call.attrs.axis), INT8)
+        return relax.op.dequantize(call.args[0], call.args[1], zero, int(call.attrs.axis), str(call.attrs.out_dtype))
+
+
 @tvm.transform.module_pass(opt_level=0, name="dsa.IntegerQDQ")
 def IntegerQDQ(mod: tvm.IRModule, _ctx) -> tvm.IRModule:  # noqa: N802 (a pass, named like TVM's)
-    return rewrite_functions(mod, _Integer, keep_added=True)
+    return rewrite_functions(rewrite_functions(mod, _Signed), _Integer, keep_added=True)
