@@ -127,7 +127,7 @@ def _lower_layers(ctx: Lowered, lowering, tuned) -> None:
     hw, result = ctx.hw, ctx.result
     budget = lowering.lb_bytes(hw) if lowering.lb_bytes else None
     names = [n for n in dict.fromkeys(n.func for n in ctx.graph.nodes) if isinstance(ctx.mod[n], tirx.PrimFunc)]
-    quantized = any(param_dtypes(ctx.mod[n]) & set(INT_DTYPES) for n in names)
+    quantized = any("int8" in param_dtypes(ctx.mod[n]) for n in names)  # int32 alone: indices of a float model
     for name in names:
         func = ctx.mod[name]
         if relax.analysis.has_reshape_pattern(func):
@@ -151,8 +151,8 @@ def _lower_layers(ctx: Lowered, lowering, tuned) -> None:
 
 
 def _unheld(func: tirx.PrimFunc, quantized: bool) -> str | None:
-    """Why an integer chip cannot compute ``func`` exactly in a model with integer kernels
-    (``quantized``), else None: a float kernel there (its float tensors the chip cannot hold; in a
+    """Why an integer chip cannot compute ``func`` exactly in a quantized model (one with int8
+    tensors, ``quantized``), else None: a float kernel there (its float tensors the chip cannot hold; in a
     float model the chip times them, ``--timing-only``), or an integer kernel's contraction of
     other values than int8 (the MME multiplies int8)."""
     if not quantized:
