@@ -35,7 +35,7 @@ from tvm_dsa.isa import Program
 from tvm_dsa.kernelgen.offload import OffloadResult
 from tvm_dsa.kernelgen.specialize import VERSIONS
 from tvm_dsa.packed import BEGIN_RUN, EXECUTE
-from tvm_dsa.runtime import Report, simulate
+from tvm_dsa.runtime import Report, holds_values, simulate
 
 KEEP = 16  # runs a session keeps (the oldest are dropped); compilations the process remembers: 4x
 
@@ -274,7 +274,7 @@ def run_kernel(program: Program, info: dict, inputs: list[np.ndarray]) -> list[n
     """Simulate one kernel call in the current session's mode; its report joins the session's
     current run. Returns the outputs (none in timing mode)."""
     s = current()
-    if s.mode == "functional" and not program.hardware["storage_dtype"].startswith("float"):
+    if s.mode == "functional" and not holds_values(program):
         raise RuntimeError(
             f"preset {program.hardware['name']} stores {program.hardware['storage_dtype']}: a float model "
             "can only be simulated in timing mode there (tvm_dsa.set_mode('timing')); use its -fp16 "

@@ -68,8 +68,8 @@ def import_onnx(model: onnx.ModelProto) -> tvm.IRModule:
 
 
 def check_target(target: str, model: onnx.ModelProto | None = None, timing_only: bool = False) -> hardware.Hardware:
-    """The chip of ``target``; an ``InputError`` for an unknown preset, or for a float model on an
-    integer preset unless only timing is asked for."""
+    """The chip of ``target``; an ``InputError`` for an unknown preset, or for a float (not
+    quantized) model on an integer preset unless only timing is asked for."""
     try:
         hw = hardware.get(target)
     except hardware.HardwareError as err:
@@ -82,7 +82,11 @@ def check_target(target: str, model: onnx.ModelProto | None = None, timing_only:
 
 
 def _is_float(model: onnx.ModelProto) -> bool:
+    """A model of float tensors that is not quantized (a QDQ model's int8 layers compute on an
+    integer preset, docs/quantized.md)."""
     g = model.graph
+    if any(n.op_type in ("QuantizeLinear", "DequantizeLinear") for n in g.node):
+        return False
     types = [vi.type.tensor_type.elem_type for vi in [*g.input, *g.output]]
     types += [t.data_type for t in g.initializer]
     return any(np.issubdtype(onnx.helper.tensor_dtype_to_np_dtype(t), np.floating) for t in types if t)

@@ -9,18 +9,23 @@ A kernel's blocks (from ``LegalizeOps`` + ``FuseTIR``) are classified into stage
 - ``reduce``: a reduction ``acc op expr`` with op in sum / max / min.
 - ``vector``: an elementwise expression of loads and constants.
 
-Anything else (non-affine indices, integer arithmetic, gathers) is ``Unsupported`` and the kernel
-stays on the host.
+Integers (a quantized model's int8 and int32 tensors, ``relax_passes.quantized``) are read as
+float32 by the vector units, as a cast to float32 reads them, and multiplied by the MME as int8
+into int32; a block writes an integer only where that is exact: a copy, an int8 x int8 -> int32
+contraction, a max or min of integers, or an integer value in the type's range (a cast of a
+clipped rounded value: a requantisation). Anything else (non-affine indices, integer arithmetic,
+gathers) is ``Unsupported`` and the kernel stays on the host.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
+import numpy as np
 import tvm
 import tvm_ffi
 from tvm import s_tir, tirx
-from tvm.s_tir import SBlock
+from tvm.s_tir import SBlock, SBlockRealize
 from tvm_ffi.serialization import from_json_graph_str, to_json_graph_str
 
 # TVM's Schedule methods check their argument types in Python on every call (~20 us, ~70 us for
@@ -55,6 +60,8 @@ class Unsupported(Exception):
 
 
 FLOAT_DTYPES = ("float16", "float32")
+INT_DTYPES = ("int8", "int32")
+DSA_DTYPES = FLOAT_DTYPES + INT_DTYPES
 REDUCE_ITER = 2  # IterVar.CommReduce
 
 # TVM 0.27 node classes (tirx.BufferLoad is a constructor function; the class is TensorLoad).
@@ -129,11 +136,82 @@ def linear_form(expr, variables) -> tuple[dict, int]:
     raise Unsupported(f"index {expr} is not affine ({type(expr).__name__})")
 
 
+def implicit_cast(src: str, dst: str) -> bool:
+    """Whether the DSA makes a cast from ``src`` to ``dst`` as TIR does, without an instruction:
+    between floats (compute in fp32, round on store), int8 or int32 to float32 and int8 to any
+    float (the vector units read integers as float32, rounded as the cast rounds), int8 to int32
+    (the MME's products of int8)."""
+    if dst in FLOAT_DTYPES:
+        return src in FLOAT_DTYPES or src == "int8" or src == "int32" and dst == "float32"
+    return src == "int8" and dst == "int32"
+
+
 def strip_cast(e):
-    """Float-to-float casts are implicit in the DSA (compute in fp32, round on store)."""
-    while isinstance(e, tirx.Cast) and expr_dtype(e) in FLOAT_DTYPES and expr_dtype(e.value) in FLOAT_DTYPES:
+    """``e`` without the casts the DSA makes implicitly (``implicit_cast``)."""
+    while isinstance(e, tirx.Cast) and implicit_cast(expr_dtype(e.value), expr_dtype(e)):
         e = e.value
     return e
+
+
+def stored_value(block: SBlock):
+    """The value a block's store writes, as the DSA computes it: for an integer destination, the
+    value inside the cast of a requantisation (``requantized``) where it is one."""
+    value = strip_cast(block.body.value)
+    inner = requantized(value)
+    return value if inner is None else inner
+
+
+def requantized(e):
+    """The float value ``v`` of ``e = int(clip(v, lo, hi))`` where ``v`` is an integer by its
+    form (rounded, or sums, maxima, minima of rounded values, integer constants and integers
+    read) and ``[lo, hi]`` lies in the integer type's range: the cast then takes an integer in
+    range, which the DSA's round-to-nearest, saturating store gives unchanged. Else None."""
+    if not (isinstance(e, tirx.Cast) and expr_dtype(e) in INT_DTYPES and expr_dtype(e.value) in FLOAT_DTYPES):
+        return None
+    info, v = np.iinfo(expr_dtype(e)), e.value
+    bounds = []
+    inner = v
+    for _ in range(2):  # clip: max(min(x, hi), lo) or min(max(x, lo), hi)
+        if isinstance(inner, (tirx.Max, tirx.Min)) and isinstance(inner.b, tirx.FloatImm):
+            bounds.append((type(inner), float(inner.b.value)))
+            inner = inner.a
+    kinds = {kind for kind, _ in bounds}
+    if kinds != {tirx.Max, tirx.Min} or not all(info.min <= b <= info.max for _, b in bounds):
+        return None
+    return v if _integral(inner) else None
+
+
+EXACT_F32 = 2 ** 24  # float32 holds every integer below this exactly
+_INTEGER_BOUNDS = {"int8": 128}  # an integer read: its largest magnitude (int32's: none known)
+
+
+def integer_bound(e) -> float:
+    """The largest magnitude an integer expression of int8 reads and constants can take, through
+    ``+ - * max min`` (inf for anything else: an int32 read, a division), for the vector units
+    compute it exactly in float32 below ``EXACT_F32`` (a dequantize's ``int32(q) - z``)."""
+    e = strip_cast(e)
+    if isinstance(e, tirx.IntImm):
+        return abs(int(e.value))
+    if isinstance(e, Load):
+        return _INTEGER_BOUNDS.get(expr_dtype(e), float("inf"))
+    if isinstance(e, (tirx.Add, tirx.Sub, tirx.Max, tirx.Min)):
+        a, b = integer_bound(e.a), integer_bound(e.b)
+        return a + b if isinstance(e, (tirx.Add, tirx.Sub)) else max(a, b)
+    if isinstance(e, tirx.Mul):
+        return integer_bound(e.a) * integer_bound(e.b)
+    return float("inf")
+
+
+def _integral(e) -> bool:
+    """Whether ``e`` (a float expression) is an integer by its form."""
+    e = strip_cast(e)
+    if isinstance(e, Call) and call_name(e) in ("round", "nearbyint", "floor", "ceil"):
+        return True
+    if isinstance(e, (tirx.Add, tirx.Sub, tirx.Max, tirx.Min)):
+        return _integral(e.a) and _integral(e.b)
+    if isinstance(e, tirx.FloatImm):
+        return float(e.value).is_integer()
+    return isinstance(e, tirx.IntImm) or isinstance(e, Load) and expr_dtype(e) in INT_DTYPES
 
 
 @dataclass(frozen=True)
@@ -184,9 +262,11 @@ def check_vector_expr(e) -> None:
     """Raise ``Unsupported`` unless ``e`` is an elementwise expression the vector units run."""
     e = strip_cast(e)
     if isinstance(e, (Load, tirx.FloatImm)):
-        if expr_dtype(e) not in FLOAT_DTYPES:
+        if expr_dtype(e) not in DSA_DTYPES:
             raise Unsupported(f"{expr_dtype(e)} value {e}")
         return
+    if type(e) in BINARY_NODES and expr_dtype(e) not in FLOAT_DTYPES and not integer_bound(e) < EXACT_F32:
+        raise Unsupported(f"integer arithmetic {e}: the vector units compute in float32")
     if type(e) in BINARY_NODES or type(e) in COMPARE_NODES:
         check_vector_expr(e.a), check_vector_expr(e.b)
         return
@@ -199,7 +279,7 @@ def check_vector_expr(e) -> None:
             return check_vector_expr(e.args[0])
         if call_name(e) in BINARY_CALLS:
             return [check_vector_expr(a) for a in e.args] and None
-    if is_index_expr(e) and expr_dtype(e) in FLOAT_DTYPES:
+    if is_index_expr(e) and expr_dtype(e) in DSA_DTYPES:
         return  # folded to a constant per box by the lowering, or rejected there
     raise Unsupported(f"expression {type(e).__name__} {e} is not supported by the vector units")
 
@@ -257,19 +337,48 @@ def classify(block: SBlock) -> StageKind:
     if not is_index_expr(indices):  # all at once: one walk per block, not per index
         raise Unsupported(f"block {block.name_hint}: an index reads tensor data (a gather); "
                           "DSA addresses are fixed when the program is compiled")
-    if str(store.buffer.dtype) not in FLOAT_DTYPES:
-        raise Unsupported(f"block {block.name_hint}: writes {store.buffer.dtype}")
-    value = strip_cast(store.value)
+    dtype = str(store.buffer.dtype)
+    if dtype not in DSA_DTYPES:
+        raise Unsupported(f"block {block.name_hint}: writes {dtype}")
+    integer = dtype in INT_DTYPES
+    value = stored_value(block)
     # A reduction has an init (or had one before decompose_reduction) and reduce iterators.
     if block.init is None and not any(int(it.iter_type) == REDUCE_ITER for it in block.iter_vars):
         if is_copy_like(value):
             return StageKind("copy")
+        if integer and requantized(strip_cast(store.value)) is None:
+            raise Unsupported(f"block {block.name_hint}: integer arithmetic writes {dtype} (the vector units "
+                              "compute in float32; only a clipped, rounded value is stored exactly)")
         check_vector_expr(value)
         return StageKind("vector")
     combine, upd = reduction_update(block)
-    if combine == "sum" and contraction(block) is not None:
+    pair = contraction(block) if combine == "sum" else None
+    if pair is not None:
+        operands = {expr_dtype(ld) for ld in pair}
+        if not operands <= set(FLOAT_DTYPES) | {"int8"} or integer and (dtype != "int32" or operands != {"int8"}):
+            raise Unsupported(f"block {block.name_hint}: a contraction of {sorted(operands)} into {dtype} "
+                              "(the MME multiplies floats, or int8 into int32)")
         return StageKind("mme")
     if combine is not None:
+        if integer and combine == "sum":
+            raise Unsupported(f"block {block.name_hint}: an integer sum into {dtype} (the vector units add in float32)")
         check_vector_expr(upd)
         return StageKind("reduce", combine)
     raise Unsupported(f"block {block.name_hint}: reduction {value} is not a sum/max/min or contraction")
+
+
+def param_dtypes(func: tirx.PrimFunc) -> set[str]:
+    """The element types of a PrimFunc's tensor parameters."""
+    return {str(p.dtype) for p in func.params}
+
+
+def contraction_dtypes(func: tirx.PrimFunc) -> set[str]:
+    """The element types a PrimFunc's contractions multiply."""
+    found: set = set()
+
+    def visit(realize):
+        pair = contraction(realize.block)
+        found.update(expr_dtype(ld) for ld in pair or ())
+
+    tvm_ffi.structural_walk(func.body, [(SBlockRealize, visit)])
+    return found

@@ -20,8 +20,8 @@ from tvm import tirx
 
 from tvm_dsa.hardware import Hardware
 from tvm_dsa.kernel.analysis import (
-    BINARY_CALLS, BINARY_NODES, COMPARE_NODES, UNARY_CALLS, Call, Load, Unsupported, call_name, data_select,
-    is_index_expr, contraction, linear_form, reduction_update, strip_cast, uses_var
+    BINARY_CALLS, BINARY_NODES, COMPARE_NODES, INT_DTYPES, UNARY_CALLS, Call, Load, Unsupported, call_name, data_select,
+    is_index_expr, contraction, linear_form, reduction_update, stored_value, strip_cast, uses_var
 )
 from tvm_dsa.kernel.attrs import LB_SCOPE
 from tvm_dsa.kernel.attrs import STRIP
@@ -219,8 +219,24 @@ class KernelIR:
     clamped: frozenset = frozenset()  # tile-loop slots whose last tile overlaps the one before (``ClampTiles``)
     wide: frozenset = frozenset()  # parameters stored at the accumulator's width (``kernel.ranges``)
 
+    @property
+    def integer(self) -> bool:
+        """A quantized model's kernel: it reads or writes an integer tensor."""
+        return any(dtype in INT_DTYPES for _, _, dtype in self.params)
+
+    def unplaceable(self) -> str | None:
+        """Why a kernel that places every tensor in the chip's storage type (a stitched kernel, a
+        SET tree) cannot take this layer, else None."""
+        if self.wide:
+            return "keeps a tensor wide (kernel.ranges)"
+        return "stores its tensors at their own types (an integer kernel)" if self.integer else None
+
     def ddr_dtype(self, param: str, hw: Hardware) -> str:
-        """The type ``param`` is stored in outside the LB: the chip's, or its wide one."""
+        """The type ``param`` is stored in outside the LB: in an integer kernel its own (int8
+        values, int32 sums, a float input or output at the host's type: exact), else the chip's,
+        or its wide one."""
+        if self.integer:
+            return next(dtype for name, _, dtype in self.params if name == param)
         return hw.wide_dtype if param in self.wide else hw.storage_dtype
 
     def stages(self) -> list[Stage]:
@@ -474,7 +490,7 @@ class _Reader:
                 val = value(reduction_update(block)[1])
             return Stage(block.name_hint, op, shape, dst, val, str(block.annotations.get("dsa.reduce", "")),
                          guard=guard)
-        return Stage(block.name_hint, op, shape, dst, value(store.value), guard=guard)
+        return Stage(block.name_hint, op, shape, dst, value(stored_value(block)), guard=guard)
 
     def guard(self, realize, name, loop_vars, position, lb: bool) -> tuple[tuple[Bound, ...], tuple[Bound, ...]]:
         """The block predicate as (bounds on the tile loops, bounds on the stage's own loops). A
@@ -734,20 +750,25 @@ class LBPlan:
         return any(len(b.slots) == 2 for b in self.buffers.values())
 
 
-def lb_dtypes(stages: list[Stage], hw: Hardware, wide: frozenset = frozenset()) -> dict[str, str]:
+def lb_dtypes(stages: list[Stage], hw: Hardware, wide: frozenset = frozenset(), stored=None) -> dict[str, str]:
     """Element type of each LB buffer: MME accumulators in the accumulation type, other reduction
-    accumulators in float32, what the MME reads or what a DMA moves to/from DDR in the storage
-    type (but for the ``wide`` parameters), every other intermediate in float32 (the vector units
-    compute in float32)."""
+    accumulators in float32, what the MME reads in the storage type, what a DMA moves to/from DDR
+    in the storage type (but for the ``wide`` parameters) or, given ``stored`` (an integer
+    kernel's ``KernelIR.ddr_dtype``), in the type its DDR side is stored in, every other
+    intermediate in float32 (the vector units compute in float32)."""
     out: dict[str, str] = {}
     for st in stages:
         if st.op in ("mme", "reduce"):
             out[st.dst.buffer] = hw.mme.accum_dtype if st.op == "mme" else "float32"
     for st in stages:
+        if st.op == "mme":
+            out.update({a.buffer: hw.storage_dtype for a in st.reads() if a.lb and a.buffer not in out})
+    for st in stages:
         crosses_ddr = st.op == "dma" and not all(a.lb or a.buffer in wide for a in [st.dst] + st.reads())
+        outside = [a.buffer for a in [st.dst] + st.reads() if not a.lb]
         for acc in [st.dst] + st.reads():
-            if acc.lb and acc.buffer not in out and (st.op == "mme" or crosses_ddr):
-                out[acc.buffer] = hw.storage_dtype
+            if acc.lb and acc.buffer not in out and crosses_ddr:
+                out[acc.buffer] = hw.storage_dtype if stored is None else stored(outside[0])
     for st in stages:
         for acc in [st.dst] + st.reads():
             if acc.lb:
@@ -839,7 +860,7 @@ def _tile_layout(kernel: KernelIR, hw: Hardware, rounding=align):
     each place's bytes (its largest buffer's) and the temporaries' bytes of the stage that needs
     most; every size passed through ``rounding``."""
     stages = kernel.stages()
-    dtypes = lb_dtypes(stages, hw, kernel.wide)
+    dtypes = lb_dtypes(stages, hw, kernel.wide, (lambda b: kernel.ddr_dtype(b, hw)) if kernel.integer else None)
     first: dict[str, LBBuffer] = {}
     loaded: set = set()  # buffers a DMA fills
     for st in stages:

@@ -19,7 +19,7 @@ from tvm import relax, tirx
 
 from tvm_dsa import schedule as schedules
 from tvm_dsa.hardware import Hardware
-from tvm_dsa.kernel.analysis import Unsupported
+from tvm_dsa.kernel.analysis import INT_DTYPES, Unsupported, contraction_dtypes, param_dtypes
 from tvm_dsa.kernel.attrs import VECTOR_CONTRACTION
 from tvm_dsa.kernel.macs import kernel_macs
 from tvm_dsa.kernelgen.blocks import FuseSeparableBlocks
@@ -126,12 +126,16 @@ def _lower_layers(ctx: Lowered, lowering, tuned) -> None:
     record where ``tuned`` has one and the layer gets the whole LB), or sent to the host."""
     hw, result = ctx.hw, ctx.result
     budget = lowering.lb_bytes(hw) if lowering.lb_bytes else None
-    for name in dict.fromkeys(n.func for n in ctx.graph.nodes):
+    names = [n for n in dict.fromkeys(n.func for n in ctx.graph.nodes) if isinstance(ctx.mod[n], tirx.PrimFunc)]
+    quantized = any("int8" in param_dtypes(ctx.mod[n]) for n in names)  # int32 alone: indices of a float model
+    for name in names:
         func = ctx.mod[name]
-        if not isinstance(func, tirx.PrimFunc):
-            continue
         if relax.analysis.has_reshape_pattern(func):
             result.host[name] = VIEW
+            continue
+        unheld = None if hw.is_float else _unheld(func, quantized)
+        if unheld:
+            result.host[name] = unheld
             continue
         try:
             record = tuned(func) if tuned is not None and budget is None else None
@@ -144,6 +148,21 @@ def _lower_layers(ctx: Lowered, lowering, tuned) -> None:
         except Exception as err:  # noqa: BLE001 - a kernel the DSA path cannot build runs on the host
             result.host[name] = host_reason(err)
     ctx.on_vector = frozenset(name for name, (func, _) in ctx.lowered.items() if on_vector_units(func))
+
+
+def _unheld(func: tirx.PrimFunc, quantized: bool) -> str | None:
+    """Why an integer chip cannot compute ``func`` exactly in a quantized model (one with int8
+    tensors, ``quantized``), else None: a float kernel there (its float tensors the chip cannot hold; in a
+    float model the chip times them, ``--timing-only``), or an integer kernel's contraction of
+    other values than int8 (the MME multiplies int8)."""
+    if not quantized:
+        return None
+    if not param_dtypes(func) & set(INT_DTYPES):
+        return "a float kernel of a quantized model: the int8 chip holds no float tensor"
+    if contraction_dtypes(func) - {"int8"}:
+        return (f"a contraction of {sorted(contraction_dtypes(func) - {'int8'})} values: the int8 chip's MME "
+                "multiplies int8")
+    return None
 
 
 def _fall_back(ctx: Lowered, spec: KernelSpec, reason: str) -> list[KernelSpec]:

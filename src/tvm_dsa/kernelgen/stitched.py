@@ -157,8 +157,9 @@ def _stitched(spec, nodes, graph, layer, hw, stitch) -> tuple:
             on_chip = frozenset(i for i, t in enumerate(n.inputs) if t not in inputs or graph.tensors[t].constant)
             cap = first_tile if graph.tensors[n.output].shape[0] == batch else None
             out[n.name] = layer(n.func, part, on_chip, cap, batch >= hw.clusters, shares.get(n.name, ()))
-            if read_kernel(out[n.name][0]).wide:  # stitched tensors are placed in the storage type
-                raise Unsupported(f"layer {n.name} keeps a tensor wide (kernel.ranges)")
+            why = read_kernel(out[n.name][0]).unplaceable()  # stitched tensors are placed in the storage type
+            if why:
+                raise Unsupported(f"layer {n.name} {why}")
         return out
 
     def planned(rounds: int):

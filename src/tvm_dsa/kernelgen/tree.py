@@ -540,8 +540,9 @@ def _tree_kernel(spec, nodes, ctx) -> TreeKernel:
         leaf = spec.plan.schedule.leaves[v]
         func, budget = _in_parts(ctx, n.func, leaf, tuple(stripes[i] for i in range(*leaf.used)))
         layers.append(Layer.of(func, hw, n.name, (*n.inputs, n.output), budget))
-        if layers[-1].ir.wide:  # the tree's tensors are placed in the storage type
-            raise Unsupported(f"layer {n.name} keeps a tensor wide (kernel.ranges)")
+        why = layers[-1].ir.unplaceable()  # the tree's tensors are placed in the storage type
+        if why:
+            raise Unsupported(f"layer {n.name} {why}")
     views = {n.output: n.inputs[0] for n in nodes if n.func not in lowered}
     weights = frozenset(t for t in inputs if graph.tensors[t].constant)
     return TreeKernel(spec.name, tuple(layers), views, tuple(inputs), tuple(outputs), tensors, spec.plan.schedule,

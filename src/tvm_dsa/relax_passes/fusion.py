@@ -12,6 +12,7 @@ from tvm_dsa.relax_passes.conv_transpose import ConvTransposeAsConv
 from tvm_dsa.relax_passes.patch_conv import PatchConvAsMatmul
 from tvm_dsa.relax_passes.gather import GatherOfRangeAsSlice
 from tvm_dsa.relax_passes.pool_divisor import ExactPoolDivisor
+from tvm_dsa.relax_passes.quantized import IntegerQDQ
 from tvm_dsa.relax_passes.rdp_apply import ApplyRDP
 from tvm_dsa.relax_passes.rdp_fusion import AnnotateSymbolicReshapes
 from tvm_dsa.relax_passes.simplify import SimplifyInference
@@ -22,7 +23,8 @@ from tvm_dsa.tir_passes.names import UniqueBufferNames
 
 
 def fuse(mod: tvm.IRModule, rdp_fusion: bool = True) -> tvm.IRModule:
-    """The module as the offload sees it (in the current target's scope): simplified (with
+    """The module as the offload sees it (in the current target's scope): a QDQ model's quantized
+    layers made integer computations (``IntegerQDQ``), simplified (with
     transposes around a softmax cancelled, gathers at a range of indices sliced, an average
     pooling that excludes the padding made one that counts it, times a constant:
     ``ExactPoolDivisor``, a transposed convolution a convolution: ``ConvTransposeAsConv``, a
@@ -37,7 +39,7 @@ def fuse(mod: tvm.IRModule, rdp_fusion: bool = True) -> tvm.IRModule:
     across = dynamic and rdp_fusion
     return tvm.transform.Sequential(
         ([ApplyRDP()] if dynamic else [])
-        + [SimplifyInference(), PatchConvAsMatmul, CancelTransposePairs, GatherOfRangeAsSlice, ExactPoolDivisor,
+        + [IntegerQDQ, SimplifyInference(), PatchConvAsMatmul, CancelTransposePairs, GatherOfRangeAsSlice, ExactPoolDivisor,
            ConvTransposeAsConv]
         # dataflow blocks (an importer gives none to a function with an If) for FuseOps, and RDP
         # again: FoldBatchnormToConv2D and ConvertToDataflow lose the shapes of If results,

@@ -7,9 +7,17 @@ import tvm
 from tvm import relax
 
 
-def rewrite_functions(mod: tvm.IRModule, mutator) -> tvm.IRModule:
+def rewrite_functions(mod: tvm.IRModule, mutator, keep_added: bool = False) -> tvm.IRModule:
     """A copy of ``mod`` (the caller's stays as it is) with every Relax function visited by
-    ``mutator(mod)`` (a ``relax.PyExprMutator`` class) and the bindings it left unused dropped."""
+    ``mutator(mod)`` (a ``relax.PyExprMutator`` class) and the bindings it left unused dropped;
+    with ``keep_added``, one mutator visits them all and the functions it added to its builder
+    (``call_te``'s PrimFuncs) join the module."""
+    if keep_added:
+        visitor = mutator(mod)
+        for gv, f in mod.functions_items():
+            if isinstance(f, relax.Function):
+                visitor.builder_.update_func(gv, visitor.visit_expr(f))
+        return relax.transform.DeadCodeElimination()(visitor.builder_.get())
     out = mod.clone()
     for gv, f in mod.functions.items():
         if isinstance(f, relax.Function):

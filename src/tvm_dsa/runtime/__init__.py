@@ -9,11 +9,11 @@ from tvm_dsa.runtime.cost import (
 )
 from tvm_dsa.runtime.hazards import HazardError
 from tvm_dsa.runtime.report import Report
-from tvm_dsa.runtime.simulator import SimResult, simulate, timing_cycles
+from tvm_dsa.runtime.simulator import SimResult, holds_values, simulate, timing_cycles
 from tvm_dsa.runtime.trace import write_trace
 
 __all__ = [
-    "simulate", "timing_cycles", "SimResult", "Report", "HazardError", "write_trace",
+    "simulate", "timing_cycles", "holds_values", "SimResult", "Report", "HazardError", "write_trace",
     "bandwidth", "compute_cycles", "ddr_effective_bytes", "dma_cycles", "dma_demand", "dma_latency",
     "instruction_cycles", "mme_dims",
 ]

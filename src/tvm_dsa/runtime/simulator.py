@@ -40,7 +40,7 @@ def simulate(program: Program, inputs: list[np.ndarray] | None = None, mode: str
     program = program.expanded()
     validate(program)
     functional = mode == "functional"
-    if functional and not hw.is_float and any(np.dtype(a.host_dtype).kind == "f" for a in program.args):
+    if functional and not holds_values(program):
         raise ValueError(
             f"program {program.name!r} computes in floating point but preset {hw.name!r} stores "
             f"{hw.storage_dtype}: its values cannot be held, so only timing is possible "
@@ -73,6 +73,13 @@ def simulate(program: Program, inputs: list[np.ndarray] | None = None, mode: str
     report = build_report(program, hw, timing, tuple(numerics))
     events = trace_events(program, hw, timing, start_cycle) if trace else []
     return SimResult(outputs, report, events)
+
+
+def holds_values(program: Program) -> bool:
+    """Whether ``program`` can compute its values: no float tensor of the host is stored in an
+    integer type (a float model on an int8 chip; a quantized model's kernels store each tensor at
+    its own type)."""
+    return not any(np.dtype(a.host_dtype).kind == "f" and np.dtype(a.dtype).kind != "f" for a in program.args)
 
 
 def _overflowed(kernel, order, position: int, largest: float) -> str:

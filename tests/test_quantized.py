@@ -1,0 +1,291 @@
+"""Quantized (QDQ) models on the int8 chips: each integer kernel against numpy's integer
+reference, the requantisation's rounding at its edges, and a CNN quantized by onnxruntime against
+onnxruntime (docs/numerics.md, "Quantized models")."""
+
+import numpy as np
+import onnx
+import pytest
+import tvm
+from onnx import TensorProto as TP
+from onnx import helper as h
+from onnx import numpy_helper as nh
+from tvm import relax
+from tvm.relax.frontend import onnx as rx_onnx
+
+import tvm_dsa
+
+INT8 = np.iinfo(np.int8)
+
+
+def _model(nodes, inputs, output, inits) -> onnx.ModelProto:
+    """An opset-17 model (ir_version 10, for onnxruntime) of ``nodes``: int8 inputs ``name ->
+    shape`` and the float output ``(name, shape)``."""
+    graph = h.make_graph(nodes, "q", [h.make_tensor_value_info(n, TP.INT8, s) for n, s in inputs.items()],
+                         [h.make_tensor_value_info(output[0], TP.FLOAT, output[1])], inits)
+    model = h.make_model(graph, opset_imports=[h.make_opsetid("", 17)])
+    model.ir_version = 10
+    return model
+
+
+def _dq(name: str, scale, zero, out: str, axis: int = 1) -> tuple:
+    """DequantizeLinear of ``name`` and its initializers (int8 zero point, or int32 for a bias)."""
+    zero = np.asarray(zero)
+    inits = [nh.from_array(np.asarray(scale, np.float32), f"{out}_s"), nh.from_array(zero, f"{out}_z")]
+    return h.make_node("DequantizeLinear", [name, f"{out}_s", f"{out}_z"], [out], axis=axis), inits
+
+
+def _qdq_layer(x: str, y: str, sy: float, zy: int) -> tuple:
+    """QuantizeLinear of ``x`` at (sy, zy) and DequantizeLinear back to the float output ``y``:
+    the output's quantisation, and the float value the model gives."""
+    inits = [nh.from_array(np.float32(sy), "ys"), nh.from_array(np.int8(zy), "yz")]
+    return [h.make_node("QuantizeLinear", [x, "ys", "yz"], ["yq"]),
+            h.make_node("DequantizeLinear", ["yq", "ys", "yz"], [y])], inits
+
+
+def _on_dsa(model: onnx.ModelProto, feeds: dict, target: str = "dsa/set-edge16") -> tuple[np.ndarray, object]:
+    """(the output as int8 steps of the chip's run, what the offload decided) of ``model``
+    compiled layerwise for ``target``; every kernel but views must run on the DSA."""
+    mod = rx_onnx.from_onnx(model, keep_params_in_input=False)
+    ex = tvm.compile(mod, target=target, relax_pipeline=tvm_dsa.pipeline(schedule="layerwise"))
+    result = tvm_dsa.pipeline_result(ex)
+    vm = relax.VirtualMachine(ex, tvm.cpu())
+    out = vm["main"](*[tvm.runtime.tensor(feeds[i.name]) for i in model.graph.input]).numpy()
+    return out, result
+
+
+def _steps(y: np.ndarray, sy: float, zy: int) -> np.ndarray:
+    """The int8 values a dequantized output holds."""
+    return np.rint(y / np.float32(sy)).astype(np.int64) + zy
+
+
+def _requantize(acc: np.ndarray, scale: np.ndarray, zy: int, low: int = INT8.min) -> np.ndarray:
+    """The requantisation rule: float32(acc) * scale in float32, rounded half to even, plus the
+    zero point, saturated to [low, 127]."""
+    real = acc.astype(np.float32) * scale.astype(np.float32)
+    return np.clip(np.rint(real).astype(np.int64) + zy, low, INT8.max)
+
+
+def test_gemm_requantisation_edges():
+    """A Gemm (per-channel weights, int32 bias) whose scales put the outputs on ties (x.5, both
+    signs), beyond the int8 range both ways, with a negative output zero point: the chip's int8
+    results are numpy's integer reference exactly."""
+    rng = np.random.default_rng(1)
+    k, n = 16, 6
+    x = rng.integers(-128, 128, (4, k), dtype=np.int8)
+    zx = 3
+    w = rng.integers(-127, 128, (n, k), dtype=np.int8)
+    sx, sw, sy, zy = 0.5, np.array([1, 0.5, 0.25, 2, 4, 1], np.float32), 1.0, -100
+    bias = rng.integers(-2000, 2000, n).astype(np.int32)
+    x[:, 0], w[:, 0] = 127, 1  # odd sums: ties where the scale is 0.5
+    nodes, inits = [], [nh.from_array(w, "wq"), nh.from_array(bias, "bq")]
+    for node, more in (_dq("x", sx, np.int8(zx), "xd"), _dq("wq", sw, np.zeros(n, np.int8), "wd", axis=0),
+                       _dq("bq", sx * sw, np.zeros(n, np.int32), "bd", axis=0)):
+        nodes.append(node)
+        inits += more
+    nodes.append(h.make_node("Gemm", ["xd", "wd", "bd"], ["g"], transB=1))
+    tail, more = _qdq_layer("g", "y", sy, zy)
+    model = _model(nodes + tail, {"x": [4, k]}, ("y", [4, n]), inits + more)
+    y, result = _on_dsa(model, {"x": x})
+    assert result.host == {} and result.dsa_macs == 4 * k * n
+    acc = (x.astype(np.int64) - zx) @ w.T.astype(np.int64) + bias
+    scale = np.float32(sx) * sw / np.float32(sy)
+    expected = _requantize(acc, scale, zy)
+    assert np.array_equal(_steps(y, sy, zy), expected)
+    real = acc.astype(np.float32) * scale
+    assert (np.abs(real - np.trunc(real)) == 0.5).any()  # ties were met
+    assert (expected == INT8.max).any() and (expected == INT8.min).any()  # and saturation both ways
+
+
+def _conv_model(x_shape, w, bias, sx, zx, sw, sy, zy, stride: int, relu: bool) -> onnx.ModelProto:
+    """DQ(x) * DQ(w) 3x3 convolution, padding 1, + DQ(bias) [+ Relu], quantized at (sy, zy)."""
+    cout = w.shape[0]
+    nodes, inits = [], [nh.from_array(w, "wq"), nh.from_array(bias, "bq")]
+    for node, more in (_dq("x", sx, np.int8(zx), "xd"), _dq("wq", sw, np.zeros(cout, np.int8), "wd", axis=0),
+                       _dq("bq", np.float32(sx) * sw, np.zeros(cout, np.int32), "bd", axis=0)):
+        nodes.append(node)
+        inits += more
+    nodes.append(h.make_node("Conv", ["xd", "wd", "bd"], ["c"], pads=[1, 1, 1, 1], strides=[stride, stride]))
+    if relu:
+        nodes.append(h.make_node("Relu", ["c"], ["r"]))
+    tail, more = _qdq_layer("r" if relu else "c", "y", sy, zy)
+    size = (x_shape[2] + 2 - 3) // stride + 1
+    return _model(nodes + tail, {"x": list(x_shape)}, ("y", [x_shape[0], cout, size, size]), inits + more)
+
+
+def _conv_reference(x, w, zx, stride) -> np.ndarray:
+    """sum (x - zx) * w over 3x3 windows, the padding real zeros (x's zero point), in int64."""
+    n, _, size, _ = x.shape
+    padded = np.pad(x.astype(np.int64) - zx, ((0, 0), (0, 0), (1, 1), (1, 1)))
+    out = (size + 2 - 3) // stride + 1
+    acc = np.zeros((n, w.shape[0], out, out), np.int64)
+    for i in range(3):
+        for j in range(3):
+            window = padded[:, :, i:i + stride * out:stride, j:j + stride * out:stride]
+            acc += np.einsum("nchw,oc->nohw", window, w[:, :, i, j].astype(np.int64))
+    return acc
+
+
+@pytest.mark.parametrize("stride,relu", [(1, True), (2, False)])
+def test_conv_integer_kernel(stride, relu):
+    """A padded 3x3 convolution with a negative input zero point (its padding is that zero
+    point), per-channel weight scales and a Relu folded into the lower bound: numpy's integer
+    reference exactly, in one kernel on the DSA."""
+    rng = np.random.default_rng(2)
+    x = rng.integers(-128, 128, (1, 5, 9, 9), dtype=np.int8)
+    w = rng.integers(-127, 128, (4, 5, 3, 3), dtype=np.int8)
+    bias = rng.integers(-500, 500, 4).astype(np.int32)
+    sx, zx, sw, sy, zy = 0.02, -128, np.array([0.01, 0.02, 0.005, 0.03], np.float32), 0.5, -20
+    model = _conv_model(x.shape, w, bias, sx, zx, sw, sy, zy, stride, relu)
+    y, result = _on_dsa(model, {"x": x})
+    assert result.host == {} and len(result.dsa) == 1
+    scale = (np.float32(sx) * sw / np.float32(sy)).reshape(1, -1, 1, 1)
+    expected = _requantize(_conv_reference(x, w, zx, stride) + bias.reshape(1, -1, 1, 1), scale, zy,
+                           zy if relu else INT8.min)
+    assert np.array_equal(_steps(y, sy, zy), expected)
+
+
+def test_add_and_maxpool_on_int8():
+    """A residual Add of two int8 tensors (each rescaled to the output's scale in float32) and a
+    MaxPool between a dequantize and a quantize of one scale (on the int8 values themselves)."""
+    rng = np.random.default_rng(3)
+    a, b = (rng.integers(-128, 128, (1, 4, 8, 8), dtype=np.int8) for _ in range(2))
+    (sa, za), (sb, zb), (sy, zy) = (0.05, -7), (0.03, 12), (0.06, 5)
+    nodes, inits = [], []
+    for node, more in (_dq("a", sa, np.int8(za), "ad"), _dq("b", sb, np.int8(zb), "bd")):
+        nodes.append(node)
+        inits += more
+    nodes += [h.make_node("Add", ["ad", "bd"], ["s"]), h.make_node("QuantizeLinear", ["s", "ys", "yz"], ["sq"]),
+              h.make_node("DequantizeLinear", ["sq", "ys", "yz"], ["sd"]),
+              h.make_node("MaxPool", ["sd"], ["p"], kernel_shape=[2, 2], strides=[2, 2])]
+    tail, more = _qdq_layer("p", "y", sy, zy)
+    model = _model(nodes + tail[:1] + [h.make_node("DequantizeLinear", ["yq", "ys", "yz"], ["y"])],
+                   {"a": [1, 4, 8, 8], "b": [1, 4, 8, 8]}, ("y", [1, 4, 4, 4]), inits + more)
+    y, result = _on_dsa(model, {"a": a, "b": b})
+    assert result.host == {}
+    f32 = np.float32
+    real = (a.astype(f32) - f32(za)) * (f32(sa) / f32(sy)) + (b.astype(f32) - f32(zb)) * (f32(sb) / f32(sy))
+    summed = np.clip(np.rint(real).astype(np.int64) + zy, INT8.min, INT8.max)
+    expected = summed.reshape(1, 4, 4, 2, 4, 2).max(axis=(3, 5))
+    assert np.array_equal(_steps(y, sy, zy), expected)
+
+
+def test_integer_arithmetic_stays_on_the_host():
+    """An int32 sum, which the vector units would compute in float32 (inexact beyond 2**24),
+    runs on the host, with the reason."""
+    bb = relax.BlockBuilder()
+    x, z = (relax.Var(n, relax.TensorType((4, 32), "int32")) for n in ("x", "z"))
+    with bb.function("main", [x, z]):
+        with bb.dataflow():
+            out = bb.emit_output(bb.emit(relax.op.add(x, z)))
+        bb.emit_func_output(out)
+    ex = tvm.compile(bb.get(), target="dsa/set-edge16", relax_pipeline=tvm_dsa.pipeline(schedule="layerwise"))
+    (reason,) = tvm_dsa.pipeline_result(ex).host.values()
+    assert "integer arithmetic" in reason
+    big = np.full((4, 32), 2 ** 30 + 1, np.int32)
+    out = relax.VirtualMachine(ex, tvm.cpu())["main"](tvm.runtime.tensor(big), tvm.runtime.tensor(big)).numpy()
+    assert (out == big + big).all()
+
+
+# -- a CNN quantized by onnxruntime
+def _float_cnn() -> onnx.ModelProto:
+    """Conv-Relu, a residual Conv-Relu + Add, a strided Conv-Relu, MaxPool, Flatten, Gemm."""
+    rng = np.random.default_rng(4)
+
+    def init(name, *shape):
+        return nh.from_array((rng.standard_normal(shape) * (2 / np.prod(shape[1:])) ** 0.5).astype(np.float32), name)
+
+    nodes = [
+        h.make_node("Conv", ["x", "w1", "b1"], ["c1"], pads=[1, 1, 1, 1]), h.make_node("Relu", ["c1"], ["r1"]),
+        h.make_node("Conv", ["r1", "w2", "b2"], ["c2"], pads=[1, 1, 1, 1]), h.make_node("Relu", ["c2"], ["r2"]),
+        h.make_node("Add", ["r1", "r2"], ["s"]),
+        h.make_node("Conv", ["s", "w3", "b3"], ["c3"], pads=[1, 1, 1, 1], strides=[2, 2]),
+        h.make_node("Relu", ["c3"], ["r3"]),
+        h.make_node("MaxPool", ["r3"], ["p"], kernel_shape=[2, 2], strides=[2, 2]),
+        h.make_node("Flatten", ["p"], ["f"]),
+        h.make_node("Gemm", ["f", "w4", "b4"], ["y"], transB=1),
+    ]
+    inits = [init("w1", 16, 3, 3, 3), init("b1", 16), init("w2", 16, 16, 3, 3), init("b2", 16),
+             init("w3", 32, 16, 3, 3), init("b3", 32), init("w4", 10, 32 * 4 * 4), init("b4", 10)]
+    graph = h.make_graph(nodes, "cnn", [h.make_tensor_value_info("x", TP.FLOAT, [1, 3, 16, 16])],
+                         [h.make_tensor_value_info("y", TP.FLOAT, [1, 10])], inits)
+    model = h.make_model(graph, opset_imports=[h.make_opsetid("", 17)])
+    model.ir_version = 10
+    return model
+
+
+#: its MACs: three convolutions and the Gemm
+CNN_MACS = 16 * 3 * 9 * 16 * 16 + 16 * 16 * 9 * 16 * 16 + 32 * 16 * 9 * 8 * 8 + 512 * 10
+
+
+@pytest.fixture(scope="module")
+def quantize_cnn(tmp_path_factory):
+    """The QDQ model onnxruntime's quantize_static makes of the CNN with activations of the given
+    ``QuantType`` name: per-channel int8 weights, calibrated on four inputs."""
+    from onnxruntime.quantization import CalibrationDataReader, QuantFormat, QuantType, quantize_static
+
+    class Inputs(CalibrationDataReader):
+        def __init__(self):
+            rng = np.random.default_rng(5)
+            self.feeds = iter([{"x": rng.standard_normal((1, 3, 16, 16)).astype(np.float32)} for _ in range(4)])
+
+        def get_next(self):
+            return next(self.feeds, None)
+
+    folder = tmp_path_factory.mktemp("qdq")
+    onnx.save(_float_cnn(), str(folder / "cnn.onnx"))
+
+    def quantize(activations: str) -> onnx.ModelProto:
+        path = str(folder / f"cnn_{activations}.onnx")
+        quantize_static(str(folder / "cnn.onnx"), path, Inputs(), quant_format=QuantFormat.QDQ, per_channel=True,
+                        activation_type=getattr(QuantType, activations), weight_type=QuantType.QInt8)
+        return onnx.load(path)
+
+    return quantize
+
+
+@pytest.fixture(scope="module")
+def quantized_cnn(quantize_cnn):
+    """(the CNN quantized with int8 activations, a test input)."""
+    return quantize_cnn("QInt8"), np.random.default_rng(6).standard_normal((1, 3, 16, 16)).astype(np.float32)
+
+
+def _output_scale(model: onnx.ModelProto) -> float:
+    """The scale of the quantization the model's output is dequantized from."""
+    (last,) = [n for n in model.graph.node if n.output[0] == model.graph.output[0].name]
+    inits = {i.name: nh.to_array(i) for i in model.graph.initializer}
+    return float(inits[last.input[1]])
+
+
+@pytest.mark.parametrize("target", ["dsa/set-edge16", "dsa/stcp920"])
+def test_quantized_cnn_against_onnxruntime(quantized_cnn, target):
+    """onnxruntime's QDQ CNN on the chip: every convolution and the Gemm on the DSA (int8 x int8
+    -> int32 on set-edge16; the same integers in fp16 with float32 sums on stcp920), and the
+    output within one quantisation step of onnxruntime's."""
+    import onnxruntime as ort
+
+    model, x = quantized_cnn
+    y, result = _on_dsa(model, {"x": x}, target)
+    assert result.dsa_macs == CNN_MACS and result.host_kernels == 0
+    expected = ort.InferenceSession(model.SerializeToString()).run(None, {"x": x})[0]
+    assert np.abs(y - expected).max() <= _output_scale(model) * 1.001
+
+
+def test_cli_runs_a_qdq_model_with_numerics_on_an_int8_chip(quantized_cnn):
+    """``tvm-dsa run`` refuses a float model's numerics on an int8 preset, not a QDQ model's."""
+    from tvm_dsa.harness import InputError, check_target
+
+    check_target("dsa/set-edge16", quantized_cnn[0])
+    with pytest.raises(InputError, match="float model"):
+        check_target("dsa/set-edge16", _float_cnn())
+
+
+def test_uint8_activations_run_as_int8(quantize_cnn, quantized_cnn):
+    """quantize_static's default uint8 activations are int8 on the chip, zero points 128 lower:
+    the same real values, so the same kernels on the DSA and the same output as onnxruntime's."""
+    import onnxruntime as ort
+
+    model, x = quantize_cnn("QUInt8"), quantized_cnn[1]
+    y, result = _on_dsa(model, {"x": x})
+    assert result.dsa_macs == CNN_MACS and result.host_kernels == 0
+    expected = ort.InferenceSession(model.SerializeToString()).run(None, {"x": x})[0]
+    assert np.abs(y - expected).max() <= _output_scale(model) * 1.001
