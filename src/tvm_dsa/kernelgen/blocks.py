@@ -28,7 +28,9 @@ import tvm_ffi
 from tvm import relax, s_tir, tirx
 
 from tvm_dsa.hardware import Hardware
-from tvm_dsa.kernel.analysis import Call, Load, Unsupported, call_name, classify, sch_annotate, sch_get
+from tvm_dsa.kernel.analysis import (
+    FLOAT_DTYPES, Call, Load, Unsupported, call_name, classify, param_dtypes, sch_annotate, sch_get
+)
 from tvm_dsa.kernel.attrs import VECTOR_CONTRACTION
 from tvm_dsa.kernel.ir import read_kernel
 from tvm_dsa.kernelgen.pair import fused_pair
@@ -57,8 +59,8 @@ def _kind(func) -> str | None:
         info = anchor_info(func)
     except Unsupported:
         return None
-    if info.kind.kind != "mme":
-        return "elementwise" if _elementwise(func) else None
+    if info.kind.kind != "mme":  # an integer one keeps its own kernel: int8 tensors stay in the storage type
+        return "elementwise" if param_dtypes(func) <= set(FLOAT_DTYPES) and _elementwise(func) else None
     if info.producers or len(info.reduction) != 3:
         return None
     if "N" in info.roles:
