@@ -90,7 +90,7 @@ def load_space(path: str | Path) -> Space:
     try:
         data = tomllib.loads(path.read_text())
     except (OSError, UnicodeDecodeError, tomllib.TOMLDecodeError) as err:
-        raise InputError(f"space file {path} is not valid TOML: {err}") from None
+        raise InputError(f"space file {path}: not valid TOML: {err}") from None
     try:
         return parse_space(data)
     except InputError as err:

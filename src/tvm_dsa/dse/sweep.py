@@ -105,19 +105,21 @@ class _Runner:
     results: dict = field(default_factory=dict)
 
     def run(self, specs: list[TrialSpec]) -> list[TrialResult]:
-        todo = {}
+        todo, again = {}, []
         for s in specs:
-            known = self.journal.done.get(s.key)
-            if known is not None:
-                self.status.record(known, resumed=True)
-            elif s.key not in todo:
+            if s.key in self.journal.done:
+                self.status.record(self.journal.done[s.key], resumed=True)
+            elif s.key in todo:
+                again.append(s)  # a point asked twice runs once
+            else:
                 todo[s.key] = s
         self.progress(self.status)
         for result in self.engine.run(list(todo.values()), self._running):
             self.journal.add(result)
             self.status.record(result)
             self.progress(self.status)
-        self.status.done += len(specs) - len(set(s.key for s in specs))  # a point asked twice runs once
+        for s in again:
+            self.status.record(self.journal.done[s.key], resumed=True)
         self._running(0)
         return [self.journal.done[s.key] for s in specs]
 
