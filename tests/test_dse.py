@@ -4,6 +4,9 @@ a bad space file is one line (exit 2), and the searches are deterministic for a 
 
 import dataclasses
 import json
+import re
+import tomllib
+from pathlib import Path
 
 import pandas as pd
 import pytest
@@ -18,6 +21,7 @@ GRID = """base = "stcp920"
 mme.rows = [16, 32]
 ddr_bytes_per_cycle = [64.0, 128.0]
 """
+ROOT = Path(__file__).resolve().parent.parent
 # The area proxy's coefficients as docs/dse.md states them: an fp16 multiplier and an fp32 adder per
 # MAC, 5.6 um^2 per SRAM byte.
 MAC_UM2, SRAM_UM2 = 1640.0 + 4184.0, 5.6
@@ -161,3 +165,12 @@ def test_a_search_is_the_same_for_a_seed_and_resumes_from_its_journal(tmp_path, 
     dse.sweep(config, _Synthetic(), dse.Journal(tmp_path / "a.jsonl"), seen.append)
     assert seen[-1].done == seen[-1].resumed == 8 and seen[-1].best.params == min(
         first, key=lambda p: (p["mme.rows"] - 24) ** 2 + 1000 / p["ddr_bytes_per_cycle"])
+
+
+
+def test_the_docs_space_file_and_the_examples_are_spaces():
+    """docs/dse.md's example and the shipped spaces parse, with the sizes their comments state."""
+    (example,) = re.findall(r"^```toml\n(.*?)^```", (ROOT / "docs" / "dse.md").read_text(), re.S | re.M)
+    assert dse.parse_space(tomllib.loads(example)).size == 3 * 3 * 4 * 2 * 2 * 2 * 2
+    assert dse.load_space(ROOT / "examples" / "space-stcp920.toml").size == 108
+    assert dse.load_space(ROOT / "examples" / "space-set-edge16.toml").size == 54 * 2
