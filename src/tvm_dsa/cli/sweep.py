@@ -29,7 +29,7 @@ from tvm_dsa.dse.results import check_out, pareto, rows, write
 from tvm_dsa.dse.space import SCHEDULES
 from tvm_dsa.harness import InputError, check_inputs, load_model
 from tvm_dsa.models import MODELS
-from tvm_dsa.show.sweep import AGAINST, format_value, label, plot_pareto, plot_sensitivity
+from tvm_dsa.show.sweep import SHOWN, AGAINST, format_value, label, plot_pareto, plot_sensitivity, varied
 from tvm_dsa.show.table import render_table
 
 JOURNAL = "sweep.journal.jsonl"  # without --out
@@ -142,10 +142,8 @@ class _Progress:
 
 
 def _objective(r: TrialResult, objective: str) -> str:
-    value = r.objective(objective)
-    if objective in ("latency", "energy"):
-        return f"{value * 1e6:,.4g} {'us' if objective == 'latency' else 'uJ'}"
-    return f"{value:.4g} {OBJECTIVES[objective]}"
+    _, unit, scale = SHOWN[objective]
+    return f"{r.objective(objective) * scale:.4g} {unit}"
 
 
 def _model(r: TrialResult) -> str:
@@ -196,6 +194,8 @@ def _plots(results: list[TrialResult], config: SweepConfig, args) -> list[str]:
             path = out / f"pareto-{against.split('_')[0]}-{stem}.png"
             plot_pareto(mine, against, config.space.axes, path, f"{title}: latency vs {against.split('_')[0]}")
             files.append(str(path))
+        if not varied(config.space.axes):
+            continue
         path = out / f"sensitivity-{stem}.png"
         plot_sensitivity(mine, config.space.axes, config.objective, path,
                          f"{title}: {config.objective} per parameter ({config.search}, {len(mine)} trials)")

@@ -50,10 +50,12 @@ class OnRay:
         pending = {task.remote(s): s for s in specs}
         running(min(len(pending), self.slots))
         while pending:
-            (ref,), _ = ray.wait(list(pending), num_returns=1)
-            spec = pending.pop(ref)
+            ready, _ = ray.wait(list(pending), num_returns=1, timeout=1.0)  # a wait without one defers Ctrl-C
+            if not ready:
+                continue
+            spec = pending.pop(ready[0])
             try:
-                result = ray.get(ref)
+                result = ray.get(ready[0])
             except ray.exceptions.RayError as err:  # the worker died (out of memory, a crash)
                 result = TrialResult(spec.key, spec.model, spec.batch, spec.tiny, dict(spec.point),
                                      spec.chip()["name"], "failed", f"{type(err).__name__}: {one_line(err)}")
@@ -80,7 +82,9 @@ def ray_engine(address: str | None, workers: int) -> Iterator[OnRay]:
     if address:
         ray.init(address=address, **quiet)
     else:
-        ray.init(num_cpus=workers, include_dashboard=False, **quiet)
+        # Ray runs its workers at niceness 15, below the driver: the trials are the sweep's work, and an
+        # in-process sweep runs them at the sweep's priority too
+        ray.init(num_cpus=workers, include_dashboard=False, _system_config={"worker_niceness": 0}, **quiet)
     try:
         yield OnRay(int(ray.cluster_resources().get("CPU", 1)), address or "local")
     finally:
