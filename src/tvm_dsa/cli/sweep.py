@@ -8,7 +8,8 @@ Runs each trial on Ray (a local Ray of ``--workers`` CPUs unless ``--address`` o
 names a cluster), or in this process without Ray or with ``--in-process``; shows trials done /
 running / failed and the best so far on stderr; prints a table sorted by the objective (or
 ``--json``), writes ``--out`` and its journal (``<out>.journal.jsonl``: the same command run again
-skips the trials it holds) and ``--plot`` the Pareto fronts and the sensitivity per parameter.
+skips the trials it holds; Ctrl-C stops a sweep with exit code 130) and ``--plot`` the Pareto fronts
+and the sensitivity per parameter.
 """
 
 from __future__ import annotations
@@ -55,10 +56,14 @@ def _sweep(args) -> int:
         _say(f"sweep: connecting to the Ray cluster at {where}" if where else
              f"sweep: starting a local Ray of {args.workers} CPUs")
         engine = ray_engine(args.address, args.workers)
-    with engine as e:
-        _say(f"sweep: trials run {e.describe()}")
-        with _Progress(config) as progress:
-            results = sweep(config, e, journal, progress)
+    try:
+        with engine as e:
+            _say(f"sweep: trials run {e.describe()}")
+            with _Progress(config) as progress:
+                results = sweep(config, e, journal, progress)
+    except KeyboardInterrupt:
+        _say(f"tvm-dsa: sweep interrupted: {len(journal.done)} trial(s) in {journal.path}; the same command resumes")
+        return 130
     if args.out:
         write(results, config.objective, args.out)
     plots = _plots(results, config, args) if args.plot else []

@@ -82,9 +82,10 @@ def ray_engine(address: str | None, workers: int) -> Iterator[OnRay]:
     if address:
         ray.init(address=address, **quiet)
     else:
-        # Ray runs its workers at niceness 15, below the driver: the trials are the sweep's work, and an
+        # "local": a Ray of its own, not one `ray start` left running (that one is --address's). Ray runs
+        # its workers at niceness 15, below the driver: the trials are the sweep's work, and an
         # in-process sweep runs them at the sweep's priority too
-        ray.init(num_cpus=workers, include_dashboard=False, _system_config={"worker_niceness": 0}, **quiet)
+        ray.init(address="local", num_cpus=workers, include_dashboard=False, _system_config={"worker_niceness": 0}, **quiet)
     try:
         yield OnRay(int(ray.cluster_resources().get("CPU", 1)), address or "local")
     finally:
