@@ -175,3 +175,18 @@ def test_the_docs_space_file_and_the_examples_are_spaces():
     assert dse.parse_space(tomllib.loads(example)).size == 3 * 3 * 4 * 2 * 2 * 2 * 2
     assert dse.load_space(ROOT / "examples" / "space-stcp920.toml").size == 108
     assert dse.load_space(ROOT / "examples" / "space-set-edge16.toml").size == 54 * 2
+
+
+@pytest.mark.parametrize("options, message", [
+    (["--samples", "4"], "--samples goes with --search random or optuna"),
+    (["--search", "random"], "--search random needs --samples N"),
+    (["--out", "results.csv"], "use a .json or .parquet file"),
+    (["--out", "nodir/results.json"], "its directory does not exist"),
+    (["--address", "127.0.0.1:1", "--in-process"], "not with --in-process"),
+])
+def test_bad_sweep_options_are_one_line_and_exit_2(tmp_path, monkeypatch, capsys, options, message):
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "space.toml").write_text(GRID)
+    assert main(["sweep", "resnet18", "--tiny", "--space", "space.toml", *options]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and err.startswith("tvm-dsa: error: ") and message in err

@@ -37,7 +37,6 @@ JOURNAL = "sweep.journal.jsonl"  # without --out
 
 
 def _sweep(args) -> int:
-    config = _config(args)
     if args.out:
         check_out(args.out)
     if args.plot and not Path(args.plot).resolve().parent.is_dir():
@@ -45,6 +44,7 @@ def _sweep(args) -> int:
     if args.address and (args.in_process or not ray_available()):
         raise InputError("--address runs the trials on a Ray cluster: " + (
             "not with --in-process" if args.in_process else "Ray is not installed (pip install 'tvm-dsa[dse]')"))
+    config = _config(args)
     journal = Journal(f"{args.out}.journal.jsonl" if args.out else JOURNAL)
     _say(f"sweep: {config.trials} trials ({config.search} over {config.space.size} points around "
          f"{config.space.base.name}, {len(config.models)} model(s)); journal {journal.path}: "
@@ -94,7 +94,7 @@ def _config(args) -> SweepConfig:
             import optuna  # noqa: F401
         except ImportError:
             raise InputError("--search optuna needs optuna: pip install 'tvm-dsa[dse]'") from None
-    for m in dict.fromkeys(args.model):
+    for m in dict.fromkeys(args.model):  # a model that cannot be loaded stops the sweep before a trial runs
         check_inputs(load_model(m, tiny=args.tiny, batch=args.batch))
     return SweepConfig(tuple(dict.fromkeys(args.model)), args.tiny, args.batch, space, args.search, args.samples,
                        args.objective, args.seed)
