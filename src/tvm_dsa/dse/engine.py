@@ -30,7 +30,9 @@ class InProcess:
     def run(self, specs: list[TrialSpec], running: Callable[[int], None]) -> Iterator[TrialResult]:
         for spec in specs:
             running(1)
-            yield run_trial(spec)
+            result = run_trial(spec)
+            running(0)
+            yield result
 
 
 @dataclass(frozen=True)
