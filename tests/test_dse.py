@@ -190,3 +190,16 @@ def test_bad_sweep_options_are_one_line_and_exit_2(tmp_path, monkeypatch, capsys
     assert main(["sweep", "resnet18", "--tiny", "--space", "space.toml", *options]) == 2
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and err.startswith("tvm-dsa: error: ") and message in err
+
+
+def test_an_optuna_sweep_from_the_command_line(tmp_path, capsys):
+    """Optuna asks 3 points of a space whose chips the validator refuses: each is recorded, and told
+    to the sampler as failed; the same seed asks the same points."""
+    space = tmp_path / "space.toml"
+    space.write_text('base = "stcp920"\n[hardware]\nlb_bytes = [16, 32, 48, 64]\nmme.cols = [32, 64]\n')
+    args = ["resnet18", "--tiny", "--space", str(space), "--in-process", "--search", "optuna", "--samples", "3"]
+    data, _ = _sweep(capsys, *args, "--out", str(tmp_path / "a.json"))
+    again, _ = _sweep(capsys, *args, "--out", str(tmp_path / "b.json"))
+    assert len(data["trials"]) == 3 and {r["status"] for r in data["trials"]} == {"invalid"}
+    assert all(r["lb_bytes"] in (16, 32, 48, 64) and r["mme.cols"] in (32, 64) for r in data["trials"])
+    assert again["trials"] == data["trials"]
