@@ -130,8 +130,10 @@ class _Progress:
             self.shown = status.done
             _say(self.line())
 
-    def __rich__(self) -> str:
-        return self.line()
+    def __rich__(self):
+        from rich.text import Text
+
+        return Text(self.line())  # as it is: a mesh's "[8, 4]" is no markup
 
     def line(self) -> str:
         s = self.status
