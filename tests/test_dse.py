@@ -66,7 +66,7 @@ def test_a_grid_on_ray_gives_the_in_process_results_and_an_interrupted_sweep_res
         f.write('{"key": "a line the interruption cut')
     capsys.readouterr()
     data, err = _sweep(capsys, *args, "--plot", str(tmp_path / "plots"))
-    assert "journal " + str(journal) + ": 2 trial(s) done before" in err and "(2 from the journal)" in err
+    assert f"journal {journal} holds 2 trial(s)" in err and "(2 from the journal)" in err
     assert "trials run in this process (--in-process)" in err
     assert len([ln for ln in journal.read_text().splitlines() if ln.endswith("}")]) == 4
 

@@ -47,8 +47,8 @@ def _sweep(args) -> int:
     config = _config(args)
     journal = Journal(f"{args.out}.journal.jsonl" if args.out else JOURNAL)
     _say(f"sweep: {config.trials} trials ({config.search} over {config.space.size} points around "
-         f"{config.space.base.name}, {len(config.models)} model(s)); journal {journal.path}: "
-         f"{len(journal.done)} trial(s) done before")
+         f"{config.space.base.name}, {len(config.models)} model(s)); journal {journal.path} "
+         f"holds {len(journal.done)} trial(s)")
     if args.in_process or not ray_available():
         engine = nullcontext(InProcess("--in-process") if args.in_process else InProcess())
     else:
