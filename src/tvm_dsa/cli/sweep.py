@@ -171,7 +171,7 @@ def _table(results: list[TrialResult], config: SweepConfig) -> None:
         r, m = results[i], results[i].metrics
         cells = [str(i), *([r.model] if len(config.models) > 1 else []), *(format_value(f, r.params[f]) for f in fields)]
         if r.status == "ok":
-            cells += [r.schedule, f"{m['seconds'] * 1e6:,.1f}", f"{m['energy_joules'] * 1e6:.4g}",
+            cells += [r.schedule, f"{m['seconds'] * 1e6:,.1f}", f"{m['energy_joules'] * 1e6:,.1f}",
                       f"{m['seconds'] * m['energy_joules']:.3e}", f"{m['area_mm2']:.1f}", f"{m['roofline_fraction']:.1%}",
                       f"{m['mme_mac_utilisation']:.1%}", f"{m['ddr_burst_bytes'] / 1e6:.2f}",
                       f"{m['compile_seconds']:.1f}", "*" if r.key in front else "", "ok"]
