@@ -158,11 +158,13 @@ def _model(r: TrialResult) -> str:
 
 
 def _table(results: list[TrialResult], config: SweepConfig) -> None:
-    """The trials, best first by the objective (those that did not run last, with why); ``front``
-    marks the latency-energy Pareto front."""
-    front = {r.key for r in pareto(results, "seconds", "energy_joules")}
+    """The trials, per model best first by the objective (those that did not run last, with why);
+    ``front`` marks each model's latency-energy Pareto front."""
+    front = {r.key for m in config.models for r in pareto([r for r in results if r.model == m], "seconds",
+                                                          "energy_joules")}
     fields = [f for a in config.space.axes for f in a.fields]
-    order = sorted(range(len(results)), key=lambda i: (results[i].objective(config.objective) is None,
+    order = sorted(range(len(results)), key=lambda i: (config.models.index(results[i].model),
+                                                      results[i].objective(config.objective) is None,
                                                       results[i].objective(config.objective) or 0.0, i))
     table = [("#", *(["model"] if len(config.models) > 1 else []), *fields, "compiled", "latency (us)",
               "energy (uJ)", "EDP (J*s)", "area (mm2)", "% roofline", "MME util", "DDR (MB)", "compile (s)", "front",
