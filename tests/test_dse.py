@@ -100,9 +100,11 @@ def test_a_grid_on_ray_gives_the_in_process_results_and_an_interrupted_sweep_res
     assert _measured(pd.read_parquet(ray_out).to_dict("records")) == _measured(rows)
 
 
-def test_invalid_chips_are_recorded_with_the_validators_line(tmp_path, capsys):
+def test_invalid_chips_are_recorded_with_the_validators_line(tmp_path, monkeypatch, capsys):
     """An LB below one MME tile fails the validator, one above the GB the plausibility check: each
-    trial is recorded with that line, and nothing is compiled."""
+    trial is recorded with that line, and nothing is compiled. Without --out the journal is
+    ./sweep.journal.jsonl."""
+    monkeypatch.chdir(tmp_path)
     space = tmp_path / "space.toml"
     space.write_text('base = "stcp920"\n[hardware]\nlb_bytes = [1024, 16777216]\n')
     data, _ = _sweep(capsys, "resnet18", "--tiny", "--space", str(space), "--in-process")
@@ -115,6 +117,7 @@ def test_invalid_chips_are_recorded_with_the_validators_line(tmp_path, capsys):
     assert "field 'lb_bytes' = 1024 is too small" in expected[0] and "is larger than the GB" in expected[1]
     assert [(r["lb_bytes"], r["status"], r["message"]) for r in data["trials"]] == [
         (1024, "invalid", expected[0]), (16777216, "invalid", expected[1])]
+    assert len((tmp_path / "sweep.journal.jsonl").read_text().splitlines()) == 2
 
 
 @pytest.mark.parametrize("text, message", [
