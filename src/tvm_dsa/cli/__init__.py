@@ -9,6 +9,7 @@
     tvm-dsa explore resnet50 --target dsa/set-edge16 --batch 8    # SET's tree search vs LS / LP (seed 002)
     tvm-dsa hw [dsa/<chip> | chip.toml] [--json]  # the presets, or validate and show one chip
     tvm-dsa dataflow gemm i=64,j=64,k=64          # TENET metrics of the MME's dataflows (seed 003)
+    tvm-dsa sweep resnet50 --batch 8 --space examples/space-stcp920.toml --out sweep.parquet  # chips on Ray
 
 Exit codes: 0 success, 1 numerics outside the tolerance (or, with ``--strict``, a kernel whose values
 overflowed the chip's number type), 2 bad input (model, file, target) or any other failure, each said
@@ -34,6 +35,7 @@ from tvm_dsa.models import MODELS, example_inputs
 from tvm_dsa.runtime import write_trace
 from tvm_dsa.cli import commands as show_commands
 from tvm_dsa.cli import explore as explore_command
+from tvm_dsa.cli import sweep as sweep_command
 
 TOLERANCE = 2e-2  # fp16 storage: max |dsa - llvm| relative to max |llvm|
 
@@ -124,6 +126,7 @@ def parser() -> argparse.ArgumentParser:
     show_commands.add_parsers(sub)
     explore_command.add_parser(sub)
     dataflow_command.add_parser(sub)
+    sweep_command.add_parser(sub)
     return p
 
 

@@ -52,7 +52,7 @@ def plot_gantt(events: list[dict], path, title: str = "simulated run") -> list[B
     check_path(path)
     tracks = sorted({b.track for b in bars}, key=_track_key)
     row = {t: i for i, t in enumerate(tracks)}
-    fig, ax = _figure((12, max(2.0, 0.25 * len(tracks) + 1)))
+    fig, ax = figure((12, max(2.0, 0.25 * len(tracks) + 1)))
     for unit in COLOURS:
         mine = [b for b in bars if b.unit == unit]
         for t in {b.track for b in mine}:
@@ -88,7 +88,7 @@ def plot_roofline(points: list[RooflinePoint], hw: Hardware, path, title: str | 
     lo = min(min(p.intensity for p in points) / 4, hw.peak_macs_per_cycle / hw.ddr_bytes_per_cycle / 4)
     hi = max(max(p.intensity for p in points) * 4, hw.peak_macs_per_cycle / hw.ddr_bytes_per_cycle * 4)
     ridge = hw.peak_macs_per_cycle / hw.ddr_bytes_per_cycle
-    fig, ax = _figure((7, 5))
+    fig, ax = figure((7, 5))
     ax.plot([lo, ridge, hi], [lo * hw.ddr_bytes_per_cycle, hw.peak_macs_per_cycle, hw.peak_macs_per_cycle],
             color="black", label=f"roofline ({hw.peak_macs_per_cycle:,} MAC/cycle, {hw.ddr_bytes_per_cycle:g} B/cycle)")
     for p in points:
@@ -119,9 +119,10 @@ def check_path(path) -> None:
         raise ValueError(f"cannot write a plot to {path}: its directory does not exist")
 
 
-def _figure(size):
-    """A figure and its axes, without pyplot's global state (no display backend needed)."""
+def figure(size, **grid):
+    """A figure and its axes (``grid``: ``Figure.subplots``' arguments, e.g. ``ncols``), without
+    pyplot's global state (no display backend needed)."""
     from matplotlib.figure import Figure
 
     fig = Figure(figsize=size, layout="tight")
-    return fig, fig.subplots()
+    return fig, fig.subplots(**grid)
