@@ -375,34 +375,34 @@ def candidate_plans(info: AnchorInfo, mme_rows: int, mme_cols: int, reuse: bool 
     Order of sacrifice: batch-like loops first (with ``reuse`` the first loop too: it deals the
     batch over clusters and instances), then a long reduction chunk (> 256; with ``reuse``, a
     contraction's chunk down to the PE array's columns), then for a contraction the outer loop
-    (inner loops stay long: contiguous DMA rows) of M (rows of the PE array) or N (its columns):
-    the one further above its array size, or with ``reuse`` the one whose shrinking keeps more
-    operand reuse (``_intensity``); then the chunk. Other anchors shrink their outer loops first
-    and their reduction chunk last, each loop's tile through the divisors of its first tile
-    (DenseNet's batch norms over 416 channels: ... 26, 16, 13, 8, where 13's own divisors gave
-    tiles of one channel, each with four 2-byte loads of its parameters); a contraction's through
-    those of its current tile (the tiles ``lower_timed`` combines and ranks). The two contraction orders suit different layers (a chunk
-    that is the whole reduction keeps a weight tile in the LB from one tile to the next; a short
-    one leaves room for tiles that reuse each operand more): ``lower_kernel`` keeps the plan that
-    loads less. A third order, ``keep_n`` (the ``reuse`` order but M shrunk down to the array's
-    rows before N), keeps a contraction's N (a convolution's output channels) whole as long as
-    it can: each element of the other operand is then loaded once, the weights once per tile —
-    for a layer whose weights come from the GB and its input from DDR (a stitched kernel's first
-    layer: ResNet-50's 1 x 1 convolution 512 -> 128 at 28 x 28 read its input four times in
-    tiles of 32 output channels, 258 µs on core 0 where the MME needs 28). A ``clampable`` loop
-    (a prime extent) shrinks through tiles that need not divide it, unless ``clamp`` is False — a
-    contraction's through every ⌈E / k⌉, another anchor's by halves: its first tile that fits is
-    far down (ViT's layer norms: 4 of 197 rows, after 9 lowerings of 20-40 ms each from a
-    working-set floor of 0; 6 of ViT-B/16's 106 lowerings fewer, the same cycles). With
-    ``caps`` no plan's tile of the leading loops is larger than the cap, and on a loop that
-    clamps (a prime extent, which the cap need not divide) the tiles step through the cap's
-    divisors, meeting at each multiple of it: a stitched kernel's micro-batch of samples or an
-    instance's share of a sample's rows, a SET layer's intra-layer partition. With ``chunk``
-    (a divisor of the first reduction loop) every plan takes that chunk: only tiles shrink. Where
-    contractions are fused before the anchor (``info.producers``) N stays whole, the chunk shrinks
-    first, down to the array's rows (each chunk's producers are computed in the LB), and M loops
-    through every divisor of their extent (a depthwise convolution's rows: 56, 28, 14, 8, 7, 4,
-    2, 1, where halving 7 gives 1 and triples the halo read per row)."""
+    (inner loops stay long: contiguous DMA rows) of M (rows of the PE array) or N (its columns): the
+    one further above its array size, or with ``reuse`` the one whose shrinking keeps more operand
+    reuse (``_intensity``); then the chunk. Other anchors shrink their outer loops first and their
+    reduction chunk last, each loop's tile through the divisors of its first tile (DenseNet's batch
+    norms over 416 channels: ... 26, 16, 13, 8, where 13's own divisors gave tiles of one channel,
+    each with four 2-byte loads of its parameters); a contraction's through those of its current
+    tile (the tiles ``lower_timed`` combines and ranks). The two contraction orders suit different
+    layers (a chunk that is the whole reduction keeps a weight tile in the LB from one tile to the
+    next; a short one leaves room for tiles that reuse each operand more): ``lower_kernel`` keeps
+    the plan that loads less. A third order, ``keep_n`` (the ``reuse`` order but M shrunk down to
+    the array's rows before N), keeps a contraction's N (a convolution's output channels) whole as
+    long as it can: each element of the other operand is then loaded once, the weights once per tile
+    — for a layer whose weights come from the GB and its input from DDR (a stitched kernel's first
+    layer: ResNet-50's 1 x 1 convolution 512 -> 128 at 28 x 28 read its input four times in tiles of
+    32 output channels, 258 µs on core 0 where the MME needs 28). A ``clampable`` loop (a prime
+    extent) shrinks through tiles that need not divide it, unless ``clamp`` is False — a
+    contraction's through every ⌈E / k⌉, another anchor's by halves: its first tile that fits is far
+    down (ViT's layer norms: 4 of 197 rows, after 9 lowerings of 20-40 ms each from a working-set
+    floor of 0; 6 of ViT-B/16's 106 lowerings fewer, the same cycles). With ``caps`` no plan's tile
+    of the leading loops is larger than the cap, and on a loop that clamps (a prime extent, which
+    the cap need not divide) the tiles step through the cap's divisors, meeting at each multiple of
+    it: a stitched kernel's micro-batch of samples or an instance's share of a sample's rows, a SET
+    layer's intra-layer partition. With ``chunk`` (a divisor of the first reduction loop) every plan
+    takes that chunk: only tiles shrink. Where contractions are fused before the anchor
+    (``info.producers``) N stays whole, the chunk shrinks first, down to the array's rows (each
+    chunk's producers are computed in the LB), and M loops through every divisor of their extent (a
+    depthwise convolution's rows: 56, 28, 14, 8, 7, 4, 2, 1, where halving 7 gives 1 and triples the
+    halo read per row)."""
     tiles = [math.gcd(e, a) if a > 1 else e for e, a in zip(info.spatial, _aligns(info))]
     clamp = clampable(info, mme_rows) if clamp else frozenset()
     tiles[:len(caps)] = [min(t, c) if i in clamp else math.gcd(t, c) for i, (t, c) in enumerate(zip(tiles, caps))]
