@@ -1,7 +1,8 @@
 """FuseSeparableBlocks: a pointwise convolution and the layer before it that only it reads, a
 depthwise convolution (the second half of a depthwise-separable block: MobileNet's, an inverted
 residual's) or an elementwise layer (DenseNet's batch norm and ReLU before each 1 x 1
-convolution), as one kernel, where that runs faster.
+convolution), as one kernel, where that runs faster; and a contraction and a layout copy that only
+it reads (a reshape and transpose: an attention's heads split or joined).
 
 Layer by layer, the first layer's result goes out to the GB (or DDR) and comes back for the
 pointwise convolution: of an inverted residual block's 26 bytes a pixel per input channel through
@@ -16,6 +17,10 @@ covers all output channels (each tile of them would compute the depthwise chunk 
 an elementwise layer is computed again for each tile of output channels. Which wins depends on
 the shapes, so each pair is timed both ways (``_cycles``) and fused only where the fused kernel is
 faster. MobileNetV2 at batch 8 on stcp920: 16 of its 17 pairs fuse (docs/performance.md).
+
+A layout copy is inlined into the contraction: its tiles load their boxes through the copy's
+indices (strided DMAs), and the copy's trip through the GB, a layer of its own, is gone. A
+contraction reading two copies (an attention's queries and keys) takes one a round.
 """
 
 from __future__ import annotations
@@ -44,15 +49,16 @@ CALL_TIR = tvm.ir.Op.get("relax.call_tir")
 class FusedBlock:
     """A pair as decided: its two kernels and the chip's cycles each way (``_cycles``)."""
 
-    producer: str  # the depthwise convolution or the elementwise layer
-    pointwise: str
+    producer: str  # the depthwise convolution, the elementwise layer or the layout copy
+    consumer: str  # the pointwise convolution or the contraction
     fused_cycles: float
     parts_cycles: float
 
 
 def _kind(func) -> str | None:
     """"pointwise" (a 1 x 1 contraction with an N loop), "depthwise" (a window, one input channel
-    per output channel, no N loop), "elementwise" (``_elementwise``) or None."""
+    per output channel, no N loop), "contraction" (any other on the MME), "elementwise"
+    (``_elementwise``), "layout" (``_layout``) or None."""
     if not isinstance(func, tirx.PrimFunc):
         return None
     try:
@@ -60,12 +66,27 @@ def _kind(func) -> str | None:
     except Unsupported:
         return None
     if info.kind.kind != "mme":  # an integer one keeps its own kernel: int8 tensors stay in the storage type
-        return "elementwise" if param_dtypes(func) <= set(FLOAT_DTYPES) and _elementwise(func) else None
-    if info.producers or len(info.reduction) != 3:
+        if not param_dtypes(func) <= set(FLOAT_DTYPES):
+            return None
+        return "elementwise" if _elementwise(func) else "layout" if _layout(func) else None
+    if info.producers:
         return None
-    if "N" in info.roles:
-        return "pointwise" if info.reduction[1:] == (1, 1) else None
-    return "depthwise" if info.reduction[0] == 1 and info.reduction[1] * info.reduction[2] > 1 else None
+    if len(info.reduction) == 3 and "N" in info.roles and info.reduction[1:] == (1, 1):
+        return "pointwise"
+    if len(info.reduction) == 3 and "N" not in info.roles and info.reduction[0] == 1 \
+            and info.reduction[1] * info.reduction[2] > 1:
+        return "depthwise"
+    return "contraction"
+
+
+def _layout(func: tirx.PrimFunc) -> bool:
+    """Every block of ``func`` copies an element of its input to another place (a transpose, a
+    reshape), and ``func`` is not a pure reshape (a view on the host, no kernel to save)."""
+    if relax.analysis.has_reshape_pattern(func):
+        return False
+    sch = s_tir.Schedule(func)
+    return all(classify(sch_get(sch, b)).kind == "copy" and isinstance(sch_get(sch, b).body.value, Load)
+               for b in leaf_blocks(sch))
 
 
 def _elementwise(func: tirx.PrimFunc) -> bool:
@@ -103,9 +124,9 @@ def _same_element(index, var, extent, joined: bool) -> bool:
 
 
 def pairs(mod: tvm.IRModule) -> list[tuple[relax.VarBinding, relax.VarBinding]]:
-    """(producer, pointwise) ``call_tir`` bindings of ``main`` where the pointwise convolution
-    reads the result of a depthwise convolution or an elementwise layer as its data input and
-    nothing else reads it."""
+    """(producer, consumer) ``call_tir`` bindings of ``main`` where a pointwise convolution reads
+    the result of a depthwise convolution or an elementwise layer as its data input, or a
+    contraction that of a layout copy as any input, and nothing else reads it."""
     main = mod["main"]
     bindings = [b for block in main.body.blocks for b in block.bindings]
     readers: dict = {}
@@ -116,11 +137,15 @@ def pairs(mod: tvm.IRModule) -> list[tuple[relax.VarBinding, relax.VarBinding]]:
     out = []
     for b in calls.values():
         args = b.value.args[1].fields
-        first = calls.get(args[0]) if args else None
-        if first is not None and readers.get(first.var) == 1 and sum(a.same_as(first.var) for a in args) == 1 \
-                and _kind(mod[b.value.args[0]]) == "pointwise" \
-                and _kind(mod[first.value.args[0]]) in ("depthwise", "elementwise"):
-            out.append((first, b))
+        kind = _kind(mod[b.value.args[0]])
+        for k, a in enumerate(args):
+            first = calls.get(a)
+            if first is None or readers.get(first.var) != 1 or sum(x.same_as(first.var) for x in args) != 1:
+                continue
+            made = _kind(mod[first.value.args[0]])
+            if k == 0 and kind == "pointwise" and made in ("depthwise", "elementwise") \
+                    or kind in ("pointwise", "contraction") and made == "layout":
+                out.append((first, b))
     return out
 
 
@@ -134,7 +159,8 @@ def fused_function(mod: tvm.IRModule, pair, hw: Hardware, name: str = "block"):
 
 
 def _prepared(func: tirx.PrimFunc, hw: Hardware) -> tirx.PrimFunc:
-    """``func`` with its plain copies between its own buffers inlined into their readers and the
+    """``func`` with its plain copies into its own buffers (a 1 x 1 convolution's unpadded
+    ``pad_temp``, a layout copy's reshape and transpose) inlined into their readers, and the
     contractions before its anchor annotated for the vector units (a floating-point MME)."""
     sch = s_tir.Schedule(func)
     params = list(func.params)
@@ -142,9 +168,7 @@ def _prepared(func: tirx.PrimFunc, hw: Hardware) -> tirx.PrimFunc:
         block = sch_get(sch, block_rv)
         store = block.body
         if classify(block).kind == "copy" and isinstance(store.value, Load) \
-                and not any(store.value.source.same_as(p) for p in params) \
-                and len(store.value.indices) == len(store.indices) \
-                and all(a.same_as(b) for a, b in zip(store.value.indices, store.indices)):
+                and not any(store.buffer.same_as(p) for p in params):
             sch.compute_inline(block_rv)
     if hw.mme.accum_dtype.startswith("float"):
         idx, kinds = find_anchor(sch)
@@ -174,33 +198,38 @@ def _cycles(func, hw: Hardware, stitched: bool) -> float:
 
 
 def FuseSeparableBlocks(hw: Hardware, stitched: bool, decided: list | None = None) -> tvm.transform.Pass:  # noqa: N802
-    """Pass: every (depthwise, pointwise) pair of ``main`` (``pairs``) whose fused kernel is faster
-    on ``hw`` (``_cycles``, as layers of a stitched kernel where ``stitched``, else as one-layer
-    kernels) becomes one ``call_tir`` of it; ``decided`` hears a ``FusedBlock`` for each pair
-    timed. A pair whose kernels do not lower stays apart."""
+    """Pass: every pair of ``main`` (``pairs``) whose fused kernel is faster on ``hw`` (``_cycles``,
+    as layers of a stitched kernel where ``stitched``, else as one-layer kernels) becomes one
+    ``call_tir`` of it, a consumer with one producer a round until none is left; ``decided``
+    hears a ``FusedBlock`` for each pair timed. A pair whose kernels do not lower stays apart."""
 
     @tvm.transform.module_pass(opt_level=0, name="dsa.FuseSeparableBlocks")
     def fuse_blocks(mod: tvm.IRModule, _ctx) -> tvm.IRModule:
-        chosen, timed = {}, {}
-        for pair in pairs(mod):
-            first, pw = (b.value.args[0].name_hint for b in pair)
-            if stitched and _kind(mod[first]) == "elementwise" and _samples(pair[1]) < hw.clusters:
-                continue  # the stitched layers keep the search's tiles there, which ``_cycles`` does not time
-            try:
-                fused = fused_function(mod, pair, hw, _name(pair))
-                if (first, pw) not in timed:
-                    timed[(first, pw)] = (_cycles(fused[0], hw, stitched),
-                                         _cycles(mod[first], hw, stitched) + _cycles(mod[pw], hw, stitched))
-            except Exception:  # noqa: BLE001 - TVM's schedule errors too: a pair that does not lower stays apart
-                continue
-            block = FusedBlock(first, pw, *timed[(first, pw)])
-            if decided is not None:
-                decided.append(block)
-            if block.fused_cycles < block.parts_cycles:
-                chosen[pair[1].var] = (pair, fused)
-        if not chosen:
-            return mod
-        return _rewrite(mod, chosen)
+        timed, seen = {}, set()
+        while True:
+            chosen = {}
+            for pair in pairs(mod):
+                first, consumer = (b.value.args[0].name_hint for b in pair)
+                if (pair[0].var, consumer) in seen or pair[1].var in chosen:
+                    continue  # decided in an earlier round, or its consumer fuses another this round
+                if stitched and _kind(mod[first]) == "elementwise" and _samples(pair[1]) < hw.clusters:
+                    continue  # the stitched layers keep the search's tiles there, which ``_cycles`` does not time
+                seen.add((pair[0].var, consumer))
+                try:
+                    fused = fused_function(mod, pair, hw, _name(pair))
+                    if (first, consumer) not in timed:  # the same two kernels elsewhere (a transformer's layers)
+                        parts = _cycles(mod[first], hw, stitched) + _cycles(mod[consumer], hw, stitched)
+                        timed[(first, consumer)] = (_cycles(fused[0], hw, stitched), parts)
+                except Exception:  # noqa: BLE001 - TVM's schedule errors too: a pair that does not lower stays apart
+                    continue
+                block = FusedBlock(first, consumer, *timed[(first, consumer)])
+                if decided is not None:
+                    decided.append(block)
+                if block.fused_cycles < block.parts_cycles:
+                    chosen[pair[1].var] = (pair, fused)
+            if not chosen:
+                return mod
+            mod = _rewrite(mod, chosen)
 
     return fuse_blocks
 
@@ -215,8 +244,8 @@ def _samples(binding: relax.VarBinding) -> int:
 
 def _name(pair) -> str:
     """The fused kernel's name: its two kernels'."""
-    first, pw = (b.value.args[0].name_hint for b in pair)
-    return f"{first}_{pw.removeprefix('fused_')}"
+    first, consumer = (b.value.args[0].name_hint for b in pair)
+    return f"{first}_{consumer.removeprefix('fused_')}"
 
 
 def _rewrite(mod: tvm.IRModule, chosen: dict) -> tvm.IRModule:
