@@ -74,17 +74,17 @@ def test_pairs_are_a_depthwise_convolution_and_the_pointwise_one_reading_it(mode
         assert "N" in pwi.roles and pwi.reduction[1:] == (1, 1)
 
 
-def _two_convs(c: int, multiplier: int, n: int, readers: int = 1, stride: int = 1):
+def _two_convs(c: int, multiplier: int, n: int, readers: int = 1, stride: int = 1, batch: int = 2):
     """x -> a depthwise 3 x 3 convolution of ``multiplier`` outputs per channel (padded, biased)
-    -> ``readers`` 1 x 1 convolutions of it (of ``stride``)."""
+    -> ``readers`` 1 x 1 convolutions of it (of ``stride``), for ``batch`` samples."""
     rng = np.random.default_rng(0)
     weight = lambda name, *shape: nh.from_array(rng.standard_normal(shape).astype("float32"), name)  # noqa: E731
     m = c * multiplier
     inits = [weight("wd", m, 1, 3, 3), weight("bd", m)] + [weight(f"w{k}", c + k, m, 1, 1) for k in range(readers)]
     nodes = [h.make_node("Conv", ["x", "wd", "bd"], ["d"], group=c, pads=[1, 1, 1, 1])]
     nodes += [h.make_node("Conv", ["d", f"w{k}"], [f"y{k}"], strides=[stride, stride]) for k in range(readers)]
-    graph = h.make_graph(nodes, "two_convs", [h.make_tensor_value_info("x", TP.FLOAT, [2, c, n, n])],
-                         [h.make_tensor_value_info(f"y{k}", TP.FLOAT, [2, c + k, -(-n // stride), -(-n // stride)])
+    graph = h.make_graph(nodes, "two_convs", [h.make_tensor_value_info("x", TP.FLOAT, [batch, c, n, n])],
+                         [h.make_tensor_value_info(f"y{k}", TP.FLOAT, [batch, c + k, -(-n // stride), -(-n // stride)])
                           for k in range(readers)],
                          inits)
     return h.make_model(graph, opset_imports=[h.make_opsetid("", 17)], ir_version=10)
@@ -120,8 +120,10 @@ def test_a_pair_whose_fused_kernel_does_not_lower_stays_apart(schedule):
     """A 1 x 1 convolution of stride 2 reads every other depthwise output. The plans a stitched
     kernel times for the fused kernel make TVM refuse to split its tiles' depthwise sums off
     (``decompose_reduction``), so under graphturbo the pair is not fused; random graph 1635 stopped
-    the compile there before. Layer by layer it fuses. Either way the model computes as llvm does."""
-    model = _two_convs(4, 1, 6, stride=2)
+    the compile there before. Layer by layer it fuses. Either way the model computes as llvm does.
+    (With fewer samples than clusters a stitched kernel keeps the search's tiles, and so does the
+    timing: as many as clusters here.)"""
+    model = _two_convs(4, 1, 6, stride=2, batch=HW.clusters)
     with tvm.target.Target("llvm"):
         assert len(pairs(fuse(import_onnx(model)))) == 1
     mod, inputs = import_onnx(model), example_inputs(model)
@@ -238,12 +240,14 @@ def test_an_elementwise_layer_before_a_pointwise_convolution_is_a_pair_only_alon
 def test_a_norm_fused_into_a_pointwise_convolution_computes_the_model(schedule):
     """The norm's chunk of channels is computed in the LB under the convolution's chunk loop: the
     fused kernel's program computes what llvm does, the pass keeps it where it times faster, and
-    the model computes as llvm does. Under graphturbo with fewer samples than clusters the pair
-    is not timed (the stitched layers keep the search's tiles there, ``blocks._samples``)."""
-    if schedule == "graphturbo":
-        assert Compiled.build(import_onnx(_norm_then_conv(48, 14, batch=HW.clusters - 1)), TARGET,
-                              schedule=schedule).offload.blocks == []
-    model = _norm_then_conv(48, 14)
+    the model computes as llvm does, with as many samples as clusters and fewer (a stitched
+    kernel's layers keep the search's tiles there, and the pair is timed on them)."""
+    for batch in (HW.clusters - 1, HW.clusters):
+        _norm_pair_computes(schedule, batch)
+
+
+def _norm_pair_computes(schedule: str, batch: int) -> None:
+    model = _norm_then_conv(48, 14, batch=batch)
     with tvm.target.Target("llvm"):
         fused_mod = fuse(import_onnx(model))
     (pair,) = pairs(fused_mod)
@@ -324,3 +328,37 @@ def test_layout_copies_folded_into_their_contractions_compute_the_model(schedule
     assert compiled.offload.host_macs == 0
     reference = Compiled.build(mod, "llvm").run(inputs).outputs
     assert max_relative_error(compiled.run(inputs).outputs, reference) < 2e-3
+
+
+def _conv1d_block(batch: int = HW.clusters, c: int = 16, n: int = 32, taps: int = 7):
+    """x -> a depthwise 1-D convolution of ``taps`` (padded, biased; Conformer's convolution
+    module) -> a pointwise 1-D convolution to ``c + 8`` channels."""
+    rng = np.random.default_rng(0)
+    weight = lambda name, *shape: nh.from_array(rng.standard_normal(shape).astype("float32"), name)  # noqa: E731
+    inits = [weight("wd", c, 1, taps), weight("bd", c), weight("wp", c + 8, c, 1)]
+    nodes = [h.make_node("Conv", ["x", "wd", "bd"], ["d"], group=c, pads=[taps // 2, taps // 2]),
+             h.make_node("Conv", ["d", "wp"], ["y"])]
+    graph = h.make_graph(nodes, "conv1d_block", [h.make_tensor_value_info("x", TP.FLOAT, [batch, c, n])],
+                         [h.make_tensor_value_info("y", TP.FLOAT, [batch, c + 8, n])], inits)
+    return h.make_model(graph, opset_imports=[h.make_opsetid("", 17)], ir_version=10)
+
+
+@pytest.mark.parametrize("schedule", ["layerwise", "graphturbo"])
+def test_a_1d_depthwise_convolution_and_the_pointwise_one_after_it_are_a_pair(schedule):
+    """A 1-D convolution reduces its channels and one window dim: a depthwise one (one channel, a
+    window of taps) and a pointwise one (all channels, a window of 1) pair as 2-D ones do, and
+    the model computes as llvm does whichever way the timing decides."""
+    model = _conv1d_block()
+    with tvm.target.Target("llvm"):
+        fused_mod = fuse(import_onnx(model))
+    (pair,) = pairs(fused_mod)
+    assert [anchor_info(fused_mod[b.value.args[0]]).reduction for b in pair] == [(1, 7), (16, 1)]
+    mod, inputs = import_onnx(model), example_inputs(model)
+    compiled = Compiled.build(mod, TARGET, schedule=schedule)
+    (block,) = compiled.offload.blocks
+    run = compiled.run(inputs)
+    layers = {L.name for k in run.kernels for pk in k.program.kernels for L in pk.layers if L.shape}
+    assert len(layers) == (1 if block.fused_cycles < block.parts_cycles else 2)  # kernels or a stitched one's layers
+    assert compiled.offload.host_macs == 0
+    reference = Compiled.build(mod, "llvm").run(inputs).outputs
+    assert max_relative_error(run.outputs, reference) < 2e-3

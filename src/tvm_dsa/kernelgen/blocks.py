@@ -56,8 +56,8 @@ class FusedBlock:
 
 
 def _kind(func) -> str | None:
-    """"pointwise" (a 1 x 1 contraction with an N loop), "depthwise" (a window, one input channel
-    per output channel, no N loop), "contraction" (any other on the MME), "elementwise"
+    """"pointwise" (a 1 x 1 convolution, or 1-D of width 1: an N loop), "depthwise" (a window,
+    one input channel per output channel, no N loop), "contraction" (any other on the MME), "elementwise"
     (``_elementwise``), "layout" (``_layout``) or None."""
     if not isinstance(func, tirx.PrimFunc):
         return None
@@ -71,10 +71,10 @@ def _kind(func) -> str | None:
         return "elementwise" if _elementwise(func) else "layout" if _layout(func) else None
     if info.producers:
         return None
-    if len(info.reduction) == 3 and "N" in info.roles and info.reduction[1:] == (1, 1):
+    window = info.reduction[1:]  # a convolution's (1-D or 2-D) reduces channels, then its window
+    if window and "N" in info.roles and math.prod(window) == 1:
         return "pointwise"
-    if len(info.reduction) == 3 and "N" not in info.roles and info.reduction[0] == 1 \
-            and info.reduction[1] * info.reduction[2] > 1:
+    if window and "N" not in info.roles and info.reduction[0] == 1 and math.prod(window) > 1:
         return "depthwise"
     return "contraction"
 
@@ -186,10 +186,13 @@ def _cycles(func, hw: Hardware, stitched: bool) -> float:
     it, times the rounds the chip's cores take (a fused kernel's tiles cover all output channels:
     fewer of them, and the last round may leave cores idle), and a launch (a layer kernel pays
     it; a stitched kernel's layer waits about as long for the one before at a layer change: 4.5k
-    cycles on ResNet-50 at batch 8, ``benchmarks/idle.py``)."""
+    cycles on ResNet-50 at batch 8, ``benchmarks/idle.py``). With fewer samples (the output's
+    first dim) than clusters a stitched kernel's layers keep the search's tiles
+    (``stitched._stitched``), and so does the timing: MobileNetV2's depthwise pairs decided so at
+    batch 1 took it from 357,181 cycles (decided on ``lower_timed``'s tiles) to 315,543."""
     gb = frozenset(range(len(func.params) - 1)) if stitched else frozenset()
     lowered = lower_kernel(func, hw)[0]
-    if stitched:
+    if stitched and int(func.params[-1].shape[0]) >= hw.clusters:
         lowered = lower_timed(func, hw, None, gb, lowered)
     tiles = math.prod(lp.extent for lp in read_kernel(lowered).tile_loops())
     timed = min(tiles, TIMED_TILES)
@@ -213,7 +216,7 @@ def FuseSeparableBlocks(hw: Hardware, stitched: bool, decided: list | None = Non
                 if (pair[0].var, consumer) in seen or pair[1].var in chosen:
                     continue  # decided in an earlier round, or its consumer fuses another this round
                 if stitched and _kind(mod[first]) == "elementwise" and _samples(pair[1]) < hw.clusters:
-                    continue  # the stitched layers keep the search's tiles there, which ``_cycles`` does not time
+                    continue  # measured slower there (``_samples``)
                 seen.add((pair[0].var, consumer))
                 try:
                     fused = fused_function(mod, pair, hw, _name(pair))
@@ -236,9 +239,10 @@ def FuseSeparableBlocks(hw: Hardware, stitched: bool, decided: list | None = Non
 
 def _samples(binding: relax.VarBinding) -> int:
     """The first dim of a binding's result: the samples a stitched kernel deals over the clusters.
-    With fewer samples than clusters its layers keep the search's tiles (``stitched._stitched``);
-    a norm fused into DenseNet-121's 1 x 1 convolutions there, decided on timed tiles, took it at
-    batch 1 from 1,525,629 to 2,343,902 cycles."""
+    With fewer samples than clusters an elementwise layer is not fused into its convolution: the
+    stitched kernel splits a sample's rows over the clusters there, which the timing (on the
+    search's tiles, ``_cycles``) does not follow, and DenseNet-121's norms fused so took it at
+    batch 1 from 1,525,629 to 1,766,758 cycles (to 2,343,902 timed on ``lower_timed``'s tiles)."""
     return int(binding.var.ty.shape[0])
 
 
