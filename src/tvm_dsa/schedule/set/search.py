@@ -83,7 +83,8 @@ def anneal(graph: LayerGraph, hw: Hardware, batch: int, config: Anneal = Anneal(
     rng = random.Random(config.seed)
     iterations = max(1, round(config.beta * len(graph)))
     tree, history, accepted = initial_tree(graph, batch), [], 0
-    warm = round(config.warm * iterations / 2) if config.space is SET else 0
+    # ==, not is: a config sent to another process (a Ray task) holds a copy of SET
+    warm = round(config.warm * iterations / 2) if config.space == SET else 0
     if warm:
         firsts = [anneal(graph, hw, batch, dataclasses.replace(config, space=space, warm=0.0, beta=warm / len(graph)),
                          ev, progress) for space in (LS, LP)]
