@@ -159,7 +159,7 @@ def test_a_hardware_file_works_wherever_a_preset_name_does(command, conv_onnx, t
         "run": ["run", model, "--timing-only"],
         "compare": ["compare", model, "--target", "stcp920"],  # a preset's bare name is a target too
         "trace": ["trace", model, "-o", str(tmp_path / "trace.json")],
-        "tune": ["tune", model, "--trials", "1", "--per-iter", "1", "--work-dir", str(tmp_path / "tune")],
+        "tune": ["tune", model, "--trials", "1", "--work-dir", str(tmp_path / "tune"), "--in-process"],
         "explore": ["explore", model, "--beta", "1"],
         "dataflow": ["dataflow", "--model", model],
     }[command]

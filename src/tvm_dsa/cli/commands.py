@@ -4,7 +4,7 @@ summary and Gantt chart, tuning with a progress bar, the chips and their hardwar
     tvm-dsa compare resnet18 --tiny --target dsa/stcp920 --target dsa/set-edge16 --schedule graphturbo
     tvm-dsa trace resnet18 --tiny -o run.json --gantt run.png
     tvm-dsa trace resnet50 --tiny --schedule graphturbo --lifetimes lifetimes.svg
-    tvm-dsa tune resnet50 --tiny --trials 64 --work-dir tuned
+    tvm-dsa tune resnet50 --tiny --trials 16 --work-dir tuned   # on a local Ray (--address: a cluster)
     tvm-dsa hw my-chip.toml                     # validate a hardware file and show its parameters
 """
 
@@ -18,7 +18,8 @@ from contextlib import nullcontext
 from pathlib import Path
 
 from tvm_dsa import hardware
-from tvm_dsa.cli.args import check_mesh, check_plot_path, positive_int
+from tvm_dsa.cli.args import add_ray_args, check_mesh, check_plot_path, engine, positive_int, say
+from tvm_dsa.dse import OnRay
 from tvm_dsa.harness import Compiled, InputError, check_inputs, check_target, import_onnx, load_model, timing_run
 from tvm_dsa.models import MODELS
 from tvm_dsa.runtime import write_trace
@@ -174,16 +175,17 @@ def _tune(args) -> int:
     check_target(args.target, model, timing_only=True)
     mod = import_onnx(model)
 
-    with _progress(args.json) as bar:
+    with engine(args, "tune") as where, _progress(args.json) as bar:
+        say(f"tune: candidates measured {where.describe()}")
         try:
             result = tune(mod, args.target, trials=args.trials, work_dir=args.work_dir, per_iter=args.per_iter,
-                          seed=args.seed, progress=bar)
+                          seed=args.seed, on_ray=isinstance(where, OnRay), progress=bar)
         except ValueError as err:
             raise InputError(str(err)) from None
     if args.json:
         print(json.dumps(result.to_dict(), indent=2))
         return 0
-    render_table(result.rows(), title=f"{args.model} on {args.target}: {args.trials} trials")
+    render_table(result.rows(), title=f"{args.model} on {args.target}: {args.trials} trials per kernel")
     print(f"records: {args.work_dir} (compile with tvm_dsa.pipeline(database={str(args.work_dir)!r}))")
     return 0
 
@@ -228,10 +230,12 @@ def _add_tune_parser(sub) -> None:
                                    "records go to a JSON database in --work-dir (docs/tuning.md).")
     _model_args(p)
     p.add_argument("--target", default="dsa/stcp920", help="a DSA preset (default dsa/stcp920) or a hardware file")
-    p.add_argument("--trials", type=positive_int, default=64, help="measured candidates in all (default 64)")
-    p.add_argument("--per-iter", type=positive_int, default=16, help="candidates per search round (default 16)")
+    p.add_argument("--trials", type=positive_int, default=16, help="measured candidates per kernel (default 16)")
+    p.add_argument("--per-iter", type=positive_int, default=16,
+                   help="candidates per search round, at most --trials (default 16)")
     p.add_argument("--work-dir", default="tune", help="where the JSON database goes (default ./tune)")
     p.add_argument("--seed", type=int, default=0)
+    add_ray_args(p, "measurements")
     p.set_defaults(func=_tune)
 
 

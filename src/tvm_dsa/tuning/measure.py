@@ -1,8 +1,9 @@
 """Measurement for meta-schedule on the DSA: a builder that turns a tuned kernel into a DSA program
 and a runner whose "run time" is the simulator's time for it (timing-only mode).
 
-Builder and runner run in the tuning process, so a program is handed over in memory: the
-builder's artifact path is a handle into ``BUILT``, which the runner empties. Writing and parsing
+The builder runs in the tuning process, so a program is handed over in memory: the builder's
+artifact path is a handle into ``BUILT``, which the runner empties. ``DSARunner`` simulates in the
+process too, or as Ray tasks. Writing and parsing
 each program as JSON cost as much as simulating it (0.2 s each for a full-size ResNet-50 layer of
 2,500 instructions, against 0.7 s to build it and 0.2 s to simulate it), a third of a candidate's
 measurement. Nothing is written to disk, so ``tune`` leaves meta-schedule's
@@ -11,6 +12,7 @@ measurement. Nothing is written to disk, so ``tune`` leaves meta-schedule's
 
 from __future__ import annotations
 
+import functools
 import itertools
 
 from tvm.s_tir import meta_schedule as ms
@@ -60,11 +62,15 @@ class DSABuilder(ms.builder.PyBuilder):
 
 @derived_object
 class DSARunner(ms.runner.PyRunner):
-    """Runs each built program on the timing simulator; ``check_hazards`` also checks its tokens."""
+    """Runs each built program on the timing simulator; ``check_hazards`` also checks its tokens.
+    In this process, or with ``on_ray`` as Ray tasks of one CPU (on the Ray this process is
+    connected to), so that a round's candidates are measured in parallel and the futures are the
+    tasks: the same seconds either way, so the same records for the same search. A task that fails
+    (its worker died) is a failed run with the reason."""
 
-    def __init__(self, check_hazards: bool = False):
+    def __init__(self, check_hazards: bool = False, on_ray: bool = False):
         super().__init__()
-        self.check_hazards = check_hazards
+        self.check_hazards, self.on_ray = check_hazards, on_ray
 
     def run(self, runner_inputs):
         futures = []
@@ -73,6 +79,30 @@ class DSARunner(ms.runner.PyRunner):
             if program is None:
                 raise RuntimeError(f"no program built as {ri.artifact_path!r}: DSARunner measures what "
                                    "DSABuilder built in this process")
-            result = RunnerResult([simulated_seconds(program, self.check_hazards)], None)
-            futures.append(RunnerFuture(lambda: True, lambda r=result: r))
+            futures.append(self._on_ray(program) if self.on_ray else self._here(program))
         return futures
+
+    def _here(self, program: Program) -> RunnerFuture:
+        result = RunnerResult([simulated_seconds(program, self.check_hazards)], None)
+        return RunnerFuture(lambda: True, lambda: result)
+
+    def _on_ray(self, program: Program) -> RunnerFuture:
+        import ray
+
+        ref = _remote_simulation().remote(program, self.check_hazards)
+
+        def result() -> RunnerResult:
+            try:
+                return RunnerResult([ray.get(ref)], None)
+            except ray.exceptions.RayError as err:
+                return RunnerResult(None, f"{type(err).__name__}: {err}")
+
+        return RunnerFuture(lambda: bool(ray.wait([ref], timeout=0)[0]), result)
+
+
+@functools.cache
+def _remote_simulation():
+    """``simulated_seconds`` as a Ray task of one CPU (made once: each ``ray.remote`` exports it anew)."""
+    import ray
+
+    return ray.remote(num_cpus=1, max_retries=0)(simulated_seconds)
