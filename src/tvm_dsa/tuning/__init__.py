@@ -169,8 +169,9 @@ def tune(mod: tvm.IRModule, target: str = "dsa/stcp920", trials: int = 16, work_
     """Tune the DSA kernels of ``mod`` for ``target`` with ``trials`` measured candidates per kernel
     in rounds of at most ``per_iter``; records go to the JSON database in ``work_dir``.
     ``population`` is the evolutionary search's population; ``progress(measured, total)`` is called
-    after each round. ``on_ray`` measures each round's candidates as Ray tasks (``DSARunner``, on the
-    Ray this process is connected to, else a local one Ray starts): the same records as in-process.
+    before the first round and after each. ``on_ray`` measures each round's candidates as Ray tasks
+    (``DSARunner``, on the Ray this process is connected to, else a local one Ray starts): the same
+    records as in-process.
 
     Per kernel, because the gradient task scheduler gives each task one round in turn before it
     weighs them: a budget for the whole model smaller than a round per kernel left most kernels
@@ -196,6 +197,8 @@ def tune(mod: tvm.IRModule, target: str = "dsa/stcp920", trials: int = 16, work_
         for i, task in enumerate(tasks)
     ]
     counter = _Measured(len(tasks), trials * len(tasks), progress)
+    if progress is not None:
+        progress(0, counter.total)
     # meta-schedule's default callbacks but RemoveBuildArtifact: the programs are not files (measure.py)
     callbacks = [ms.measure_callback.AddToDatabase(), ms.measure_callback.UpdateCostModel(), counter]
     with _numpy_seeded(seed):
