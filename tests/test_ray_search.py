@@ -82,7 +82,8 @@ def test_every_kernel_gets_its_trials(three_kernels, in_process):
     assert len(_records(work_dir)) == 3 * (TRIALS + 1)
     for t in result.tasks:
         assert t.outcome == ("faster" if t.tuned_cycles < t.default_cycles else "default kept")
-    assert result.rows()[-1][-2:] == (str(3 * TRIALS), f"{sum(t.outcome == 'faster' for t in result.tasks)} of 3 faster")
+    faster = sum(t.outcome == "faster" for t in result.tasks)
+    assert result.rows()[-1][-2:] == (str(3 * TRIALS), f"{faster} of 3 faster")
 
 
 def test_the_ray_runner_gives_the_in_process_records(ray, three_kernels, in_process, tmp_path):

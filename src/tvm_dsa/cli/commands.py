@@ -13,11 +13,10 @@ from __future__ import annotations
 import argparse
 import itertools
 import json
-import sys
-from contextlib import nullcontext
 from pathlib import Path
 
 from tvm_dsa import hardware
+from tvm_dsa.cli.activity import step
 from tvm_dsa.cli.args import add_ray_args, check_mesh, check_plot_path, engine, positive_int, say
 from tvm_dsa.dse import OnRay
 from tvm_dsa.harness import Compiled, InputError, check_inputs, check_target, import_onnx, load_model, timing_run
@@ -47,7 +46,9 @@ def _timed_run(model, mod, target: str, schedule: str, database=None, trace: boo
     returns the build and the run."""
     if schedule == "set":
         check_mesh(target, hardware.get(target), "schedule 'set'")
+    step(f"compiling for {target} ({schedule})")
     compiled = Compiled.build(mod, target, schedule, database=database)
+    step(f"simulating on {target} ({schedule}, timing)")
     return compiled, timing_run(compiled, model, trace=trace, check_hazards=False)
 
 
@@ -175,11 +176,13 @@ def _tune(args) -> int:
     check_target(args.target, model, timing_only=True)
     mod = import_onnx(model)
 
-    with engine(args, "tune") as where, _progress(args.json) as bar:
+    with engine(args, "tune") as where:
         say(f"tune: candidates measured {where.describe()}")
+        step("extracting the kernels, measuring their default tilings")
         try:
             result = tune(mod, args.target, trials=args.trials, work_dir=args.work_dir, per_iter=args.per_iter,
-                          seed=args.seed, on_ray=isinstance(where, OnRay), progress=bar)
+                          seed=args.seed, on_ray=isinstance(where, OnRay),
+                          progress=lambda done, total: step("measuring candidates", done, total))
         except ValueError as err:
             raise InputError(str(err)) from None
     if args.json:
@@ -188,41 +191,6 @@ def _tune(args) -> int:
     render_table(result.rows(), title=f"{args.model} on {args.target}: {args.trials} trials per kernel")
     print(f"records: {args.work_dir} (compile with tvm_dsa.pipeline(database={str(args.work_dir)!r}))")
     return 0
-
-
-class _Bar:
-    """A rich progress bar on stderr as a ``progress(done, total)`` callback. It shows from the
-    start, with a spinner and the time elapsed: before the first round (the kernels extracted and
-    their defaults measured, meta-schedule's first use importing TVM's tensor intrinsics) the
-    terminal stayed blank for about 30 s."""
-
-    def __init__(self):
-        from rich.console import Console
-        from rich.progress import BarColumn, MofNCompleteColumn, Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
-
-        self.progress = Progress(SpinnerColumn(), TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
-                                 TimeElapsedColumn(), console=Console(stderr=True))
-        self.task = self.progress.add_task("extracting the kernels, measuring their default tilings", total=None)
-
-    def __enter__(self):
-        self.progress.__enter__()
-        return self
-
-    def __exit__(self, *exc):
-        return self.progress.__exit__(*exc)
-
-    def __call__(self, done: int, total: int) -> None:
-        self.progress.update(self.task, description="measuring candidates", completed=done, total=total)
-
-
-def _progress(quiet: bool):
-    """A progress bar on a terminal (rich), nothing otherwise (or with --json)."""
-    if quiet or not sys.stderr.isatty():
-        return nullcontext(None)
-    try:
-        return _Bar()
-    except ImportError:
-        return nullcontext(None)
 
 
 def _add_tune_parser(sub) -> None:

@@ -18,6 +18,7 @@ import json
 from contextlib import nullcontext
 from dataclasses import dataclass
 
+from tvm_dsa.cli.activity import step
 from tvm_dsa.cli.args import add_ray_args, check_mesh, check_plot_path, engine, positive_int, say
 from tvm_dsa.dse import InProcess, OnRay
 from tvm_dsa.harness import InputError, check_target, layer_graph, load_model
@@ -74,6 +75,7 @@ def _explore(args) -> int:
     check_mesh(args.target, hw, "SET's search")
     with engine(args, "explore") if args.restarts > 1 else nullcontext(InProcess("one search per scheme")) as where:
         say(f"explore: {3 * args.restarts} searches (SET, LS, LP) of {args.model} run {where.describe()}")
+        step(f"searching trees: {3 * args.restarts} searches")
         graph, evaluator, runs = explore(model, hw, args.batch, args.objective, args.beta, args.seed, args.restarts,
                                          isinstance(where, OnRay))
     chosen = runs[0].result
