@@ -31,8 +31,8 @@ def activity(what: str):
     from rich.progress import BarColumn, Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
 
     progress = Progress(SpinnerColumn(), TextColumn("{task.description}"), BarColumn(),
-                        TextColumn("{task.fields[count]}"), TimeElapsedColumn(), console=Console(stderr=True), transient=True,
-                        redirect_stdout=sys.stdout.isatty())
+                        TextColumn("{task.fields[count]}"), TimeElapsedColumn(), console=Console(stderr=True),
+                        transient=True, redirect_stdout=sys.stdout.isatty())
     _shown = progress, progress.add_task(what, total=None, count="")
     try:
         with progress:

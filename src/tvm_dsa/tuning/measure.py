@@ -2,10 +2,10 @@
 and a runner whose "run time" is the simulator's time for it (timing-only mode).
 
 The builder runs in the tuning process, so a program is handed over in memory: the builder's
-artifact path is a handle into ``BUILT``, which the runner empties. ``DSARunner`` simulates in the
-process too, or as Ray tasks. Writing and parsing
-each program as JSON cost as much as simulating it (0.2 s each for a full-size ResNet-50 layer of
-2,500 instructions, against 0.7 s to build it and 0.2 s to simulate it), a third of a candidate's
+artifact path is a handle into ``BUILT``, which the runner empties (``DSARunner`` simulates in the
+process too, or as Ray tasks, to which the program goes pickled). Writing and parsing each program
+as JSON cost as much as simulating it (0.2 s each for a full-size ResNet-50 layer of 2,500
+instructions, against 0.7 s to build it and 0.2 s to simulate it), a third of a candidate's
 measurement. Nothing is written to disk, so ``tune`` leaves meta-schedule's
 ``RemoveBuildArtifact`` callback out.
 """

@@ -101,7 +101,7 @@ def anneal(graph: LayerGraph, hw: Hardware, batch: int, config: Anneal = Anneal(
 
 
 def anneal_each(graph: LayerGraph, hw: Hardware, batch: int, configs: list[Anneal], on_ray: bool = False,
-             evaluator: Evaluator | None = None) -> list[SearchResult]:
+                evaluator: Evaluator | None = None) -> list[SearchResult]:
     """``anneal`` with each of ``configs`` (e.g. the same search from other seeds), in their order:
     one after another here (sharing ``evaluator``), or with ``on_ray`` all at once as Ray tasks of
     one CPU on the Ray this process is connected to. A search is deterministic for its seed, so
