@@ -46,7 +46,8 @@ class Explored:
 
 def explore(model, hw, batch: int, objective: str, beta: float, seed: int, restarts: int = 1, on_ray: bool = False):
     """(layer graph, evaluator, [Explored for SET, LS, LP]) of ``model`` (ONNX, batch 1) on ``hw``:
-    per scheme the best of ``restarts`` searches from seeds ``seed`` on (``anneal_each``)."""
+    per scheme the best of ``restarts`` searches from seeds ``seed`` on (``anneal_each``; the
+    searches ended are shown as a step)."""
 
     try:
         graph = layer_graph(model)
@@ -56,7 +57,12 @@ def explore(model, hw, batch: int, objective: str, beta: float, seed: int, resta
     spaces = (SET, LS, LP)
     configs = [Anneal(beta=beta, objective=objective, seed=seed + k, space=space)
                for space in spaces for k in range(restarts)]
-    results = anneal_each(graph, hw, batch, configs, on_ray, evaluator)
+
+    def searched(done: int, total: int) -> None:
+        step("searching trees", done, total)
+
+    searched(0, len(configs))
+    results = anneal_each(graph, hw, batch, configs, on_ray, evaluator, progress=searched)
     runs = [Explored(space.name, best(results[i * restarts:(i + 1) * restarts])) for i, space in enumerate(spaces)]
     return graph, evaluator, runs
 
@@ -75,7 +81,7 @@ def _explore(args) -> int:
     check_mesh(args.target, hw, "SET's search")
     with engine(args, "explore") if args.restarts > 1 else nullcontext(InProcess("one search per scheme")) as where:
         say(f"explore: {3 * args.restarts} searches (SET, LS, LP) of {args.model} run {where.describe()}")
-        step(f"searching trees: {3 * args.restarts} searches")
+        step("building the layer graph")
         graph, evaluator, runs = explore(model, hw, args.batch, args.objective, args.beta, args.seed, args.restarts,
                                          isinstance(where, OnRay))
     chosen = runs[0].result

@@ -101,19 +101,33 @@ def anneal(graph: LayerGraph, hw: Hardware, batch: int, config: Anneal = Anneal(
 
 
 def anneal_each(graph: LayerGraph, hw: Hardware, batch: int, configs: list[Anneal], on_ray: bool = False,
-                evaluator: Evaluator | None = None) -> list[SearchResult]:
+                evaluator: Evaluator | None = None, progress=None) -> list[SearchResult]:
     """``anneal`` with each of ``configs`` (e.g. the same search from other seeds), in their order:
     one after another here (sharing ``evaluator``), or with ``on_ray`` all at once as Ray tasks of
     one CPU on the Ray this process is connected to. A search is deterministic for its seed, so
-    both give the same trees; ``best`` keeps one."""
+    both give the same trees; ``best`` keeps one. ``progress(done, total)`` is called as searches end."""
+    results: list = [None] * len(configs)
+
+    def finished(i: int, result: SearchResult) -> None:
+        results[i] = result
+        if progress is not None:
+            progress(sum(r is not None for r in results), len(configs))
+
     if not on_ray:
         ev = evaluator or Evaluator(graph, hw)
-        return [anneal(graph, hw, batch, c, ev) for c in configs]
+        for i, c in enumerate(configs):
+            finished(i, anneal(graph, hw, batch, c, ev))
+        return results
     import ray
 
     task = ray.remote(num_cpus=1, max_retries=0)(anneal)
     graph_ref, hw_ref = ray.put(graph), ray.put(hw)
-    return ray.get([task.remote(graph_ref, hw_ref, batch, c) for c in configs])
+    pending = {task.remote(graph_ref, hw_ref, batch, c): i for i, c in enumerate(configs)}
+    while pending:
+        ready, _ = ray.wait(list(pending), num_returns=1, timeout=1.0)  # a wait without one defers Ctrl-C
+        for ref in ready:
+            finished(pending.pop(ref), ray.get(ref))
+    return results
 
 
 def best(results: list[SearchResult]) -> SearchResult:
