@@ -6,8 +6,8 @@ adds per task, and whether both gave the same records / trees (issue 41; docs/tu
 
 Each is run in-process and then on a local Ray of ``--workers`` CPUs (started before the clock runs:
 its start is reported apart), after a warm-up on both that pays meta-schedule's first use and the
-Ray workers' imports. Tuning on Ray simulates each round's candidates as Ray tasks; the builds stay
-in this process (docs/tuning.md, "On Ray").
+Ray workers' imports. Tuning on Ray builds and simulates each round's candidates as Ray tasks; the
+search stays in this process (docs/tuning.md, "On Ray").
 """
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
-"""Tuning and SET's restarts on Ray against the same work in this process: the runner whose futures
-are Ray tasks gives the in-process runner's records, restarts as Ray tasks give the in-process
-trees, and every kernel of a model gets its trials. One local Ray of 2 CPUs for the module (about
+"""Tuning and SET's restarts on Ray against the same work in this process: the builder and the
+runner whose futures are Ray tasks give the in-process records, restarts as Ray tasks give the
+in-process trees, and every kernel of a model gets its trials. One local Ray of 2 CPUs for the module (about
 7 s to start); the tuning runs share meta-schedule's first use (tens of seconds), so the module runs
 in one xdist worker."""
 
@@ -12,6 +12,8 @@ import pytest
 from onnx import TensorProto as TP
 from onnx import helper as h
 from onnx import numpy_helper as nh
+from tvm import s_tir, te
+from tvm.s_tir import meta_schedule as ms
 
 import tvm_dsa
 from tvm_dsa import hardware
@@ -21,7 +23,12 @@ from tvm_dsa.dse import ray_engine
 from tvm_dsa.harness import import_onnx, layer_graph, load_model
 from tvm_dsa.schedule.set.ops import LS, SET
 from tvm_dsa.schedule.set.search import Anneal, anneal, anneal_each, best
-from tvm_dsa.tuning import extract_tasks
+from tvm_dsa.emit.emitter import build_program
+from tvm_dsa.tiling import lower_kernel
+from tvm_dsa.tir_passes.tile import TilePlan
+from tvm_dsa.tuning import DSABuilder, extract_tasks, workload
+from tvm_dsa.tuning.measure import BUILT
+from tvm_dsa.tuning.space import lower_scheduled, sample_tiling
 
 pytestmark = pytest.mark.xdist_group("ray-search")
 TARGET = "dsa/stcp920"
@@ -92,6 +99,25 @@ def test_the_ray_runner_gives_the_in_process_records(ray, three_kernels, in_proc
     on_ray = tvm_dsa.tune(three_kernels, TARGET, trials=TRIALS, work_dir=tmp_path, on_ray=True)
     assert _records(tmp_path) == _records(work_dir)
     assert on_ray.to_dict() | {"work_dir": ""} == result.to_dict() | {"work_dir": ""}
+
+
+def test_the_ray_builder_builds_the_programs_and_refusals_of_this_process(ray):
+    """A round of two candidates of a 256 x 256 x 256 matmul, its default tiling and the whole
+    product as one tile (fp32 partial sums alone fill 256 KiB, beyond a 64 KiB LB): built as Ray
+    tasks, the same program and the same refusal as here."""
+    a, b = te.placeholder((256, 256), "float32", name="A"), te.placeholder((256, 256), "float32", name="B")
+    k = te.reduce_axis((0, 256), "k")
+    func = te.create_prim_func([a, b, te.compute((256, 256), lambda i, j: te.sum(a[i, k] * b[k, j], axis=k))])
+    hw = hardware.get(TARGET)
+    default, whole = s_tir.Schedule(workload(func)), s_tir.Schedule(workload(func))
+    sample_tiling(default, (0, 1), lower_kernel(func, hw)[1], False)
+    sample_tiling(whole, (0, 1), TilePlan((256, 256), 256), False)
+    inputs = [ms.builder.BuilderInput(s.mod, hardware.make_target(TARGET)) for s in (default, whole)]
+    here, there = DSABuilder().build(inputs), DSABuilder(on_ray=True).build(inputs)
+    assert [r.error_msg for r in there] == [r.error_msg for r in here]
+    assert here[0].error_msg is None and "exceeds the LB" in here[1].error_msg
+    assert BUILT.pop(there[0].artifact_path) == BUILT.pop(here[0].artifact_path) == build_program(
+        lower_scheduled(default.mod["main"], hw), hw, "candidate")
 
 
 def test_the_same_seed_tunes_the_same_records_again(three_kernels, in_process, tmp_path):

@@ -169,9 +169,9 @@ def tune(mod: tvm.IRModule, target: str = "dsa/stcp920", trials: int = 16, work_
     """Tune the DSA kernels of ``mod`` for ``target`` with ``trials`` measured candidates per kernel
     in rounds of at most ``per_iter``; records go to the JSON database in ``work_dir``.
     ``population`` is the evolutionary search's population; ``progress(measured, total)`` is called
-    before the first round and after each. ``on_ray`` measures each round's candidates as Ray tasks
-    (``DSARunner``, on the Ray this process is connected to, else a local one Ray starts): the same
-    records as in-process.
+    before the first round and after each. ``on_ray`` builds and measures each round's candidates as Ray
+    tasks (``DSABuilder``, ``DSARunner``; on the Ray this process is connected to, else a local one
+    Ray starts): the same records as in-process.
 
     Per kernel, because the gradient task scheduler gives each task one round in turn before it
     weighs them: a budget for the whole model smaller than a round per kernel left most kernels
@@ -204,7 +204,7 @@ def tune(mod: tvm.IRModule, target: str = "dsa/stcp920", trials: int = 16, work_
     with _numpy_seeded(seed):
         ms.tune_tasks(tasks=contexts, task_weights=[float(t.calls) for t in tasks], work_dir=str(work_dir),
                       max_trials_global=trials * len(tasks), max_trials_per_task=trials,
-                      num_trials_per_iter=min(per_iter, trials), builder=DSABuilder(),
+                      num_trials_per_iter=min(per_iter, trials), builder=DSABuilder(on_ray),
                       runner=DSARunner(check_hazards, on_ray), database=database, cost_model="xgb",
                       measure_callbacks=callbacks, task_scheduler=ms.task_scheduler.GradientBased(seed=seed))
     results = [TaskResult(task.name, task.calls, _cycles(task.default_seconds, hw),

@@ -1,9 +1,9 @@
 """Measurement for meta-schedule on the DSA: a builder that turns a tuned kernel into a DSA program
 and a runner whose "run time" is the simulator's time for it (timing-only mode).
 
-The builder runs in the tuning process, so a program is handed over in memory: the builder's
-artifact path is a handle into ``BUILT``, which the runner empties (``DSARunner`` simulates in the
-process too, or as Ray tasks, to which the program goes pickled). Writing and parsing each program
+Builder and runner hand a program over in the tuning process's memory: the builder's artifact path
+is a handle into ``BUILT``, which the runner empties. Both work in this process or as Ray tasks
+(``on_ray``), to which the candidate's PrimFunc and the program go pickled. Writing and parsing each program
 as JSON cost as much as simulating it (0.2 s each for a full-size ResNet-50 layer of 2,500
 instructions, against 0.7 s to build it and 0.2 s to simulate it), a third of a candidate's
 measurement. Nothing is written to disk, so ``tune`` leaves meta-schedule's
@@ -41,18 +41,37 @@ def simulated_seconds(program: Program, check_hazards: bool = False) -> float:
     return simulate(program, mode="timing", check_hazards=check_hazards).report.seconds
 
 
+def built_or_refused(func, hw) -> Program | str:
+    """The program of a candidate, or why the codegen refuses it."""
+    try:
+        return build_candidate(func, hw)
+    except Unsupported as err:
+        return f"not a DSA kernel: {err}"
+
+
 @derived_object
 class DSABuilder(ms.builder.PyBuilder):
     """Builds each candidate into a DSA program kept in ``BUILT``; a candidate the codegen refuses
-    is a failed build with the reason as its message."""
+    is a failed build with the reason as its message. With ``on_ray`` the round's candidates are
+    built at once as Ray tasks of one CPU (each PrimFunc pickled to a worker, its program back);
+    the builds are deterministic, so the programs are those built here."""
+
+    def __init__(self, on_ray: bool = False):
+        super().__init__()
+        self.on_ray = on_ray
 
     def build(self, build_inputs):
+        jobs = [(bi.mod["main"], hardware.from_target(bi.target)) for bi in build_inputs]
+        if self.on_ray:
+            import ray
+
+            built = ray.get([_remote(built_or_refused).remote(*job) for job in jobs])
+        else:
+            built = [built_or_refused(*job) for job in jobs]
         results = []
-        for bi in build_inputs:
-            try:
-                program = build_candidate(bi.mod["main"], hardware.from_target(bi.target))
-            except Unsupported as err:
-                results.append(BuilderResult(None, f"not a DSA kernel: {err}"))
+        for program in built:
+            if isinstance(program, str):
+                results.append(BuilderResult(None, program))
                 continue
             handle = f"dsa-program-{next(_HANDLES)}"
             BUILT[handle] = program
@@ -89,7 +108,7 @@ class DSARunner(ms.runner.PyRunner):
     def _on_ray(self, program: Program) -> RunnerFuture:
         import ray
 
-        ref = _remote_simulation().remote(program, self.check_hazards)
+        ref = _remote(simulated_seconds).remote(program, self.check_hazards)
 
         def result() -> RunnerResult:
             try:
@@ -101,8 +120,8 @@ class DSARunner(ms.runner.PyRunner):
 
 
 @functools.cache
-def _remote_simulation():
-    """``simulated_seconds`` as a Ray task of one CPU (made once: each ``ray.remote`` exports it anew)."""
+def _remote(function):
+    """``function`` as a Ray task of one CPU (made once: each ``ray.remote`` exports it anew)."""
     import ray
 
-    return ray.remote(num_cpus=1, max_retries=0)(simulated_seconds)
+    return ray.remote(num_cpus=1, max_retries=0)(function)
