@@ -177,7 +177,7 @@ def test_tune_without_ray_runs_in_process_and_says_so(monkeypatch, capsys, tmp_p
             "--json"]
     assert main(argv) == 0
     out = capsys.readouterr()
-    assert "tune: candidates measured in this process (Ray is not installed" in out.err
+    assert "tune: candidates built and measured in this process (Ray is not installed" in out.err
     assert json.loads(out.out)["tasks"] == in_process[0].to_dict()["tasks"]
     assert main(argv[:-1] + ["--address", "127.0.0.1:1"]) == 2
     assert "Ray is not installed" in capsys.readouterr().err

@@ -177,7 +177,7 @@ def _tune(args) -> int:
     mod = import_onnx(model)
 
     with engine(args, "tune") as where:
-        say(f"tune: candidates measured {where.describe()}")
+        say(f"tune: candidates built and measured {where.describe()}")
         step("extracting the kernels, measuring their default tilings")
         try:
             result = tune(mod, args.target, trials=args.trials, work_dir=args.work_dir, per_iter=args.per_iter,
@@ -197,7 +197,9 @@ def _add_tune_parser(sub) -> None:
     p = sub.add_parser("tune", help="tune a model's DSA kernels with meta-schedule on the simulator",
                        description="Tune the tiling of every DSA kernel of a model with meta-schedule (evolutionary "
                                    "search, XGBoost cost model), each candidate measured as its simulated time; the "
-                                   "records go to a JSON database in --work-dir (docs/tuning.md).")
+                                   "records go to a JSON database in --work-dir (docs/tuning.md). Where Ray is installed the "
+                                   "candidates are built and simulated as Ray tasks (a local Ray, or --address), with "
+                                   "the records of --in-process.")
     _model_args(p)
     p.add_argument("--target", default="dsa/stcp920", help="a DSA preset (default dsa/stcp920) or a hardware file")
     p.add_argument("--trials", type=positive_int, default=16, help="measured candidates per kernel (default 16)")
@@ -205,7 +207,7 @@ def _add_tune_parser(sub) -> None:
                    help="candidates per search round, at most --trials (default 16)")
     p.add_argument("--work-dir", default="tune", help="where the JSON database goes (default ./tune)")
     p.add_argument("--seed", type=int, default=0)
-    add_ray_args(p, "measurements")
+    add_ray_args(p, "builds and simulations")
     p.set_defaults(func=_tune)
 
 
