@@ -54,7 +54,8 @@ class DSABuilder(ms.builder.PyBuilder):
     """Builds each candidate into a DSA program kept in ``BUILT``; a candidate the codegen refuses
     is a failed build with the reason as its message. With ``on_ray`` the round's candidates are
     built at once as Ray tasks of one CPU (each PrimFunc pickled to a worker, its program back);
-    the builds are deterministic, so the programs are those built here."""
+    the builds are deterministic, so the programs are those built here. A task that fails (its
+    worker died) is a failed build with the reason."""
 
     def __init__(self, on_ray: bool = False):
         super().__init__()
@@ -62,10 +63,8 @@ class DSABuilder(ms.builder.PyBuilder):
 
     def build(self, build_inputs):
         jobs = [(bi.mod["main"], hardware.from_target(bi.target)) for bi in build_inputs]
-        if self.on_ray:
-            import ray
-
-            built = ray.get([_remote(built_or_refused).remote(*job) for job in jobs])
+        if self.on_ray:  # all submitted, then waited for
+            built = [_fetched(ref) for ref in [_remote(built_or_refused).remote(*job) for job in jobs]]
         else:
             built = [built_or_refused(*job) for job in jobs]
         results = []
@@ -111,12 +110,23 @@ class DSARunner(ms.runner.PyRunner):
         ref = _remote(simulated_seconds).remote(program, self.check_hazards)
 
         def result() -> RunnerResult:
-            try:
-                return RunnerResult([ray.get(ref)], None)
-            except ray.exceptions.RayError as err:
-                return RunnerResult(None, f"{type(err).__name__}: {err}")
+            seconds = _fetched(ref)
+            return RunnerResult(None, seconds) if isinstance(seconds, str) else RunnerResult([seconds], None)
 
         return RunnerFuture(lambda: bool(ray.wait([ref], timeout=0)[0]), result)
+
+
+def _fetched(ref):
+    """What a Ray task returned, or why it failed where its worker died (out of memory, a crash);
+    an exception of the task's own code is raised, as it would be in this process."""
+    import ray
+
+    try:
+        return ray.get(ref)
+    except ray.exceptions.RayTaskError:
+        raise
+    except ray.exceptions.RayError as err:
+        return f"{type(err).__name__}: {err}"
 
 
 @functools.cache
