@@ -22,7 +22,7 @@ import tvm_dsa
 from tvm_dsa import hardware
 from tvm_dsa.harness import import_onnx, load_model
 from tvm_dsa.models import MODELS
-from tvm_dsa.tuning import extract_tasks, merge_records, records_dir
+from tvm_dsa.tuning import merge_records, records_dir
 
 
 def main() -> None:
@@ -41,15 +41,12 @@ def main() -> None:
     for size in args.size or ["tiny"]:
         for name in args.model or ["resnet50", "bert_base"]:
             mod = import_onnx(load_model(name, tiny=size == "tiny"))
-            trials = args.trials * len(extract_tasks(mod, args.target))
             with tempfile.TemporaryDirectory(prefix="tvm-dsa-pretune-") as tmp:
                 work_dir = Path(args.work_dir, f"{name}-{size}") if args.work_dir else Path(tmp)
-                print(f"... tuning {name} ({size}, {trials} trials) on {args.target}", file=sys.stderr, flush=True)
+                print(f"... tuning {name} ({size}, {args.trials} trials per kernel) on {args.target}", file=sys.stderr, flush=True)
                 start = time.perf_counter()
-                # one round per kernel at least: the task scheduler gives each task a round of
-                # ``per_iter`` in turn, so rounds larger than --trials leave the last tasks untuned
-                result = tvm_dsa.tune(mod, args.target, trials=trials, work_dir=work_dir, seed=args.seed,
-                                      population=args.population, per_iter=min(16, args.trials))
+                result = tvm_dsa.tune(mod, args.target, trials=args.trials, work_dir=work_dir, seed=args.seed,
+                                      population=args.population)
                 seconds = time.perf_counter() - start
                 print(f"\n{name} ({size}) on {args.target}:\n{result}\n", flush=True)
                 sources = [shipped] if shipped.is_dir() else []

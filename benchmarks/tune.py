@@ -29,7 +29,6 @@ from pathlib import Path
 import tvm_dsa
 from tvm_dsa.harness import Compiled, import_onnx, load_model
 from tvm_dsa.models import MODELS, example_inputs
-from tvm_dsa.tuning import extract_tasks
 
 
 def main() -> None:
@@ -58,14 +57,11 @@ def main() -> None:
              "model speedup", "tune s")]
     for name, model in models.items():
         mod, inputs = import_onnx(model), example_inputs(model)
-        trials = args.trials * len(extract_tasks(mod, args.target))
         keep = Path(args.work_dir, name.replace(" ", "_")) if args.work_dir else None
         with (nullcontext(str(keep)) if keep else tempfile.TemporaryDirectory(prefix="tvm-dsa-tune-bench-")) as work_dir:
-            print(f"... tuning {name} ({trials} trials)", file=sys.stderr, flush=True)
+            print(f"... tuning {name} ({args.trials} trials per kernel)", file=sys.stderr, flush=True)
             start = time.perf_counter()
-            # a round of ``per_iter`` per task in turn: no larger than --trials, or the last tasks get none
-            result = tvm_dsa.tune(mod, args.target, trials=trials, work_dir=work_dir, seed=args.seed,
-                                  per_iter=min(16, args.trials))
+            result = tvm_dsa.tune(mod, args.target, trials=args.trials, work_dir=work_dir, seed=args.seed)
             seconds = time.perf_counter() - start
             print(f"\n{name} on {args.target}:\n{result}\n")
             before = Compiled.build(mod, args.target, "layerwise", database=False).run(inputs, mode="timing").report.cycles

@@ -1,6 +1,9 @@
 """The ``tvm-dsa`` command, called in-process: output, JSON, trace, exit codes on bad input."""
 
+import io
 import json
+import re
+import sys
 
 import numpy as np
 import pytest
@@ -159,7 +162,7 @@ def test_a_hardware_file_works_wherever_a_preset_name_does(command, conv_onnx, t
         "run": ["run", model, "--timing-only"],
         "compare": ["compare", model, "--target", "stcp920"],  # a preset's bare name is a target too
         "trace": ["trace", model, "-o", str(tmp_path / "trace.json")],
-        "tune": ["tune", model, "--trials", "1", "--per-iter", "1", "--work-dir", str(tmp_path / "tune")],
+        "tune": ["tune", model, "--trials", "1", "--work-dir", str(tmp_path / "tune"), "--in-process"],
         "explore": ["explore", model, "--beta", "1"],
         "dataflow": ["dataflow", "--model", model],
     }[command]
@@ -217,3 +220,18 @@ def test_any_other_failure_exits_2_with_one_line(error, expected, conv_onnx, mon
     monkeypatch.setenv("TVM_DSA_TRACEBACK", "1")
     with pytest.raises(type(error)):
         main(["run", conv_onnx[0]])
+
+
+class _Terminal(io.StringIO):
+    def isatty(self) -> bool:
+        return True
+
+
+def test_a_terminal_sees_what_the_command_does_and_stdout_gets_the_output_alone(conv_onnx, monkeypatch, capsys):
+    """On a terminal the command shows from its start what it does (``cli.activity``, drawn when it
+    starts, then at each refresh); the JSON on stdout, not a terminal here, is untouched by it."""
+    monkeypatch.setattr(sys, "stderr", _Terminal())
+    assert main(["run", conv_onnx[0], "--timing-only", "--json"]) == 0
+    shown = re.sub(r"\x1b\[[0-9;?]*[A-Za-z]", "", sys.stderr.getvalue())  # the text without colours and moves
+    assert shown.startswith("⠋ tvm-dsa run ")  # the first thing drawn, before any work
+    assert json.loads(capsys.readouterr().out)["target"] == "dsa/stcp920"

@@ -5,11 +5,15 @@
     tvm-dsa run resnet18 --tiny --target my-chip.toml   # a hardware file wherever a preset's name goes
     tvm-dsa compare resnet18 --tiny --target dsa/stcp920 --target dsa/set-edge16 --schedule graphturbo
     tvm-dsa trace resnet18 --tiny -o trace.json --gantt run.png   # Perfetto trace, per-unit summary
-    tvm-dsa tune resnet50 --tiny --trials 64 --work-dir tuned     # meta-schedule on the simulator
+    tvm-dsa tune resnet50 --tiny --trials 16 --work-dir tuned     # meta-schedule on the simulator (on Ray)
     tvm-dsa explore resnet50 --target dsa/set-edge16 --batch 8    # SET's tree search vs LS / LP (seed 002)
+    tvm-dsa explore resnet50 --batch 8 --restarts 8               # 8 seeds per scheme as Ray tasks, the best kept
     tvm-dsa hw [dsa/<chip> | chip.toml] [--json]  # the presets, or validate and show one chip
     tvm-dsa dataflow gemm i=64,j=64,k=64          # TENET metrics of the MME's dataflows (seed 003)
     tvm-dsa sweep resnet50 --batch 8 --space examples/space-stcp920.toml --out sweep.parquet  # chips on Ray
+
+On a terminal every command but ``sweep`` (which has its own status line) shows from its first
+second what it is doing and the time elapsed (``cli.activity``).
 
 Exit codes: 0 success, 1 numerics outside the tolerance (or, with ``--strict``, a kernel whose values
 overflowed the chip's number type), 2 bad input (model, file, target) or any other failure, each said
@@ -22,10 +26,12 @@ import argparse
 import json
 import os
 import sys
+from contextlib import nullcontext
 from pathlib import Path
 
 from tvm_dsa import hardware
 from tvm_dsa.cli import dataflow as dataflow_command
+from tvm_dsa.cli.activity import activity, step
 from tvm_dsa.cli.args import positive_int
 from tvm_dsa.harness import (
     Compiled, InputError, check_inputs, check_target, dsa_mac_share, import_onnx, load_model, max_relative_error,
@@ -47,15 +53,19 @@ def _run(args: argparse.Namespace) -> int:
         raise InputError(f"cannot write the trace to {args.trace}: its directory does not exist")
     check_inputs(model)
     inputs = None if args.timing_only else example_inputs(model)  # timing_run makes them only where needed
+    step("importing the model")
     mod = import_onnx(model)
     mode = "timing" if args.timing_only else "functional"
+    step(f"compiling for {args.target}")
     dsa = Compiled.build(mod, args.target)
+    step(f"simulating ({mode})")
     if args.timing_only:
         run = timing_run(dsa, model, trace=bool(args.trace))
     else:
         run = dsa.run(inputs, trace=bool(args.trace))
     check = None
     if not (args.no_check or args.timing_only):
+        step("compiling and running on llvm for the check")
         llvm = Compiled.build(mod, "llvm")
         err = max_relative_error(run.outputs, llvm.run(inputs).outputs)
         check = {"max_relative_error": err, "tolerance": args.tolerance, "ok": err <= args.tolerance}
@@ -147,7 +157,9 @@ def main(argv: list[str] | None = None) -> int:
     args = parser().parse_args(argv)
     try:
         _resolve_targets(args)
-        return args.func(args)
+        # a sweep shows its own live status line (trials done / running / failed)
+        with nullcontext() if args.command == "sweep" else activity(f"tvm-dsa {args.command}"):
+            return args.func(args)
     except InputError as err:
         print(f"tvm-dsa: error: {err}", file=sys.stderr)
         return 2

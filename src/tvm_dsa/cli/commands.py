@@ -4,7 +4,7 @@ summary and Gantt chart, tuning with a progress bar, the chips and their hardwar
     tvm-dsa compare resnet18 --tiny --target dsa/stcp920 --target dsa/set-edge16 --schedule graphturbo
     tvm-dsa trace resnet18 --tiny -o run.json --gantt run.png
     tvm-dsa trace resnet50 --tiny --schedule graphturbo --lifetimes lifetimes.svg
-    tvm-dsa tune resnet50 --tiny --trials 64 --work-dir tuned
+    tvm-dsa tune resnet50 --tiny --trials 16 --work-dir tuned   # on a local Ray (--address: a cluster)
     tvm-dsa hw my-chip.toml                     # validate a hardware file and show its parameters
 """
 
@@ -13,12 +13,12 @@ from __future__ import annotations
 import argparse
 import itertools
 import json
-import sys
-from contextlib import nullcontext
 from pathlib import Path
 
 from tvm_dsa import hardware
-from tvm_dsa.cli.args import check_mesh, check_plot_path, positive_int
+from tvm_dsa.cli.activity import step
+from tvm_dsa.cli.args import add_ray_args, check_mesh, check_plot_path, engine, positive_int, say
+from tvm_dsa.dse import OnRay
 from tvm_dsa.harness import Compiled, InputError, check_inputs, check_target, import_onnx, load_model, timing_run
 from tvm_dsa.models import MODELS
 from tvm_dsa.runtime import write_trace
@@ -46,7 +46,9 @@ def _timed_run(model, mod, target: str, schedule: str, database=None, trace: boo
     returns the build and the run."""
     if schedule == "set":
         check_mesh(target, hardware.get(target), "schedule 'set'")
+    step(f"compiling for {target} ({schedule})")
     compiled = Compiled.build(mod, target, schedule, database=database)
+    step(f"simulating on {target} ({schedule}, timing)")
     return compiled, timing_run(compiled, model, trace=trace, check_hazards=False)
 
 
@@ -174,64 +176,38 @@ def _tune(args) -> int:
     check_target(args.target, model, timing_only=True)
     mod = import_onnx(model)
 
-    with _progress(args.json) as bar:
+    with engine(args, "tune") as where:
+        say(f"tune: candidates built and measured {where.describe()}")
+        step("extracting the kernels, measuring their default tilings")
         try:
             result = tune(mod, args.target, trials=args.trials, work_dir=args.work_dir, per_iter=args.per_iter,
-                          seed=args.seed, progress=bar)
+                          seed=args.seed, on_ray=isinstance(where, OnRay),
+                          progress=lambda done, total: step("measuring candidates", done, total))
         except ValueError as err:
             raise InputError(str(err)) from None
     if args.json:
         print(json.dumps(result.to_dict(), indent=2))
         return 0
-    render_table(result.rows(), title=f"{args.model} on {args.target}: {args.trials} trials")
+    render_table(result.rows(), title=f"{args.model} on {args.target}: {args.trials} trials per kernel")
     print(f"records: {args.work_dir} (compile with tvm_dsa.pipeline(database={str(args.work_dir)!r}))")
     return 0
-
-
-class _Bar:
-    """A rich progress bar on stderr as a ``progress(done, total)`` callback."""
-
-    def __init__(self):
-        from rich.console import Console
-        from rich.progress import Progress
-
-        self.progress = Progress(console=Console(stderr=True))
-        self.task = None
-
-    def __enter__(self):
-        self.progress.__enter__()
-        return self
-
-    def __exit__(self, *exc):
-        return self.progress.__exit__(*exc)
-
-    def __call__(self, done: int, total: int) -> None:
-        if self.task is None:
-            self.task = self.progress.add_task("measuring candidates", total=total)
-        self.progress.update(self.task, completed=done)
-
-
-def _progress(quiet: bool):
-    """A progress bar on a terminal (rich), nothing otherwise (or with --json)."""
-    if quiet or not sys.stderr.isatty():
-        return nullcontext(None)
-    try:
-        return _Bar()
-    except ImportError:
-        return nullcontext(None)
 
 
 def _add_tune_parser(sub) -> None:
     p = sub.add_parser("tune", help="tune a model's DSA kernels with meta-schedule on the simulator",
                        description="Tune the tiling of every DSA kernel of a model with meta-schedule (evolutionary "
                                    "search, XGBoost cost model), each candidate measured as its simulated time; the "
-                                   "records go to a JSON database in --work-dir (docs/tuning.md).")
+                                   "records go to a JSON database in --work-dir (docs/tuning.md). Where Ray is installed the "
+                                   "candidates are built and simulated as Ray tasks (a local Ray, or --address), with "
+                                   "the records of --in-process.")
     _model_args(p)
     p.add_argument("--target", default="dsa/stcp920", help="a DSA preset (default dsa/stcp920) or a hardware file")
-    p.add_argument("--trials", type=positive_int, default=64, help="measured candidates in all (default 64)")
-    p.add_argument("--per-iter", type=positive_int, default=16, help="candidates per search round (default 16)")
+    p.add_argument("--trials", type=positive_int, default=16, help="measured candidates per kernel (default 16)")
+    p.add_argument("--per-iter", type=positive_int, default=16,
+                   help="candidates per search round, at most --trials (default 16)")
     p.add_argument("--work-dir", default="tune", help="where the JSON database goes (default ./tune)")
     p.add_argument("--seed", type=int, default=0)
+    add_ray_args(p, "builds and simulations")
     p.set_defaults(func=_tune)
 
 

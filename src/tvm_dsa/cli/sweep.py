@@ -15,16 +15,13 @@ and the sensitivity per parameter.
 from __future__ import annotations
 
 import json
-import os
 import sys
 import time
-from contextlib import nullcontext
 from pathlib import Path
 
-from tvm_dsa.cli.args import positive_int
+from tvm_dsa.cli.args import add_ray_args, engine, positive_int, say
 from tvm_dsa.dse import (
-    OBJECTIVES, SEARCHES, InProcess, Journal, Status, SweepConfig, TrialResult, load_space, ray_available,
-    ray_engine, sweep
+    OBJECTIVES, SEARCHES, Journal, Status, SweepConfig, TrialResult, load_space, sweep
 )
 from tvm_dsa.dse.results import check_out, pareto, rows, write
 from tvm_dsa.dse.space import SCHEDULES
@@ -41,28 +38,19 @@ def _sweep(args) -> int:
         check_out(args.out)
     if args.plot and not Path(args.plot).resolve().parent.is_dir():
         raise InputError(f"cannot write plots to {args.plot}: its parent directory does not exist")
-    if args.address and (args.in_process or not ray_available()):
-        raise InputError("--address runs the trials on a Ray cluster: " + (
-            "not with --in-process" if args.in_process else "Ray is not installed (pip install 'tvm-dsa[dse]')"))
     config = _config(args)
+    where = engine(args, "sweep")
     journal = Journal(f"{args.out}.journal.jsonl" if args.out else JOURNAL)
-    _say(f"sweep: {config.trials} trials ({config.search} over {config.space.size} points around "
+    say(f"sweep: {config.trials} trials ({config.search} over {config.space.size} points around "
          f"{config.space.base.name}, {len(config.models)} model(s)); journal {journal.path} "
          f"holds {len(journal.done)} trial(s)")
-    if args.in_process or not ray_available():
-        engine = nullcontext(InProcess("--in-process") if args.in_process else InProcess())
-    else:
-        where = args.address or os.environ.get("RAY_ADDRESS")
-        _say(f"sweep: connecting to the Ray cluster at {where}" if where else
-             f"sweep: starting a local Ray of {args.workers} CPUs")
-        engine = ray_engine(args.address, args.workers)
     try:
-        with engine as e:
-            _say(f"sweep: trials run {e.describe()}")
+        with where as e:
+            say(f"sweep: trials run {e.describe()}")
             with _Progress(config) as progress:
                 results = sweep(config, e, journal, progress)
     except KeyboardInterrupt:
-        _say(f"tvm-dsa: sweep interrupted: {len(journal.done)} trial(s) in {journal.path}; the same command resumes")
+        say(f"tvm-dsa: sweep interrupted: {len(journal.done)} trial(s) in {journal.path}; the same command resumes")
         return 130
     if args.out:
         write(results, config.objective, args.out)
@@ -100,10 +88,6 @@ def _config(args) -> SweepConfig:
                        args.objective, args.seed)
 
 
-def _say(line: str) -> None:
-    print(line, file=sys.stderr, flush=True)
-
-
 class _Progress:
     """Trials done / running / failed and the best so far on stderr: one live line on a terminal
     (its clock ticks from the first second, while a trial runs), a line per finished trial otherwise."""
@@ -128,7 +112,7 @@ class _Progress:
         self.status = status
         if self.live is None and status.done != self.shown:
             self.shown = status.done
-            _say(self.line())
+            say(self.line())
 
     def __rich__(self):
         from rich.text import Text
@@ -195,7 +179,7 @@ def _plots(results: list[TrialResult], config: SweepConfig, args) -> list[str]:
     for model in config.models:
         mine = [r for r in results if r.model == model]
         if not any(r.status == "ok" for r in mine):
-            _say(f"sweep: no trial of {model} ran: no plots of it")
+            say(f"sweep: no trial of {model} ran: no plots of it")
             continue
         title = f"{_model(mine[0])} around {config.space.base.name}"
         stem = Path(model).stem
@@ -230,10 +214,7 @@ def add_parser(sub) -> None:
     p.add_argument("--objective", choices=OBJECTIVES, default="latency",
                    help="what the table sorts by and optuna minimises (default latency)")
     p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--address", help="a Ray cluster's address (default RAY_ADDRESS; else a local Ray)")
-    p.add_argument("--workers", type=positive_int, default=os.cpu_count() or 1,
-                   help="CPUs of the local Ray, trials at once (default: this machine's cores)")
-    p.add_argument("--in-process", action="store_true", help="run the trials in this process, not on Ray")
+    add_ray_args(p, "trials")
     p.add_argument("--out", help="the results: a .json or .parquet file (its journal beside it)")
     p.add_argument("--plot", metavar="DIR", help="write the Pareto and sensitivity plots (PNG) to DIR")
     p.add_argument("--json", action="store_true", help="print the results as JSON")

@@ -8,7 +8,8 @@ not depend on the workload's scale. The temperature ``T_i = T0 * (1 - i/n)^alpha
 (the seed's formula is lost from the text; this one has its stated properties: starts at ``T0``,
 cools at a speed set by ``alpha``, reaches 0). Seed-002 defaults: T0 = 0.07, alpha = 8,
 beta = 100. LS and LP are the same search restricted to ``ops.LS`` / ``ops.LP`` trees.
-Deterministic for a given seed.
+Deterministic for a given seed. Independent restarts from other seeds (``anneal_each``, in this
+process or as Ray tasks) and the best of them (``best``) widen the search.
 
 Warm start (``Anneal.warm``, not in the seed): SET's search first spends that share of its
 iterations in the LS and the LP space, half each, and goes on from the better of the two best trees
@@ -73,6 +74,7 @@ class SearchResult:
     seconds: float  # wall clock
     cpu_seconds: float  # this process's CPU time (the wall clock less what other jobs took)
     history: list = field(default_factory=list)  # best cost after each iteration
+    seed: int = 0  # the seed of the search that found it
 
 
 def anneal(graph: LayerGraph, hw: Hardware, batch: int, config: Anneal = Anneal(),
@@ -83,7 +85,8 @@ def anneal(graph: LayerGraph, hw: Hardware, batch: int, config: Anneal = Anneal(
     rng = random.Random(config.seed)
     iterations = max(1, round(config.beta * len(graph)))
     tree, history, accepted = initial_tree(graph, batch), [], 0
-    warm = round(config.warm * iterations / 2) if config.space is SET else 0
+    # ==, not is: a config sent to another process (a Ray task) holds a copy of SET
+    warm = round(config.warm * iterations / 2) if config.space == SET else 0
     if warm:
         firsts = [anneal(graph, hw, batch, dataclasses.replace(config, space=space, warm=0.0, beta=warm / len(graph)),
                          ev, progress) for space in (LS, LP)]
@@ -94,7 +97,42 @@ def anneal(graph: LayerGraph, hw: Hardware, batch: int, config: Anneal = Anneal(
         iterations -= len(history)
     best, accepted = _chain(tree, graph, hw, config, ev, rng, iterations, history, progress, accepted)
     return SearchResult(*best, len(history), accepted, time.perf_counter() - start, time.process_time() - cpu,
-                        history)
+                        history, config.seed)
+
+
+def anneal_each(graph: LayerGraph, hw: Hardware, batch: int, configs: list[Anneal], on_ray: bool = False,
+                evaluator: Evaluator | None = None, progress=None) -> list[SearchResult]:
+    """``anneal`` with each of ``configs`` (e.g. the same search from other seeds), in their order:
+    one after another here (sharing ``evaluator``), or with ``on_ray`` all at once as Ray tasks of
+    one CPU on the Ray this process is connected to. A search is deterministic for its seed, so
+    both give the same trees; ``best`` keeps one. ``progress(done, total)`` is called as searches end."""
+    results: list = [None] * len(configs)
+
+    def finished(i: int, result: SearchResult) -> None:
+        results[i] = result
+        if progress is not None:
+            progress(sum(r is not None for r in results), len(configs))
+
+    if not on_ray:
+        ev = evaluator or Evaluator(graph, hw)
+        for i, c in enumerate(configs):
+            finished(i, anneal(graph, hw, batch, c, ev))
+        return results
+    import ray
+
+    task = ray.remote(num_cpus=1, max_retries=0)(anneal)
+    graph_ref, hw_ref = ray.put(graph), ray.put(hw)
+    pending = {task.remote(graph_ref, hw_ref, batch, c): i for i, c in enumerate(configs)}
+    while pending:
+        ready, _ = ray.wait(list(pending), num_returns=1, timeout=1.0)  # a wait without one defers Ctrl-C
+        for ref in ready:
+            finished(pending.pop(ref), ray.get(ref))
+    return results
+
+
+def best(results: list[SearchResult]) -> SearchResult:
+    """The result of least cost; of equal costs the first (the lowest seed of a run of restarts)."""
+    return min(results, key=lambda r: r.cost)
 
 
 def _chain(tree: Tree, graph: LayerGraph, hw: Hardware, config: Anneal, ev: Evaluator, rng: random.Random,
