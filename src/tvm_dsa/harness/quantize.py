@@ -1,0 +1,113 @@
+"""A float model quantized for an int8 chip: onnxruntime's static quantizer, as a user would run it.
+
+    q = quantize(model)                                   # calibrated on the model's example inputs
+    q = quantize(model, load_calibration("cal.npz", model))
+    q.model                                               # the QDQ model: compile it like any other
+
+What a well-kept library already does, not a quantizer of our own: onnxruntime's pre-processing
+(shape inference, its basic graph optimisations: batch norms folded into the convolutions), then
+``quantize_static`` in QDQ format with int8 activations, int8 per-channel weights and MinMax
+calibration, as onnxruntime's documentation prescribes, whose output the
+compiler lowers to integer kernels (``relax_passes.quantized``, docs/quantized.md). onnxruntime is
+an optional dependency (``tvm-dsa[quantize]``): without it, ``quantize`` is one clear error.
+"""
+
+from __future__ import annotations
+
+import logging
+import tempfile
+import zipfile
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import onnx
+
+from tvm_dsa.harness import InputError, is_quantized
+from tvm_dsa.models import example_inputs, input_specs
+
+#: example inputs calibrated on where the user gives none: seeds 1 to 4 (``tvm-dsa run`` runs seed 0,
+#: an input the calibration did not see)
+EXAMPLE_SEEDS = range(1, 5)
+
+
+@dataclass(frozen=True)
+class QuantizedModel:
+    """A float model's QDQ quantization and what it was calibrated on."""
+
+    model: onnx.ModelProto
+    samples: int
+    calibration: str  # "the example inputs" or the file's path
+
+
+def load_calibration(path: str | Path, model: onnx.ModelProto) -> list[dict[str, np.ndarray]]:
+    """The calibration samples of an ``.npz`` file for ``model``: one array per graph input, named
+    as the input, shaped as the input (one sample) or as ``[N, *shape]`` (N samples, N the same
+    for every input). An ``InputError`` names what does not fit."""
+    specs = input_specs(model)
+    try:
+        with np.load(path, allow_pickle=False) as npz:
+            arrays = {name: npz[name] for name in npz.files}
+    except (OSError, ValueError, zipfile.BadZipFile) as err:
+        raise InputError(f"cannot read the calibration file {path}: {err}") from None
+    if missing := [n for n in specs if n not in arrays]:
+        raise InputError(f"calibration file {path} has no array for input {missing[0]!r} "
+                            f"(it has {', '.join(map(repr, arrays)) or 'none'})")
+    if extra := [n for n in arrays if n not in specs]:
+        raise InputError(f"calibration file {path} has an array {extra[0]!r} that is no input of the model "
+                            f"(inputs: {', '.join(map(repr, specs))})")
+    counts = {}
+    for name, (shape, dtype) in specs.items():
+        a = arrays[name]
+        if list(a.shape) == shape:
+            a = arrays[name] = a[None]
+        elif list(a.shape[1:]) != shape:
+            raise InputError(f"calibration array {name!r} has shape {list(a.shape)}: the input is {shape} "
+                                f"(or [N, {', '.join(map(str, shape))}] for N samples)")
+        if not np.can_cast(a.dtype, dtype, "same_kind"):
+            raise InputError(f"calibration array {name!r} is {a.dtype}: the input is {np.dtype(dtype)}")
+        arrays[name] = a.astype(dtype)
+        counts[name] = len(a)
+    if len(set(counts.values())) > 1:
+        raise InputError(f"calibration file {path} holds different numbers of samples per input: {counts}")
+    return [{name: a[i] for name, a in arrays.items()} for i in range(next(iter(counts.values()), 0))]
+
+
+def quantize(model: onnx.ModelProto, samples: list[dict[str, np.ndarray]] | None = None,
+             calibration: str = "the example inputs") -> QuantizedModel:
+    """``model`` pre-processed and quantized by onnxruntime's ``quantize_static`` (QDQ, int8
+    activations, per-channel int8 weights, MinMax) on ``samples`` (``load_calibration``; default:
+    the model's example inputs of ``EXAMPLE_SEEDS``); ``calibration`` names where they came
+    from. An ``InputError`` without onnxruntime, or for a model already quantized."""
+    try:
+        from onnxruntime.quantization import CalibrationDataReader, QuantFormat, QuantType, quantize_static
+        from onnxruntime.quantization.shape_inference import quant_pre_process
+    except ImportError:
+        raise InputError("quantizing a float model needs onnxruntime: pip install onnxruntime "
+                         "(or tvm-dsa[quantize])") from None
+    if is_quantized(model):
+        raise InputError("the model is already quantized (it has QuantizeLinear, QLinear or Integer nodes): "
+                         "run it as it is")
+    if samples is None:
+        samples = [example_inputs(model, seed) for seed in EXAMPLE_SEEDS]
+    if not samples:
+        raise InputError(f"no calibration sample in {calibration}")
+
+    class Reader(CalibrationDataReader):
+        def __init__(self):
+            self.feeds = iter(samples)
+
+        def get_next(self):
+            return next(self.feeds, None)
+
+    logging.disable(logging.WARNING)  # the quantizer's advice, one line per tensor, on the root logger
+    try:
+        with tempfile.TemporaryDirectory() as tmp:
+            src, pre, dst = (str(Path(tmp) / f"{n}.onnx") for n in ("float", "pre", "qdq"))
+            onnx.save(model, src)
+            quant_pre_process(src, pre)
+            quantize_static(pre, dst, Reader(), quant_format=QuantFormat.QDQ, per_channel=True,
+                            activation_type=QuantType.QInt8, weight_type=QuantType.QInt8)
+            return QuantizedModel(onnx.load(dst), len(samples), calibration)
+    finally:
+        logging.disable(logging.NOTSET)
