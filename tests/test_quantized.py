@@ -2,6 +2,8 @@
 reference, the requantisation's rounding at its edges, and a CNN quantized by onnxruntime against
 onnxruntime (docs/numerics.md, "Quantized models")."""
 
+import json
+
 import numpy as np
 import onnx
 import pytest
@@ -289,3 +291,170 @@ def test_uint8_activations_run_as_int8(quantize_cnn, quantized_cnn):
     assert result.dsa_macs == CNN_MACS and result.host_kernels == 0
     expected = ort.InferenceSession(model.SerializeToString()).run(None, {"x": x})[0]
     assert np.abs(y - expected).max() <= _output_scale(model) * 1.001
+
+
+# -- a float model quantized for the int8 chip: tvm_dsa.quantize, tvm-dsa run --quantize
+@pytest.fixture(scope="module")
+def float_cnn_file(tmp_path_factory):
+    """The float CNN saved as an .onnx file: (path, model)."""
+    path = tmp_path_factory.mktemp("float") / "cnn.onnx"
+    onnx.save(_float_cnn(), str(path))
+    return str(path), _float_cnn()
+
+
+def _input_quantisation(model: onnx.ModelProto) -> tuple[float, int]:
+    """(scale, zero point) of the QuantizeLinear that reads the graph's input."""
+    (node,) = [n for n in model.graph.node if n.op_type == "QuantizeLinear" and n.input[0] == model.graph.input[0].name]
+    inits = {i.name: nh.to_array(i) for i in model.graph.initializer}
+    return float(inits[node.input[1]]), int(inits[node.input[2]])
+
+
+def test_quantize_a_float_model_runs_it_on_the_int8_chip():
+    """tvm_dsa.quantize: onnxruntime's QDQ model of the float CNN, calibrated on four example
+    inputs other than seed 0's; on set-edge16 every MAC on the DSA and the output within one step
+    of onnxruntime's session of the same QDQ model."""
+    import onnxruntime as ort
+
+    from tvm_dsa.models import example_inputs
+
+    q = tvm_dsa.quantize(_float_cnn())
+    assert (q.samples, q.calibration) == (4, "the example inputs")
+    ops = {n.op_type for n in q.model.graph.node}
+    assert {"QuantizeLinear", "DequantizeLinear", "Conv", "Gemm"} <= ops
+    x = example_inputs(q.model)["x"]
+    y, result = _on_dsa(q.model, {"x": x})
+    assert result.dsa_macs == CNN_MACS and result.host_kernels == 0
+    expected = ort.InferenceSession(q.model.SerializeToString()).run(None, {"x": x})[0]
+    assert np.abs(y - expected).max() <= _output_scale(q.model) * 1.001
+    # MinMax calibration of int8 activations: the input's range over the samples, 0 included, in 255 steps
+    samples = np.stack([example_inputs(_float_cnn(), seed)["x"] for seed in range(1, 5)])
+    scale, _ = _input_quantisation(q.model)
+    assert scale == pytest.approx((max(samples.max(), 0) - min(samples.min(), 0)) / 255, rel=1e-6)
+
+
+def test_cli_quantize_reports_the_distance_from_the_float_model(float_cnn_file, capsys):
+    """``tvm-dsa run --quantize`` on set-edge16: numerics against the quantized model on llvm, and
+    the quantized output's distance from the float model, the distance onnxruntime's own QDQ and
+    float sessions give on the same input within one output step."""
+    import onnxruntime as ort
+
+    from tvm_dsa.cli import main
+    from tvm_dsa.models import example_inputs
+
+    path, model = float_cnn_file
+    assert main(["run", path, "--target", "dsa/set-edge16", "--quantize", "--json"]) == 0
+    data = json.loads(capsys.readouterr().out)
+    quantized = data["quantized"]
+    assert quantized["samples"] == 4 and quantized["calibration"] == "the example inputs"
+    assert data["numerics"]["ok"] and data["offload"]["host_macs"] == 0 and data["offload"]["dsa_macs"] == CNN_MACS
+    qdq = tvm_dsa.quantize(model).model
+    x = {"x": example_inputs(model)["x"]}
+    float_out = ort.InferenceSession(model.SerializeToString()).run(None, x)[0]
+    on_ort = np.abs(ort.InferenceSession(qdq.SerializeToString()).run(None, x)[0] - float_out).max()
+    step = _output_scale(qdq) * 1.001
+    assert on_ort > step  # the quantisation's own error, beyond the chip's rounding
+    assert quantized["max_abs_error"] == pytest.approx(on_ort, abs=step)
+    assert quantized["max_relative_error"] == pytest.approx(quantized["max_abs_error"] / np.abs(float_out).max(), rel=1e-4)
+    assert main(["run", path, "--target", "dsa/set-edge16", "--quantize"]) == 0
+    out = capsys.readouterr().out
+    assert "(the quantized model on llvm)" in out
+    assert "quantized: int8 QDQ by onnxruntime's quantize_static (per-channel weights), calibrated on 4" in out
+    assert f"against the float model on llvm, max |dsa - float| = {quantized['max_abs_error']:.3e}" in out
+
+
+def test_cli_quantize_calibrates_on_the_npz_file(float_cnn_file, tmp_path, capsys):
+    """``--calibration FILE.npz``: its N samples, stacked, are what the quantizer calibrates on
+    (the input's scale is their range over 255 steps)."""
+    from tvm_dsa.cli import main
+
+    path, _ = float_cnn_file
+    samples = np.random.default_rng(8).uniform(-3, 5, (3, 1, 3, 16, 16)).astype(np.float32)
+    npz = tmp_path / "cal.npz"
+    np.savez(npz, x=samples)
+    assert main(["run", path, "--target", "dsa/set-edge16", "--quantize", "--calibration", str(npz), "--json"]) == 0
+    data = json.loads(capsys.readouterr().out)
+    assert data["quantized"]["samples"] == 3 and data["quantized"]["calibration"] == str(npz)
+    scale, _ = _input_quantisation(tvm_dsa.quantize(_float_cnn(), tvm_dsa.load_calibration(npz, _float_cnn())).model)
+    assert scale == pytest.approx((samples.max() - min(samples.min(), 0)) / 255, rel=1e-6)
+
+
+@pytest.mark.parametrize("case, expected", [
+    ("missing_input", "calibration file {npz} has no array for input 'x' (it has 'image')"),
+    ("wrong_shape", "calibration array 'x' has shape [2, 3, 8, 8]: the input is [1, 3, 16, 16] "
+                    "(or [N, 1, 3, 16, 16] for N samples)"),
+    ("extra_array", "calibration file {npz} has an array 'y' that is no input of the model (inputs: 'x')"),
+    ("wrong_dtype", "calibration array 'x' is complex64: the input is float32"),
+    ("not_npz", "cannot read the calibration file {npz}: "),
+    ("without_quantize", "--calibration gives the inputs --quantize calibrates on: pass --quantize too"),
+    ("already_quantized", "the model is already quantized (it has QuantizeLinear, QLinear or Integer nodes)"),
+    ("no_onnxruntime", "quantizing a float model needs onnxruntime: pip install onnxruntime"),
+])
+def test_cli_quantize_bad_input_exits_2_with_one_line(case, expected, float_cnn_file, quantized_cnn, tmp_path,
+                                                      monkeypatch, capsys):
+    import sys
+
+    from tvm_dsa.cli import main
+
+    path, npz = float_cnn_file[0], tmp_path / "cal.npz"
+    x = np.zeros((1, 3, 16, 16), np.float32)
+    arrays = {"missing_input": {"image": x}, "wrong_shape": {"x": x[:, :, :8, :8].repeat(2, 0)},
+              "extra_array": {"x": x, "y": x}, "wrong_dtype": {"x": x.astype(np.complex64)}}.get(case, {"x": x})
+    np.savez(npz, **arrays)
+    if case == "not_npz":
+        npz.write_bytes(b"not a zip file")
+    if case == "already_quantized":
+        path = str(tmp_path / "qdq.onnx")
+        onnx.save(quantized_cnn[0], path)
+    if case == "no_onnxruntime":
+        monkeypatch.setitem(sys.modules, "onnxruntime.quantization", None)  # import fails as if not installed
+    argv = ["run", path, "--target", "dsa/set-edge16"] + ["--quantize"] * (case != "without_quantize")
+    argv += ["--calibration", str(npz)] * (case not in ("already_quantized", "no_onnxruntime"))
+    assert main(argv) == 2
+    captured = capsys.readouterr()
+    assert captured.out == ""
+    assert captured.err.startswith("tvm-dsa: error: " + expected.format(npz=npz))
+    assert captured.err.count("\n") == 1
+
+
+def test_quantize_keeps_a_softmax_and_its_mask_in_float():
+    """A Softmax and the elementwise ops that compute its input (the scaled scores plus the
+    attention mask, -10000 where masked) are left float: in int8 the mask's range leaves the scores
+    no resolution."""
+    from tvm_dsa.harness.quantize import softmax_inputs
+
+    rng = np.random.default_rng(9)
+    nodes = [h.make_node("MatMul", ["x", "wq"], ["q"], name="query"),
+             h.make_node("MatMul", ["q", "kt"], ["scores"], name="scores"),
+             h.make_node("Div", ["scores", "sqrt_d"], ["scaled"], name="scale"),
+             h.make_node("Sub", ["one", "m"], ["inverted"], name="invert"),
+             h.make_node("Mul", ["inverted", "big"], ["mask"], name="mask"),
+             h.make_node("Add", ["scaled", "mask"], ["masked"], name="add_mask"),
+             h.make_node("Softmax", ["masked"], ["p"], axis=-1, name="softmax"),
+             h.make_node("MatMul", ["p", "x"], ["y"], name="context")]
+    inits = [nh.from_array(rng.standard_normal((8, 8)).astype(np.float32), "wq"),
+             nh.from_array(rng.standard_normal((8, 4)).astype(np.float32), "kt"),
+             nh.from_array(np.float32(8 ** 0.5), "sqrt_d"), nh.from_array(np.float32(1), "one"),
+             nh.from_array(np.float32(-10000), "big")]
+    graph = h.make_graph(nodes, "attention", [h.make_tensor_value_info("x", TP.FLOAT, [4, 8]),
+                                              h.make_tensor_value_info("m", TP.FLOAT, [4, 4])],
+                         [h.make_tensor_value_info("y", TP.FLOAT, [4, 8])], inits)
+    model = h.make_model(graph, opset_imports=[h.make_opsetid("", 17)])
+    model.ir_version = 10
+    assert sorted(softmax_inputs(model)) == ["add_mask", "invert", "mask", "scale", "softmax"]
+    q = tvm_dsa.quantize(model).model
+    quantized = {n.input[0] for n in q.graph.node if n.op_type == "QuantizeLinear"}
+    # the matmuls' inputs are quantized (the Softmax's output too, as the context matmul's input), the
+    # Softmax's input and what it is computed from are not
+    assert {"x", "q", "p"} <= quantized and not quantized & {"scaled", "mask", "masked"}
+
+
+def test_quantize_converts_an_old_opset_for_per_channel_weights():
+    """A model of opset 11 (DequantizeLinear has no axis before 13) is converted to opset 13 and
+    quantized with per-channel weights."""
+    model = _float_cnn()
+    model.opset_import[0].version = 11
+    q = tvm_dsa.quantize(model).model
+    assert next(o.version for o in q.opset_import if o.domain in ("", "ai.onnx")) >= 13
+    inits = {i.name: nh.to_array(i) for i in q.graph.initializer}
+    weight = next(n for n in q.graph.node if n.op_type == "DequantizeLinear" and inits[n.input[0]].ndim == 4)
+    assert inits[weight.input[1]].shape == (16,)  # a scale per output channel of the first convolution

@@ -7,9 +7,18 @@
 What a well-kept library already does, not a quantizer of our own: onnxruntime's pre-processing
 (shape inference, its basic graph optimisations: batch norms folded into the convolutions), then
 ``quantize_static`` in QDQ format with int8 activations, int8 per-channel weights and MinMax
-calibration, as onnxruntime's documentation prescribes, whose output the
-compiler lowers to integer kernels (``relax_passes.quantized``, docs/quantized.md). onnxruntime is
-an optional dependency (``tvm-dsa[quantize]``): without it, ``quantize`` is one clear error.
+calibration, as onnxruntime's documentation prescribes, whose output the compiler lowers to
+integer kernels (``relax_passes.quantized``, docs/quantized.md). Two choices of ours:
+
+- a model below opset 13 is converted to 13 first (onnx's version converter): per-channel
+  weights need DequantizeLinear's ``axis`` (PP-OCR's recogniser is opset 10);
+- a Softmax and the elementwise ops that compute its input stay float: there the attention mask
+  (-10000 where masked) shares the scores' range, which leaves int8 no resolution for the scores
+  (quantized, MiniLM's attention goes uniform: its output 114 % off the float model's). They run
+  on the host of an int8 chip, as the activation x activation matmuls around them do anyway.
+
+onnxruntime is an optional dependency (``tvm-dsa[quantize]``): without it, ``quantize`` is one
+clear error.
 """
 
 from __future__ import annotations
@@ -22,9 +31,15 @@ from pathlib import Path
 
 import numpy as np
 import onnx
+import onnx.version_converter
 
 from tvm_dsa.harness import InputError, is_quantized
 from tvm_dsa.models import example_inputs, input_specs
+
+#: the opset per-channel quantisation needs (DequantizeLinear's axis)
+PER_CHANNEL_OPSET = 13
+#: ops a Softmax's input passes through that stay float with it
+SOFTMAX_PRODUCERS = ("Add", "Sub", "Mul", "Div", "Where", "Cast")
 
 #: example inputs calibrated on where the user gives none: seeds 1 to 4 (``tvm-dsa run`` runs seed 0,
 #: an input the calibration did not see)
@@ -104,10 +119,48 @@ def quantize(model: onnx.ModelProto, samples: list[dict[str, np.ndarray]] | None
     try:
         with tempfile.TemporaryDirectory() as tmp:
             src, pre, dst = (str(Path(tmp) / f"{n}.onnx") for n in ("float", "pre", "qdq"))
-            onnx.save(model, src)
+            onnx.save(_at_least_opset(model, PER_CHANNEL_OPSET), src)
             quant_pre_process(src, pre)
+            pre_model = _named(onnx.load(pre))
+            onnx.save(pre_model, pre)  # a path: quantize_static moves a ModelProto's weights to a file it deletes
             quantize_static(pre, dst, Reader(), quant_format=QuantFormat.QDQ, per_channel=True,
-                            activation_type=QuantType.QInt8, weight_type=QuantType.QInt8)
+                            activation_type=QuantType.QInt8, weight_type=QuantType.QInt8,
+                            nodes_to_exclude=softmax_inputs(pre_model))
             return QuantizedModel(onnx.load(dst), len(samples), calibration)
     finally:
         logging.disable(logging.NOTSET)
+
+
+def _at_least_opset(model: onnx.ModelProto, opset: int) -> onnx.ModelProto:
+    """``model``, converted to ``opset`` by onnx's version converter where its default domain's is lower."""
+    current = next((o.version for o in model.opset_import if o.domain in ("", "ai.onnx")), 1)
+    if current >= opset:
+        return model
+    try:
+        return onnx.version_converter.convert_version(model, opset)
+    except Exception as err:  # the converter's errors name the node it cannot convert
+        raise InputError(f"cannot convert the model from opset {current} to {opset} for per-channel "
+                         f"quantisation: {str(err).strip().splitlines()[-1]}") from None
+
+
+def _named(model: onnx.ModelProto) -> onnx.ModelProto:
+    """``model`` with a name for each unnamed node (the quantizer excludes nodes by name)."""
+    names = {n.name for n in model.graph.node}
+    for i, node in enumerate(model.graph.node):
+        if not node.name:
+            node.name = next(f"{node.op_type}_{i}_{k}" for k in range(len(names) + 1)
+                             if f"{node.op_type}_{i}_{k}" not in names)
+            names.add(node.name)
+    return model
+
+
+def softmax_inputs(model: onnx.ModelProto) -> list[str]:
+    """The names of each Softmax and of the ``SOFTMAX_PRODUCERS`` nodes its input comes through."""
+    producer = {out: n for n in model.graph.node for out in n.output}
+    found, todo = [], [n for n in model.graph.node if n.op_type == "Softmax"]
+    while todo:
+        node = todo.pop()
+        if node.name not in found:
+            found.append(node.name)
+            todo += [producer[i] for i in node.input if i in producer and producer[i].op_type in SOFTMAX_PRODUCERS]
+    return found
