@@ -1,8 +1,10 @@
 """Quantized (QDQ) models on the int8 chips: each integer kernel against numpy's integer
-reference, the requantisation's rounding at its edges, and a CNN quantized by onnxruntime against
-onnxruntime (docs/numerics.md, "Quantized models")."""
+reference, the requantisation's rounding at its edges, a CNN quantized by onnxruntime against
+onnxruntime, QOperator models, and float models quantized by ``tvm_dsa.quantize`` / ``tvm-dsa run
+--quantize`` with their calibration file's errors (docs/quantized.md)."""
 
 import json
+import tempfile
 
 import numpy as np
 import onnx
@@ -12,9 +14,9 @@ from onnx import TensorProto as TP
 from onnx import helper as h
 from onnx import numpy_helper as nh
 from tvm import relax
-from tvm.relax.frontend import onnx as rx_onnx
 
 import tvm_dsa
+from tvm_dsa.frontend import from_onnx
 
 INT8 = np.iinfo(np.int8)
 
@@ -47,7 +49,7 @@ def _qdq_layer(x: str, y: str, sy: float, zy: int) -> tuple:
 def _on_dsa(model: onnx.ModelProto, feeds: dict, target: str = "dsa/set-edge16") -> tuple[np.ndarray, object]:
     """(the output as int8 steps of the chip's run, what the offload decided) of ``model``
     compiled layerwise for ``target``; every kernel but views must run on the DSA."""
-    mod = rx_onnx.from_onnx(model, keep_params_in_input=False)
+    mod = from_onnx(model, keep_params_in_input=False)  # TVM's importer, QOperator nodes as QDQ ones
     ex = tvm.compile(mod, target=target, relax_pipeline=tvm_dsa.pipeline(schedule="layerwise"))
     result = tvm_dsa.pipeline_result(ex)
     vm = relax.VirtualMachine(ex, tvm.cpu())
@@ -345,7 +347,7 @@ def test_cli_quantize_reports_the_distance_from_the_float_model(float_cnn_file, 
     assert main(["run", path, "--target", "dsa/set-edge16", "--quantize", "--json"]) == 0
     data = json.loads(capsys.readouterr().out)
     quantized = data["quantized"]
-    assert quantized["samples"] == 4 and quantized["calibration"] == "the example inputs"
+    assert (quantized["samples"], quantized["calibration"], quantized["method"]) == (4, "the example inputs", "MinMax")
     assert data["numerics"]["ok"] and data["offload"]["host_macs"] == 0 and data["offload"]["dsa_macs"] == CNN_MACS
     qdq = tvm_dsa.quantize(model).model
     x = {"x": example_inputs(model)["x"]}
@@ -358,7 +360,7 @@ def test_cli_quantize_reports_the_distance_from_the_float_model(float_cnn_file, 
     assert main(["run", path, "--target", "dsa/set-edge16", "--quantize"]) == 0
     out = capsys.readouterr().out
     assert "(the quantized model on llvm)" in out
-    assert "quantized: int8 QDQ by onnxruntime's quantize_static (per-channel weights), calibrated on 4" in out
+    assert "quantized: int8 QDQ by onnxruntime's quantize_static (per-channel weights), calibrated (MinMax) on 4" in out
     assert f"against the float model on llvm, max |dsa - float| = {quantized['max_abs_error']:.3e}" in out
 
 
@@ -385,7 +387,7 @@ def test_cli_quantize_calibrates_on_the_npz_file(float_cnn_file, tmp_path, capsy
     ("extra_array", "calibration file {npz} has an array 'y' that is no input of the model (inputs: 'x')"),
     ("wrong_dtype", "calibration array 'x' is complex64: the input is float32"),
     ("not_npz", "cannot read the calibration file {npz}: "),
-    ("without_quantize", "--calibration gives the inputs --quantize calibrates on: pass --quantize too"),
+    ("without_quantize", "--calibration and --calibrate-method say how --quantize calibrates: pass --quantize too"),
     ("already_quantized", "the model is already quantized (it has QuantizeLinear, QLinear or Integer nodes)"),
     ("no_onnxruntime", "quantizing a float model needs onnxruntime: pip install onnxruntime"),
 ])
@@ -458,3 +460,63 @@ def test_quantize_converts_an_old_opset_for_per_channel_weights():
     inits = {i.name: nh.to_array(i) for i in q.graph.initializer}
     weight = next(n for n in q.graph.node if n.op_type == "DequantizeLinear" and inits[n.input[0]].ndim == 4)
     assert inits[weight.input[1]].shape == (16,)  # a scale per output channel of the first convolution
+
+
+def test_percentile_calibration_clips_an_outlier():
+    """Calibrated on 400 inputs with one outlier (1000 among 307,200 N(0, 1) values), MinMax spreads
+    the input's 255 steps over [min, 1000]; Percentile (the 99.999th: the top 3 values) clips the
+    outlier: a scale below a tenth of MinMax's, still above what the largest other value needs."""
+    rng = np.random.default_rng(10)
+    samples = [{"x": rng.standard_normal((1, 3, 16, 16)).astype(np.float32)} for _ in range(400)]
+    samples[2]["x"][0, 1, 5, 5] = 1000
+    values = np.concatenate([s["x"].ravel() for s in samples])
+    minmax = tvm_dsa.quantize(_float_cnn(), samples, "outlier")
+    percentile = tvm_dsa.quantize(_float_cnn(), samples, "outlier", method="Percentile")
+    assert (minmax.method, percentile.method) == ("MinMax", "Percentile")
+    assert _input_quantisation(minmax.model)[0] == pytest.approx((1000 - min(values.min(), 0)) / 255, rel=1e-6)
+    assert _input_quantisation(percentile.model)[0] < _input_quantisation(minmax.model)[0] / 10
+    second = np.sort(np.abs(values))[-2]
+    assert _input_quantisation(percentile.model)[0] > second / 255
+
+
+def test_qoperator_model_runs_its_qlinear_ops_on_the_dsa():
+    """onnxruntime's QOperator format (QLinearConv with a bias, QLinearMatMul, uint8 activations):
+    imported as the QDQ nodes they stand for, each an integer kernel on the DSA, the output equal
+    to onnxruntime's within one step."""
+    import onnxruntime as ort
+    from onnxruntime.quantization import CalibrationDataReader, QuantFormat, QuantType, quantize_static
+
+    rng = np.random.default_rng(11)
+
+    def init(name, *shape):
+        return nh.from_array((rng.standard_normal(shape) * (2 / np.prod(shape[1:])) ** 0.5).astype(np.float32), name)
+
+    nodes = [h.make_node("Conv", ["x", "w1", "b1"], ["c1"], pads=[1, 1, 1, 1]), h.make_node("Relu", ["c1"], ["r1"]),
+             h.make_node("Conv", ["r1", "w2"], ["c2"], pads=[1, 1, 1, 1], strides=[2, 2]),
+             h.make_node("Flatten", ["c2"], ["f"]), h.make_node("MatMul", ["f", "w3"], ["y"])]
+    graph = h.make_graph(nodes, "qop", [h.make_tensor_value_info("x", TP.FLOAT, [1, 3, 8, 8])],
+                         [h.make_tensor_value_info("y", TP.FLOAT, [1, 10])],
+                         [init("w1", 8, 3, 3, 3), init("b1", 8), init("w2", 8, 8, 3, 3), init("w3", 128, 10)])
+    model = h.make_model(graph, opset_imports=[h.make_opsetid("", 17)])
+    model.ir_version = 10
+
+    class Inputs(CalibrationDataReader):
+        def __init__(self):
+            self.feeds = iter([{"x": rng.standard_normal((1, 3, 8, 8)).astype(np.float32)} for _ in range(4)])
+
+        def get_next(self):
+            return next(self.feeds, None)
+
+    with tempfile.TemporaryDirectory() as tmp:
+        onnx.save(model, f"{tmp}/float.onnx")
+        quantize_static(f"{tmp}/float.onnx", f"{tmp}/qop.onnx", Inputs(), quant_format=QuantFormat.QOperator,
+                        per_channel=True, activation_type=QuantType.QUInt8, weight_type=QuantType.QInt8,
+                        op_types_to_quantize=["Conv", "MatMul"])
+        qop = onnx.load(f"{tmp}/qop.onnx")
+    ops = [n.op_type for n in qop.graph.node]
+    assert ops.count("QLinearConv") == 2 and ops.count("QLinearMatMul") == 1
+    x = rng.standard_normal((1, 3, 8, 8)).astype(np.float32)
+    y, result = _on_dsa(qop, {"x": x})
+    assert result.dsa_macs == 8 * 3 * 9 * 8 * 8 + 8 * 8 * 9 * 4 * 4 + 128 * 10 and result.host_kernels == 0
+    expected = ort.InferenceSession(qop.SerializeToString()).run(None, {"x": x})[0]
+    assert np.abs(y - expected).max() <= _output_scale(qop) * 1.001

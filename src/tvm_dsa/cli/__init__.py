@@ -32,7 +32,7 @@ from tvm_dsa.harness import (
     Compiled, InputError, check_inputs, check_target, dsa_mac_share, import_onnx, load_model, max_relative_error,
     one_line, timing_run
 )
-from tvm_dsa.harness.quantize import QuantizedModel, load_calibration, quantize
+from tvm_dsa.harness.quantize import METHODS, QuantizedModel, load_calibration, quantize
 from tvm_dsa.models import MODELS, example_inputs
 from tvm_dsa.runtime import write_trace
 from tvm_dsa.cli import commands as show_commands
@@ -44,12 +44,12 @@ TOLERANCE = 2e-2  # fp16 storage: max |dsa - llvm| relative to max |llvm|
 
 def _run(args: argparse.Namespace) -> int:
     model = float_model = load_model(args.model, tiny=args.tiny, batch=args.batch)
-    if args.calibration and not args.quantize:
-        raise InputError("--calibration gives the inputs --quantize calibrates on: pass --quantize too")
+    if (args.calibration or args.calibrate_method) and not args.quantize:
+        raise InputError("--calibration and --calibrate-method say how --quantize calibrates: pass --quantize too")
     if args.trace and not Path(args.trace).resolve().parent.is_dir():
         raise InputError(f"cannot write the trace to {args.trace}: its directory does not exist")
     check_inputs(model)
-    quantized = _quantized(model, args.calibration) if args.quantize else None
+    quantized = _quantized(model, args.calibration, args.calibrate_method) if args.quantize else None
     if quantized:
         model = quantized.model
     check_target(args.target, model, timing_only=args.timing_only)
@@ -67,7 +67,8 @@ def _run(args: argparse.Namespace) -> int:
         err = max_relative_error(run.outputs, llvm.run(inputs).outputs)
         check = {"max_relative_error": err, "tolerance": args.tolerance, "ok": err <= args.tolerance}
     if quantized:
-        quantized_run = {"calibration": quantized.calibration, "samples": quantized.samples}
+        quantized_run = {"calibration": quantized.calibration, "samples": quantized.samples,
+                         "method": quantized.method}
         if check:
             quantized_run |= _float_error(run.outputs, float_model, inputs)
     if args.trace:
@@ -92,8 +93,8 @@ def _run(args: argparse.Namespace) -> int:
             print(f"numerics: max |dsa - llvm| / max |llvm| = {check['max_relative_error']:.2e} "
                   f"(tolerance {args.tolerance:.0e}): {verdict}" + (" (the quantized model on llvm)" * bool(quantized)))
         if quantized:
-            print(f"quantized: int8 QDQ by onnxruntime's quantize_static (per-channel weights), calibrated on "
-                  f"{quantized.samples} sample(s) from {quantized.calibration}")
+            print(f"quantized: int8 QDQ by onnxruntime's quantize_static (per-channel weights), calibrated "
+                  f"({quantized.method}) on {quantized.samples} sample(s) from {quantized.calibration}")
             if "max_abs_error" in quantized_run:
                 print(f"quantization error: against the float model on llvm, max |dsa - float| = "
                       f"{quantized_run['max_abs_error']:.3e}, / max |float| = {quantized_run['max_relative_error']:.2e}")
@@ -121,12 +122,13 @@ def _run(args: argparse.Namespace) -> int:
     return 0
 
 
-def _quantized(model, calibration: str | None) -> QuantizedModel:
+def _quantized(model, calibration: str | None, method: str | None) -> QuantizedModel:
     """``model`` quantized by onnxruntime, on the samples of the ``calibration`` file or on its
-    example inputs."""
+    example inputs, by the calibration ``method`` (default MinMax)."""
+    method = method or METHODS[0]
     if calibration is None:
-        return quantize(model)
-    return quantize(model, load_calibration(calibration, model), calibration)
+        return quantize(model, method=method)
+    return quantize(model, load_calibration(calibration, model), calibration, method)
 
 
 def _float_error(outputs: list, float_model, inputs: dict) -> dict:
@@ -155,6 +157,9 @@ def parser() -> argparse.ArgumentParser:
     run.add_argument("--calibration", metavar="NPZ",
                      help="with --quantize: the calibration inputs, one array per model input named as it, "
                           "of its shape or [N, *shape] (default: 4 example inputs, not the one run)")
+    run.add_argument("--calibrate-method", choices=METHODS,
+                     help="with --quantize: onnxruntime's calibration method (default MinMax; Percentile clips "
+                          "outliers, docs/quantized.md)")
     run.add_argument("--trace", metavar="PATH", help="write a Chrome/Perfetto trace of the run")
     run.add_argument("--json", action="store_true", help="print the result as JSON")
     run.add_argument("--no-check", action="store_true", help="skip the comparison with llvm")

@@ -7,7 +7,7 @@
 What a well-kept library already does, not a quantizer of our own: onnxruntime's pre-processing
 (shape inference, its basic graph optimisations: batch norms folded into the convolutions), then
 ``quantize_static`` in QDQ format with int8 activations, int8 per-channel weights and MinMax
-calibration, as onnxruntime's documentation prescribes, whose output the compiler lowers to
+calibration (or onnxruntime's Percentile or Entropy: ``METHODS``), as onnxruntime's documentation prescribes, whose output the compiler lowers to
 integer kernels (``relax_passes.quantized``, docs/quantized.md). Two choices of ours:
 
 - a model below opset 13 is converted to 13 first (onnx's version converter): per-channel
@@ -36,6 +36,10 @@ import onnx.version_converter
 from tvm_dsa.harness import InputError, is_quantized
 from tvm_dsa.models import example_inputs, input_specs
 
+#: onnxruntime's calibration methods: each activation's range is its min and max over the samples
+#: (MinMax), the 0.001 and 99.999 percentiles of its values (Percentile: outliers clipped), or the
+#: one that keeps the most of its histogram's information (Entropy)
+METHODS = ("MinMax", "Percentile", "Entropy")
 #: the opset per-channel quantisation needs (DequantizeLinear's axis)
 PER_CHANNEL_OPSET = 13
 #: ops a Softmax's input passes through that stay float with it
@@ -53,6 +57,7 @@ class QuantizedModel:
     model: onnx.ModelProto
     samples: int
     calibration: str  # "the example inputs" or the file's path
+    method: str  # one of METHODS
 
 
 def load_calibration(path: str | Path, model: onnx.ModelProto) -> list[dict[str, np.ndarray]]:
@@ -89,13 +94,15 @@ def load_calibration(path: str | Path, model: onnx.ModelProto) -> list[dict[str,
 
 
 def quantize(model: onnx.ModelProto, samples: list[dict[str, np.ndarray]] | None = None,
-             calibration: str = "the example inputs") -> QuantizedModel:
+             calibration: str = "the example inputs", method: str = "MinMax") -> QuantizedModel:
     """``model`` pre-processed and quantized by onnxruntime's ``quantize_static`` (QDQ, int8
-    activations, per-channel int8 weights, MinMax) on ``samples`` (``load_calibration``; default:
+    activations, per-channel int8 weights, the calibration ``method``) on ``samples`` (``load_calibration``; default:
     the model's example inputs of ``EXAMPLE_SEEDS``); ``calibration`` names where they came
     from. An ``InputError`` without onnxruntime, or for a model already quantized."""
     try:
-        from onnxruntime.quantization import CalibrationDataReader, QuantFormat, QuantType, quantize_static
+        from onnxruntime.quantization import (
+            CalibrationDataReader, CalibrationMethod, QuantFormat, QuantType, quantize_static
+        )
         from onnxruntime.quantization.shape_inference import quant_pre_process
     except ImportError:
         raise InputError("quantizing a float model needs onnxruntime: pip install onnxruntime "
@@ -103,6 +110,8 @@ def quantize(model: onnx.ModelProto, samples: list[dict[str, np.ndarray]] | None
     if is_quantized(model):
         raise InputError("the model is already quantized (it has QuantizeLinear, QLinear or Integer nodes): "
                          "run it as it is")
+    if method not in METHODS:
+        raise InputError(f"unknown calibration method {method!r}: one of {', '.join(METHODS)}")
     if samples is None:
         samples = [example_inputs(model, seed) for seed in EXAMPLE_SEEDS]
     if not samples:
@@ -125,8 +134,9 @@ def quantize(model: onnx.ModelProto, samples: list[dict[str, np.ndarray]] | None
             onnx.save(pre_model, pre)  # a path: quantize_static moves a ModelProto's weights to a file it deletes
             quantize_static(pre, dst, Reader(), quant_format=QuantFormat.QDQ, per_channel=True,
                             activation_type=QuantType.QInt8, weight_type=QuantType.QInt8,
-                            nodes_to_exclude=softmax_inputs(pre_model))
-            return QuantizedModel(onnx.load(dst), len(samples), calibration)
+                            nodes_to_exclude=softmax_inputs(pre_model),
+                            calibrate_method=getattr(CalibrationMethod, method))
+            return QuantizedModel(onnx.load(dst), len(samples), calibration, method)
     finally:
         logging.disable(logging.NOTSET)
 
