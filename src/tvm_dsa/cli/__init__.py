@@ -97,7 +97,8 @@ def _run(args: argparse.Namespace) -> int:
                   f"({quantized.method}) on {quantized.samples} sample(s) from {quantized.calibration}")
             if "max_abs_error" in quantized_run:
                 print(f"quantization error: against the float model on llvm, max |dsa - float| = "
-                      f"{quantized_run['max_abs_error']:.3e}, / max |float| = {quantized_run['max_relative_error']:.2e}")
+                      f"{quantized_run['max_abs_error']:.3e}, / max |float| = "
+                      f"{quantized_run['max_relative_error']:.2e}")
         print(f"kernels: {len(offload.dsa)} on the DSA ({offload.schedule} schedule), {len(offload.host)} on the host")
         if offload.timed:
             print("schedule: timed " + ", ".join(f"{name} {cycles:,} cycles" for name, cycles in offload.timed.items())
@@ -135,7 +136,8 @@ def _float_error(outputs: list, float_model, inputs: dict) -> dict:
     """How far a quantized model's ``outputs`` are from ``float_model``'s on llvm for ``inputs``:
     max |out - float| and that over max |float|."""
     reference = Compiled.build(import_onnx(float_model), "llvm").run(inputs).outputs
-    abs_error = max(float(abs(o.astype("float64") - r).max(initial=0.0)) for o, r in zip(outputs, reference, strict=True))
+    abs_error = max(float(abs(o.astype("float64") - r).max(initial=0.0))
+                    for o, r in zip(outputs, reference, strict=True))
     return {"max_abs_error": abs_error, "max_relative_error": max_relative_error(outputs, reference)}
 
 
