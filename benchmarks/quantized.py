@@ -10,9 +10,10 @@ chip and simulated functionally on an input the calibration did not see; the flo
 compiled for the chip's ``-fp16`` variant and simulated in timing mode. Printed per model and
 chip: the int8 run's cycles, energy and fraction of the roofline (the report's
 ``roofline_fraction``) next to the float model's, the share of the MACs on the DSA, the kernels
-left on the host, the output's distance from onnxruntime's session of the same QDQ model in steps
-of the output's quantisation (where the output is dequantized from one), and from the float model
-on onnxruntime (max |q - float| / max |float|).
+left on the host, the output's distance from onnxruntime's sessions of the same QDQ model (its
+default one, which fuses QDQ groups into QLinear kernels, and its unfused one, ``ORT_DISABLE_ALL``)
+in steps of the output's quantisation (where the output is dequantized from one), and from the
+float model on onnxruntime (max |q - float| / max |float|).
 """
 
 from __future__ import annotations
@@ -44,8 +45,13 @@ def output_scale(model: onnx.ModelProto) -> float | None:
     return float(scale) if scale is not None and scale.size == 1 else None
 
 
-def on_onnxruntime(model: onnx.ModelProto, feeds: dict) -> list[np.ndarray]:
-    return ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"]).run(None, feeds)
+def on_onnxruntime(model: onnx.ModelProto, feeds: dict, fused: bool = True) -> list[np.ndarray]:
+    """``model``'s outputs on onnxruntime: its default session (``fused``: QDQ groups as QLinear
+    kernels) or its unoptimised one (``ORT_DISABLE_ALL``: the graph's float ops)."""
+    options = ort.SessionOptions()
+    if not fused:
+        options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
+    return ort.InferenceSession(model.SerializeToString(), options, providers=["CPUExecutionProvider"]).run(None, feeds)
 
 
 def measure(name: str, chips: tuple[str, ...], schedule: str, tiny: bool) -> list[list[str]]:
@@ -55,6 +61,7 @@ def measure(name: str, chips: tuple[str, ...], schedule: str, tiny: bool) -> lis
     qdq = tvm_dsa.quantize(float_model).model
     feeds = example_inputs(float_model, seed=0)  # the calibration's seeds are 1 to 4
     ort_q, ort_float = on_onnxruntime(qdq, feeds), on_onnxruntime(float_model, feeds)
+    ort_unfused = on_onnxruntime(qdq, feeds, fused=False)
     scale = output_scale(qdq)
     q_mod, float_mod = import_onnx(qdq), import_onnx(float_model)
     rows = []
@@ -64,12 +71,12 @@ def measure(name: str, chips: tuple[str, ...], schedule: str, tiny: bool) -> lis
         run = q.run(feeds)
         _step(f"{name}: float on {chip}-fp16 (timing)")
         fp = timing_run(Compiled.build(float_mod, f"dsa/{chip}-fp16", schedule), float_model).report
-        off = np.abs(run.outputs[0].astype(np.float64) - ort_q[0]).max()
+        off = [np.abs(run.outputs[0].astype(np.float64) - ref[0]).max() for ref in (ort_q, ort_unfused)]
         rows.append([name, chip, f"{run.report.cycles:,}", f"{fp.cycles:,}", f"{fp.cycles / run.report.cycles:.2f}",
                      f"{run.report.energy_total * 1e6:.4g}", f"{fp.energy_total * 1e6:.4g}",
                      f"{run.report.roofline_fraction:.1%}", f"{fp.roofline_fraction:.1%}",
                      f"{dsa_mac_share(q.offload):.1%}", str(len(q.offload.host)),
-                     "-" if scale is None else f"{off / scale:.2f}",
+                     *(["-"] * 2 if scale is None else [f"{o / scale:.2f}" for o in off]),
                      f"{max_relative_error(run.outputs, ort_float):.2e}", f"{q.seconds:.0f}", f"{run.seconds:.0f}"])
     return rows
 
@@ -87,7 +94,8 @@ def main() -> None:
     _table(f"Quantized (int8) on the int8 chips vs float on their -fp16 variants, batch 1, {args.schedule}"
            + (", tiny" if args.tiny else ""),
            ["model", "chip", "int8 cycles", "fp16 cycles", "fp16/int8", "int8 uJ", "fp16 uJ", "int8 roofline",
-            "fp16 roofline", "DSA MACs", "host kernels", "steps off ort", "vs float", "compile s", "simulate s"], rows)
+            "fp16 roofline", "DSA MACs", "host kernels", "steps off ort", "(unfused)", "vs float", "compile s",
+            "simulate s"], rows)
     print(f"\n({time.perf_counter() - start:.0f} s)")
 
 
