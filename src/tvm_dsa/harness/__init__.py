@@ -77,7 +77,7 @@ def check_target(target: str, model: onnx.ModelProto | None = None, timing_only:
     if model is not None and not hw.is_float and not timing_only and _is_float(model):
         raise InputError(
             f"{target} stores {hw.storage_dtype}, so a float model's numbers cannot be simulated there: "
-            f"pass --timing-only for cycles only, or use dsa/{hw.name}-fp16")
+            f"pass --quantize to run it quantized to int8, --timing-only for cycles only, or use dsa/{hw.name}-fp16")
     return hw
 
 
@@ -85,11 +85,17 @@ def _is_float(model: onnx.ModelProto) -> bool:
     """A model of float tensors that is not quantized (a QDQ model's int8 layers compute on an
     integer preset, docs/quantized.md)."""
     g = model.graph
-    if any(n.op_type in ("QuantizeLinear", "DequantizeLinear") for n in g.node):
+    if is_quantized(model):
         return False
     types = [vi.type.tensor_type.elem_type for vi in [*g.input, *g.output]]
     types += [t.data_type for t in g.initializer]
     return any(np.issubdtype(onnx.helper.tensor_dtype_to_np_dtype(t), np.floating) for t in types if t)
+
+
+def is_quantized(model: onnx.ModelProto) -> bool:
+    """Whether ``model`` holds quantized layers (QDQ or QOperator nodes)."""
+    return any(n.op_type in ("QuantizeLinear", "DequantizeLinear") or n.op_type.startswith("QLinear")
+               or n.op_type.endswith("Integer") for n in model.graph.node)
 
 
 def one_line(err: Exception) -> str:
