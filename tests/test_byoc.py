@@ -53,16 +53,25 @@ def test_byoc_runs_every_zoo_model_as_llvm_does(name):
 
 @pytest.mark.parametrize("name", by_tiny_model(["resnet18", "bert_base"]))
 def test_byoc_gives_the_dsa_pipelines_programs_and_numbers(name):
-    """A pattern is one fused op: BYOC's kernels are the layerwise schedule's."""
+    """A pattern is one fused op: BYOC's kernels are the layerwise schedule's, but for the pairs
+    the pipeline makes one kernel (``kernelgen.blocks``: a BYOC composite is compiled alone).
+    BERT's are layout copies folded into the products reading them, which move values exactly:
+    the same outputs, bit for bit."""
     model = get_model(name, **TINY[name])
     mod = import_onnx(model)
     args = [tvm.runtime.tensor(v) for v in example_inputs(model).values()]
     byoc, byoc_runs = _run(tvm.compile(relax.transform.RunCodegen()(partition_for_dsa(mod)), target="llvm"), args)
-    dsa, dsa_runs = _run(tvm.compile(mod, target="dsa/stcp920", relax_pipeline=tvm_dsa.pipeline("layerwise")), args)
-    assert len(byoc_runs) == len(dsa_runs) > 0
-    programs = [sorted(json.dumps(k.program.nameless()) for k in runs) for runs in (byoc_runs, dsa_runs)]
-    assert programs[0] == programs[1]  # the same kernels (a flow may order them differently)
-    assert sum(k.report.cycles for k in byoc_runs) == sum(k.report.cycles for k in dsa_runs)
+    ex = tvm.compile(mod, target="dsa/stcp920", relax_pipeline=tvm_dsa.pipeline("layerwise"))
+    dsa, dsa_runs = _run(ex, args)
+    chosen = [b for b in tvm_dsa.pipeline_result(ex).blocks if b.fused_cycles < b.parts_cycles]
+    fused = {f"{b.producer}_{b.consumer.removeprefix('fused_')}" for b in chosen}
+    assert (len(chosen) > 0) == (name == "bert_base")
+    assert len(byoc_runs) == len(dsa_runs) + len(chosen) > len(chosen)  # a pair: a call fewer
+    apart = [json.dumps(k.program.nameless()) for k in dsa_runs if k.name not in fused]
+    byoc_programs = [json.dumps(k.program.nameless()) for k in byoc_runs]
+    assert all(apart.count(p) <= byoc_programs.count(p) for p in apart)  # the same kernels elsewhere
+    if not chosen:
+        assert sum(k.report.cycles for k in byoc_runs) == sum(k.report.cycles for k in dsa_runs)
     np.testing.assert_array_equal(byoc, dsa)  # (and llvm's: test_byoc_runs_every_zoo_model_as_llvm_does)
 
 
