@@ -257,15 +257,7 @@ def test_a_norm_fused_into_a_pointwise_convolution_computes_the_model(schedule):
     (out,) = simulate(program, arrays[:-1]).outputs
     ref = run_llvm(func, arrays)
     np.testing.assert_allclose(out, ref, rtol=1e-2, atol=5e-3 * np.abs(ref).max())
-    mod, inputs = import_onnx(model), example_inputs(model)
-    compiled = Compiled.build(mod, TARGET, schedule=schedule)
-    (block,) = compiled.offload.blocks
-    run = compiled.run(inputs)
-    layers = {L.name for k in run.kernels for pk in k.program.kernels for L in pk.layers if L.shape}
-    assert len(layers) == (1 if block.fused_cycles < block.parts_cycles else 2)  # kernels or a stitched one's layers
-    assert compiled.offload.host_macs == 0
-    reference = Compiled.build(mod, "llvm").run(inputs).outputs
-    assert max_relative_error(run.outputs, reference) < 2e-3
+    _one_pair_computes(model, schedule)
 
 
 def _attention(batch: int = 2, seq: int = 16, heads: int = 2, width: int = 32):
@@ -351,12 +343,18 @@ def test_a_1d_depthwise_convolution_and_the_pointwise_one_after_it_are_a_pair(sc
         fused_mod = fuse(import_onnx(model))
     (pair,) = pairs(fused_mod)
     assert [anchor_info(fused_mod[b.value.args[0]]).reduction for b in pair] == [(1, 7), (16, 1)]
+    _one_pair_computes(model, schedule)
+
+
+def _one_pair_computes(model, schedule: str) -> None:
+    """``model``, of one pair, compiled for ``schedule``: one layer where the pair timed faster
+    fused, else two (kernels, or a stitched kernel's layers), all on the DSA, computing as llvm."""
     mod, inputs = import_onnx(model), example_inputs(model)
     compiled = Compiled.build(mod, TARGET, schedule=schedule)
     (block,) = compiled.offload.blocks
     run = compiled.run(inputs)
     layers = {L.name for k in run.kernels for pk in k.program.kernels for L in pk.layers if L.shape}
-    assert len(layers) == (1 if block.fused_cycles < block.parts_cycles else 2)  # kernels or a stitched one's layers
+    assert len(layers) == (1 if block.fused_cycles < block.parts_cycles else 2)
     assert compiled.offload.host_macs == 0
     reference = Compiled.build(mod, "llvm").run(inputs).outputs
     assert max_relative_error(run.outputs, reference) < 2e-3
