@@ -768,6 +768,30 @@ def test_a_copy_waits_for_what_emission_would_unit_for_unit():
     assert remap({a: ({dma0: 3}, {}, False)}, {a: {dma4: 6}}, {a: {mme4: 12}}, written=()) == {3: 6}
 
 
+def test_a_tensor_written_once_is_written_without_waiting_for_its_own_readers():
+    """``Deps``: a tensor written once in disjoint pieces (ssa) is read only where it was written,
+    so a write of another piece waits for what read the memory before the tensor took it, not for
+    the tensor's readers since (a cluster's store of its rows of a sub-graph output waited for the
+    other clusters' reads of theirs: ResNet-50's rows at batch 1 ran one cluster after another).
+    A buffer rewritten in place still waits for them, and so does the object that takes the
+    tensor's memory next."""
+    from tvm_dsa.emit.deps import Deps
+
+    old, t, buf, nxt = ("gb", "old"), ("gb", "t"), ("gb", "buf"), ("gb", "next")
+    a, b, c, d = ("dma", 0), ("dma", 8), ("dma", 16), ("cdma", 0)
+    tracker = Deps()
+    tracker.record(0, [old], [], a)  # the memory's previous tensor, read
+    for key, ssa in ((t, True), (buf, False)):
+        tracker.inherit(key, [old], ssa)
+        tracker.record(1, [], [key], b)  # b writes its piece
+        tracker.record(2, [key], [], a)  # a reads it
+        assert tracker.deps([key], [], c) == {1}
+    assert tracker.deps([], [t], c) == {0}  # not 1 (another piece) nor 2 (a read of b's piece)
+    assert tracker.deps([], [buf], c) == {1, 2}
+    tracker.inherit(nxt, [t], ssa=True)
+    assert tracker.deps([], [nxt], d) == {1, 2}  # the memory's next owner waits for t's accesses
+
+
 def test_sub_graphs_of_one_form_share_one_program(monkeypatch, rng):
     """Three residual blocks with a cumulative sum between them (host-only TIR: it cuts the
     graph) are three stitched kernels of one form: the same PrimFuncs over tensors of the same

@@ -34,6 +34,7 @@ class Deps:
         self.writers: dict = {}
         self.readers: dict = {}
         self.ssa: set = set()
+        self.before: dict = {}  # ssa object -> the accesses it inherited: what its writes wait for
 
     def deps(self, reads, writes, unit) -> set:
         # every recorded index belongs to the one unit that ran it: collect all, then drop ours
@@ -41,7 +42,9 @@ class Deps:
         for key in writes:
             if key not in self.ssa:
                 tables.append(self.writers.get(key))
-            tables.append(self.readers.get(key))
+                tables.append(self.readers.get(key))
+            else:
+                tables.append(self.before.get(key))
         out, mine = set(), set()
         for t in tables:
             if t:
@@ -69,6 +72,7 @@ class Deps:
                 for u, i in d.items():
                     last[u] = max(last.get(u, -1), i)
         self.writers[key], self.readers[key] = {}, last
+        self.before[key] = dict(last)
         (self.ssa.add if ssa else self.ssa.discard)(key)
 
 
