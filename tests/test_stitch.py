@@ -330,9 +330,11 @@ def test_gb_too_small_spills_to_ddr_and_stays_exact(rng):
     assert np.abs(out - ref).max() / np.abs(ref).max() < 5e-3
     (info,) = result.stitched.values()
     # per cluster one sample, whose 2 KiB intermediate (16 x 8 x 8 fp16) cannot stay in a 1 KiB GB:
-    # each instance's goes to DDR, and the weights are parameters here (nothing to promote)
-    assert sorted(k[2] for k in info.spilled) == [0, 1, 2, 3] and {k[0] for k in info.spilled} == {"t"}
-    assert info.gb_peak == 0 < small.gb_bytes
+    # each instance's goes to DDR; of the weights (parameters here, read whole by every cluster,
+    # so promoted) the 3x3 one (4.5 KiB) does not fit either, and each cluster reads it in DDR
+    assert sorted(k[2] for k in info.spilled if k[0] == "t") == [0, 1, 2, 3]
+    assert sorted((k[1], k[2]) for k in info.spilled if k[0] == "w") == [("a1", c) for c in range(HW.clusters)]
+    assert info.gb_peak == 16 * 16 * 2 + 64 < small.gb_bytes  # the 1x1 weights, the bias (32 B) aligned to 64
 
 
 def _two_outputs(rng, body):
@@ -469,12 +471,14 @@ def test_lb_level_keeps_single_core_instances_intermediates(rng, lb_keep):
     assert info.instances == 32 and info.cores_per_instance == 1
     report = tvm_dsa.last_report()
     sample = 16 * 8 * 8 * 2  # one sample of the intermediate, fp16
+    # the weights (parameters here, which every cluster reads whole) are promoted to each GB
+    weights = HW.clusters * (16 * 16 * 9 + 16 * 16) * 2
     if lb_keep:
         # the layers were tiled into the other half, so at least the kept share is free for it
         assert info.lb_kept == 32 and HW.lb_bytes * lb_keep <= info.lb_bytes < HW.lb_bytes
-        assert report.gb_write == 0  # the weights are parameters: nothing else goes to the GB
+        assert report.gb_write == weights  # nothing else goes to the GB
     else:
-        assert info.lb_kept == 0 and report.gb_write == 32 * sample
+        assert info.lb_kept == 0 and report.gb_write == 32 * sample + weights
 
 
 def test_lb_keep_is_a_share_of_the_lb():
@@ -1205,3 +1209,34 @@ def test_transfers_that_continue_each_other_on_one_queue_are_one_dma():
     em.compression.rec = None
     em.move(ddr[1], lb[1], 0)
     assert [i.shape for i in em.instructions] == [(rows, cols), (rows, cols)]
+
+
+def test_a_single_sample_is_cut_before_its_windows_and_its_input_promoted(rng):
+    """At batch 1, relu(conv1x1) -> relu(conv3x3) -> conv1x1 + x: the sub-graph is cut before the
+    3x3 window (within one kernel every row instance would compute the 1x1's rows of its halo
+    again), each kernel's rows split over the four clusters, and the second kernel's input,
+    which all clusters read rows of, promoted to their GBs: DDR gives each of its bytes once
+    (a multicast to the four GBs), and no core loads it from DDR. The outputs are llvm's."""
+    op = relax.op
+    mod = relax_graph([(1, 64, 32, 32), (64, 64, 1, 1), (64, 64, 3, 3), (64, 64, 1, 1)],
+                      lambda x, w1, w2, w3: op.add(op.nn.conv2d(op.nn.relu(op.nn.conv2d(
+                          op.nn.relu(op.nn.conv2d(x, w1)), w2, padding=1)), w3), x))
+    args = [rng.standard_normal([int(s) for s in p.ty.shape]).astype("float32") * 0.2 for p in mod["main"].params]
+    mod = relax.transform.BindParams("main", {f"a{i}": tvm.runtime.tensor(args[i]) for i in (1, 2, 3)})(mod)
+    vm, result = _run(mod, "graphturbo")
+    out = vm["main"](tvm.runtime.tensor(args[0])).numpy()
+    ref = _llvm(mod, args[:1])
+    np.testing.assert_allclose(out, ref, rtol=2e-2, atol=2e-2 * np.abs(ref).max())
+    first, second = tvm_dsa.last_kernel_runs()
+    assert [{m.name for m in run.program.kernels[0].layers} - {PROMOTE} for run in (first, second)] == \
+        [{"lv"}, {"lv1", "gv"}]
+    assert len(result.stitched) == 2 and all(info.instances >= HW.clusters for info in result.stitched.values())
+    program = second.program.expanded()
+    (made,) = [a.name for a in first.program.args if a.role == "output"]
+    for arg in (a for a in program.args if a.role == "input"):  # the hidden tensor, and x for the sum
+        reads = [i for i in program.kernels[0].instructions if isinstance(i, isa.Dma) and i.src.mem == "ddr"
+                 and arg.offset <= i.src.offset < arg.offset + arg.nbytes]
+        assert {i.dst.mem for i in reads} == {"gb"} and all(i.multicast for i in reads), arg.name
+        assert sum(math.prod(shape) for _, shape in {(i.src.offset, i.shape) for i in reads}) * 2 == arg.nbytes
+        assert {i.dst.index for i in reads} == set(range(HW.clusters))
+    assert made in {a.name for a in program.args}

@@ -77,9 +77,9 @@ class _Kernel:
     def clusters(self):
         return cluster_rounds(self.cores, self.hw.cores_per_cluster)
 
-    def read_alike(self, tensors) -> set:
+    def read_alike(self, tensors, dims: int | None = None) -> set:
         """Those of ``tensors`` whose part each cluster's instances read (the hull of their reads)
-        is the same for every cluster."""
+        is the same for every cluster, in its first ``dims`` dims (all by default)."""
         hull: dict = {}  # (tensor, cluster) -> [low, high] corners
         for c, cr in self.clusters.items():
             for L in self.sg.layers:
@@ -91,7 +91,7 @@ class _Kernel:
                         box[:] = np.minimum(box[0], low), np.maximum(box[1], high)
         parts: dict = {}
         for (t, _), (low, high) in hull.items():
-            parts.setdefault(t, set()).add((tuple(low.tolist()), tuple(high.tolist())))
+            parts.setdefault(t, set()).add((tuple(low[:dims].tolist()), tuple(high[:dims].tolist())))
         return {t for t in tensors if len(parts.get(t, ())) <= 1}
 
     def buffers(self, c: int, order: str, ahead: dict, spill: str) -> list[Buffer]:
@@ -255,7 +255,10 @@ def AssignMemoryScopes(hw, gb: bool = True, lb: bool = False):  # noqa: N802
     DDR, the layerwise placement). Learned weights are promoted DDR -> GB once per cluster, but
     for one the clusters read different parts of (a constant broadcast along the batch, as
     ViT's class token folds to): it stays in DDR, where each cluster reads its part and the
-    clusters' parts of the kernel stay translates of one another (``emit_stitched``)."""
+    clusters' parts of the kernel stay translates of one another (``emit_stitched``). An input
+    activation whose samples every cluster reads (one sample's rows split over the clusters) is
+    promoted too: its tiles read it again and again, each output-channel tile all of its rows
+    and halo (ResNet-50's stage transitions at batch 1 read their input 6-8 times from DDR)."""
 
     def decide(k):
         k.read(hw)
@@ -264,7 +267,8 @@ def AssignMemoryScopes(hw, gb: bool = True, lb: bool = False):  # noqa: N802
         lb_bytes -= lb_bytes % ALIGN
         scopes = [{t: LB_SCOPE if keep and len(k.cores[i]) == 1 else GB_SCOPE if gb else DDR_SCOPE
                    for t in boxes} for i, boxes in enumerate(k.inst.boxes)]
-        return {"dsa.scopes": {"instances": scopes, "promote": sorted(k.read_alike(k.sg.weights)) if gb else [],
+        promote = k.read_alike(k.sg.weights) | k.read_alike(set(k.sg.inputs) - k.sg.weights, dims=1)
+        return {"dsa.scopes": {"instances": scopes, "promote": sorted(promote) if gb else [],
                                "lb_bytes": lb_bytes, "gb_bytes": hw.gb_bytes if gb else 0}}
 
     return _annotating("dsa.AssignMemoryScopes", decide)

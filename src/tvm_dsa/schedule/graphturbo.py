@@ -50,7 +50,7 @@ import tvm_ffi
 from tvm import tirx
 from tvm.s_tir import SBlockRealize
 
-from tvm_dsa.kernel.analysis import Load, contraction, uses_var
+from tvm_dsa.kernel.analysis import Load, contraction, int_value, uses_var
 from tvm_dsa.kernel.macs import kernel_macs
 from tvm_dsa.schedule import register
 from tvm_dsa.schedule.graph import OpGraph, SubGraphs
@@ -362,15 +362,24 @@ def spreading_saves(members, macs: dict, hw) -> float:
 
 def paying_cuts(sgs: SubGraphs, mod, hw, host: frozenset, macs: dict) -> frozenset:
     """The nodes ``cut_before`` cuts a sub-graph before where a sample's rows are split over the
-    clusters: its contractions of two activations (``pair_product``), where spreading it saves
-    more than the launches of the kernels the cuts add (``spreading_saves``: DLRM's feature
-    interaction, a few thousand MACs, is not cut into two kernels that each pay a launch)."""
+    clusters: its contractions of two activations (``pair_product``) and its windows over an
+    activation (``windowed``), where spreading it saves more than the launches of the kernels the
+    cuts add (``spreading_saves``: DLRM's feature interaction, a few thousand MACs, is not cut
+    into two kernels that each pay a launch). A window inside a sub-graph makes each row
+    instance compute its producers' rows again for its halo, and the halos of the windows before
+    it on top: a sample's 14 or 7 rows split four ways recompute more than they share, and
+    ResNet-50 at batch 1 ran as one kernel on one cluster. First in a kernel, a window reads its
+    halo from the input the clusters promote (``kernelgen.stitched``)."""
     graph = sgs.graph
-    pairs = frozenset(n.index for n in graph.nodes if n.index not in host and pair_product(
-        mod[n.func], frozenset(i for i, t in enumerate(n.inputs) if graph.tensors[t].constant)))
+
+    def weights(n) -> frozenset:
+        return frozenset(i for i, t in enumerate(n.inputs) if graph.tensors[t].constant)
+
+    starts_at = frozenset(n.index for n in graph.nodes if n.index not in host and (
+        pair_product(mod[n.func], weights(n)) or windowed(mod[n.func], weights(n))))
     cuts: set[int] = set()
     for members in sgs.groups:
-        starts = (pairs & members) - {min(members)}
+        starts = (starts_at & members) - {min(members)}
         if starts and spreading_saves(members, macs, hw) > len(starts) * hw.kernel_launch_cycles:
             cuts |= starts
     return frozenset(cuts)
@@ -386,6 +395,32 @@ def pair_product(func, weights: frozenset = frozenset()) -> bool:
         pair = contraction(realize.block)
         if pair and all(ld.source not in constant for ld in pair) and not pair[0].source.same_as(pair[1].source):
             found.append(realize)
+
+    tvm_ffi.structural_walk(func.body, [(SBlockRealize, visit)])
+    return bool(found)
+
+
+def windowed(func, weights: frozenset = frozenset()) -> bool:
+    """Whether ``func`` reads an activation (not a parameter at the positions ``weights``)
+    through a window: an index of a load that moves with an output iterator and a reduction
+    iterator both, each of more than one value (a convolution's ``oh * s + kh``, a pooling's; not
+    a 1 x 1 convolution's, a matmul's or a global pooling's)."""
+    constant = {p for i, p in enumerate(func.params) if i in weights}
+    found = []
+
+    def visit(realize):
+        block = realize.block
+        moving = [iv for iv in block.iter_vars if int_value(iv.dom.extent) != 1]
+        reduce = [iv.var for iv in moving if int(iv.iter_type) != 0]
+        spatial = [iv.var for iv in moving if int(iv.iter_type) == 0]
+        if not reduce or not isinstance(block.body, tirx.BufferStore):
+            return
+        loads = []
+        tvm_ffi.structural_walk(block.body.value, [(Load, loads.append)])
+        for ld in loads:
+            if ld.source not in constant and any(any(uses_var(i, v) for v in reduce) and any(uses_var(i, v) for v in spatial)
+                                                 for i in ld.indices):
+                found.append(block)
 
     tvm_ffi.structural_walk(func.body, [(SBlockRealize, visit)])
     return bool(found)
