@@ -79,7 +79,9 @@ def _explore(args) -> int:
     model = load_model(args.model, tiny=args.tiny)
     hw = check_target(args.target, model, timing_only=True)
     check_mesh(args.target, hw, "SET's search")
-    with engine(args, "explore") if args.restarts > 1 else nullcontext(InProcess("one search per scheme")) as where:
+    # one restart is three short searches: in this process unless a cluster is named
+    on_engine = args.restarts > 1 or args.address or args.in_process
+    with engine(args, "explore") if on_engine else nullcontext(InProcess("one search per scheme")) as where:
         say(f"explore: {3 * args.restarts} searches (SET, LS, LP) of {args.model} run {where.describe()}")
         step("building the layer graph")
         graph, evaluator, runs = explore(model, hw, args.batch, args.objective, args.beta, args.seed, args.restarts,
