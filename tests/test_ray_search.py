@@ -207,6 +207,9 @@ def test_tune_without_ray_runs_in_process_and_says_so(monkeypatch, capsys, tmp_p
     out = capsys.readouterr()
     assert "tune: candidates built and measured in this process (Ray is not installed" in out.err
     assert json.loads(out.out)["tasks"] == in_process[0].to_dict()["tasks"]
+    # the kernels by the model's nodes (unnamed here: their op types) and output shapes
+    assert sorted(json.loads(out.out)["kernel_labels"].values()) == ["Conv +1 1x16x16x16", "Conv +1 1x32x8x8",
+                                                                   "MaxPool 1x16x8x8"]
     assert main(argv[:-1] + ["--address", "127.0.0.1:1"]) == 2
     assert "Ray is not installed" in capsys.readouterr().err
 

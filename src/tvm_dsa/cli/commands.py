@@ -20,7 +20,8 @@ from tvm_dsa.cli.activity import step
 from tvm_dsa.cli.args import add_ray_args, check_mesh, check_plot_path, engine, model_title, positive_int, say
 from tvm_dsa.dse import OnRay
 from tvm_dsa.harness import (
-    Compiled, InputError, check_inputs, check_target, import_onnx, label_trace, load_model, timing_run
+    Compiled, InputError, check_inputs, check_target, fused_module, import_onnx, label_trace, load_model, model_names,
+    timing_run
 )
 from tvm_dsa.models import MODELS
 from tvm_dsa.runtime import write_trace
@@ -192,10 +193,14 @@ def _tune(args) -> int:
                           progress=lambda done, total: step("measuring candidates", done, total))
         except ValueError as err:
             raise InputError(str(err)) from None
+    names = model_names(model, fused_module(mod))  # the kernels as extract_tasks fuses them
     if args.json:
-        print(json.dumps(result.to_dict(), indent=2))
+        print(json.dumps(result.to_dict() | {"kernel_labels": {t.name: names.get(t.name, t.name) for t in result.tasks}},
+                         indent=2))
         return 0
-    render_table(result.rows(), title=f"{args.model} on {args.target}: {args.trials} trials per kernel")
+    rows = result.rows()
+    render_table([rows[0], *((names.get(r[0], r[0]), *r[1:]) for r in rows[1:])],
+                 title=f"{model_title(args.model, args.tiny, model)} on {args.target}: {args.trials} trials per kernel")
     print(f"records: {args.work_dir} (compile with tvm_dsa.pipeline(database={str(args.work_dir)!r}))")
     return 0
 

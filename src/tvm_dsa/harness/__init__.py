@@ -155,41 +155,21 @@ class Compiled:
         return layer_labels(model, self.fused) if self.fused is not None else {}
 
     def names(self, model: onnx.ModelProto) -> dict[str, str]:
-        """What ``model`` (compiled here) calls each name a run shows: a layer's Relax name -> its
-        label, a DSA kernel's or a PrimFunc's -> ``kernel_label`` of the layers it runs."""
-        labels = self.labels(model)
-        if not labels:
-            return {}
-        runs: dict[str, tuple] = {}
-        for node in OpGraph.from_relax(self.fused).nodes:
-            runs[node.func] = runs.get(node.func, ()) + (node.name,)
-        runs |= self.offload.layers
-        kernels = {name: kernel_label([labels[n] for n in layers if n in labels]) for name, layers in runs.items()}
-        return kernels | {name: str(label) for name, label in labels.items()}
+        """``model_names`` of this build (``model`` compiled): its layers, DSA kernels and PrimFuncs."""
+        return model_names(model, self.fused, self.offload.layers) if self.fused is not None else {}
 
-    def run(self, inputs: dict[str, np.ndarray] | None, mode: str = "functional", trace: bool = False,
-            check_hazards: bool = True) -> Run:
-        """Run ``main`` once on ``inputs`` (in graph-input order). ``mode``, ``trace`` and
-        ``check_hazards`` set how DSA kernels are simulated for this run, in a session of its own
-        (``execution.Session``; ``timing``: outputs of DSA kernels are not computed). ``inputs``
-        None: a timing run without the VM, which replays the recorded DSA calls (``calls``):
-        no tensor is made, and the run has no outputs."""
-        if inputs is not None:
-            main = functools.partial(relax.VirtualMachine(self.executable, tvm.cpu())["main"],
-                                     *[tvm.runtime.tensor(v) for v in inputs.values()])
-        elif mode == "timing" and self.calls is not None:
-            main = functools.partial(execution.replay, self.calls)
-        else:
-            raise ValueError("a run without inputs is a timing run of a model whose DSA calls its inputs "
-                             "cannot change (Compiled.calls)")
-        with execution.Session(mode, trace=trace, check_hazards=check_hazards) as s:
-            start = time.perf_counter()
-            value = main()
-            seconds = time.perf_counter() - start
-        out = [] if inputs is None else _numpy(value)
-        if self.offload is None:
-            return Run(out, seconds)
-        return Run(out, seconds, s.report(), s.last_trace() if trace else [], s.kernel_runs())
+
+def model_names(model: onnx.ModelProto, fused: tvm.IRModule, kernels: dict | None = None) -> dict[str, str]:
+    """What ``model`` calls each name a run of ``fused`` (``model`` imported and fused) shows: a
+    layer's Relax name -> its label; a PrimFunc's, or a DSA kernel's in ``kernels`` (name -> the
+    layers it runs: ``OffloadResult.layers``) -> ``kernel_label`` of its layers."""
+    labels = layer_labels(model, fused)
+    runs: dict[str, tuple] = {}
+    for node in OpGraph.from_relax(fused).nodes:
+        runs[node.func] = runs.get(node.func, ()) + (node.name,)
+    runs |= kernels or {}
+    named = {name: kernel_label([labels[n] for n in layers if n in labels]) for name, layers in runs.items()}
+    return named | {name: str(label) for name, label in labels.items()}
 
 
 OFFLOAD_PASS = "dsa.OffloadToDSA"
@@ -294,6 +274,13 @@ def labelled_layer_graph(model: onnx.ModelProto) -> tuple[LayerGraph, dict[str, 
         if dims and dims[0].dim_value not in (0, 1):
             raise LayerGraphError(f"input {vi.name!r} has batch {dims[0].dim_value}: build the model at "
                                   "batch 1 (SET's trees carry the batch)")
+    fused = fused_module(import_onnx(model))
     with tvm.target.Target("llvm"):
-        fused = fuse(import_onnx(model))
         return LayerGraph.from_relax(fused), layer_labels(model, fused)
+
+
+def fused_module(mod: tvm.IRModule) -> tvm.IRModule:
+    """``mod`` fused as the ``dsa`` pipeline fuses it before scheduling
+    (``relax_passes.fusion.fuse``), for the llvm host unless a target is current."""
+    with tvm.target.Target.current(allow_none=True) or tvm.target.Target("llvm"):
+        return fuse(mod)

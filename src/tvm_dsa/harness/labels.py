@@ -1,16 +1,16 @@
 """Layers named after the model's own ONNX nodes, not after Relax temporaries (``lv6_1``, ``sg0_lv``).
 
-TVM's ONNX importer keeps no node names (no spans; its variables are numbered ``lv``, ``lv1``, ...), and
-the passes before fusion renumber them again (batch-norm folding makes new convolutions, ``FuseOps``
-new variables). So the fused module's layers are matched to the ONNX graph by their data flow:
-graph inputs are the same tensors in both, and each layer, in order, is the sub-graph of nodes
-between the tensors it reads and one ONNX tensor of its output shape computed from them alone
-(constants aside). Of several such tensors the layer takes the one whose nodes hold its weights
-(by size), then the one whose ops its PrimFunc's name shows (``fused_conv2d_add_relu``), then the
-earliest sub-graph (independent branches keep the ONNX order through the import and fusion),
-then the longest (fusion takes the elementwise ops after a contraction); and one its readers
-in the fused module can follow. A
-layer the graph does not explain (a rewrite's own kernel) keeps its PrimFunc's name.
+TVM's ONNX importer keeps no node names (no spans; its variables are numbered ``lv``, ``lv1``,
+...), and the passes before fusion renumber them again (batch-norm folding makes new
+convolutions, ``FuseOps`` new variables). So the fused module's layers are matched to the ONNX
+graph by their data flow: graph inputs are the same tensors in both, and each layer, in order, is
+the sub-graph of nodes between the tensors it reads and one ONNX tensor of its output shape
+computed from them alone (constants aside). Of several such tensors a layer takes one whose
+nodes hold weights of its weights' sizes; then the one whose weights it holds by value (batch-norm
+folding changes a convolution's, not a MatMul's: a transformer's Q and K), the one whose ops its
+PrimFunc's name shows (``fused_conv2d_add_relu``), the earliest sub-graph, the longest (fusion
+takes the elementwise ops after a contraction); and one its readers in the fused module can
+follow. A layer the graph does not explain (a rewrite's own kernel) keeps its PrimFunc's name.
 
     labels = layer_labels(model, fused_module)      # Relax layer name -> Label
     str(labels["lv6_1"])                            # 'layer3.0.conv1.conv.Conv +2 1x64x2x2'
@@ -19,11 +19,14 @@ layer the graph does not explain (a rewrite's own kernel) keeps its PrimFunc's n
 
 from __future__ import annotations
 
+import hashlib
 import math
 from collections import Counter
 from dataclasses import dataclass
 
+import numpy as np
 import onnx
+from onnx import numpy_helper
 
 from tvm_dsa.schedule.graph import OpGraph
 
@@ -89,6 +92,8 @@ class _Matcher:
         self.nodes = list(g.node)
         self.shapes = {vi.name: _dims(vi) for vi in [*g.input, *g.value_info, *g.output]}
         inits = {t.name: tuple(t.dims) for t in g.initializer}
+        # the weights' values, to tell apart layers of one weight shape (a transformer's Q and K)
+        self.digest = {t.name: _digest(numpy_helper.to_array(t)) for t in g.initializer if _is_weight(t.dims)}
         self.inputs = [vi.name for vi in g.input if vi.name not in inits]
         self.constant = set(inits)
         for node in self.nodes:  # constant folding, as the import and SimplifyInference do
@@ -102,6 +107,7 @@ class _Matcher:
             for i in n.input:
                 self.readers.setdefault(i, set()).add(k)
         self.taken: set[int] = set()  # nodes some layer computes
+        self.held: dict[str, str] = {}  # Relax constant -> the digest of its value
 
     def match(self, graph: OpGraph) -> dict[str, Label]:
         params = [t for t in graph.tensors.values() if t.producer is None and not t.constant]
@@ -137,16 +143,20 @@ class _Matcher:
     def _options(self, graph: OpGraph, node, known: dict, taken: set) -> list[tuple[str, frozenset[int]]]:
         """The (ONNX tensor, its sub-graph's nodes) that layer ``node`` may compute, best first,
         given the ONNX tensors of the Relax ones ``known`` and the nodes ``taken`` by layers: its
-        weights' sizes those of the sub-graph's; the fewest of its ops the PrimFunc's name does
-        not show, the earliest sub-graph, the longest."""
+        weights' sizes those of the sub-graph's; the most of its weights' values the layer holds,
+        the fewest of its ops the PrimFunc's name does not show, the earliest sub-graph, the
+        longest."""
         data = _data(graph, node.index)
         if not data or any(t not in known for t in data):
             return []
-        weights = Counter(math.prod(graph.tensors[t].shape) for t in node.inputs
-                          if graph.tensors[t].constant and _is_weight(graph.tensors[t].shape))
+        consts = [graph.tensors[t] for t in node.inputs
+                  if graph.tensors[t].constant and _is_weight(graph.tensors[t].shape)]
+        weights = Counter(math.prod(t.shape) for t in consts)
+        held = {self._held(t) for t in consts}
         found = self._candidates([o for t in data for o in known[t]], graph.tensors[node.output].shape, taken)
         return sorted((c for c in found if self._weights(c[1]) == weights),
-                      key=lambda c: (self._unshown(c[1], node.func), min(c[1]), -self.producer[c[0]]))
+                      key=lambda c: (-len(held & self._digests(c[1])), self._unshown(c[1], node.func), min(c[1]),
+                                     -self.producer[c[0]]))
 
     def _candidates(self, reads: list[str], shape: tuple, taken: set) -> list[tuple[str, frozenset[int]]]:
         """Each ONNX tensor of ``shape`` computed from all of ``reads`` and constants alone, by
@@ -187,6 +197,16 @@ class _Matcher:
         """How many of ``nodes`` are ops a PrimFunc named ``func`` would show, and does not."""
         return sum(not any(op in func for op in SHOWN.get(self.nodes[k].op_type, (func,))) for k in nodes)
 
+    def _held(self, tensor) -> str:
+        """The digest of a Relax constant's value (once per constant)."""
+        if tensor.name not in self.held:
+            self.held[tensor.name] = _digest(tensor.expr.value.numpy())
+        return self.held[tensor.name]
+
+    def _digests(self, nodes: frozenset[int]) -> set[str]:
+        """The digests of the initializer weights ``nodes`` read."""
+        return {self.digest[i] for k in nodes for i in self.nodes[k].input if i in self.digest}
+
     def _weights(self, nodes: frozenset[int]) -> Counter:
         """The sizes of the weights ``nodes`` read."""
         return Counter(self.size[i] for k in nodes for i in self.nodes[k].input if i in self.size)
@@ -203,6 +223,10 @@ def _dims(vi: onnx.ValueInfoProto) -> tuple[int, ...] | None:
 def _data(graph: OpGraph, index: int) -> list[str]:
     """The tensors layer ``index`` reads that are not constants."""
     return [t for t in graph.nodes[index].inputs if not graph.tensors[t].constant]
+
+
+def _digest(array: np.ndarray) -> str:
+    return hashlib.blake2b(np.ascontiguousarray(array).tobytes(), digest_size=16).hexdigest()
 
 
 def _is_weight(shape) -> bool:
