@@ -136,7 +136,7 @@ def test_a_compiled_models_trace_names_each_instruction_by_the_model(model, labe
     """``Compiled.names``: every layer and kernel of a graphturbo build, so every instruction of
     its trace gets the model's name; the Relax names stay in ``layer`` and ``kernel``."""
     compiled = Compiled.build(import_onnx(model), "dsa/stcp920", "graphturbo")
-    names = compiled.names(model)
+    names = compiled.names(compiled.labels(model))
     assert {k: names[k] for k in labels} == {k: str(v) for k, v in labels.items()}
     for kernel, layers in compiled.offload.layers.items():
         assert names[kernel] == kernel_label([labels[n] for n in layers])

@@ -81,7 +81,8 @@ def _run(args: argparse.Namespace) -> int:
                          "method": quantized.method}
         if check:
             quantized_run |= _float_error(run.outputs, float_model, inputs)
-    names = dsa.names(model)  # the model's names of the layers and kernels
+    labels = dsa.labels(model)
+    names = dsa.names(labels)  # the model's names of the layers and kernels
     if args.trace:
         write_trace(label_trace(run.trace, names), args.trace)
 
@@ -95,7 +96,7 @@ def _run(args: argparse.Namespace) -> int:
             "offload": {"dsa": offload.dsa, "host": offload.host, "dsa_macs": offload.dsa_macs,
                         "host_macs": offload.host_macs, "dsa_mac_share": share, "timed": offload.timed,
                         "kernel_labels": {k: names.get(k, k) for k in [*offload.dsa, *offload.host]}},
-            "layers": [label.to_dict() for label in dsa.labels(model).values()],
+            "layers": [label.to_dict() for label in labels.values()],
             "report": run.report.to_dict() if run.report else None, "trace": args.trace,
         }, indent=2))
     else:

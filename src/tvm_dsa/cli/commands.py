@@ -20,8 +20,8 @@ from tvm_dsa.cli.activity import step
 from tvm_dsa.cli.args import add_ray_args, check_mesh, check_plot_path, engine, model_title, positive_int, say
 from tvm_dsa.dse import OnRay
 from tvm_dsa.harness import (
-    Compiled, InputError, check_inputs, check_target, fused_module, import_onnx, label_trace, load_model, model_names,
-    timing_run
+    Compiled, InputError, check_inputs, check_target, fused_module, import_onnx, label_trace, layer_labels, load_model,
+    model_names, timing_run
 )
 from tvm_dsa.models import MODELS
 from tvm_dsa.runtime import write_trace
@@ -127,7 +127,7 @@ def _trace(args) -> int:
         compiled, run = _timed_run(model, import_onnx(model), args.target, args.schedule, trace=True)
     if not run.trace:
         raise InputError(f"no kernel of {args.model} runs on {args.target}: the trace is empty")
-    names = compiled.names(model)  # the model's names of the layers and kernels
+    names = compiled.names(compiled.labels(model))  # the model's names of the layers and kernels
     write_trace(label_trace(run.trace, names), args.output)
     summary = trace_summary(run.trace)
     title = f"{model_title(args.model, args.tiny, model)} on {args.target}"
@@ -193,7 +193,8 @@ def _tune(args) -> int:
                           progress=lambda done, total: step("measuring candidates", done, total))
         except ValueError as err:
             raise InputError(str(err)) from None
-    names = model_names(model, fused_module(mod))  # the kernels as extract_tasks fuses them
+    fused = fused_module(mod)  # the kernels as extract_tasks fuses them
+    names = model_names(layer_labels(model, fused), fused)
     if args.json:
         print(json.dumps(result.to_dict() | {"kernel_labels": {t.name: names.get(t.name, t.name) for t in result.tasks}},
                          indent=2))

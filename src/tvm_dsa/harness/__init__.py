@@ -154,16 +154,41 @@ class Compiled:
         (``harness.labels``); empty for llvm."""
         return layer_labels(model, self.fused) if self.fused is not None else {}
 
-    def names(self, model: onnx.ModelProto) -> dict[str, str]:
-        """``model_names`` of this build (``model`` compiled): its layers, DSA kernels and PrimFuncs."""
-        return model_names(model, self.fused, self.offload.layers) if self.fused is not None else {}
+    def names(self, labels: dict[str, Label]) -> dict[str, str]:
+        """``model_names`` of this build's layers, DSA kernels and PrimFuncs, its layers labelled
+        ``labels`` (``Compiled.labels``)."""
+        return model_names(labels, self.fused, self.offload.layers) if self.fused is not None else {}
+
+    def run(self, inputs: dict[str, np.ndarray] | None, mode: str = "functional", trace: bool = False,
+            check_hazards: bool = True) -> Run:
+        """Run ``main`` once on ``inputs`` (in graph-input order). ``mode``, ``trace`` and
+        ``check_hazards`` set how DSA kernels are simulated for this run, in a session of its own
+        (``execution.Session``; ``timing``: outputs of DSA kernels are not computed). ``inputs``
+        None: a timing run without the VM, which replays the recorded DSA calls (``calls``):
+        no tensor is made, and the run has no outputs."""
+        if inputs is not None:
+            main = functools.partial(relax.VirtualMachine(self.executable, tvm.cpu())["main"],
+                                     *[tvm.runtime.tensor(v) for v in inputs.values()])
+        elif mode == "timing" and self.calls is not None:
+            main = functools.partial(execution.replay, self.calls)
+        else:
+            raise ValueError("a run without inputs is a timing run of a model whose DSA calls its inputs "
+                             "cannot change (Compiled.calls)")
+        with execution.Session(mode, trace=trace, check_hazards=check_hazards) as s:
+            start = time.perf_counter()
+            value = main()
+            seconds = time.perf_counter() - start
+        out = [] if inputs is None else _numpy(value)
+        if self.offload is None:
+            return Run(out, seconds)
+        return Run(out, seconds, s.report(), s.last_trace() if trace else [], s.kernel_runs())
 
 
-def model_names(model: onnx.ModelProto, fused: tvm.IRModule, kernels: dict | None = None) -> dict[str, str]:
-    """What ``model`` calls each name a run of ``fused`` (``model`` imported and fused) shows: a
-    layer's Relax name -> its label; a PrimFunc's, or a DSA kernel's in ``kernels`` (name -> the
-    layers it runs: ``OffloadResult.layers``) -> ``kernel_label`` of its layers."""
-    labels = layer_labels(model, fused)
+def model_names(labels: dict[str, Label], fused: tvm.IRModule, kernels: dict | None = None) -> dict[str, str]:
+    """What the model calls each name a run of ``fused`` (the model imported and fused, its
+    layers labelled ``labels``: ``layer_labels``) shows: a layer's Relax name -> its label; a
+    PrimFunc's, or a DSA kernel's in ``kernels`` (name -> the layers it runs:
+    ``OffloadResult.layers``) -> ``kernel_label`` of its layers."""
     runs: dict[str, tuple] = {}
     for node in OpGraph.from_relax(fused).nodes:
         runs[node.func] = runs.get(node.func, ()) + (node.name,)

@@ -26,7 +26,7 @@ from dataclasses import dataclass
 
 import numpy as np
 import onnx
-from onnx import numpy_helper
+from onnx import helper, numpy_helper
 
 from tvm_dsa.schedule.graph import OpGraph
 
@@ -40,6 +40,7 @@ SHOWN = {"Conv": ("conv",), "ConvTranspose": ("conv",), "MatMul": ("matmul",), "
          "ReduceMean": ("mean",), "Concat": ("concat",), "Gather": ("take", "gather"), "Erf": ("erf",)}
 # ONNX ops that only move or rename data: a layer of other ops is labelled by one of those
 MOVES = frozenset({"Identity", "Dropout", "Cast", "Reshape", "Flatten", "Squeeze", "Unsqueeze"})
+SMALL = 1024  # elements of an initializer shape inference keeps (shapes, axes); larger ones are weights
 # ONNX ops whose outputs are known when the model is compiled (static shapes): never a layer's
 SHAPE_OPS = frozenset({"Shape", "Size", "Constant", "ConstantOfShape"})
 
@@ -84,13 +85,9 @@ def kernel_label(labels: list[Label]) -> str:
 
 class _Matcher:
     def __init__(self, model: onnx.ModelProto):
-        try:
-            model = onnx.shape_inference.infer_shapes(model)
-        except Exception:  # noqa: BLE001 - shapes are a check only: without them any shape is accepted
-            pass
         g = model.graph
         self.nodes = list(g.node)
-        self.shapes = {vi.name: _dims(vi) for vi in [*g.input, *g.value_info, *g.output]}
+        self.shapes = _shapes(model)
         inits = {t.name: tuple(t.dims) for t in g.initializer}
         # the weights' values, to tell apart layers of one weight shape (a transformer's Q and K)
         self.digest = {t.name: _digest(numpy_helper.to_array(t)) for t in g.initializer if _is_weight(t.dims)}
@@ -102,12 +99,14 @@ class _Matcher:
         dims = {name: self.shapes.get(name) for name in self.constant} | inits
         self.size = {name: math.prod(d) for name, d in dims.items() if d is not None and _is_weight(d)}
         self.producer = {o: k for k, n in enumerate(self.nodes) for o in n.output if o}
-        self.readers: dict[str, set[int]] = {}
+        self.readers: list[set[int]] = [set() for _ in self.nodes]  # node -> the nodes reading its results
         for k, n in enumerate(self.nodes):
             for i in n.input:
-                self.readers.setdefault(i, set()).add(k)
+                if i in self.producer:
+                    self.readers[self.producer[i]].add(k)
         self.taken: set[int] = set()  # nodes some layer computes
         self.held: dict[str, str] = {}  # Relax constant -> the digest of its value
+        self.sizes: dict[frozenset, Counter] = {}  # a sub-graph -> its weights' sizes
 
     def match(self, graph: OpGraph) -> dict[str, Label]:
         params = [t for t in graph.tensors.values() if t.producer is None and not t.constant]
@@ -166,7 +165,8 @@ class _Matcher:
         depends: dict[str, int] = dict(bit)  # tensor -> the reads it is computed from (a bit each)
         group: dict[str, frozenset[int]] = {t: frozenset() for t in reads}  # tensor -> the nodes computing it
         found = []
-        for k, n in enumerate(self.nodes):
+        first = min(self.producer.get(t, -1) for t in reads) + 1  # nodes are in topological order
+        for k, n in enumerate(self.nodes[first:], first):
             if k in taken or all(o in self.constant for o in n.output if o):
                 continue
             ins = [i for i in n.input if i and i not in self.constant]
@@ -191,7 +191,7 @@ class _Matcher:
         """Whether the tensors ``nodes`` compute, but for those of ``tensor``'s node, are read
         only inside them: a fused layer hides its intermediates."""
         own = self.producer[tensor]
-        return all(self.readers.get(o, set()) <= nodes for k in nodes if k != own for o in self.nodes[k].output)
+        return all(self.readers[k] <= nodes for k in nodes if k != own)
 
     def _unshown(self, nodes: frozenset[int], func: str) -> int:
         """How many of ``nodes`` are ops a PrimFunc named ``func`` would show, and does not."""
@@ -209,7 +209,32 @@ class _Matcher:
 
     def _weights(self, nodes: frozenset[int]) -> Counter:
         """The sizes of the weights ``nodes`` read."""
-        return Counter(self.size[i] for k in nodes for i in self.nodes[k].input if i in self.size)
+        if nodes not in self.sizes:
+            self.sizes[nodes] = Counter(self.size[i] for k in nodes for i in self.nodes[k].input if i in self.size)
+        return self.sizes[nodes]
+
+
+def _shapes(model: onnx.ModelProto) -> dict[str, tuple[int, ...] | None]:
+    """Each value's shape as ONNX infers it, on a copy of ``model`` whose large initializers are
+    inputs of their shape (inference copies the model: a model's weights cost seconds there)."""
+    inputs = {vi.name for vi in model.graph.input}
+    large = [t for t in model.graph.initializer if math.prod(t.dims) > SMALL]
+    light = _without(model, {t.name for t in large})
+    light.graph.input.extend(helper.make_tensor_value_info(t.name, t.data_type, t.dims) for t in large
+                             if t.name not in inputs)
+    try:
+        light = onnx.shape_inference.infer_shapes(light)
+    except Exception:  # noqa: BLE001 - shapes are a check only: without them any shape is accepted
+        pass
+    return {vi.name: _dims(vi) for vi in [*light.graph.input, *light.graph.value_info, *light.graph.output]}
+
+
+def _without(model: onnx.ModelProto, names: set[str]) -> onnx.ModelProto:
+    """A copy of ``model`` without the initializers ``names`` (never copied)."""
+    kept = [t for t in model.graph.initializer if t.name not in names]
+    graph = helper.make_graph(list(model.graph.node), model.graph.name, list(model.graph.input),
+                              list(model.graph.output), kept, value_info=list(model.graph.value_info))
+    return helper.make_model(graph, opset_imports=list(model.opset_import), ir_version=model.ir_version)
 
 
 def _dims(vi: onnx.ValueInfoProto) -> tuple[int, ...] | None:
@@ -226,7 +251,10 @@ def _data(graph: OpGraph, index: int) -> list[str]:
 
 
 def _digest(array: np.ndarray) -> str:
-    return hashlib.blake2b(np.ascontiguousarray(array).tobytes(), digest_size=16).hexdigest()
+    """A fingerprint of a weight's values: its shape and some 4,096 of its values, evenly spaced."""
+    flat = array.reshape(-1)
+    sample = np.ascontiguousarray(flat[::max(1, flat.size // 4096)])
+    return hashlib.blake2b(repr(array.shape).encode() + sample.tobytes(), digest_size=16).hexdigest()
 
 
 def _is_weight(shape) -> bool:
