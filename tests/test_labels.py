@@ -198,3 +198,21 @@ def test_explore_lists_and_plots_the_tree_by_the_models_names(onnx_file, labels,
     assert main(["explore", onnx_file, "--beta", "2", "--json"]) == 0
     data = json.loads(capsys.readouterr().out)
     assert {d["relax"]: d["label"] for d in data["layer_labels"]}.items() <= {k: str(v) for k, v in labels.items()}.items()
+
+
+def test_a_layer_the_graph_does_not_explain_is_named_for_its_reader():
+    """TVM's Gather wraps negative indices in a kernel of its own (``less``, ``add``, ``where``),
+    no ONNX node's: it keeps its PrimFunc's name, for the Gather reading it; the layers after
+    it still find their nodes."""
+    rng = np.random.default_rng(1)
+    nodes = [h.make_node("Gather", ["table", "ids"], ["e"], name="embed"),
+             h.make_node("MatMul", ["e", "w"], ["y"], name="proj")]
+    graph = h.make_graph(nodes, "gather", [h.make_tensor_value_info("ids", TP.INT64, [1, 4])],
+                         [h.make_tensor_value_info("y", TP.FLOAT, [1, 4, 8])],
+                         [nh.from_array(_weights(rng, 10, 8), "table"), nh.from_array(_weights(rng, 8, 8), "w")])
+    m = h.make_model(graph, opset_imports=[h.make_opsetid("", 17)])
+    m.ir_version = 10
+    with tvm.target.Target("llvm"):
+        labels = list(layer_labels(m, fuse(import_onnx(m))).values())
+    assert [str(label) for label in labels[1:]] == ["embed 1x4x8", "proj 1x4x8"]
+    assert not labels[0].nodes and labels[0].anchor.endswith(" for embed") and labels[0].shape == (1, 4)

@@ -22,7 +22,7 @@ from __future__ import annotations
 import hashlib
 import math
 from collections import Counter
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 import onnx
@@ -50,7 +50,8 @@ class Label:
     """A layer of the fused module as the model names it: ``anchor`` (the contraction's node, else
     the last that does more than move data; its name, or its op type when it has none) of the
     ``nodes`` it computes, and its output ``shape``. ``name`` is the Relax variable (for
-    debugging); a layer the ONNX graph does not explain has no nodes and its PrimFunc's name."""
+    debugging); a layer the ONNX graph does not explain has no nodes and its PrimFunc's name
+    (``for`` the first reader the graph explains: ``fused_less_add_where for embeddings.gather``)."""
 
     name: str
     anchor: str
@@ -137,6 +138,11 @@ class _Matcher:
                           next((k for k in sorted(group, reverse=True) if self.nodes[k].op_type not in MOVES),
                                self.producer[tensor]))
             labels[node.name] = Label(node.name, _name(self.nodes[anchor]), self.nodes[anchor].op_type, names, shape)
+        for node in graph.nodes:  # a layer the graph does not explain, by the first of its readers it does
+            reader = next((labels[graph.nodes[r].name] for r in sorted(graph.consumers(node.index))
+                           if labels[graph.nodes[r].name].nodes), None)
+            if not labels[node.name].nodes and reader is not None:
+                labels[node.name] = replace(labels[node.name], anchor=f"{node.func} for {reader.anchor}")
         return labels
 
     def _options(self, graph: OpGraph, node, known: dict, taken: set) -> list[tuple[str, frozenset[int]]]:
