@@ -38,8 +38,10 @@ SHOWN = {"Conv": ("conv",), "ConvTranspose": ("conv",), "MatMul": ("matmul",), "
          "LayerNormalization": ("layer_norm",), "Softmax": ("softmax",), "Transpose": ("transpose", "permute"),
          "MaxPool": ("max_pool",), "AveragePool": ("avg_pool",), "GlobalAveragePool": ("mean", "avg_pool"),
          "ReduceMean": ("mean",), "Concat": ("concat",), "Gather": ("take", "gather"), "Erf": ("erf",)}
-# ONNX ops that only move or rename data: a layer of other ops is labelled by one of those
+# ONNX ops that only move or rename data, and those that only (de)quantize it: a layer is labelled by
+# another op where it has one, by a move before a (de)quantization
 MOVES = frozenset({"Identity", "Dropout", "Cast", "Reshape", "Flatten", "Squeeze", "Unsqueeze"})
+QDQ = frozenset({"QuantizeLinear", "DequantizeLinear"})
 SMALL = 1024  # elements of an initializer shape inference keeps (shapes, axes); larger ones are weights
 # ONNX ops whose outputs are known when the model is compiled (static shapes): never a layer's
 SHAPE_OPS = frozenset({"Shape", "Size", "Constant", "ConstantOfShape"})
@@ -134,9 +136,7 @@ class _Matcher:
             self.taken |= group
             known[node.output] = (tensor,)
             names = tuple(_name(self.nodes[k]) for k in sorted(group))
-            anchor = next((k for k in sorted(group) if self.nodes[k].op_type in CONTRACTIONS),
-                          next((k for k in sorted(group, reverse=True) if self.nodes[k].op_type not in MOVES),
-                               self.producer[tensor]))
+            anchor = self._anchor(group)
             labels[node.name] = Label(node.name, _name(self.nodes[anchor]), self.nodes[anchor].op_type, names, shape)
         for node in graph.nodes:  # a layer the graph does not explain, by the first of its readers it does
             reader = next((labels[graph.nodes[r].name] for r in sorted(graph.consumers(node.index))
@@ -144,6 +144,16 @@ class _Matcher:
             if not labels[node.name].nodes and reader is not None:
                 labels[node.name] = replace(labels[node.name], anchor=f"{node.func} for {reader.anchor}")
         return labels
+
+    def _anchor(self, group: frozenset[int]) -> int:
+        """The node a layer computing ``group`` is labelled by: its first contraction, else its last
+        op that computes, else its last move, else its last node."""
+        def rank(k: int) -> tuple:
+            op = self.nodes[k].op_type
+            kind = 0 if op in CONTRACTIONS else 1 if op not in MOVES | QDQ else 2 if op in MOVES else 3
+            return kind, k if kind == 0 else -k
+
+        return min(group, key=rank)
 
     def _options(self, graph: OpGraph, node, known: dict, taken: set) -> list[tuple[str, frozenset[int]]]:
         """The (ONNX tensor, its sub-graph's nodes) that layer ``node`` may compute, best first,
