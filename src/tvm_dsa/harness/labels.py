@@ -119,13 +119,7 @@ class _Matcher:
         labels = {}
         for node in graph.nodes:
             options = self._options(graph, node, known, self.taken)
-            # the first whose readers in the fused module still find theirs (a 1 x 1 pooling after
-            # a layer's last op has its output shape, but is the next layer)
-            found = next((c for c in options if all(self._options(graph, graph.nodes[r], known | {node.output: (c[0],)},
-                                                                  self.taken | c[1])
-                                                    for r in graph.consumers(node.index)
-                                                    if all(t in known or t == node.output for t in _data(graph, r)))),
-                         options[0] if options else None)
+            found = next((c for c in options if self._followed(graph, node, known, c)), options[0] if options else None)
             shape = graph.tensors[node.output].shape
             if found is None:
                 labels[node.name] = Label(node.name, node.func, "", (), shape)
@@ -144,6 +138,16 @@ class _Matcher:
             if not labels[node.name].nodes and reader is not None:
                 labels[node.name] = replace(labels[node.name], anchor=f"{node.func} for {reader.anchor}")
         return labels
+
+    def _followed(self, graph: OpGraph, node, known: dict, option: tuple[str, frozenset[int]]) -> bool:
+        """Whether each reader of layer ``node`` whose other inputs are matched still has options
+        once ``node`` computes ``option`` (a 1 x 1 pooling after a layer's last op has its shape,
+        but is the next layer)."""
+        tensor, group = option
+        after = known | {node.output: (tensor,)}
+        readers = [graph.nodes[r] for r in graph.consumers(node.index)]
+        return all(self._options(graph, r, after, self.taken | group) for r in readers
+                   if all(t in after for t in _data(graph, r.index)))
 
     def _anchor(self, group: frozenset[int]) -> int:
         """The node a layer computing ``group`` is labelled by: its first contraction, else its last
@@ -246,7 +250,7 @@ def _shapes(model: onnx.ModelProto) -> dict[str, tuple[int, ...] | None]:
 
 
 def _without(model: onnx.ModelProto, names: set[str]) -> onnx.ModelProto:
-    """A copy of ``model`` without the initializers ``names`` (never copied)."""
+    """A copy of ``model`` without the initializers ``names`` (their data is never copied)."""
     kept = [t for t in model.graph.initializer if t.name not in names]
     graph = helper.make_graph(list(model.graph.node), model.graph.name, list(model.graph.input),
                               list(model.graph.output), kept, value_info=list(model.graph.value_info))
