@@ -96,7 +96,7 @@ def _run(args: argparse.Namespace) -> int:
             "offload": {"dsa": offload.dsa, "host": offload.host, "dsa_macs": offload.dsa_macs,
                         "host_macs": offload.host_macs, "dsa_mac_share": share, "timed": offload.timed,
                         "kernel_labels": {k: names.get(k, k) for k in [*offload.dsa, *offload.host]}},
-            "layers": [label.to_dict() for label in labels.values()],
+            "layers": [layer.to_dict() for layer in labels.values()],
             "report": run.report.to_dict() if run.report else None, "trace": args.trace,
         }, indent=2))
     else:
