@@ -5,6 +5,7 @@ module (about 7 s to start); the tuning runs share meta-schedule's first use (te
 the module runs in one xdist worker."""
 
 import json
+from contextlib import contextmanager
 
 import numpy as np
 import onnx
@@ -19,7 +20,7 @@ import tvm_dsa
 from tvm_dsa import hardware
 from tvm_dsa.cli import main
 from tvm_dsa.cli import args as cli_args
-from tvm_dsa.dse import ray_engine
+from tvm_dsa.dse import OnRay, ray_engine
 from tvm_dsa.harness import import_onnx, layer_graph, load_model
 from tvm_dsa.schedule.set.ops import LS, SET
 from tvm_dsa.schedule.set.search import Anneal, anneal, anneal_each, best
@@ -168,6 +169,33 @@ def test_explore_restarts_keep_each_schemes_best_seed(capsys, set_graph):
         assert (scheme["seed"], scheme["cost"]) == (costs.index(min(costs)), min(costs))
 
 
+def test_one_restart_with_an_address_runs_on_that_cluster(ray, monkeypatch, capsys, set_graph):
+    """``--restarts 1 --address A`` (the default restarts) joins the cluster at A and runs the
+    three searches there, rather than in this process: the engine is asked for A (here it hands
+    over the module's local Ray), stderr says so, and the trees are the in-process ones."""
+    asked = []
+
+    @contextmanager
+    def cluster(address, workers):
+        asked.append(address)
+        yield OnRay(2, address)
+
+    monkeypatch.setattr(cli_args, "ray_engine", cluster)
+    argv = ["explore", "resnet18", "--tiny", "--beta", "5", "--json"]
+    assert main(argv + ["--address", "10.0.0.7:6379"]) == 0
+    out = capsys.readouterr()
+    assert asked == ["10.0.0.7:6379"]
+    assert "explore: connecting to the Ray cluster at 10.0.0.7:6379" in out.err
+    assert "explore: 3 searches (SET, LS, LP) of resnet18 run on Ray (10.0.0.7:6379, 2 CPUs)" in out.err
+    assert main(argv) == 0
+    alone = capsys.readouterr()
+    assert "run in this process (one search per scheme)" in alone.err and asked == ["10.0.0.7:6379"]
+    def trees(text: str) -> list[dict]:
+        return [{k: v for k, v in s.items() if k != "search_seconds"} for s in json.loads(text)["schemes"]]
+
+    assert trees(out.out) == trees(alone.out)
+
+
 def test_tune_without_ray_runs_in_process_and_says_so(monkeypatch, capsys, tmp_path, three_kernels_onnx,
                                                      in_process):
     """The command line's result is the API's (the same seed, in this process)."""
@@ -179,6 +207,9 @@ def test_tune_without_ray_runs_in_process_and_says_so(monkeypatch, capsys, tmp_p
     out = capsys.readouterr()
     assert "tune: candidates built and measured in this process (Ray is not installed" in out.err
     assert json.loads(out.out)["tasks"] == in_process[0].to_dict()["tasks"]
+    # the kernels by the model's nodes (unnamed here: their op types) and output shapes
+    assert sorted(json.loads(out.out)["kernel_labels"].values()) == ["Conv +1 1x16x16x16", "Conv +1 1x32x8x8",
+                                                                   "MaxPool 1x16x8x8"]
     assert main(argv[:-1] + ["--address", "127.0.0.1:1"]) == 2
     assert "Ray is not installed" in capsys.readouterr().err
 

@@ -35,8 +35,8 @@ from tvm_dsa.cli import dataflow as dataflow_command
 from tvm_dsa.cli.activity import activity, step
 from tvm_dsa.cli.args import positive_int
 from tvm_dsa.harness import (
-    Compiled, InputError, check_inputs, check_target, dsa_mac_share, import_onnx, load_model, max_relative_error,
-    one_line, timing_run
+    Compiled, InputError, check_inputs, check_target, dsa_mac_share, import_onnx, label_trace, load_model,
+    max_relative_error, one_line, timing_run
 )
 from tvm_dsa.harness.quantize import METHODS, QuantizedModel, load_calibration, quantize
 from tvm_dsa.models import MODELS, example_inputs
@@ -81,8 +81,10 @@ def _run(args: argparse.Namespace) -> int:
                          "method": quantized.method}
         if check:
             quantized_run |= _float_error(run.outputs, float_model, inputs)
+    labels = dsa.labels(model)
+    names = dsa.names(labels)  # the model's names of the layers and kernels
     if args.trace:
-        write_trace(run.trace, args.trace)
+        write_trace(label_trace(run.trace, names), args.trace)
 
     label = args.model + (" (tiny)" if args.tiny else "") + (f", batch {args.batch}" if args.batch else "")
     offload, share = dsa.offload, dsa_mac_share(dsa.offload)
@@ -92,7 +94,9 @@ def _run(args: argparse.Namespace) -> int:
             "compile_seconds": dsa.seconds, "run_seconds": run.seconds, "numerics": check,
             "quantized": quantized_run if quantized else None,
             "offload": {"dsa": offload.dsa, "host": offload.host, "dsa_macs": offload.dsa_macs,
-                        "host_macs": offload.host_macs, "dsa_mac_share": share, "timed": offload.timed},
+                        "host_macs": offload.host_macs, "dsa_mac_share": share, "timed": offload.timed,
+                        "kernel_labels": {k: names.get(k, k) for k in [*offload.dsa, *offload.host]}},
+            "layers": [layer.to_dict() for layer in labels.values()],
             "report": run.report.to_dict() if run.report else None, "trace": args.trace,
         }, indent=2))
     else:
@@ -114,7 +118,7 @@ def _run(args: argparse.Namespace) -> int:
             print("schedule: timed " + ", ".join(f"{name} {cycles:,} cycles" for name, cycles in offload.timed.items())
                   + f"; {offload.schedule} kept")
         for name, reason in offload.host.items():
-            print(f"  host {name}: {reason}")
+            print(f"  host {names.get(name, name)}: {reason}")
         total = offload.dsa_macs + offload.host_macs
         print("MACs on the DSA: " + (f"{share:.1%} ({offload.dsa_macs:,} of {total:,})" if share is not None
                                      else "n/a (the model has no MACs)"))

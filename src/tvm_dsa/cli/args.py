@@ -21,6 +21,14 @@ def positive_int(text: str) -> int:
     return value
 
 
+def model_title(name: str, tiny: bool, model) -> str:
+    """A model as titles name it: ``name``, whether tiny, and its batch (its first input's leading
+    dimension, as built: ``--batch`` or the model's default)."""
+    dims = model.graph.input[0].type.tensor_type.shape.dim if model.graph.input else ()
+    batch = (dims[0].dim_value or dims[0].dim_param) if dims else 1
+    return f"{name}{' (tiny)' if tiny else ''}, batch {batch}"
+
+
 def check_plot_path(path: str) -> None:
     """A plot can be written to ``path`` (its suffix names a format matplotlib writes), else InputError."""
     try:

@@ -17,9 +17,12 @@ from pathlib import Path
 
 from tvm_dsa import hardware
 from tvm_dsa.cli.activity import step
-from tvm_dsa.cli.args import add_ray_args, check_mesh, check_plot_path, engine, positive_int, say
+from tvm_dsa.cli.args import add_ray_args, check_mesh, check_plot_path, engine, model_title, positive_int, say
 from tvm_dsa.dse import OnRay
-from tvm_dsa.harness import Compiled, InputError, check_inputs, check_target, import_onnx, load_model, timing_run
+from tvm_dsa.harness import (
+    Compiled, InputError, check_inputs, check_target, fused_module, import_onnx, label_trace, layer_labels, load_model,
+    model_names, timing_run
+)
 from tvm_dsa.models import MODELS
 from tvm_dsa.runtime import write_trace
 from tvm_dsa.runtime.report import UNIT_TYPES
@@ -90,7 +93,8 @@ def _compare(args) -> int:
         r["speedup"] = base / r["seconds"] if r["seconds"] else 0.0
     if args.roofline:
 
-        plot_roofline(points, hardware.get(targets[0]), args.roofline, title=f"{args.model} on {targets[0]}")
+        plot_roofline(points, hardware.get(targets[0]), args.roofline,
+                      title=f"{model_title(args.model, args.tiny, model)} on {targets[0]}")
     if args.json:
         print(json.dumps({"model": args.model, "tiny": args.tiny, "runs": rows}, indent=2))
         return 0
@@ -120,14 +124,16 @@ def _trace(args) -> int:
     check_inputs(model)
 
     with capture_allocations() as stitched:
-        _, run = _timed_run(model, import_onnx(model), args.target, args.schedule, trace=True)
+        compiled, run = _timed_run(model, import_onnx(model), args.target, args.schedule, trace=True)
     if not run.trace:
         raise InputError(f"no kernel of {args.model} runs on {args.target}: the trace is empty")
-    write_trace(run.trace, args.output)
+    names = compiled.names(compiled.labels(model))  # the model's names of the layers and kernels
+    write_trace(label_trace(run.trace, names), args.output)
     summary = trace_summary(run.trace)
+    title = f"{model_title(args.model, args.tiny, model)} on {args.target}"
     if args.gantt:
-        plot_gantt(run.trace, args.gantt, title=f"{args.model} on {args.target} ({args.schedule})")
-    lifetimes = _plot_lifetimes(stitched, args.lifetimes, f"{args.model} on {args.target}") if args.lifetimes else {}
+        plot_gantt(run.trace, args.gantt, title=f"{title} ({args.schedule})")
+    lifetimes = _plot_lifetimes(stitched, args.lifetimes, title, names) if args.lifetimes else {}
     if args.json:
         print(json.dumps({"trace": args.output, "gantt": args.gantt, "lifetimes": lifetimes,
                           "cycles": run.report.cycles, "units": summary}, indent=2))
@@ -142,20 +148,22 @@ def _trace(args) -> int:
     if args.gantt:
         print(f"Gantt chart: {args.gantt}")
     for kernel, path in lifetimes.items():
-        print(f"tensor lifetimes of {kernel}: {path}")
+        print(f"tensor lifetimes of {names.get(kernel, kernel)}: {path}")
     return 0
 
 
-def _plot_lifetimes(stitched: dict, path: str, title: str) -> dict:
-    """Each stitched kernel's lifetimes plot (cluster 0): at ``path`` for one kernel, else at
-    ``path`` with the kernel's name before the suffix. Returns kernel name -> file."""
+def _plot_lifetimes(stitched: dict, path: str, title: str, names: dict) -> dict:
+    """Each stitched kernel's lifetimes plot (cluster 0), titled and labelled with the model's
+    ``names``: at ``path`` for one kernel, else at ``path`` with the kernel's name before the
+    suffix. Returns kernel name -> file."""
 
     if not stitched:
         raise InputError("the model has no stitched kernel: no tensor lifetimes to draw")
     p = Path(path)
     files = {k: str(p if len(stitched) == 1 else p.with_name(f"{p.stem}-{k}{p.suffix}")) for k in stitched}
     for kernel, buffers in stitched.items():
-        plot_lifetimes(buffers, files[kernel], title=f"{title}: {kernel} tensor lifetimes (cluster 0)")
+        plot_lifetimes(buffers, files[kernel], title=f"{title}\ntensor lifetimes of {names.get(kernel, kernel)} "
+                                                    "(cluster 0)", names=names)
     return files
 
 
@@ -185,10 +193,15 @@ def _tune(args) -> int:
                           progress=lambda done, total: step("measuring candidates", done, total))
         except ValueError as err:
             raise InputError(str(err)) from None
+    fused = fused_module(mod)  # the kernels as extract_tasks fuses them
+    names = model_names(layer_labels(model, fused), fused)
     if args.json:
-        print(json.dumps(result.to_dict(), indent=2))
+        print(json.dumps(result.to_dict() | {"kernel_labels": {t.name: names.get(t.name, t.name) for t in result.tasks}},
+                         indent=2))
         return 0
-    render_table(result.rows(), title=f"{args.model} on {args.target}: {args.trials} trials per kernel")
+    rows = result.rows()
+    render_table([rows[0], *((names.get(r[0], r[0]), *r[1:]) for r in rows[1:])],
+                 title=f"{model_title(args.model, args.tiny, model)} on {args.target}: {args.trials} trials per kernel")
     print(f"records: {args.work_dir} (compile with tvm_dsa.pipeline(database={str(args.work_dir)!r}))")
     return 0
 

@@ -21,7 +21,7 @@ from dataclasses import dataclass
 from tvm_dsa.cli.activity import step
 from tvm_dsa.cli.args import add_ray_args, check_mesh, check_plot_path, engine, positive_int, say
 from tvm_dsa.dse import InProcess, OnRay
-from tvm_dsa.harness import InputError, check_target, layer_graph, load_model
+from tvm_dsa.harness import InputError, check_target, labelled_layer_graph, load_model
 from tvm_dsa.models import MODELS
 from tvm_dsa.show.table import render_table
 from tvm_dsa.schedule.set import Evaluator, LayerGraphError
@@ -45,12 +45,12 @@ class Explored:
 
 
 def explore(model, hw, batch: int, objective: str, beta: float, seed: int, restarts: int = 1, on_ray: bool = False):
-    """(layer graph, evaluator, [Explored for SET, LS, LP]) of ``model`` (ONNX, batch 1) on ``hw``:
-    per scheme the best of ``restarts`` searches from seeds ``seed`` on (``anneal_each``; the
-    searches ended are shown as a step)."""
+    """(layer graph, evaluator, [Explored for SET, LS, LP], the layers' labels by Relax name) of
+    ``model`` (ONNX, batch 1) on ``hw``: per scheme the best of ``restarts`` searches from seeds
+    ``seed`` on (``anneal_each``; the searches ended are shown as a step)."""
 
     try:
-        graph = layer_graph(model)
+        graph, labels = labelled_layer_graph(model)
     except LayerGraphError as err:
         raise InputError(f"SET cannot schedule this model: {err}") from None
     evaluator = Evaluator(graph, hw)
@@ -64,7 +64,7 @@ def explore(model, hw, batch: int, objective: str, beta: float, seed: int, resta
     searched(0, len(configs))
     results = anneal_each(graph, hw, batch, configs, on_ray, evaluator, progress=searched)
     runs = [Explored(space.name, best(results[i * restarts:(i + 1) * restarts])) for i, space in enumerate(spaces)]
-    return graph, evaluator, runs
+    return graph, evaluator, runs, labels
 
 
 def _explore(args) -> int:
@@ -79,16 +79,19 @@ def _explore(args) -> int:
     model = load_model(args.model, tiny=args.tiny)
     hw = check_target(args.target, model, timing_only=True)
     check_mesh(args.target, hw, "SET's search")
-    with engine(args, "explore") if args.restarts > 1 else nullcontext(InProcess("one search per scheme")) as where:
+    # one restart is three short searches: in this process unless a cluster is named
+    on_engine = args.restarts > 1 or args.address or args.in_process
+    with engine(args, "explore") if on_engine else nullcontext(InProcess("one search per scheme")) as where:
         say(f"explore: {3 * args.restarts} searches (SET, LS, LP) of {args.model} run {where.describe()}")
         step("building the layer graph")
-        graph, evaluator, runs = explore(model, hw, args.batch, args.objective, args.beta, args.seed, args.restarts,
-                                         isinstance(where, OnRay))
+        graph, evaluator, runs, labels = explore(model, hw, args.batch, args.objective, args.beta, args.seed,
+                                                 args.restarts, isinstance(where, OnRay))
     chosen = runs[0].result
+    names = {name: str(label) for name, label in labels.items()}
     if args.plot:
-
         st_graph(evaluator.evaluate(chosen.tree, timeline=True).timeline, graph, hw.cores, args.plot,
-                 f"{args.model} on {args.target}, batch {args.batch}: SET", clock_hz=hw.clock_hz)
+                 f"{args.model}{' (tiny)' if args.tiny else ''} on {args.target}, batch {args.batch}: SET's best tree",
+                 clock_hz=hw.clock_hz, names=names)
     if args.save:
         with open(args.save, "w") as f:
             json.dump(chosen.tree.to_json(graph), f, indent=1)
@@ -97,6 +100,7 @@ def _explore(args) -> int:
                           "objective": args.objective, "beta": args.beta, "seed": args.seed,
                           "restarts": args.restarts, "layers": len(graph),
                           "tree": chosen.tree.text(graph), "tree_json": chosen.tree.to_json(graph), "plot": args.plot,
+                          "layer_labels": [labels[layer.name].to_dict() for layer in graph.layers],
                           "saved": args.save, "schemes": [r.to_dict(graph) for r in runs]}, indent=2))
         return 0
     e0 = chosen.evaluation
@@ -111,7 +115,8 @@ def _explore(args) -> int:
                              f"SET vs LS / LP ({args.objective}, beta {args.beta:g}, "
                              + (f"seeds {args.seed}..{args.seed + args.restarts - 1})" if args.restarts > 1
                                 else f"seed {args.seed})"))
-    print(f"\nbest tree (SET, {len(graph)} layers):\n{chosen.tree.text(graph)}")
+    print(f"\nbest tree (SET, {len(graph)} layers; T/S: a temporal / spatial cut, batch/sub-batch):\n"
+          f"{chosen.tree.listing(graph, names)}")
     if args.plot:
         print(f"S-T graph: {args.plot}")
     if args.save:

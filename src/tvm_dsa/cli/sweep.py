@@ -19,7 +19,7 @@ import sys
 import time
 from pathlib import Path
 
-from tvm_dsa.cli.args import add_ray_args, engine, positive_int, say
+from tvm_dsa.cli.args import add_ray_args, engine, model_title, positive_int, say
 from tvm_dsa.dse import (
     OBJECTIVES, SEARCHES, Journal, Status, SweepConfig, TrialResult, load_space, sweep
 )
@@ -181,7 +181,8 @@ def _plots(results: list[TrialResult], config: SweepConfig, args) -> list[str]:
         if not any(r.status == "ok" for r in mine):
             say(f"sweep: no trial of {model} ran: no plots of it")
             continue
-        title = f"{_model(mine[0])} around {config.space.base.name}"
+        built = load_model(model, tiny=config.tiny, batch=config.batch)  # its batch, where --batch is not given
+        title = f"{model_title(model, config.tiny, built)} around {config.space.base.name}"
         stem = Path(model).stem
         for against in AGAINST:
             path = out / f"pareto-{against.split('_')[0]}-{stem}.png"

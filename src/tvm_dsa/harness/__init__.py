@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import functools
 import time
+from contextlib import contextmanager, nullcontext
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -29,6 +30,8 @@ from tvm_dsa.relax_passes.fusion import fuse
 from tvm_dsa.runtime import Report
 from tvm_dsa.schedule.set.layers import LayerGraph, LayerGraphError
 from tvm_dsa.frontend import from_onnx
+from tvm_dsa.harness.labels import Label, kernel_label, layer_labels
+from tvm_dsa.schedule.graph import OpGraph
 
 
 class InputError(ValueError):
@@ -126,6 +129,7 @@ class Compiled:
     seconds: float
     offload: OffloadResult | None = None
     calls: tuple | None = None
+    fused: tvm.IRModule | None = None  # the module the offload scheduled (``labels``)
 
     @classmethod
     def build(cls, mod: tvm.IRModule, target: str = "dsa/stcp920", schedule: str = "auto",
@@ -133,15 +137,27 @@ class Compiled:
         """Compile with the ``dsa`` pipeline (``schedule``, stitched-kernel ``options``, tuning
         ``database``) for a DSA target, with TVM's default one for others."""
         is_dsa = target == "dsa" or target.startswith("dsa/")
-        passes, calls = "default", []
+        passes, calls, fused = "default", [], []
         if is_dsa:
             check_target(target)
             passes = tvm.transform.Sequential([pipeline(schedule, options=options, database=database),
                                                _record_timing_calls(calls)])
         start = time.perf_counter()
-        ex = tvm.compile(mod, target=target, relax_pipeline=passes)
+        with instrumented(_FirstInput(OFFLOAD_PASS, fused)) if is_dsa else nullcontext():
+            ex = tvm.compile(mod, target=target, relax_pipeline=passes)
         seconds = time.perf_counter() - start
-        return cls(ex, target, seconds, pipeline_result() if is_dsa else None, calls[0] if calls else None)
+        return cls(ex, target, seconds, pipeline_result() if is_dsa else None, calls[0] if calls else None,
+                   fused[0] if fused else None)
+
+    def labels(self, model: onnx.ModelProto) -> dict[str, Label]:
+        """Each layer of this build (``model`` compiled), by its Relax name, as ``model`` names it
+        (``harness.labels``); empty for llvm."""
+        return layer_labels(model, self.fused) if self.fused is not None else {}
+
+    def names(self, labels: dict[str, Label]) -> dict[str, str]:
+        """``model_names`` of this build's layers, DSA kernels and PrimFuncs, its layers labelled
+        ``labels`` (``Compiled.labels``)."""
+        return model_names(labels, self.fused, self.offload.layers) if self.fused is not None else {}
 
     def run(self, inputs: dict[str, np.ndarray] | None, mode: str = "functional", trace: bool = False,
             check_hazards: bool = True) -> Run:
@@ -168,6 +184,45 @@ class Compiled:
         return Run(out, seconds, s.report(), s.last_trace() if trace else [], s.kernel_runs())
 
 
+def model_names(labels: dict[str, Label], fused: tvm.IRModule, kernels: dict | None = None) -> dict[str, str]:
+    """What the model calls each name a run of ``fused`` (the model imported and fused, its
+    layers labelled ``labels``: ``layer_labels``) shows: a layer's Relax name -> its label; a
+    PrimFunc's, or a DSA kernel's in ``kernels`` (name -> the layers it runs:
+    ``OffloadResult.layers``) -> ``kernel_label`` of its layers."""
+    runs: dict[str, tuple] = {}
+    for node in OpGraph.from_relax(fused).nodes:
+        runs[node.func] = runs.get(node.func, ()) + (node.name,)
+    runs |= kernels or {}
+    named = {name: kernel_label([labels[n] for n in layers if n in labels]) for name, layers in runs.items()}
+    return named | {name: str(label) for name, label in labels.items()}
+
+
+OFFLOAD_PASS = "dsa.OffloadToDSA"
+
+
+@tvm.instrument.pass_instrument
+class _FirstInput:
+    """A pass instrument keeping in ``found`` the module the first run of the pass ``name`` receives."""
+
+    def __init__(self, name: str, found: list):
+        self.pass_name, self.found = name, found
+
+    def run_before_pass(self, mod, info):
+        if info.name == self.pass_name and not self.found:
+            self.found.append(mod)
+
+
+@contextmanager
+def instrumented(instrument):
+    """A copy of the current ``PassContext`` with ``instrument`` added, for a block: what passes
+    do inside a compilation, seen from outside."""
+    current = tvm.transform.PassContext.current()
+    with tvm.transform.PassContext(opt_level=current.opt_level, required_pass=current.required_pass,
+                                   disabled_pass=current.disabled_pass, config=dict(current.config),
+                                   instruments=[*current.instruments, instrument]):
+        yield
+
+
 def _record_timing_calls(found: list) -> tvm.transform.Pass:
     """A pass that changes nothing and appends the module's ``execution.timing_calls`` to ``found``:
     the last of the ``dsa`` pipeline, whose module is lowered for the VM."""
@@ -178,6 +233,17 @@ def _record_timing_calls(found: list) -> tvm.transform.Pass:
         return mod
 
     return record
+
+
+def label_trace(events: list[dict], names: dict[str, str]) -> list[dict]:
+    """``events`` (a run's trace) with the model's name of each instruction's layer, else of its
+    kernel, as the argument ``node`` (``Compiled.names``); ``layer`` and ``kernel`` stay Relax's."""
+    out = []
+    for e in events:
+        args = e.get("args", {})
+        node = names.get(args.get("layer")) or names.get(args.get("kernel"))
+        out.append(e | {"args": args | {"node": node}} if node else e)
+    return out
 
 
 def check_inputs(model: onnx.ModelProto) -> None:
@@ -222,10 +288,24 @@ def dsa_mac_share(offload: OffloadResult) -> float | None:
 def layer_graph(model: onnx.ModelProto) -> LayerGraph:
     """SET's layer graph of a batch-1 ONNX ``model``: imported and fused as the ``dsa`` pipeline
     fuses it before scheduling (``relax_passes.fusion.fuse``), quantities per sample."""
+    return labelled_layer_graph(model)[0]
+
+
+def labelled_layer_graph(model: onnx.ModelProto) -> tuple[LayerGraph, dict[str, Label]]:
+    """``layer_graph(model)`` and its layers' labels, by name, as ``model`` names them
+    (``harness.labels``)."""
     for vi in model.graph.input:
         dims = vi.type.tensor_type.shape.dim
         if dims and dims[0].dim_value not in (0, 1):
             raise LayerGraphError(f"input {vi.name!r} has batch {dims[0].dim_value}: build the model at "
                                   "batch 1 (SET's trees carry the batch)")
+    fused = fused_module(import_onnx(model))
     with tvm.target.Target("llvm"):
-        return LayerGraph.from_relax(fuse(import_onnx(model)))
+        return LayerGraph.from_relax(fused), layer_labels(model, fused)
+
+
+def fused_module(mod: tvm.IRModule) -> tvm.IRModule:
+    """``mod`` fused as the ``dsa`` pipeline fuses it before scheduling
+    (``relax_passes.fusion.fuse``), for the llvm host unless a target is current."""
+    with tvm.target.Target.current(allow_none=True) or tvm.target.Target("llvm"):
+        return fuse(mod)

@@ -59,6 +59,7 @@ class OffloadResult:
     schedule: str = ""  # the inter-layer schedule it was compiled with (the pipeline's choice)
     timed: dict = field(default_factory=dict)  # schedule -> DSA cycles, where the pipeline timed several
     blocks: list = field(default_factory=list)  # kernelgen.blocks.FusedBlock per separable pair timed
+    layers: dict = field(default_factory=dict)  # DSA kernel name -> the layers (Relax names) it runs
 
     @property
     def host_kernels(self) -> int:
@@ -102,6 +103,7 @@ def OffloadToDSA(hw: Hardware, schedule: str = "layerwise", options=None, tuned=
             spec = specs.pop(0)
             try:
                 calls.append(generators[type(spec.plan)](spec))
+                result.layers[spec.name] = result.layers.get(spec.name, ()) + spec.calls
             except Exception as err:  # noqa: BLE001 - a kernel the DSA path cannot build runs otherwise
                 specs[:0] = _fall_back(ctx, spec, host_reason(err))
         _account(ctx, {c for call in calls for c in call.spec.calls})

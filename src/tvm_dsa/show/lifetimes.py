@@ -20,6 +20,7 @@ from dataclasses import dataclass
 
 import tvm
 
+from tvm_dsa.harness import instrumented
 from tvm_dsa.kernelgen.stitch import Buffer, read_allocation
 from tvm_dsa.show.plots import check_path
 
@@ -55,31 +56,31 @@ def capture_allocations():
             if info.name == ALLOCATE_PASS:
                 kernels[str(mod.attrs["dsa.subgraph"]["name"])] = read_allocation(mod)
 
-    current = tvm.transform.PassContext.current()
-    with tvm.transform.PassContext(opt_level=current.opt_level, required_pass=current.required_pass,
-                                   disabled_pass=current.disabled_pass, config=dict(current.config),
-                                   instruments=[*current.instruments, _Capture()]):
+    with instrumented(_Capture()):
         yield kernels
 
 
-def lifetime_bars(buffers: list[Buffer], cluster: int = 0) -> list[LifetimeBar]:
-    """The bars of ``cluster``'s buffers, LB panels first, then the GB, then what was spilled."""
+def lifetime_bars(buffers: list[Buffer], cluster: int = 0, names: dict | None = None) -> list[LifetimeBar]:
+    """The bars of ``cluster``'s buffers, LB panels first, then the GB, then what was spilled; an
+    intermediate labelled by its layer's name in ``names`` (Relax name -> the model's), if there."""
+    names = names or {}
     bars = []
     for b in buffers:
         if b.cluster != cluster:
             continue
         panel = {"lb": f"LB (core {b.unit})", "gb": f"GB (cluster {b.unit})", "ddr": "DDR (spilled)"}[b.level]
-        label = f"{b.tensor} @ instance {b.owner}" if b.kind == "t" else f"w: {b.tensor}"
+        label = f"{names.get(b.tensor, b.tensor)} @ instance {b.owner}" if b.kind == "t" else f"w: {b.tensor}"
         bars.append(LifetimeBar(label, b.kind, panel, b.first, b.last, b.offset, b.nbytes, b.level == "ddr"))
     return sorted(bars, key=lambda x: (_panel_key(x.panel), x.first, x.offset))
 
 
-def plot_lifetimes(buffers: list[Buffer], path, cluster: int = 0, title: str | None = None) -> list[LifetimeBar]:
+def plot_lifetimes(buffers: list[Buffer], path, cluster: int = 0, title: str | None = None,
+                   names: dict | None = None) -> list[LifetimeBar]:
     """One panel per memory the cluster's buffers live in (each core's LB, the GB, DDR for the
     spilled): x the kernel's steps (one instance's layer each), y the byte offset; a buffer is a
     rectangle from the step that writes it to its last read, green an intermediate, blue a
-    promoted weight, hatched red-edged if spilled."""
-    bars = lifetime_bars(buffers, cluster)
+    promoted weight, hatched red-edged if spilled (labels: ``lifetime_bars``)."""
+    bars = lifetime_bars(buffers, cluster, names)
     if not bars:
         raise ValueError(f"cluster {cluster} of this kernel has no buffers to draw")
     check_path(path)
@@ -109,7 +110,7 @@ def plot_lifetimes(buffers: list[Buffer], path, cluster: int = 0, title: str | N
         ax.set_ylim(low, max(top, 1))
         ax.set_ylabel(f"{panel}\nbytes")
     axes[-1].set_xlabel("step (an instance's layer)")
-    axes[0].set_title(title or f"tensor lifetimes, cluster {cluster}")
+    axes[0].set_title(title or f"tensor lifetimes, cluster {cluster}", fontsize=9)
     axes[0].legend(handles=[Patch(facecolor=COLOURS["t"], label="intermediate"),
                             Patch(facecolor=COLOURS["w"], label="promoted weight"),
                             Patch(facecolor="white", edgecolor="red", hatch="//", label="spilled")],

@@ -92,7 +92,7 @@ def plot_roofline(points: list[RooflinePoint], hw: Hardware, path, title: str | 
     ax.plot([lo, ridge, hi], [lo * hw.ddr_bytes_per_cycle, hw.peak_macs_per_cycle, hw.peak_macs_per_cycle],
             color="black", label=f"roofline ({hw.peak_macs_per_cycle:,} MAC/cycle, {hw.ddr_bytes_per_cycle:g} B/cycle)")
     for p in points:
-        ax.scatter([p.intensity], [p.macs_per_cycle], zorder=3)
+        ax.scatter([p.intensity], [p.macs_per_cycle], zorder=3, label=p.label)
         ax.annotate(p.label, (p.intensity, p.macs_per_cycle), textcoords="offset points", xytext=(4, 4), fontsize=8)
     ax.set_xscale("log")
     ax.set_yscale("log")

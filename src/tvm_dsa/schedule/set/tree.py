@@ -99,6 +99,25 @@ class Tree:
 
         return fmt(self.root, self.batch)
 
+    def listing(self, graph: LayerGraph, names: dict | None = None) -> str:
+        """The tree one node a line, children indented under their cut (``T4/1``: a T-cut of batch 4
+        in sub-batches of 1), each leaf ``l<index>`` (as the S-T graph labels it) and its layer's
+        name in ``names`` (Relax name -> the model's) if there, else its Relax name."""
+        names = names or {}
+        lines = []
+
+        def walk(node: Node, b: int, depth: int) -> None:
+            if isinstance(node, Leaf):
+                name = graph.layers[node.layer].name
+                lines.append("  " * depth + f"l{node.layer}  {names.get(name, name)}")
+                return
+            lines.append("  " * depth + f"{node.kind}{b}/{node.sb}")
+            for c in node.children:
+                walk(c, b // node.sb, depth + 1)
+
+        walk(self.root, self.batch, 0)
+        return "\n".join(lines)
+
     @classmethod
     def parse(cls, text: str, graph: LayerGraph) -> "Tree":
         """Read ``Tree.text``'s form; the batches written on the cuts must agree with the root's."""
