@@ -8,7 +8,7 @@ from tvm import relax
 from tvm_dsa.schedule.graph import Node, OpGraph, SubGraphs, Tensor
 from tvm_dsa.schedule.graphturbo import (
     Split, best_split, bytes_in_flight, cut_before, group, group_two_levels, instance_graph, order_instances,
-    pair_product, peak_bytes, split_info, windowed,
+    pair_product, peak_bytes, split_info, row_window,
 )
 
 LB = 64 * 1024
@@ -215,19 +215,20 @@ def test_pair_product_is_a_contraction_of_two_activations():
     assert not pair_product(func, weights=frozenset({1}))  # the second operand a weight: x @ W
 
 
-def test_windowed_is_a_window_over_an_activation():
-    """A 3x3 convolution and a max pooling read their input through a window; a 1x1 convolution,
-    a matmul and a global average pooling do not (an index moves with an output or a reduction
-    iterator, not both)."""
+def test_row_window_is_a_window_over_an_activations_rows():
+    """A 3x3 convolution and a max pooling read their input's rows through a window of 3, strided
+    or not; a 1x1 convolution, a matmul and a global average pooling through none (an index moves
+    with an output or a reduction iterator, not both), nor a convolution of a 1 x 3 window."""
     op = relax.op
 
     def func(shapes, f):
         mod = relax.transform.LegalizeOps()(relax_graph(shapes, f))
         return next(f for gv, f in mod.functions.items() if gv.name_hint != "main")
 
-    conv3 = func([(1, 8, 16, 16), (8, 8, 3, 3)], lambda x, w: op.nn.conv2d(x, w, padding=1))
-    assert windowed(conv3)
-    assert windowed(func([(1, 8, 16, 16)], lambda x: op.nn.max_pool2d(x, pool_size=3, strides=2, padding=1)))
-    assert not windowed(func([(1, 8, 16, 16), (8, 8, 1, 1)], lambda x, w: op.nn.conv2d(x, w, strides=2)))
-    assert not windowed(func([(1, 8, 16), (1, 16, 8)], lambda a, b: op.matmul(a, b)))
-    assert not windowed(func([(1, 8, 16, 16)], lambda x: op.mean(x, axis=[2, 3], keepdims=True)))
+    assert row_window(func([(1, 8, 16, 16), (8, 8, 3, 3)], lambda x, w: op.nn.conv2d(x, w, padding=1))) == 3
+    assert row_window(func([(1, 8, 16, 16), (8, 8, 3, 3)], lambda x, w: op.nn.conv2d(x, w, strides=2))) == 3
+    assert row_window(func([(1, 8, 16, 16)], lambda x: op.nn.max_pool2d(x, pool_size=3, strides=2, padding=1))) == 3
+    assert row_window(func([(1, 8, 16, 16), (8, 8, 1, 3)], lambda x, w: op.nn.conv2d(x, w, padding=(0, 1)))) == 0
+    assert row_window(func([(1, 8, 16, 16), (8, 8, 1, 1)], lambda x, w: op.nn.conv2d(x, w, strides=2))) == 0
+    assert row_window(func([(1, 8, 16), (1, 16, 8)], lambda a, b: op.matmul(a, b))) == 0
+    assert row_window(func([(1, 8, 16, 16)], lambda x: op.mean(x, axis=[2, 3], keepdims=True))) == 0

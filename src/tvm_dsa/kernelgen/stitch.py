@@ -32,9 +32,8 @@ from tvm_dsa.emit.placement import Layer, Region
 from tvm_dsa import isa, memory_plan
 from tvm_dsa.emit.footprint import Boxes, Footprint, footprints
 from tvm_dsa.kernel.ir import ALIGN, align
+from tvm_dsa.schedule.plan import RECOMPUTE_LIMIT
 from tvm_dsa.tir_passes.tile import on_vector_units
-
-RECOMPUTE_LIMIT = 1.25  # assumed (the seed gives no number): at most 25 % of the work computed twice
 
 @dataclass(frozen=True)
 class Instances:

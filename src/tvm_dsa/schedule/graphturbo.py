@@ -54,7 +54,7 @@ from tvm_dsa.kernel.analysis import Load, contraction, int_value, uses_var
 from tvm_dsa.kernel.macs import kernel_macs
 from tvm_dsa.schedule import register
 from tvm_dsa.schedule.graph import OpGraph, SubGraphs
-from tvm_dsa.schedule.plan import KernelSpec, Lowering, StitchPlan
+from tvm_dsa.schedule.plan import RECOMPUTE_LIMIT, KernelSpec, Lowering, StitchPlan
 
 
 @dataclass(frozen=True)
@@ -310,7 +310,7 @@ def graphturbo(mod, hw, supported, options=None) -> list[KernelSpec]:
     esize = tvm_dtype_bytes(hw.storage_dtype)
     host = frozenset(n.index for n in graph.nodes if n.func not in supported)  # pure reshapes too: views
     alone = frozenset(n.index for n in graph.nodes if n.index not in host and not sample_wise(
-        mod[n.func], frozenset(i for i, t in enumerate(n.inputs) if graph.tensors[t].constant)))
+        mod[n.func], _weights(graph, n)))
     sgs = group_two_levels(SubGraphs(graph), hw.lb_bytes, hw.gb_bytes, esize, host | alone)
     spread = whole.batch is not None and whole.batch < hw.clusters  # a sample's rows split over the clusters
     macs = {n.index: kernel_macs(mod[n.func]) for n in graph.nodes if n.index not in host} if spread else {}
@@ -362,27 +362,60 @@ def spreading_saves(members, macs: dict, hw) -> float:
 
 def paying_cuts(sgs: SubGraphs, mod, hw, host: frozenset, macs: dict) -> frozenset:
     """The nodes ``cut_before`` cuts a sub-graph before where a sample's rows are split over the
-    clusters: its contractions of two activations (``pair_product``) and its windows over an
-    activation (``windowed``), where spreading it saves more than the launches of the kernels the
-    cuts add (``spreading_saves``: DLRM's feature interaction, a few thousand MACs, is not cut
-    into two kernels that each pay a launch). A window inside a sub-graph makes each row
-    instance compute its producers' rows again for its halo, and the halos of the windows before
-    it on top: a sample's 14 or 7 rows split four ways recompute more than they share, and
-    ResNet-50 at batch 1 ran as one kernel on one cluster. First in a kernel, a window reads its
-    halo from the input the clusters promote (``kernelgen.stitched``)."""
+    clusters: its contractions of two activations (``pair_product``), where spreading it saves
+    more than the launches of the kernels the cuts add (``spreading_saves``: DLRM's feature
+    interaction, a few thousand MACs, is not cut into two kernels that each pay a launch), and
+    the windows ``window_cuts`` cuts before."""
     graph = sgs.graph
-
-    def weights(n) -> frozenset:
-        return frozenset(i for i, t in enumerate(n.inputs) if graph.tensors[t].constant)
-
-    starts_at = frozenset(n.index for n in graph.nodes if n.index not in host and (
-        pair_product(mod[n.func], weights(n)) or windowed(mod[n.func], weights(n))))
+    pairs = frozenset(n.index for n in graph.nodes if n.index not in host and pair_product(
+        mod[n.func], _weights(graph, n)))
     cuts: set[int] = set()
     for members in sgs.groups:
-        starts = (starts_at & members) - {min(members)}
+        starts = (pairs & members) - {min(members)}
         if starts and spreading_saves(members, macs, hw) > len(starts) * hw.kernel_launch_cycles:
             cuts |= starts
+    return frozenset(cuts) | window_cuts(sgs, mod, hw, host, macs)
+
+
+def window_cuts(sgs: SubGraphs, mod, hw, host: frozenset, macs: dict) -> frozenset:
+    """The windows over image rows (``row_window``) a sub-graph is cut before where a sample's
+    rows are split over the clusters. A window inside a sub-graph makes each row instance compute
+    the rows of its halo again in every layer before it (since the last cut): with a cluster's
+    share of ``r`` input rows, a window of ``k`` rows adds about (k - 1) / r of that work, and
+    the windows after it add theirs. A cut instead writes the window's inputs from the sub-graph
+    to DDR and reads them back, and launches a kernel. Cut where the recomputation, at the chip's
+    peak, takes longer than that, or where it passes half of ``RECOMPUTE_LIMIT``'s share (past
+    the limit the instances fall back to one cluster; tiles of several rows round each halo up
+    to whole tiles, and DenseNet-121's first dense blocks, estimated within the limit, ran on one
+    cluster). ResNet-50 at batch 1 ran as one kernel on one cluster, its 14 or 7 rows split four
+    ways recomputing more than they shared; MobileNetV2's depthwise windows read six times the
+    channels their pointwise layers write, and most stay."""
+    graph = sgs.graph
+    esize = tvm_dtype_bytes(hw.storage_dtype)
+    cuts: set[int] = set()
+    for members in sgs.groups:
+        work = again = 0.0  # MACs since the last cut, and those computed again for halos
+        for n in sorted(members):
+            node = graph.nodes[n]
+            k = row_window(mod[node.func], _weights(graph, node)) if n not in host else 0
+            inside = [t for t in node.inputs if graph.tensors[t].producer in members]
+            if k > 1 and work and inside:
+                rows = max(graph.tensors[t].shape[-2] for t in inside)
+                more = work * (k - 1) * hw.clusters / rows
+                through_ddr = 2 * sum(math.prod(graph.tensors[t].shape) for t in inside) * esize
+                cost = through_ddr / hw.ddr_bytes_per_cycle + hw.kernel_launch_cycles
+                if (again + more) / hw.peak_macs_per_cycle > cost or again + more > (RECOMPUTE_LIMIT - 1) * work / 2:
+                    cuts.add(n)
+                    work = again = 0.0
+                else:
+                    again += more
+            work += macs.get(n, 0)
     return frozenset(cuts)
+
+
+def _weights(graph: OpGraph, node) -> frozenset:
+    """The positions of ``node``'s constant inputs."""
+    return frozenset(i for i, t in enumerate(node.inputs) if graph.tensors[t].constant)
 
 
 def pair_product(func, weights: frozenset = frozenset()) -> bool:
@@ -400,30 +433,33 @@ def pair_product(func, weights: frozenset = frozenset()) -> bool:
     return bool(found)
 
 
-def windowed(func, weights: frozenset = frozenset()) -> bool:
-    """Whether ``func`` reads an activation (not a parameter at the positions ``weights``)
-    through a window: an index of a load that moves with an output iterator and a reduction
-    iterator both, each of more than one value (a convolution's ``oh * s + kh``, a pooling's; not
-    a 1 x 1 convolution's, a matmul's or a global pooling's)."""
+def row_window(func, weights: frozenset = frozenset()) -> int:
+    """The rows of the window through which ``func`` reads an activation (not a parameter at the
+    positions ``weights``), 0 if none: the extent of a reduction iterator that moves an index of
+    a load's second-to-last dim (an image's rows) together with an output iterator (a 3 x 3
+    convolution's or pooling's ``oh * s + kh``: 3; a 1 x 1 convolution's, a matmul's or a
+    global pooling's: 0)."""
     constant = {p for i, p in enumerate(func.params) if i in weights}
-    found = []
+    found = [0]
 
     def visit(realize):
         block = realize.block
         moving = [iv for iv in block.iter_vars if int_value(iv.dom.extent) != 1]
-        reduce = [iv.var for iv in moving if int(iv.iter_type) != 0]
+        reduce = [iv for iv in moving if int(iv.iter_type) != 0]
         spatial = [iv.var for iv in moving if int(iv.iter_type) == 0]
         if not reduce or not isinstance(block.body, tirx.BufferStore):
             return
         loads = []
         tvm_ffi.structural_walk(block.body.value, [(Load, loads.append)])
         for ld in loads:
-            if ld.source not in constant and any(any(uses_var(i, v) for v in reduce) and any(uses_var(i, v) for v in spatial)
-                                                 for i in ld.indices):
-                found.append(block)
+            if ld.source in constant or len(ld.indices) < 2:
+                continue
+            row = ld.indices[-2]
+            if any(uses_var(row, v) for v in spatial):
+                found.extend(int_value(iv.dom.extent) or 0 for iv in reduce if uses_var(row, iv.var))
 
     tvm_ffi.structural_walk(func.body, [(SBlockRealize, visit)])
-    return bool(found)
+    return max(found)
 
 
 def sample_wise(func, weights: frozenset = frozenset()) -> bool:

@@ -24,6 +24,9 @@ class LayerPlan:
     """One layer, every tensor in DDR: a layerwise kernel, or a layer another plan leaves alone."""
 
 
+RECOMPUTE_LIMIT = 1.25  # assumed (the seed gives no number): at most 25 % of a stitched kernel's work computed twice
+
+
 @dataclass(frozen=True)
 class StitchPlan:
     """A GraphTurbo sub-graph run instance by instance, the tensors between its layers on chip and
