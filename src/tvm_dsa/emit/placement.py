@@ -109,7 +109,7 @@ def stored_dtypes(layers, hw: Hardware, views: dict | None = None) -> dict[str, 
     model inputs or outputs), so that a tensor one layer writes is read as written. ``views``: a
     reshaped tensor -> the tensor whose bytes it reinterprets (the same type). Raises
     ``Unsupported`` where two layers store one tensor at different types (on an fp16 chip, a
-    float layer's fp16 output that an integer kernel reads as float32)."""
+    float tensor between an integer kernel, which stores it at float32, and a float layer, fp16)."""
     views = views or {}
 
     def root(t: str) -> str:
