@@ -4,6 +4,7 @@ onnxruntime, QOperator models, and float models quantized by ``tvm_dsa.quantize`
 --quantize`` with their calibration file's errors (docs/quantized.md)."""
 
 import json
+import re
 import tempfile
 
 import numpy as np
@@ -16,6 +17,7 @@ from onnx import numpy_helper as nh
 from tvm import relax
 
 import tvm_dsa
+from tvm_dsa import isa
 from tvm_dsa.frontend import from_onnx
 
 INT8 = np.iinfo(np.int8)
@@ -46,11 +48,12 @@ def _qdq_layer(x: str, y: str, sy: float, zy: int) -> tuple:
             h.make_node("DequantizeLinear", ["yq", "ys", "yz"], [y])], inits
 
 
-def _on_dsa(model: onnx.ModelProto, feeds: dict, target: str = "dsa/set-edge16") -> tuple[np.ndarray, object]:
-    """(the output as int8 steps of the chip's run, what the offload decided) of ``model``
-    compiled layerwise for ``target``; every kernel but views must run on the DSA."""
+def _on_dsa(model: onnx.ModelProto, feeds: dict, target: str = "dsa/set-edge16",
+            schedule: str = "layerwise") -> tuple[np.ndarray, object]:
+    """(the output of the chip's run, what the offload decided) of ``model`` compiled for
+    ``target`` under ``schedule``."""
     mod = from_onnx(model, keep_params_in_input=False)  # TVM's importer, QOperator nodes as QDQ ones
-    ex = tvm.compile(mod, target=target, relax_pipeline=tvm_dsa.pipeline(schedule="layerwise"))
+    ex = tvm.compile(mod, target=target, relax_pipeline=tvm_dsa.pipeline(schedule=schedule))
     result = tvm_dsa.pipeline_result(ex)
     vm = relax.VirtualMachine(ex, tvm.cpu())
     out = vm["main"](*[tvm.runtime.tensor(feeds[i.name]) for i in model.graph.input]).numpy()
@@ -293,6 +296,69 @@ def test_uint8_activations_run_as_int8(quantize_cnn, quantized_cnn):
     assert result.dsa_macs == CNN_MACS and result.host_kernels == 0
     expected = ort.InferenceSession(model.SerializeToString()).run(None, {"x": x})[0]
     assert np.abs(y - expected).max() <= _output_scale(model) * 1.001
+
+
+def _scheduled_cnn(quantized_cnn, target: str, schedule: str):
+    """What the offload decided for the quantized CNN under ``schedule`` on ``target``, having
+    checked what every schedule gives: no sub-graph or tree run layer by layer, every MAC on the
+    DSA, the output the layerwise build's bit for bit (the same integer arithmetic), so within one
+    step of onnxruntime's."""
+    import onnxruntime as ort
+
+    model, x = quantized_cnn
+    layerwise, _ = _on_dsa(model, {"x": x}, target)
+    y, result = _on_dsa(model, {"x": x}, target, schedule)
+    assert result.unstitched == {} and result.dsa_macs == CNN_MACS and result.host_kernels == 0
+    assert np.array_equal(y, layerwise)
+    expected = ort.InferenceSession(model.SerializeToString()).run(None, {"x": x})[0]
+    assert np.abs(y - expected).max() <= _output_scale(model) * 1.001
+    return result
+
+
+@pytest.mark.parametrize("target", ["dsa/set-edge16", "dsa/set-cloud144"])
+def test_graphturbo_stitches_the_quantized_cnn(quantized_cnn, target):
+    """GraphTurbo stitches the quantized CNN as it does a float one: the Flatten before the Gemm
+    is a view on the host, so two sub-graphs (the input's quantisation, the three convolutions and
+    the MaxPool; the Gemm with the output's dequantisation), each one kernel with its int8
+    tensors, float32 tables and float32 model input or output at their own types, its output the
+    layerwise build's (``_scheduled_cnn``)."""
+    result = _scheduled_cnn(quantized_cnn, target, "graphturbo")
+    assert sorted(result.dsa) == sorted(result.stitched) and len(result.stitched) == 2
+
+
+@pytest.mark.parametrize("target", ["dsa/set-edge16", "dsa/set-cloud144"])
+def test_set_runs_the_quantized_cnn_as_one_tree(quantized_cnn, target):
+    """SET schedules the quantized CNN as one tree (the Flatten a view inside it) whose program
+    holds every tensor at its own type: the float32 input and output, int8 weights, float32
+    tables, and int8 feature maps kept in the LBs between layers (moved core to core as int8);
+    its output the layerwise build's (``_scheduled_cnn``)."""
+    result = _scheduled_cnn(quantized_cnn, target, "set")
+    assert result.dsa == list(result.trees) and len(result.trees) == 1
+    (_, tree), = result.trees.values()
+    args = tree.program.args
+    assert all(a.dtype == a.host_dtype for a in args) and {a.dtype for a in args} == {"int8", "float32"}
+    assert tree.residency["chunks on chip"] > 0
+    assert any(isinstance(i, isa.Dma) and (i.src.mem, i.dst.mem, i.src.dtype) == ("lb", "lb", "int8")
+               for k in tree.program.kernels for i in k.instructions)
+
+
+def test_a_tensor_stored_at_two_types_runs_its_sub_graph_layer_by_layer():
+    """On stcp920 a DequantizeLinear's kernel (an integer kernel: its float32 output at its own
+    type) feeds a Softmax (a float layer: the same tensor in the chip's fp16). A stitched kernel
+    holds each tensor at one type, so the sub-graph runs its two layers one kernel each, the host
+    converting between them as layerwise, with that reason; the output is the layerwise build's."""
+    rng = np.random.default_rng(12)
+    x = rng.integers(-128, 128, (8, 16), dtype=np.int8)
+    dq, inits = _dq("x", 0.05, np.int8(3), "xd")
+    tail, more = _qdq_layer("s", "y", 1 / 256, -128)
+    model = _model([dq, h.make_node("Softmax", ["xd"], ["s"], axis=-1)] + tail, {"x": [8, 16]}, ("y", [8, 16]),
+                   inits + more)
+    layerwise, _ = _on_dsa(model, {"x": x}, "dsa/stcp920")
+    y, result = _on_dsa(model, {"x": x}, "dsa/stcp920", "graphturbo")
+    (why,) = result.unstitched.values()
+    assert re.fullmatch(r"tensor \w+ is stored as float32 by layer \w+ and as float16 by \w+", why), why
+    assert len(result.dsa) == 2 and result.host == {} and not result.stitched
+    assert np.array_equal(y, layerwise)
 
 
 # -- a float model quantized for the int8 chip: tvm_dsa.quantize, tvm-dsa run --quantize

@@ -157,7 +157,7 @@ def test_cli_warns_of_an_overflow_and_fails_when_strict(tmp_path, capsys):
                                               ("dsa/set-edge16-fp16", "set")])
 def test_a_wide_layer_inside_a_scheduled_sub_graph(target, schedule, rng):
     """A conv whose square is summed beside its Relu: the sum is wide; a stitched kernel or a SET
-    tree places its tensors in the storage type, so its layers run one kernel each."""
+    tree takes no float layer that keeps a tensor wide, so its layers run one kernel each."""
     w = (rng.standard_normal((8, 4, 3, 3)) * 0.3).astype("float32")
     nodes = [h.make_node("Conv", ["x", "W"], ["c"], pads=[1, 1, 1, 1]), h.make_node("Mul", ["c", "c"], ["s"]),
              h.make_node("ReduceSum", ["s", "axes"], ["r"], keepdims=1), h.make_node("Relu", ["c"], ["y"])]

@@ -752,15 +752,16 @@ def _whole_operand(r: Region, origin=None) -> isa.Operand:
     return isa.Operand(r.mem, r.index, r.base + isa.DTYPES[r.dtype] * shift, r.dtype, tuple(strides))
 
 
-def place_arguments(inputs, outputs, tensors: dict, hw: Hardware) -> tuple[dict, list, int]:
+def place_arguments(inputs, outputs, tensors: dict, stored: dict) -> tuple[dict, list, int]:
     """(DDR region per tensor, ``TensorArg`` list, first free offset): a kernel's inputs then its
-    outputs packed in DDR from offset 0 (``tensors``: name -> (shape, host dtype))."""
+    outputs packed in DDR from offset 0 (``tensors``: name -> (shape, host dtype); ``stored``:
+    name -> the type it is stored in, ``placement.stored_dtypes``)."""
     regions, args, offset = {}, [], 0
     for role, names in (("input", inputs), ("output", outputs)):
         for t in names:
             shape, dtype = tensors[t]
-            regions[t] = Region.whole("ddr", 0, offset, shape, hw.storage_dtype)
-            args.append(isa.TensorArg(t, role, tuple(shape), hw.storage_dtype, dtype, offset))
+            regions[t] = Region.whole("ddr", 0, offset, shape, stored[t])
+            args.append(isa.TensorArg(t, role, tuple(shape), stored[t], dtype, offset))
             offset = align(offset + args[-1].nbytes)
     return regions, args, offset
 

@@ -12,6 +12,7 @@ from dataclasses import dataclass
 
 from tvm_dsa import isa
 from tvm_dsa.hardware import Hardware
+from tvm_dsa.kernel.analysis import Unsupported
 from tvm_dsa.kernel.ir import Access, CodegenError, KernelIR, plan_lb, read_kernel
 
 
@@ -98,6 +99,32 @@ class Layer:
         ir = read_kernel(func)
         args = dict(zip((p[0] for p in ir.params), tensors or (p[0] for p in ir.params)))
         return cls(name, ir, plan_lb(ir, hw, lb_bytes), args)
+
+
+def stored_dtypes(layers, hw: Hardware, views: dict | None = None) -> dict[str, str]:
+    """The type each tensor of a kernel of several ``layers`` (a stitched sub-graph, a SET tree;
+    ``(name, KernelIR, parameter -> tensor)`` each) is stored in, in DDR, the GB or an LB: the
+    one its layers store it in (``KernelIR.ddr_dtype``: the chip's storage type in a float model;
+    in a quantized model's integer kernels each tensor's own, int8 activations, float32 tables and
+    model inputs or outputs), so that a tensor one layer writes is read as written. ``views``: a
+    reshaped tensor -> the tensor whose bytes it reinterprets (the same type). Raises
+    ``Unsupported`` where two layers store one tensor at different types (on an fp16 chip, a
+    float tensor between an integer kernel, which stores it at float32, and a float layer, fp16)."""
+    views = views or {}
+
+    def root(t: str) -> str:
+        while t in views:
+            t = views[t]
+        return t
+
+    found: dict = {}  # tensor -> (type, the first layer storing it so)
+    for name, ir, args in layers:
+        for pname, *_ in ir.params:
+            t, dtype = root(args[pname]), ir.ddr_dtype(pname, hw)
+            first = found.setdefault(t, (dtype, name))
+            if first[0] != dtype:
+                raise Unsupported(f"tensor {t} is stored as {first[0]} by layer {first[1]} and as {dtype} by {name}")
+    return {t: found[root(t)][0] for t in [*found, *views] if root(t) in found}
 
 
 def prod(shape) -> int:

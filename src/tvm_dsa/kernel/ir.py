@@ -225,11 +225,12 @@ class KernelIR:
         return any(dtype in INT_DTYPES for _, _, dtype in self.params)
 
     def unplaceable(self) -> str | None:
-        """Why a kernel that places every tensor in the chip's storage type (a stitched kernel, a
-        SET tree) cannot take this layer, else None."""
-        if self.wide:
-            return "keeps a tensor wide (kernel.ranges)"
-        return "stores its tensors at their own types (an integer kernel)" if self.integer else None
+        """Why a kernel of several layers (a stitched kernel, a SET tree) cannot take this layer,
+        else None. Those kernels place each tensor at the type its layers store it in
+        (``emit.placement.stored_dtypes``): an integer kernel's own types take part; a float layer
+        that keeps a tensor wide still runs alone (the schedulers size a float model's tensors at
+        the storage type, and its stitched programs stay as measured)."""
+        return "keeps a tensor wide (kernel.ranges)" if self.wide and not self.integer else None
 
     def ddr_dtype(self, param: str, hw: Hardware) -> str:
         """The type ``param`` is stored in outside the LB: in an integer kernel its own (int8

@@ -22,13 +22,13 @@ import functools
 import itertools
 import math
 import threading
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 import tvm
 
 from tvm_dsa.emit.emitter import KernelEmitter, place_arguments
-from tvm_dsa.emit.placement import Layer, Region
+from tvm_dsa.emit.placement import Layer, Region, stored_dtypes
 from tvm_dsa import isa, memory_plan
 from tvm_dsa.emit.footprint import Boxes, Footprint, footprints
 from tvm_dsa.kernel.ir import ALIGN, align
@@ -396,6 +396,11 @@ class SubGraphKernel:
     weights: frozenset  # inputs to promote DDR -> GB (learned parameters)
     split_loop: int = 0  # tile loop the instances split (Algorithm 1's best split)
     groups: int = 1 << 30  # at most this many ranges of that loop
+    stored: dict = field(default_factory=dict)  # tensor -> the type it is placed in (``stored_dtypes``)
+
+    def itemsize(self, tensor: str) -> int:
+        """Bytes of one element of ``tensor`` where the kernel places it."""
+        return isa.DTYPES[self.stored[tensor]]
 
 
 def subgraph_module(name: str, layers, inputs, outputs, tensors: dict, weights, split_loop: int = 0,
@@ -426,9 +431,11 @@ def read_subgraph(mod: tvm.IRModule, hw) -> tuple[SubGraphKernel, dict]:
     attrs = mod.attrs["dsa.subgraph"]
     funcs = sorted(((int(f.attrs["dsa.position"]), gv.name_hint, f) for gv, f in mod.functions.items()))
     read = [_layer(f, hw, name) for _, name, f in funcs]
-    sg = SubGraphKernel(str(attrs["name"]), tuple(L for L, _ in read), tuple(attrs["inputs"]), tuple(attrs["outputs"]),
+    layers = tuple(L for L, _ in read)
+    sg = SubGraphKernel(str(attrs["name"]), layers, tuple(attrs["inputs"]), tuple(attrs["outputs"]),
                         {str(t): (tuple(v[0]), str(v[1])) for t, v in attrs["tensors"].items()},
-                        frozenset(attrs["weights"]), int(attrs["split_loop"]), int(attrs["groups"]))
+                        frozenset(attrs["weights"]), int(attrs["split_loop"]), int(attrs["groups"]),
+                        stored_dtypes([(L.name, L.ir, L.args) for L in layers], hw))
     return sg, {L.name: fp for L, fp in read}
 
 
@@ -641,7 +648,7 @@ class _Part:
     place: dict  # buffer key -> Region
 
 
-def _cluster_shift(sg, prints, inst, cores, cpc, ref: _Part, other: _Part, regions, esize) -> dict | None:
+def _cluster_shift(sg, prints, inst, cores, cpc, ref: _Part, other: _Part, regions) -> dict | None:
     """Bytes each DDR object moves between the reference cluster's part of a stitched kernel and
     ``other``'s, when ``other``'s part is the reference's translated (same rounds on cores moved by
     whole clusters, instances moved along the batch, tensors placed alike); None otherwise."""
@@ -658,7 +665,7 @@ def _cluster_shift(sg, prints, inst, cores, cpc, ref: _Part, other: _Part, regio
         return None
     twin = dict(pairs)
     theirs = {b.key: b for b in other.buffers}
-    shift = {("ddr", t): esize * sum(v * math.prod(r.extents[k + 1:]) for k, v in enumerate(delta.get(t, ())))
+    shift = {("ddr", t): sg.itemsize(t) * sum(v * math.prod(r.extents[k + 1:]) for k, v in enumerate(delta.get(t, ())))
              for t, r in regions.items()}
     for x in ref.buffers:
         key = (x.kind, x.tensor, twin[x.owner] if x.kind == "t" else x.owner - ref.cluster + other.cluster)
@@ -688,7 +695,7 @@ def promotion_pieces(sg: SubGraphKernel, prints: dict, tensor: str, hw) -> tuple
     contiguous runs in DDR are whole bursts (narrower pieces waste DDR bandwidth); None where
     there is no such dim or a piece would hold under ``PIECE_BYTES``."""
     shape = sg.tensors[tensor][0]
-    esize = hw.storage_bytes
+    esize = sg.itemsize(tensor)
     boxes = [prints[L.name].reads[p] for L in sg.layers for p, t in L.args.items()
              if t == tensor and p != L.ir.params[-1][0]]
     for d, extent in enumerate(shape):
@@ -738,8 +745,7 @@ def emit_stitched(mod: tvm.IRModule, hw, replicate: bool = True, replay: bool = 
     lb_bytes = int(mod.attrs["dsa.scopes"]["lb_bytes"])
     buffers = read_allocation(mod)
     cpc, nl = hw.cores_per_cluster, len(sg.layers)
-    esize = isa.DTYPES[hw.storage_dtype]
-    regions, args, scratch = place_arguments(sg.inputs, sg.outputs, sg.tensors, hw)
+    regions, args, scratch = place_arguments(sg.inputs, sg.outputs, sg.tensors, sg.stored)
     produced = {L.args[L.ir.params[-1][0]] for L in sg.layers}
 
     def region(b: Buffer):
@@ -747,7 +753,7 @@ def emit_stitched(mod: tvm.IRModule, hw, replicate: bool = True, replay: bool = 
         box = inst.boxes[b.owner][b.tensor] if b.kind == "t" else ((0,) * len(shape), tuple(shape))
         extents = tuple(h - l for l, h in zip(*box))
         base = scratch + b.offset if b.level == "ddr" else b.offset
-        return Region(b.level, b.unit, base, box[0], extents, hw.storage_dtype)
+        return Region(b.level, b.unit, base, box[0], extents, sg.stored[b.tensor])
 
     emitter = KernelEmitter(hw, sg.name, replay)
     for t, r in regions.items():
@@ -759,7 +765,7 @@ def emit_stitched(mod: tvm.IRModule, hw, replicate: bool = True, replay: bool = 
         if reference is None:
             reference, span[0] = part, emitter.size
         elif replicate:
-            shift = _cluster_shift(sg, prints, inst, cores, cpc, reference, part, regions, esize)
+            shift = _cluster_shift(sg, prints, inst, cores, cpc, reference, part, regions)
             if shift is not None and emitter.replicate(*span, (c - reference.cluster) * cpc, c, shift):
                 continue
         step = cr.step(order, nl)

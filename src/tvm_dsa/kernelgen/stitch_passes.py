@@ -116,12 +116,11 @@ class _Kernel:
             for p, t in L.args.items():
                 if p != L.ir.params[-1][0]:
                     readers.setdefault(t, []).append(index[L.name])
-        esize = hw.storage_bytes
 
         lives, in_lb, ddr_scoped = [], {}, set()
         for i in cr.members:
             for t, box in inst.boxes[i].items():
-                x = Lifetime(("t", t, i), esize * math.prod(h - l for l, h in zip(*box)),
+                x = Lifetime(("t", t, i), sg.itemsize(t) * math.prod(h - l for l, h in zip(*box)),
                              step(cr.rnd[i], produced[t]), max(step(cr.rnd[i], k) for k in readers[t]))
                 scope = instance_scopes[i][t]
                 if scope == LB_SCOPE:
@@ -145,7 +144,7 @@ class _Kernel:
                         if w in promote:
                             uses.setdefault((w, owner), []).append(step(cr.rnd[i], k))
         for (w, owner), u in uses.items():
-            lives.append(Lifetime(("w", w, owner), esize * math.prod(sg.tensors[w][0]),
+            lives.append(Lifetime(("w", w, owner), sg.itemsize(w) * math.prod(sg.tensors[w][0]),
                                   max(0, min(u) - ahead.get(w, 0)), max(u)))
         offsets, _ = allocate([x for x in lives if x.key not in ddr_scoped], gb_bytes, spill)
         in_ddr = [x for x in lives if x.key not in offsets and x.key[0] == "t"]

@@ -12,6 +12,7 @@ from dataclasses import dataclass, replace
 
 import tvm
 
+from tvm_dsa.emit.placement import stored_dtypes
 from tvm_dsa.hardware import Hardware
 from tvm_dsa.kernel.analysis import Unsupported
 from tvm_dsa.kernel.ir import ALIGN, plan_lb, read_kernel
@@ -152,14 +153,17 @@ def _stitched(spec, nodes, graph, layer, hw, stitch) -> tuple:
     shares = _row_shares(nodes, graph, outputs[0], hw) if spec.plan.rows else {}
 
     def lowered(part: bool, first_tile: int | None) -> dict:
-        out = {}
+        out, read = {}, []
         for n in nodes:
             on_chip = frozenset(i for i, t in enumerate(n.inputs) if t not in inputs or graph.tensors[t].constant)
             cap = first_tile if graph.tensors[n.output].shape[0] == batch else None
             out[n.name] = layer(n.func, part, on_chip, cap, batch >= hw.clusters, shares.get(n.name, ()))
-            why = read_kernel(out[n.name][0]).unplaceable()  # stitched tensors are placed in the storage type
+            kernel = read_kernel(out[n.name][0])
+            why = kernel.unplaceable()
             if why:
                 raise Unsupported(f"layer {n.name} {why}")
+            read.append((n.name, kernel, dict(zip((p[0] for p in kernel.params), (*n.inputs, n.output)))))
+        stored_dtypes(read, hw)  # each tensor at one type, or the sub-graph runs layer by layer
         return out
 
     def planned(rounds: int):

@@ -48,7 +48,7 @@ from tvm_dsa.schedule.set.alloc import stripe_order
 from tvm_dsa.schedule.set.analysis import Schedule, Slot
 from tvm_dsa.schedule.set.tree import invocation_order
 from tvm_dsa.emit.emitter import KernelEmitter, build_program, place_arguments
-from tvm_dsa.emit.placement import Layer, Pieces, Region
+from tvm_dsa.emit.placement import Layer, Pieces, Region, stored_dtypes
 from tvm_dsa.kernel.analysis import Unsupported
 from tvm_dsa.kernel.ir import ALIGN, CodegenError, align
 from tvm_dsa.kernelgen.rewrite import DSACall
@@ -63,7 +63,8 @@ class TreeKernel:
     """What kernel generation needs for a SET schedule: ``layers[i]`` is the ``emit.Layer`` of
     layer ``i`` of the schedule's layer graph (its parameters named by tensors); ``views`` maps a
     reshaped tensor to the tensor whose bytes it reinterprets; ``inputs`` / ``outputs`` are the
-    program's arguments in order; ``tensors`` gives every tensor's (shape, host dtype)."""
+    program's arguments in order; ``tensors`` gives every tensor's (shape, host dtype), ``stored``
+    the type the program places it in (``emit.placement.stored_dtypes``)."""
 
     name: str
     layers: tuple
@@ -72,7 +73,12 @@ class TreeKernel:
     outputs: tuple[str, ...]
     tensors: dict
     schedule: Schedule
+    stored: dict
     weights: frozenset = frozenset()  # the inputs that are constants (weights a layer may pin)
+
+    def itemsize(self, tensor: str) -> int:
+        """Bytes of one element of ``tensor`` where the program places it."""
+        return isa.DTYPES[self.stored[tensor]]
 
 
 @dataclass(frozen=True)
@@ -260,7 +266,7 @@ class _Kept:
     rows: int = 0  # feature map: leading-dim rows per chunk (0: weights, one chunk)
 
 
-def _cells_of(kept: _Kept, chunk: int, itemsize: int):
+def _cells_of(kept: _Kept, chunk: int):
     """(cell index, origin, extents) of every piece of chunk ``chunk`` (a scalar, Clip's bound:
     one piece)."""
     shape, dim = kept.pieces.shape, kept.dim
@@ -286,7 +292,6 @@ class _Residency:
         sched, layers = k.schedule, k.layers
         self.hw, self.emitter = hw, emitter
         self.arena = _Arena(max(L.plan.total_bytes for L in layers), hw.lb_bytes)
-        self.itemsize = isa.DTYPES[hw.storage_dtype]
         cores = core_of_stripe(hw)
         used = [tuple(cores[i] for i in range(*p.used)) for p in sched.leaves]
         readers: dict = {}  # tensor -> [(layer, param)]
@@ -319,14 +324,14 @@ class _Residency:
                 continue
             rows = shape[0] // chunks
             holders = tuple(dict.fromkeys(c for v, _ in readers[t] for c in used[v]))
-            chunk_bytes = self.itemsize * rows * int(np.prod(shape[1:]))
+            chunk_bytes = k.itemsize(t) * rows * int(np.prod(shape[1:]))
             dim, cuts = _grid((rows, *shape[1:]), users, min(len(holders), -(-chunk_bytes // MIN_PIECE)), 1)
             grid = [tuple(rows * i for i in range(1, chunks))] + [()] * (len(shape) - 1)
             if dim is not None:
                 grid[dim] = cuts
             self.kept[u] = _Kept(t, regions[t], Pieces(tuple(shape), tuple(grid), {}), dim, holders, rows)
             for p in range(chunks):
-                for index, *_ in _cells_of(self.kept[u], p, self.itemsize):
+                for index, *_ in _cells_of(self.kept[u], p):
                     self.kept[u].pieces.cells[index] = regions[t]
             regions[t] = self.kept[u].pieces
         self.ahead: set = set()  # layers the schedule does not pin whose weights load ahead (``_ahead``)
@@ -340,14 +345,14 @@ class _Residency:
                 if t not in k.weights or len(readers[t]) > 1:
                     continue
                 shape = k.tensors[t][0]
-                size = self.itemsize * int(np.prod(shape))
+                size = k.itemsize(t) * int(np.prod(shape))
                 dim, cuts = _grid(shape, [(L, param, fps[v].reads[param])], min(len(used[v]), -(-size // MIN_PIECE)), 0,
-                                  PIN_RUN_BURSTS * hw.ddr_burst_bytes // self.itemsize)
+                                  PIN_RUN_BURSTS * hw.ddr_burst_bytes // k.itemsize(t))
                 grid = [()] * len(shape)
                 if dim is not None:
                     grid[dim] = cuts
                 kept = _Kept(t, regions[t], Pieces(tuple(shape), tuple(grid), {}), dim, used[v])
-                for index, *_ in _cells_of(kept, 0, self.itemsize):
+                for index, *_ in _cells_of(kept, 0):
                     kept.pieces.cells[index] = regions[t]
                 if v not in self.ahead:  # (loaded ahead: in pieces only while placed)
                     regions[t] = kept.pieces
@@ -361,10 +366,10 @@ class _Residency:
         """Put the pieces of ``chunk`` of ``kept`` in the arena (claimed; loaded from DDR with
         ``load``, on the prefetch queues with ``prefetch``) to be freed after position ``pos``;
         False (nothing placed) when they do not fit."""
-        cells, taken = list(_cells_of(kept, chunk, self.itemsize)), []
+        cells, taken = list(_cells_of(kept, chunk)), []
         for j, (index, origin, extents) in enumerate(cells):
             core = kept.cores[j % len(kept.cores)]
-            nbytes = self.itemsize * int(np.prod(extents))
+            nbytes = isa.DTYPES[kept.home.dtype] * int(np.prod(extents))
             base = self.arena.take(core, nbytes)
             if base is None:
                 for c, b, n in taken:
@@ -372,7 +377,7 @@ class _Residency:
                 return False
             taken.append((core, base, nbytes))
         for (index, origin, extents), (core, base, nbytes) in zip(cells, taken):
-            region = Region("lb", core, base, origin, extents, self.hw.storage_dtype)
+            region = Region("lb", core, base, origin, extents, kept.home.dtype)
             self.emitter.claim(region, (kept.tensor, key, index))
             if load:
                 self.emitter.move(kept.home, region, core, prefetch)
@@ -427,7 +432,7 @@ class _Residency:
         """Free what position ``pos`` used last (its cells point at DDR again)."""
         for key in self.free_at.pop(pos, ()):
             kept, chunk, taken = self.placed.pop(key)
-            for (index, *_), (core, base, nbytes) in zip(_cells_of(kept, chunk, self.itemsize), taken):
+            for (index, *_), (core, base, nbytes) in zip(_cells_of(kept, chunk), taken):
                 self.arena.give(core, base, nbytes)
                 kept.pieces.cells[index] = kept.home
             if key[0] in self.ahead and key[2] == "w":
@@ -452,11 +457,11 @@ def build_tree_program(k: TreeKernel, hw) -> TreeProgram:
     """The program of a SET schedule (one kernel) and the instruction span of every invocation."""
     sched = k.schedule
     batch = sched.tree.batch
-    regions, args, offset = place_arguments(k.inputs, k.outputs, k.tensors, hw)
+    regions, args, offset = place_arguments(k.inputs, k.outputs, k.tensors, k.stored)
     for L in k.layers:  # intermediates: DDR scratch after the arguments
         t = L.args[L.ir.params[-1][0]]
         if t not in regions:
-            regions[t] = Region.whole("ddr", 0, offset, k.tensors[t][0], hw.storage_dtype)
+            regions[t] = Region.whole("ddr", 0, offset, k.tensors[t][0], k.stored[t])
             offset = align(offset + regions[t].nbytes)
     emitter = KernelEmitter(hw, k.name)
     for t, r in regions.items():
@@ -465,7 +470,7 @@ def build_tree_program(k: TreeKernel, hw) -> TreeProgram:
         src = view
         while src in k.views:
             src = k.views[src]
-        regions[view] = Region.whole("ddr", 0, regions[src].base, k.tensors[view][0], hw.storage_dtype)
+        regions[view] = Region.whole("ddr", 0, regions[src].base, k.tensors[view][0], k.stored[view])
 
     cores = core_of_stripe(hw)
     fps = [footprints(L) for L in k.layers]
@@ -540,13 +545,13 @@ def _tree_kernel(spec, nodes, ctx) -> TreeKernel:
         leaf = spec.plan.schedule.leaves[v]
         func, budget = _in_parts(ctx, n.func, leaf, tuple(stripes[i] for i in range(*leaf.used)))
         layers.append(Layer.of(func, hw, n.name, (*n.inputs, n.output), budget))
-        why = layers[-1].ir.unplaceable()  # the tree's tensors are placed in the storage type
+        why = layers[-1].ir.unplaceable()
         if why:
             raise Unsupported(f"layer {n.name} {why}")
     views = {n.output: n.inputs[0] for n in nodes if n.func not in lowered}
     weights = frozenset(t for t in inputs if graph.tensors[t].constant)
     return TreeKernel(spec.name, tuple(layers), views, tuple(inputs), tuple(outputs), tensors, spec.plan.schedule,
-                      weights)
+                      stored_dtypes([(L.name, L.ir, L.args) for L in layers], hw, views), weights)
 
 
 class TreeKernels:
