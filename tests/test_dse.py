@@ -206,3 +206,22 @@ def test_an_optuna_sweep_from_the_command_line(tmp_path, capsys):
     assert len(data["trials"]) == 3 and {r["status"] for r in data["trials"]} == {"invalid"}
     assert all(r["lb_bytes"] in (16, 32, 48, 64) and r["mme.cols"] in (32, 64) for r in data["trials"])
     assert again["trials"] == data["trials"]
+
+
+def test_a_trial_whose_worker_died_runs_again_when_the_sweep_resumes(tmp_path):
+    """A trial Ray lost (its worker killed by the out-of-memory monitor) counts as failed in the
+    progress, stays in the journal, and a resumed sweep does not take it as done; an ok, invalid
+    or failed trial it takes."""
+    path = tmp_path / "sweep.journal.jsonl"
+    journal = dse.Journal(path)
+    metrics = {"seconds": 1e-3, "energy_joules": 1e-3, "area_mm2": 1.0}
+    results = {status: dse.TrialResult(status, "resnet18", 1, True, {"lb_bytes": 1}, "chip", status, "why",
+                                       metrics=metrics if status == "ok" else {})
+               for status in ("ok", "invalid", "failed", "lost")}
+    status = dse.Status(4, "latency")
+    for result in results.values():
+        journal.add(result)
+        status.record(result)
+    assert (status.done, status.failed, status.invalid) == (4, 2, 1)
+    assert len(path.read_text().splitlines()) == 4
+    assert set(dse.Journal(path).done) == {"ok", "invalid", "failed"}

@@ -60,7 +60,7 @@ class OnRay:
                 result = ray.get(ready[0])
             except ray.exceptions.RayError as err:  # the worker died (out of memory, a crash)
                 result = TrialResult(spec.key, spec.model, spec.batch, spec.tiny, dict(spec.point),
-                                     spec.chip()["name"], "failed", f"{type(err).__name__}: {one_line(err)}")
+                                     spec.chip()["name"], "lost", f"{type(err).__name__}: {one_line(err)}")
             running(min(len(pending), self.slots))
             yield result
 

@@ -65,7 +65,7 @@ class Status:
     def record(self, result: TrialResult, resumed: bool = False) -> None:
         self.done += 1
         self.resumed += resumed
-        self.failed += result.status == "failed"
+        self.failed += result.status in ("failed", "lost")
         self.invalid += result.status == "invalid"
         self.last = result
         value = result.objective(self.objective)
@@ -75,7 +75,9 @@ class Status:
 
 class Journal:
     """Finished trials, one JSON line each, appended (and flushed) as each finishes; a line cut by
-    an interruption is ignored."""
+    an interruption is ignored, and so is a trial whose worker died (``lost``: a resumed sweep
+    runs it again; two of a 108-chip ResNet-50 sweep were killed by Ray's out-of-memory monitor
+    while other jobs filled the machine)."""
 
     def __init__(self, path: str | Path):
         self.path = Path(path)
@@ -86,7 +88,8 @@ class Journal:
                     result = TrialResult.from_dict(json.loads(line))
                 except (ValueError, TypeError):
                     continue
-                self.done[result.key] = result
+                if result.status != "lost":
+                    self.done[result.key] = result
 
     def add(self, result: TrialResult) -> None:
         self.done[result.key] = result

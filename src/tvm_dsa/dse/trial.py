@@ -76,8 +76,10 @@ class TrialSpec:
 @dataclass(frozen=True)
 class TrialResult:
     """A trial's outcome: ``status`` ``ok`` with its ``metrics``, ``invalid`` (the chip fails the
-    hardware validator, whose line is the ``message``) or ``failed`` (compiling or simulating
-    raised: its last line). ``schedule`` is the one compiled (``auto``'s choice)."""
+    hardware validator, whose line is the ``message``), ``failed`` (compiling or simulating
+    raised: its last line) or ``lost`` (its worker died: out of memory, a crash; not the chip's
+    outcome, so a resumed sweep runs it again). ``schedule`` is the one compiled (``auto``'s
+    choice)."""
 
     key: str
     model: str

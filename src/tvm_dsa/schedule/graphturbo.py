@@ -383,17 +383,19 @@ def window_cuts(sgs: SubGraphs, mod, hw, host: frozenset, macs: dict) -> frozens
     the rows of its halo again in every layer before it (since the last cut): with a cluster's
     share of ``r`` input rows, a window of ``k`` rows adds about (k - 1) / r of that work, and
     the windows after it add theirs. A cut instead writes the window's inputs from the sub-graph
-    to DDR and reads them back, and launches a kernel. Cut where the recomputation, at the chip's
-    peak, takes longer than that, or where it passes half of ``RECOMPUTE_LIMIT``'s share (past
-    the limit the instances fall back to one cluster; tiles of several rows round each halo up
-    to whole tiles, and DenseNet-121's first dense blocks, estimated within the limit, ran on one
-    cluster). ResNet-50 at batch 1 ran as one kernel on one cluster, its 14 or 7 rows split four
+    to DDR and reads them back, and launches a kernel. In a sub-graph whose spreading saves more
+    than a launch (``spreading_saves``), cut where the recomputation, at the chip's peak, takes
+    longer than that, or where it passes half of ``RECOMPUTE_LIMIT``'s share (past the limit the
+    instances fall back to one cluster; tiles of several rows round each halo up to whole tiles,
+    and DenseNet-121's first dense blocks, estimated within the limit, ran on one cluster). ResNet-50 at batch 1 ran as one kernel on one cluster, its 14 or 7 rows split four
     ways recomputing more than they shared; MobileNetV2's depthwise windows read six times the
     channels their pointwise layers write, and most stay."""
     graph = sgs.graph
     esize = tvm_dtype_bytes(hw.storage_dtype)
     cuts: set[int] = set()
     for members in sgs.groups:
+        if spreading_saves(members, macs, hw) <= hw.kernel_launch_cycles:
+            continue  # not worth a second kernel however it splits
         work = again = 0.0  # MACs since the last cut, and those computed again for halos
         for n in sorted(members):
             node = graph.nodes[n]
