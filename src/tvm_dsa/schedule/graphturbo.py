@@ -440,7 +440,8 @@ def row_window(func, weights: frozenset = frozenset()) -> int:
     positions ``weights``), 0 if none: the extent of a reduction iterator that moves an index of
     a load's second-to-last dim (an image's rows) together with an output iterator (a 3 x 3
     convolution's or pooling's ``oh * s + kh``: 3; a 1 x 1 convolution's, a matmul's or a
-    global pooling's: 0)."""
+    global pooling's: 0), not through a division (a reshape's flat index folded into a
+    contraction, ViT's heads: no window)."""
     constant = {p for i, p in enumerate(func.params) if i in weights}
     found = [0]
 
@@ -457,7 +458,9 @@ def row_window(func, weights: frozenset = frozenset()) -> int:
             if ld.source in constant or len(ld.indices) < 2:
                 continue
             row = ld.indices[-2]
-            if any(uses_var(row, v) for v in spatial):
+            divided = []
+            tvm_ffi.structural_walk(row, [((tirx.FloorDiv, tirx.FloorMod), divided.append)])
+            if not divided and any(uses_var(row, v) for v in spatial):
                 found.extend(int_value(iv.dom.extent) or 0 for iv in reduce if uses_var(row, iv.var))
 
     tvm_ffi.structural_walk(func.body, [(SBlockRealize, visit)])
