@@ -22,8 +22,8 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-from collections import Counter
 import math
+from collections import Counter
 
 import numpy as np
 import tvm

@@ -387,8 +387,9 @@ def window_cuts(sgs: SubGraphs, mod, hw, host: frozenset, macs: dict) -> frozens
     than a launch (``spreading_saves``), cut where the recomputation, at the chip's peak, takes
     longer than that, or where it passes half of ``RECOMPUTE_LIMIT``'s share (past the limit the
     instances fall back to one cluster; tiles of several rows round each halo up to whole tiles,
-    and DenseNet-121's first dense blocks, estimated within the limit, ran on one cluster). ResNet-50 at batch 1 ran as one kernel on one cluster, its 14 or 7 rows split four
-    ways recomputing more than they shared; MobileNetV2's depthwise windows read six times the
+    and DenseNet-121's first dense blocks, estimated within the limit, ran on one cluster).
+    ResNet-50 at batch 1 ran as one kernel on one cluster, its 14 or 7 rows split four ways
+    recomputing more than they shared; MobileNetV2's depthwise windows read six times the
     channels their pointwise layers write, and most stay."""
     graph = sgs.graph
     esize = tvm_dtype_bytes(hw.storage_dtype)
@@ -406,7 +407,8 @@ def window_cuts(sgs: SubGraphs, mod, hw, host: frozenset, macs: dict) -> frozens
                 more = work * (k - 1) * hw.clusters / rows
                 through_ddr = 2 * sum(math.prod(graph.tensors[t].shape) for t in inside) * esize
                 cost = through_ddr / hw.ddr_bytes_per_cycle + hw.kernel_launch_cycles
-                if (again + more) / hw.peak_macs_per_cycle > cost or again + more > (RECOMPUTE_LIMIT - 1) * work / 2:
+                limit = (RECOMPUTE_LIMIT - 1) * work / 2
+                if (again + more) / hw.peak_macs_per_cycle > cost or again + more > limit:
                     cuts.add(n)
                     work = again = 0.0
                 else:
