@@ -12,6 +12,7 @@ import logging
 import os
 from contextlib import contextmanager
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Callable, Iterator
 
 from tvm_dsa.dse.trial import TrialResult, TrialSpec, run_trial
@@ -73,6 +74,37 @@ def ray_available() -> bool:
     return True
 
 
+AUTH_HINT = ("a cluster that `ray start --head` started with token authentication needs RAY_AUTH_MODE=token "
+             "(and its token: ~/.ray/auth_token, RAY_AUTH_TOKEN or RAY_AUTH_TOKEN_PATH) in this process's environment")
+
+
+def token_auth_needed(environ) -> bool:
+    """Whether a driver connecting to a cluster by its address should turn Ray's token
+    authentication on (``RAY_AUTH_MODE=token``): ``environ`` leaves the mode unset and has a token
+    where Ray looks for one (``RAY_AUTH_TOKEN``, the file ``RAY_AUTH_TOKEN_PATH``, else
+    ``~/.ray/auth_token``). ``ray start --head`` turns it on by itself where a token exists (Ray 2.60;
+    ``ray.init()`` of a local Ray writes one), but ``ray.init(address=...)`` does not, and then fails
+    to connect after a screen of ``InvalidAuthToken`` lines. A mode set either way is left alone."""
+    if environ.get("RAY_AUTH_MODE") is not None:
+        return False
+    if environ.get("RAY_AUTH_TOKEN"):
+        return True
+    path = environ.get("RAY_AUTH_TOKEN_PATH")
+    home = Path(environ["HOME"]) if environ.get("HOME") else Path.home()
+    return Path(path).expanduser().is_file() if path else (home / ".ray" / "auth_token").is_file()
+
+
+def _enable_token_auth() -> None:
+    """``RAY_AUTH_MODE=token`` for this process and Ray's configuration, which Ray reads once at
+    import (so the variable alone, set after ``import ray``, does nothing): as ``ray start`` does."""
+    os.environ["RAY_AUTH_MODE"] = "token"
+    try:
+        from ray._raylet import Config
+    except ImportError:  # another Ray: the variable is what it reads
+        return
+    Config.initialize("")
+
+
 @contextmanager
 def ray_engine(address: str | None, workers: int) -> Iterator[OnRay]:
     """An ``OnRay`` on the cluster at ``address`` (or ``RAY_ADDRESS``), else on a local Ray started
@@ -82,7 +114,13 @@ def ray_engine(address: str | None, workers: int) -> Iterator[OnRay]:
     address = address or os.environ.get("RAY_ADDRESS")
     quiet = dict(log_to_driver=False, logging_level=logging.ERROR)  # the workers' TVM warnings stay in Ray's logs
     if address:
-        ray.init(address=address, **quiet)
+        if token_auth_needed(os.environ):
+            _enable_token_auth()
+        try:
+            ray.init(address=address, **quiet)
+        except (ConnectionError, ray.exceptions.AuthenticationError) as err:
+            raise ConnectionError(f"cannot connect to the Ray cluster at {address} ({one_line(err)}); "
+                                  f"{AUTH_HINT}") from None
     else:
         # "local": a Ray of its own, not one `ray start` left running (that one is --address's). Ray runs
         # its workers at niceness 15, below the driver: the trials are the sweep's work, and an
