@@ -60,6 +60,10 @@ class OffloadResult:
     timed: dict = field(default_factory=dict)  # schedule -> DSA cycles, where the pipeline timed several
     blocks: list = field(default_factory=list)  # kernelgen.blocks.FusedBlock per separable pair timed
     layers: dict = field(default_factory=dict)  # DSA kernel name -> the layers (Relax names) it runs
+    # a layer or constant of the graph the kernels were made of whose name differs in the module the
+    # pass received (``FuseSeparableBlocks`` joins two layers, and constants are numbered again)
+    # -> its names there: a fused pair's two layers, producer first (``graph_sources``)
+    sources: dict = field(default_factory=dict)
 
     @property
     def host_kernels(self) -> int:
@@ -87,9 +91,12 @@ def OffloadToDSA(hw: Hardware, schedule: str = "layerwise", options=None, tuned=
     @tvm.transform.module_pass(opt_level=0, name="dsa.OffloadToDSA")
     def offload_to_dsa(mod: tvm.IRModule, _ctx) -> tvm.IRModule:
         result = OffloadResult(schedule=schedule)
+        received = mod
         if scheduler.lowering.separable:
             mod = FuseSeparableBlocks(hw, scheduler.lowering.separable == "stitched", result.blocks)(mod)
         ctx = Lowered(mod, OpGraph.from_relax(mod), hw, options, result)
+        if mod is not received:
+            result.sources = graph_sources(OpGraph.from_relax(received), ctx.graph)
         _lower_layers(ctx, scheduler.lowering, tuned)
         try:
             specs = scheduler.schedule(mod, hw, set(ctx.lowered), options)
@@ -113,6 +120,34 @@ def OffloadToDSA(hw: Hardware, schedule: str = "layerwise", options=None, tuned=
         return mod
 
     return offload_to_dsa
+
+
+def graph_sources(before: OpGraph, after: OpGraph) -> dict[str, tuple[str, ...]]:
+    """Each layer and constant of ``after`` (the graph of a module some of whose layers are
+    ``before``'s joined, as ``FuseSeparableBlocks`` joins them: the consumer's variable stays, the
+    producer's goes) whose names in ``before`` are not its own -> those names: a joined layer's, in
+    order, a constant's (the same Relax constant) where it was numbered otherwise."""
+    index = {node.output: node.index for node in before.nodes}
+    kept = {index[before.names[var]] for var in after.names if var in before.names and before.names[var] in index}
+    into: dict[int, list[int]] = {}  # a layer of ``before`` that stays -> the layers joined into it
+    for node in before.nodes:
+        k = node.index
+        while k not in kept:  # a joined producer has one reader
+            (k,) = before.consumers(k)
+        into.setdefault(k, []).append(node.index)
+    out = {}
+    for node in after.nodes:
+        k = index[before.names[after.tensors[node.output].expr]]
+        layers = tuple(before.nodes[j].name for j in into[k])
+        if layers != (node.name,):
+            out[node.name] = layers
+        consts = [t for j in into[k] for t in before.nodes[j].inputs if before.tensors[t].constant]
+        for t in node.inputs:
+            if after.tensors[t].constant:
+                same = next((c for c in consts if before.tensors[c].expr.same_as(after.tensors[t].expr)), t)
+                if same != t:
+                    out[t] = (same,)
+    return out
 
 
 def offload(mod: tvm.IRModule, hw: Hardware, schedule: str = "layerwise", **options) -> tuple:
