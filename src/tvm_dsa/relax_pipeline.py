@@ -22,7 +22,7 @@ from tvm_dsa.kernelgen.stitched import StitchOptions
 from tvm_dsa.relax_passes.arena import PlanArena
 from tvm_dsa.relax_passes.bound import constant_bytes, model_ddr_bytes
 from tvm_dsa.relax_passes.fusion import fuse
-from tvm_dsa.kernelgen.symbolic import is_dynamic, offload_symbolic
+from tvm_dsa.kernelgen.symbolic import is_dynamic, offload_symbolic_pass
 from tvm_dsa.relax_passes.pool_fusion import FusePooling
 from tvm_dsa.relax_passes.reorder import ApplyExecutionPlan
 from tvm_dsa.relax_passes.sink import SinkIntoBranches
@@ -106,8 +106,12 @@ def pipeline(schedule: str = AUTO, hw: hardware.Hardware | str | None = None,
                 mod = FusePooling(chip)(mod)
             if memory_plan:
                 mod = ApplyExecutionPlan(SinkIntoBranches(mod))
-            mod, result = (offload_symbolic(mod, chip) if dynamic
-                           else _fastest(mod, chip, chosen, options, tuned_kernels(database, chip)))
+            if dynamic:
+                decided = []
+                mod = offload_symbolic_pass(chip, decided.append)(mod)
+                result = decided[0]
+            else:
+                mod, result = _fastest(mod, chip, chosen, options, tuned_kernels(database, chip))
             result.model_ddr_bytes, result.weight_bytes = ddr_bytes, weight_bytes
             if dynamic:
                 result.schedule = "layerwise"

@@ -87,6 +87,23 @@ def kernel_text(name: str, func: tirx.PrimFunc, hw: Hardware) -> tuple[str, str]
     return EXECUTE_SHAPED, kernel.serialize()
 
 
+OFFLOAD_SYMBOLIC_PASS = "dsa.OffloadSymbolic"
+
+
+def offload_symbolic_pass(hw: Hardware, on_result, run_id: str = "model") -> tvm.transform.Pass:
+    """``offload_symbolic`` as a named pass (``on_result`` hears its ``OffloadResult``): what the
+    harness watches to keep the module a dynamic model's kernels were made of
+    (``harness.Compiled.fused``, for the layers' labels), as ``dsa.OffloadToDSA`` for a static one."""
+
+    @tvm.transform.module_pass(opt_level=0, name=OFFLOAD_SYMBOLIC_PASS)
+    def offload(mod: tvm.IRModule, _ctx) -> tvm.IRModule:
+        mod, result = offload_symbolic(mod, hw, run_id)
+        on_result(result)
+        return mod
+
+    return offload
+
+
 def offload_symbolic(mod: tvm.IRModule, hw: Hardware, run_id: str = "model"):
     """Return (new module, OffloadResult); ``result.dsa_macs`` / ``host_macs`` count the kernels
     with static shapes only (a symbolic kernel's MACs depend on the shape)."""

@@ -81,9 +81,11 @@ class OpGraph:
         return out
 
     @classmethod
-    def from_relax(cls, mod: tvm.IRModule, func: str = "main") -> "OpGraph":
+    def from_relax(cls, mod: tvm.IRModule, func: str = "main", symbolic: bool = False) -> "OpGraph":
         """The graph of ``call_tir`` nodes of ``mod[func]`` (after FuseOps/FuseTIR). Tensors are
-        named after their Relax variables, made unique (Relax allows two variables one name)."""
+        named after their Relax variables, made unique (Relax allows two variables one name).
+        ``symbolic``: a dynamic model's, a symbolic dim kept as its expression's text (``batch``,
+        ``seq * 64``; a shape Relax does not know is ``("?",)``); else every dim must be known."""
         f = mod[func]
         tensors: dict[str, Tensor] = {}
         names: dict = {}  # Relax variable -> tensor name
@@ -100,12 +102,12 @@ class OpGraph:
         def tensor_of(expr) -> str:
             if isinstance(expr, tvm.ir.expr.Constant):
                 name = f"const{len(tensors)}"
-                tensors[name] = Tensor(name, _shape(expr), _dtype(expr), None, True, expr)
+                tensors[name] = Tensor(name, _shape(expr, symbolic), _dtype(expr), None, True, expr)
                 return name
             if isinstance(expr, relax.Var):
                 name = name_of(expr)
                 if name not in tensors:
-                    tensors[name] = Tensor(name, _shape(expr), _dtype(expr), None, expr=expr)
+                    tensors[name] = Tensor(name, _shape(expr, symbolic), _dtype(expr), None, expr=expr)
                 return name
             raise ValueError(f"argument {expr} is neither a variable nor a constant")
 
@@ -121,7 +123,7 @@ class OpGraph:
                     # scalar arguments (a dynamic kernel's symbols) are not tensors
                     inputs = tuple(tensor_of(a) for a in value.args[1].fields if isinstance(a.ty, relax.TensorType))
                     name = name_of(var)
-                    tensors[name] = Tensor(name, _shape(var), _dtype(var), len(nodes), expr=var)
+                    tensors[name] = Tensor(name, _shape(var, symbolic), _dtype(var), len(nodes), expr=var)
                     nodes.append(Node(len(nodes), name, value.args[0].name_hint, inputs, name))
                 elif isinstance(value, relax.Var):
                     names[var] = name_of(value)  # an alias names the same tensor
@@ -157,7 +159,11 @@ class OpGraph:
         return replace(self, tensors=tensors), clusters
 
 
-def _shape(expr) -> tuple[int, ...]:
+def _shape(expr, symbolic: bool = False) -> tuple:
+    if symbolic:
+        if expr.ty.shape is None:
+            return ("?",)
+        return tuple(int(s) if isinstance(s, tvm.tirx.IntImm) else str(s) for s in expr.ty.shape)
     return tuple(int(s) for s in expr.ty.shape)
 
 
