@@ -129,7 +129,7 @@ def test_a_kernel_is_named_by_its_first_contraction():
     assert kernel_label([pool, conv]) == "stem/conv +1 1x8x2x2 and 1 more layer"
     assert kernel_label([pool]) == "pool 1x8x1x1" and kernel_label([]) == ""
     assert conv.to_dict() == {"relax": "lv", "label": "stem/conv +1 1x8x2x2", "anchor": "stem/conv", "op": "Conv",
-                              "onnx_nodes": ["stem/conv", "stem/relu"], "shape": [1, 8, 2, 2]}
+                              "onnx_nodes": ["stem/conv", "stem/relu"], "shape": [1, 8, 2, 2], "weights": {}}
 
 
 def test_a_compiled_models_trace_names_each_instruction_by_the_model(model, labels):
@@ -216,3 +216,118 @@ def test_a_layer_the_graph_does_not_explain_is_named_for_its_reader():
         labels = list(layer_labels(m, fuse(import_onnx(m))).values())
     assert [str(label) for label in labels[1:]] == ["embed 1x4x8", "proj 1x4x8"]
     assert not labels[0].nodes and labels[0].anchor.endswith(" for embed") and labels[0].shape == (1, 4)
+
+
+def test_weights_are_named_by_the_models_initializers(model, fused, labels):
+    """A Relax constant holding an initializer's values is named by it (the convolutions without a
+    batch norm, the MatMuls); the stem's weights, scaled by batch-norm folding, hold no
+    initializer's values: the one of their size its nodes read, ``(folded)``."""
+    graph = OpGraph.from_relax(fused)
+    inits = {t.name: nh.to_array(t) for t in model.graph.initializer}
+    stem = next(label for label in labels.values() if label.anchor == "stem/conv")
+    checked = 0
+    for node in graph.nodes:
+        for const, name in labels[node.name].weights:
+            value = graph.tensors[const].expr.value.numpy().reshape(-1)
+            held = [k for k, v in inits.items() if v.size == value.size and np.array_equal(v.reshape(-1), value)]
+            if held:
+                assert name in held
+                checked += 1
+    assert checked >= 4 and {"w1", "w2", "wq", "wk"} <= {n for label in labels.values() for _, n in label.weights}
+    (stem_weight,) = [n for c, n in stem.weights if graph.tensors[c].shape == inits["w0"].shape]
+    assert stem_weight == "w0 (folded)"
+
+
+def _separable() -> onnx.ModelProto:
+    """A depthwise convolution, a ReLU and a pointwise convolution (MobileNet's block) at batch 8,
+    where the pair is faster fused (``kernelgen.blocks``)."""
+    rng = np.random.default_rng(2)
+    nodes = [h.make_node("Conv", ["x", "wd"], ["d"], name="block/dw", group=16, pads=[1, 1, 1, 1]),
+             h.make_node("Relu", ["d"], ["dr"], name="block/dw_relu"),
+             h.make_node("Conv", ["dr", "wp"], ["y"], name="block/pw")]
+    graph = h.make_graph(nodes, "separable", [h.make_tensor_value_info("x", TP.FLOAT, [8, 16, 16, 16])],
+                         [h.make_tensor_value_info("y", TP.FLOAT, [8, 24, 16, 16])],
+                         [nh.from_array(_weights(rng, 16, 1, 3, 3), "wd"), nh.from_array(_weights(rng, 24, 16, 1, 1), "wp")])
+    m = h.make_model(graph, opset_imports=[h.make_opsetid("", 17)])
+    m.ir_version = 10
+    return m
+
+
+@pytest.mark.parametrize("schedule", ["layerwise", "graphturbo"])
+def test_a_fused_depthwise_pointwise_pair_is_named_by_both_nodes(schedule, tmp_path):
+    """The pair's kernel, its trace's instructions and (graphturbo) its stitched kernel's weights
+    in the lifetimes plot carry both nodes' names and the model's weight names, not the
+    pointwise layer's alone nor ``constN``."""
+    from tvm_dsa.show.lifetimes import capture_allocations, lifetime_bars
+
+    m = _separable()
+    with capture_allocations() as stitched:
+        compiled = Compiled.build(import_onnx(m), "dsa/stcp920", schedule)
+    assert any(b.fused_cycles < b.parts_cycles for b in compiled.offload.blocks)  # the pair was fused
+    (kernel,) = compiled.offload.layers
+    shape = "x".join(map(str, _inferred(m)["y"]))
+    nodes = [n.name for n in m.graph.node]
+    expected = f"block/dw + block/pw +{len(nodes) - 2} {shape}"
+    names = compiled.names(compiled.labels(m))
+    assert names[kernel] == expected
+    events = label_trace(timing_run(compiled, m, trace=True).trace, names)
+    assert {e["args"]["node"] for e in events if e.get("ph") == "X"} == {expected}
+    if schedule == "graphturbo":
+        (buffers,) = stitched.values()
+        weights = {b.label for b in lifetime_bars(buffers, 0, names) if b.kind == "w"}
+        assert weights == {f"w: {t.name}" for t in m.graph.initializer}
+
+
+def _walk(graph):
+    for node in graph.node:
+        yield node
+        for a in node.attribute:
+            if a.type == onnx.AttributeProto.GRAPH:
+                yield from _walk(a.g)
+
+
+def test_a_dynamic_models_layers_are_labelled_in_its_if_branches_too():
+    """SkipNet (symbolic batch, height, width; two If gates): every node that computes, those of
+    the If branches too, is in one layer, a symbolic dim shown by its name; every kernel, on the
+    DSA or the host, is named by the model."""
+    from tvm_dsa.models.dynamic import DYNAMIC
+
+    m = DYNAMIC["skipnet"]()
+    compiled = Compiled.build(import_onnx(m), "dsa/stcp920")
+    labels = compiled.labels(m)
+    computing = {n.name for n in _walk(m.graph) if n.op_type not in ("If", "Identity")}
+    named = [n for label in labels.values() for n in label.nodes]
+    assert sorted(named) == sorted(set(named)) and set(named) >= computing
+    branch = {n.name for n in _walk(m.graph)} - {n.name for n in m.graph.node}
+    assert branch & computing <= set(named) and any(n.op_type == "If" for n in m.graph.node)
+    batch = m.graph.input[0].type.tensor_type.shape.dim[0].dim_param
+    assert all(label.shape[0] == batch for label in labels.values() if label.shape and label.shape != ())
+    stem = next(label for label in labels.values() if label.anchor == m.graph.node[0].name)
+    dims = [d.dim_param or d.dim_value for d in m.graph.input[0].type.tensor_type.shape.dim]
+    assert str(stem).endswith(f"{dims[0]} x 8 x {dims[2]} x {dims[3]}")
+    names = compiled.names(labels)
+    for kernel in [*compiled.offload.dsa, *compiled.offload.host]:
+        assert names.get(kernel) and names[kernel] != kernel
+
+
+def test_a_dynamic_transformers_embeddings_are_labelled():
+    """BERT with symbolic batch and sequence: the position and token-type tables are indexed by
+    layers that ONNX computes from constants (Range, ConstantOfShape) and Relax in kernels; each
+    Gather is a layer of its own, by its node, and every MatMul is a layer's anchor."""
+    from tvm_dsa.models.dynamic import DYNAMIC
+
+    m = DYNAMIC["bert"]()
+    with tvm.target.Target("llvm"):
+        labels = layer_labels(m, fuse(import_onnx(m)))
+    anchors = [label.anchor for label in labels.values()]
+    gathers = [n.name for n in m.graph.node if n.op_type == "Gather" and n.input[0].endswith("embeddings")]
+    assert len(gathers) == 3 and set(gathers) <= set(anchors)
+    matmuls = [n.name for n in m.graph.node if n.op_type == "MatMul"]
+    assert set(matmuls) <= {n for label in labels.values() for n in label.nodes}
+    weighted = {n.name for n in m.graph.node if n.op_type == "MatMul" and n.input[1] in
+                {t.name for t in m.graph.initializer}}
+    assert weighted <= set(anchors)
+    for label in labels.values():
+        if label.anchor in gathers:
+            table = next(n.input[0] for n in m.graph.node if n.name == label.anchor)
+            assert [name for _, name in label.weights] == [table]

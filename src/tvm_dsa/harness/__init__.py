@@ -14,7 +14,7 @@ from __future__ import annotations
 import functools
 import time
 from contextlib import contextmanager, nullcontext
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 import numpy as np
@@ -26,11 +26,12 @@ from tvm_dsa import execution, hardware
 from tvm_dsa.models import MODELS, TINY, example_inputs, get_model, input_specs
 from tvm_dsa.relax_pipeline import pipeline, pipeline_result
 from tvm_dsa.kernelgen.offload import OffloadResult
+from tvm_dsa.kernelgen.symbolic import OFFLOAD_SYMBOLIC_PASS
 from tvm_dsa.relax_passes.fusion import fuse
 from tvm_dsa.runtime import Report
 from tvm_dsa.schedule.set.layers import LayerGraph, LayerGraphError
 from tvm_dsa.frontend import from_onnx
-from tvm_dsa.harness.labels import Label, kernel_label, layer_labels
+from tvm_dsa.harness.labels import Label, joined, kernel_label, layer_funcs, layer_labels
 from tvm_dsa.schedule.graph import OpGraph
 
 
@@ -143,7 +144,7 @@ class Compiled:
             passes = tvm.transform.Sequential([pipeline(schedule, options=options, database=database),
                                                _record_timing_calls(calls)])
         start = time.perf_counter()
-        with instrumented(_FirstInput(OFFLOAD_PASS, fused)) if is_dsa else nullcontext():
+        with instrumented(_FirstInput((OFFLOAD_PASS, OFFLOAD_SYMBOLIC_PASS), fused)) if is_dsa else nullcontext():
             ex = tvm.compile(mod, target=target, relax_pipeline=passes)
         seconds = time.perf_counter() - start
         return cls(ex, target, seconds, pipeline_result() if is_dsa else None, calls[0] if calls else None,
@@ -157,7 +158,9 @@ class Compiled:
     def names(self, labels: dict[str, Label]) -> dict[str, str]:
         """``model_names`` of this build's layers, DSA kernels and PrimFuncs, its layers labelled
         ``labels`` (``Compiled.labels``)."""
-        return model_names(labels, self.fused, self.offload.layers) if self.fused is not None else {}
+        if self.fused is None:
+            return {}
+        return model_names(labels, self.fused, self.offload.layers, self.offload.sources)
 
     def run(self, inputs: dict[str, np.ndarray] | None, mode: str = "functional", trace: bool = False,
             check_hazards: bool = True) -> Run:
@@ -184,17 +187,26 @@ class Compiled:
         return Run(out, seconds, s.report(), s.last_trace() if trace else [], s.kernel_runs())
 
 
-def model_names(labels: dict[str, Label], fused: tvm.IRModule, kernels: dict | None = None) -> dict[str, str]:
+def model_names(labels: dict[str, Label], fused: tvm.IRModule, kernels: dict | None = None,
+                sources: dict | None = None) -> dict[str, str]:
     """What the model calls each name a run of ``fused`` (the model imported and fused, its
     layers labelled ``labels``: ``layer_labels``) shows: a layer's Relax name -> its label; a
-    PrimFunc's, or a DSA kernel's in ``kernels`` (name -> the layers it runs:
-    ``OffloadResult.layers``) -> ``kernel_label`` of its layers."""
-    runs: dict[str, tuple] = {}
-    for node in OpGraph.from_relax(fused).nodes:
-        runs[node.func] = runs.get(node.func, ()) + (node.name,)
+    constant's -> its name (``Label.weights``: an initializer's, ``conv1.weight``); a PrimFunc's,
+    or a DSA kernel's in ``kernels`` (name -> the layers it runs: ``OffloadResult.layers``) ->
+    ``kernel_label`` of its layers. ``sources`` (``OffloadResult.sources``): the names of the
+    graph the kernels were made of that differ in ``fused``, so that a fused depthwise and
+    pointwise pair is named by both (``joined``), and a constant numbered again by its name."""
+    runs = layer_funcs(fused)
+    weights = {const: name for label in labels.values() for const, name in label.weights}
+    labels = dict(labels)
+    for name, was in (sources or {}).items():
+        if all(w in labels for w in was):
+            labels[name] = joined(name, [labels[w] for w in was]) if len(was) > 1 else replace(labels[was[0]], name=name)
+        elif was[0] in weights:
+            weights[name] = weights[was[0]]
     runs |= kernels or {}
     named = {name: kernel_label([labels[n] for n in layers if n in labels]) for name, layers in runs.items()}
-    return named | {name: str(label) for name, label in labels.items()}
+    return named | weights | {name: str(label) for name, label in labels.items()}
 
 
 OFFLOAD_PASS = "dsa.OffloadToDSA"
@@ -202,13 +214,13 @@ OFFLOAD_PASS = "dsa.OffloadToDSA"
 
 @tvm.instrument.pass_instrument
 class _FirstInput:
-    """A pass instrument keeping in ``found`` the module the first run of the pass ``name`` receives."""
+    """A pass instrument keeping in ``found`` the module the first run of a pass of ``names`` receives."""
 
-    def __init__(self, name: str, found: list):
-        self.pass_name, self.found = name, found
+    def __init__(self, names: tuple[str, ...], found: list):
+        self.names, self.found = names, found
 
     def run_before_pass(self, mod, info):
-        if info.name == self.pass_name and not self.found:
+        if info.name in self.names and not self.found:
             self.found.append(mod)
 
 

@@ -34,7 +34,7 @@ class LifetimeBar:
     """One buffer as drawn: panel (level and unit), steps [first, last], bytes [offset, offset +
     nbytes) (offset -1: a weight read in place, drawn under the axis), spilled or not."""
 
-    label: str  # "lv3 @ instance 2" or "w: p1"
+    label: str  # "layer1.0.conv1 +2 1x64x8x8 @ instance 2" or "w: layer1.0.conv1.weight" (Relax's names without names)
     kind: str  # t | w
     panel: str  # "GB (cluster 0)", "LB (core 3)", "DDR (spilled)"
     first: int
@@ -62,14 +62,15 @@ def capture_allocations():
 
 def lifetime_bars(buffers: list[Buffer], cluster: int = 0, names: dict | None = None) -> list[LifetimeBar]:
     """The bars of ``cluster``'s buffers, LB panels first, then the GB, then what was spilled; an
-    intermediate labelled by its layer's name in ``names`` (Relax name -> the model's), if there."""
+    intermediate labelled by its layer's name in ``names`` (Relax name -> the model's:
+    ``Compiled.names``), a weight by its (``w: conv1.weight``), if there."""
     names = names or {}
     bars = []
     for b in buffers:
         if b.cluster != cluster:
             continue
         panel = {"lb": f"LB (core {b.unit})", "gb": f"GB (cluster {b.unit})", "ddr": "DDR (spilled)"}[b.level]
-        label = f"{names.get(b.tensor, b.tensor)} @ instance {b.owner}" if b.kind == "t" else f"w: {b.tensor}"
+        label = f"{names.get(b.tensor, b.tensor)} @ instance {b.owner}" if b.kind == "t" else f"w: {names.get(b.tensor, b.tensor)}"
         bars.append(LifetimeBar(label, b.kind, panel, b.first, b.last, b.offset, b.nbytes, b.level == "ddr"))
     return sorted(bars, key=lambda x: (_panel_key(x.panel), x.first, x.offset))
 
