@@ -35,8 +35,8 @@ def model() -> onnx.ModelProto:
     MatMuls of one input with weights of one shape (only their values tell them apart)."""
     rng = np.random.default_rng(0)
     inits = {"w0": _weights(rng, 8, 3, 3, 3), "w1": _weights(rng, 8, 8, 3, 3), "w2": _weights(rng, 8, 8, 1, 1),
-             "wq": _weights(rng, 8, 8), "wk": _weights(rng, 8, 8), "scale": np.ones(8, "float32"),
-             "bias": np.zeros(8, "float32"), "mean": np.zeros(8, "float32"), "var": np.ones(8, "float32")}
+             "wq": _weights(rng, 8, 8), "wk": _weights(rng, 8, 8), "scale": 1 + _weights(rng, 8),
+             "bias": _weights(rng, 8), "mean": _weights(rng, 8), "var": 1 + np.abs(_weights(rng, 8))}
     nodes = [
         h.make_node("Conv", ["x", "w0"], ["c0"], name="stem/conv", pads=[1, 1, 1, 1], strides=[2, 2]),
         h.make_node("BatchNormalization", ["c0", "scale", "bias", "mean", "var"], ["b0"], name="stem/bn"),
@@ -221,7 +221,8 @@ def test_a_layer_the_graph_does_not_explain_is_named_for_its_reader():
 def test_weights_are_named_by_the_models_initializers(model, fused, labels):
     """A Relax constant holding an initializer's values is named by it (the convolutions without a
     batch norm, the MatMuls); the stem's weights, scaled by batch-norm folding, hold no
-    initializer's values: the one of their size its nodes read, ``(folded)``."""
+    initializer's values: the one of their size its nodes read, ``(folded)``, and its bias the
+    norm's."""
     graph = OpGraph.from_relax(fused)
     inits = {t.name: nh.to_array(t) for t in model.graph.initializer}
     stem = next(label for label in labels.values() if label.anchor == "stem/conv")
@@ -236,6 +237,10 @@ def test_weights_are_named_by_the_models_initializers(model, fused, labels):
     assert checked >= 4 and {"w1", "w2", "wq", "wk"} <= {n for label in labels.values() for _, n in label.weights}
     (stem_weight,) = [n for c, n in stem.weights if graph.tensors[c].shape == inits["w0"].shape]
     assert stem_weight == "w0 (folded)"
+    # the folded bias (the convolution has none): of the norm's four inputs of its size, its bias
+    norm = next(n for n in model.graph.node if n.op_type == "BatchNormalization")
+    (stem_bias,) = [n for c, n in stem.weights if graph.tensors[c].shape != inits["w0"].shape]
+    assert stem_bias == f"{norm.input[2]} (folded)"
 
 
 def _separable() -> onnx.ModelProto:

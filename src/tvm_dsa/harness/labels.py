@@ -276,7 +276,8 @@ class _Matcher:
         ``group``, labelled ``anchor``, reads: the initializer (or ``Constant`` node's value) it
         holds, by value (a reshape's, a matrix's transpose too), of those the layer's nodes read
         first; else the one initializer of its size they read, ``(folded)`` (batch-norm folding
-        scales a convolution's weights); else the layer's (``conv1's weight``)."""
+        scales a convolution's weights), or of several the batch norm's bias (the folded bias,
+        ``B - mean * scale / sqrt(var)``); else the layer's (``conv1's weight``)."""
         value = tensor.expr.value.numpy()
         digests = {_value_digest(value)}
         if value.squeeze().ndim == 2:
@@ -291,6 +292,9 @@ class _Matcher:
         sized = [i for i in read if self.values[i][1] == value.size]
         if len(sized) == 1:
             return f"{sized[0]} (folded)"
+        norms = [self.nodes[k] for k in sorted(group) if self.nodes[k].op_type == "BatchNormalization"]
+        if len(norms) == 1 and norms[0].input[2] in sized:  # a convolution's bias, of the norm's four
+            return f"{norms[0].input[2]} (folded)"
         return f"{anchor}'s {'weight' if _is_weight(value.shape) else 'constant'}"
 
     @functools.cached_property
