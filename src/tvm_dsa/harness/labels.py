@@ -11,6 +11,10 @@ folding changes a convolution's, not a MatMul's: a transformer's Q and K), the o
 PrimFunc's name shows (``fused_conv2d_add_relu``), the earliest sub-graph, the longest (fusion
 takes the elementwise ops after a contraction); and one its readers in the fused module can
 follow. A layer the graph does not explain (a rewrite's own kernel) keeps its PrimFunc's name.
+Each layer's constants are named by the initializers they hold (``Label.weights``); a dynamic
+model's symbolic dims match any (``shape_text`` shows them by name), and its ``If`` branches are
+matched to the ONNX ``If``'s (``layer_graphs``); a layer made of two (a depthwise and pointwise
+pair) is ``joined``.
 
     labels = layer_labels(model, fused_module)      # Relax layer name -> Label
     str(labels["lv6_1"])                            # 'layer3.0.conv1.conv.Conv +2 1x64x2x2'
