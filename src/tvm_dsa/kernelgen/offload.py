@@ -132,12 +132,16 @@ def graph_sources(before: OpGraph, after: OpGraph) -> dict[str, tuple[str, ...]]
     into: dict[int, list[int]] = {}  # a layer of ``before`` that stays -> the layers joined into it
     for node in before.nodes:
         k = node.index
-        while k not in kept:  # a joined producer has one reader
-            (k,) = before.consumers(k)
-        into.setdefault(k, []).append(node.index)
+        while k is not None and k not in kept:  # a joined producer has one reader (a dead layer none)
+            readers = before.consumers(k)
+            k = min(readers) if len(readers) == 1 else None
+        if k is not None:
+            into.setdefault(k, []).append(node.index)
     out = {}
     for node in after.nodes:
-        k = index[before.names[after.tensors[node.output].expr]]
+        k = index.get(before.names.get(after.tensors[node.output].expr))
+        if k is None:  # a layer of its own making: no names to follow
+            continue
         layers = tuple(before.nodes[j].name for j in into[k])
         if layers != (node.name,):
             out[node.name] = layers
