@@ -128,7 +128,7 @@ def layer_labels(model: onnx.ModelProto, fused) -> dict[str, Label]:
 
 
 @dataclass(frozen=True)
-class LayerGraph:
+class ScopeGraph:
     """``main``'s layers or those of one branch of one of its ``If`` bindings (``where``: its
     index among them and 0 for the true branch, 1 the false; ``params`` the outer variables it
     reads); ``keys``: a layer's name -> its key among all graphs' (its own, ``@if<i><t|f>`` added
@@ -141,7 +141,7 @@ class LayerGraph:
     ifs: tuple = ()
 
 
-def layer_graphs(fused) -> list[LayerGraph]:
+def layer_graphs(fused) -> list[ScopeGraph]:
     """The layers of ``fused``'s ``main`` and of its ``If`` bindings' branches (a dynamic model's:
     ``OpGraph`` leaves them out), each as a graph of its own."""
     from tvm import relax
@@ -149,7 +149,7 @@ def layer_graphs(fused) -> list[LayerGraph]:
     graph = OpGraph.from_relax(fused, symbolic=True)
     bindings = [b for block in fused["main"].body.blocks for b in block.bindings]
     ifs = [b for b in bindings if isinstance(b.value, relax.If)]
-    out = [LayerGraph(graph, keys={n.name: n.name for n in graph.nodes}, ifs=tuple(b.var for b in ifs))]
+    out = [ScopeGraph(graph, keys={n.name: n.name for n in graph.nodes}, ifs=tuple(b.var for b in ifs))]
     taken = set(graph.tensors)
     for i, b in enumerate(ifs):
         for side, branch in enumerate((b.value.true_branch, b.value.false_branch)):
@@ -158,7 +158,7 @@ def layer_graphs(fused) -> list[LayerGraph]:
                                      symbolic=True)
             keys = {n.name: n.name if n.name not in taken else f"{n.name}@if{i}{'tf'[side]}" for n in sub.nodes}
             taken |= set(keys.values())
-            out.append(LayerGraph(sub, (i, side), params, keys))
+            out.append(ScopeGraph(sub, (i, side), params, keys))
     return out
 
 
