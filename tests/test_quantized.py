@@ -628,22 +628,26 @@ def test_matmulinteger_kernel(zero):
     assert y.dtype == np.int32 and np.array_equal(y, expected)
 
 
-@pytest.mark.parametrize("zero,stride", [(None, 1), (-128, 2)])
-def test_convinteger_kernel(zero, stride):
-    """ConvInteger (3x3, padding 1) of int8 activations with a zero point, which is also the
-    padding's value (the padded taps are real zeros): one int8 x int8 -> int32 convolution on the
-    DSA, numpy's integer reference exactly."""
+@pytest.mark.parametrize("zero,stride,groups", [(None, 1, 1), (-128, 2, 1), (None, 1, 5)])
+def test_convinteger_kernel(zero, stride, groups):
+    """ConvInteger (3x3, padding 1; one group, or depthwise) of int8 activations with a zero
+    point, which is also the padding's value (the padded taps are real zeros): one int8 x int8 ->
+    int32 convolution on the DSA, numpy's integer reference exactly."""
     rng = np.random.default_rng(13)
     x = rng.integers(-128, 128, (1, 5, 9, 9), dtype=np.int8)
-    w = rng.integers(-127, 128, (4, 5, 3, 3), dtype=np.int8)
-    w[1] = 100  # a channel's weights sum to 4,500: more than one channel of int8 for the zero point's term
+    w = rng.integers(-127, 128, (4 if groups == 1 else 5, 5 // groups, 3, 3), dtype=np.int8)
+    w[1] = 100  # one group: its weights sum to 4,500, more than the 127 x 9 of one channel of z_x
     zx = np.int8(37 if zero is None else zero)
     size = (9 + 2 - 3) // stride + 1
-    model = _integer_model("ConvInteger", [1, 5, 9, 9], w, [1, 4, size, size], zero, pads=[1, 1, 1, 1],
-                           strides=[stride, stride], kernel_shape=[3, 3])
+    model = _integer_model("ConvInteger", [1, 5, 9, 9], w, [1, len(w), size, size], zero, pads=[1, 1, 1, 1],
+                           strides=[stride, stride], kernel_shape=[3, 3], group=groups)
     y, result = _on_dsa(model, {"a": x} if zero is not None else {"a": x, "za": zx})
-    assert result.host_macs == 0 and result.dsa_macs >= 4 * 5 * 9 * size * size
-    assert np.array_equal(y, _conv_reference(x, w, int(zx), stride))
+    assert result.host_macs == 0 and result.dsa_macs >= w.size * size * size
+    per_group = len(w) // groups
+    expected = np.concatenate([_conv_reference(x[:, g * (5 // groups):(g + 1) * (5 // groups)],
+                                               w[g * per_group:(g + 1) * per_group], int(zx), stride)
+                               for g in range(groups)], axis=1)
+    assert np.array_equal(y, expected)
 
 
 def _dynamic_quantized(nodes, x_shape, y_shape, inits) -> onnx.ModelProto:

@@ -118,25 +118,26 @@ def _matmul_integer(bb, inputs, attr, params):
 
 
 def _conv_integer(bb, inputs, attr, params):
-    """ConvInteger (2-d, NCHW, one group) of an int8 ``x`` (zero point ``z_x``, which pads it:
+    """ConvInteger (2-d, NCHW, any groups) of an int8 ``x`` (zero point ``z_x``, which pads it:
     the padded taps are real zeros) and int8 constant weights (zero points 0) as one int8 x int8
     -> int32 convolution, the zero point's term ``- z_x * sum w[o]`` in it too: J more input
-    channels, each all ``z_x``, with weights ``-d`` (int8) that sum to each output channel's
-    weights. Exact in int32: ``sum (x - z_x) * w``."""
+    channels a group, each all ``z_x``, with weights ``-d`` (int8) that sum to each output
+    channel's weights. Exact in int32: ``sum (x - z_x) * w``."""
     operands = _integer_operands(bb, inputs, 4)
-    if operands is None or attr.get("group", 1) != 1 or attr.get("auto_pad", b"NOTSET") not in (b"NOTSET", "NOTSET"):
+    if operands is None or attr.get("auto_pad", b"NOTSET") not in (b"NOTSET", "NOTSET"):
         return None
     x, w, zx = operands
+    groups = int(attr.get("group", 1))
     if x.ty.ndim != 4:
         return None
     top, left, bottom, right = attr.get("pads", (0, 0, 0, 0))
-    conv = {"strides": attr.get("strides", (1, 1)), "dilation": attr.get("dilations", (1, 1)), "out_dtype": "int32"}
+    conv = {"strides": attr.get("strides", (1, 1)), "dilation": attr.get("dilations", (1, 1)), "groups": groups,
+            "out_dtype": "int32"}
     if zx is None:
         return relax.op.nn.conv2d(x, relax.const(w), padding=(top, left, bottom, right), **conv)
-    n, _, height, width = (int(s) for s in x.ty.shape)
+    n, channels, height, width = (int(s) for s in x.ty.shape)
     kh, kw = w.shape[2:]
     zero = relax.op.reshape(zx, [1, 1, 1, 1])
-    channels = int(x.ty.shape[1])
     if left or right:  # the padding is the zero point: x between columns, then rows, of z_x (copies)
         x = relax.op.concat([*([relax.op.broadcast_to(zero, [n, channels, height, left])] if left else []), x,
                              *([relax.op.broadcast_to(zero, [n, channels, height, right])] if right else [])], axis=3)
@@ -147,9 +148,15 @@ def _conv_integer(bb, inputs, attr, params):
         height += top + bottom
     d = _int8_digits(w.astype(np.int64).sum(axis=(1, 2, 3)), kh * kw)  # [J * kh * kw, O]
     d = d.reshape(-1, kh, kw, w.shape[0]).transpose(3, 0, 1, 2)  # [O, J, kh, kw]
-    zeros = relax.op.broadcast_to(zero, [n, d.shape[1], height, width])
-    x = bb.normalize(relax.op.concat([x, zeros], axis=1))
-    return relax.op.nn.conv2d(x, relax.const(np.concatenate([w, -d], axis=1)), **conv)
+    j = d.shape[1]
+    if groups == 1:
+        x = relax.op.concat([x, relax.op.broadcast_to(zero, [n, j, height, width])], axis=1)
+    else:  # each group's channels, then its J channels of z_x
+        x = relax.op.reshape(x, [n, groups, channels // groups, height, width])
+        x = relax.op.concat([x, relax.op.broadcast_to(relax.op.reshape(zx, [1] * 5), [n, groups, j, height, width])],
+                            axis=2)
+        x = relax.op.reshape(x, [n, groups * (channels // groups + j), height, width])
+    return relax.op.nn.conv2d(bb.normalize(x), relax.const(np.concatenate([w, -d], axis=1)), **conv)
 
 
 # op -> (converter returning the Relax expression, or None to let TVM's converter do it;
@@ -165,7 +172,7 @@ class _Importer(onnx_frontend.ONNXGraphImporter):
                 return self.bb.normalize(sym)
             if op_name not in onnx_frontend._get_convert_map():
                 raise tvm.error.OpNotImplemented(f"{op_name} is supported with int8 inputs with one zero point, "
-                                                 "int8 constant weights with zero points 0, one group")
+                                                 "int8 constant weights with zero points 0, explicit pads")
         return super()._convert_operator(op_name, inputs, attrs, opset)
 
     def _check_for_unsupported_ops(self, graph):  # ops of CONVERTERS that TVM lacks are ours
