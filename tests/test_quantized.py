@@ -650,8 +650,9 @@ def test_convinteger_kernel(zero, stride, groups):
     assert np.array_equal(y, expected)
 
 
-def _dynamic_quantized(nodes, x_shape, y_shape, inits) -> onnx.ModelProto:
-    """The float model of ``nodes`` quantized by onnxruntime's ``quantize_dynamic`` (int8 weights)."""
+def _dynamic_quantized(nodes, x_shape, y_shape, inits, per_channel: bool) -> onnx.ModelProto:
+    """The float model of ``nodes`` quantized by onnxruntime's ``quantize_dynamic`` (int8 weights,
+    per channel or not)."""
     from onnxruntime.quantization import QuantType, quantize_dynamic
 
     graph = h.make_graph(nodes, "float", [h.make_tensor_value_info("x", TP.FLOAT, x_shape)],
@@ -660,7 +661,8 @@ def _dynamic_quantized(nodes, x_shape, y_shape, inits) -> onnx.ModelProto:
     model.ir_version = 10
     with tempfile.TemporaryDirectory() as tmp:
         onnx.save(model, f"{tmp}/float.onnx")
-        quantize_dynamic(f"{tmp}/float.onnx", f"{tmp}/dynamic.onnx", weight_type=QuantType.QInt8)
+        quantize_dynamic(f"{tmp}/float.onnx", f"{tmp}/dynamic.onnx", weight_type=QuantType.QInt8,
+                         per_channel=per_channel)
         return onnx.load(f"{tmp}/dynamic.onnx")
 
 
@@ -679,13 +681,14 @@ def test_dynamic_quantized_model_against_onnxruntime(kind):
     if kind == "matmul":
         nodes = [h.make_node("MatMul", ["x", "w1"], ["m"]), h.make_node("Add", ["m", "b1"], ["a"]),
                  h.make_node("Relu", ["a"], ["r"]), h.make_node("MatMul", ["r", "w2"], ["y"])]
-        model = _dynamic_quantized(nodes, [4, 32], [4, 16], [init("w1", 32, 64), init("b1", 64), init("w2", 64, 16)])
+        model = _dynamic_quantized(nodes, [4, 32], [4, 16], [init("w1", 32, 64), init("b1", 64), init("w2", 64, 16)],
+                                   per_channel=True)  # the rescale a run-time vector: ScaleApart
         x_shape, macs, op = (4, 32), 4 * 32 * 64 + 4 * 64 * 16, "MatMulInteger"
     else:
         nodes = [h.make_node("Conv", ["x", "w1", "b1"], ["c"], pads=[1, 1, 1, 1]), h.make_node("Relu", ["c"], ["r"]),
                  h.make_node("Conv", ["r", "w2"], ["y"], strides=[2, 2])]
         model = _dynamic_quantized(nodes, [1, 3, 8, 8], [1, 4, 3, 3],
-                                   [init("w1", 8, 3, 3, 3), init("b1", 8), init("w2", 4, 8, 3, 3)])
+                                   [init("w1", 8, 3, 3, 3), init("b1", 8), init("w2", 4, 8, 3, 3)], per_channel=False)
         x_shape, macs, op = (1, 3, 8, 8), 8 * 3 * 9 * 64 + 4 * 8 * 9 * 9, "ConvInteger"
     assert [n.op_type for n in model.graph.node].count(op) == 2
     session = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
@@ -695,3 +698,27 @@ def test_dynamic_quantized_model_against_onnxruntime(kind):
         assert result.host_macs == 0 and result.dsa_macs >= macs
         expected = session.run(None, {"x": x})[0]
         assert np.abs(y - expected).max() <= 1e-6 * np.abs(expected).max()
+
+
+def test_a_vector_of_a_run_time_scalar_is_not_fused_into_a_matmul():
+    """A float matmul rescaled by a run-time scalar times a constant vector (a dynamically
+    quantized MatMul's per-channel scale): the vector is a kernel of its own (``ScaleApart``) and
+    the matmul with its epilogue runs on the DSA; fused, no tiling of it emitted."""
+    rng = np.random.default_rng(15)
+    bb = relax.BlockBuilder()
+    x, s = relax.Var("x", relax.TensorType((4, 37), "float32")), relax.Var("s", relax.TensorType((), "float32"))
+    w, v, b = (rng.standard_normal(shape).astype(np.float32) for shape in ((37, 64), (64,), (64,)))
+    with bb.function("main", [x, s]):
+        with bb.dataflow():
+            m = bb.emit(relax.op.matmul(x, relax.const(w)))
+            y = bb.emit(relax.op.multiply(m, bb.emit(relax.op.multiply(s, relax.const(v)))))
+            out = bb.emit_output(bb.emit(relax.op.nn.relu(bb.emit(relax.op.add(y, relax.const(b))))))
+        bb.emit_func_output(out)
+    ex = tvm.compile(bb.get(), target="dsa/stcp920", relax_pipeline=tvm_dsa.pipeline(schedule="layerwise"))
+    result = tvm_dsa.pipeline_result(ex)
+    assert result.host == {} and result.dsa_macs == 4 * 37 * 64
+    xv = rng.standard_normal((4, 37)).astype(np.float32)
+    vm = relax.VirtualMachine(ex, tvm.cpu())
+    out = vm["main"](tvm.runtime.tensor(xv), tvm.runtime.tensor(np.float32(0.5))).numpy()
+    expected = np.maximum((xv @ w) * (np.float32(0.5) * v) + b, 0)
+    assert np.abs(out - expected).max() <= 2e-2 * np.abs(expected).max()
