@@ -5,6 +5,7 @@
     python benchmarks/quantized.py --tiny                     # the zoo's small configurations: a quick check
     python benchmarks/quantized.py --models resnet50 --schedules layerwise   # the int8 model layerwise only
     python benchmarks/quantized.py --models bert_base --chips set-edge16 --per-layer --layers 0 5 11
+    python benchmarks/quantized.py --dynamic                  # quantize_dynamic: MatMulInteger, ConvInteger
 
 Each model is quantized by ``tvm_dsa.quantize`` (onnxruntime's ``quantize_static``: QDQ, int8
 activations, per-channel int8 weights, calibrated on four example inputs), compiled for each int8
@@ -29,6 +30,13 @@ computed for it in the whole model (intermediate tensors exposed as outputs); it
 compared, in quantisation steps, with that session's (the segment alone on the unfused session: the
 same) and with onnxruntime's default session of the segment alone, on the same inputs. If each
 segment is within one step, the whole model's larger distance is the cascade of such steps.
+
+``--dynamic`` quantizes each model with onnxruntime's ``quantize_dynamic`` instead (after its
+pre-processing, which folds batch norms; int8 per-channel weights; DynamicQuantizeLinear,
+MatMulInteger, ConvInteger), compiles it for each chip (layerwise)
+and simulates it functionally: the MACs on the DSA (with the zero points' extra rows,
+``tvm_dsa.frontend``), over the float model's, the kernels on the host, the cycles, the output's
+distance from onnxruntime's session of the same model and from the float model.
 """
 
 from __future__ import annotations
@@ -229,6 +237,38 @@ def cascade(name: str, chip: str, tiny: bool) -> list[list[str]]:
     return rows
 
 
+def dynamic(name: str, chips: tuple[str, ...], tiny: bool) -> list[list[str]]:
+    """``--dynamic``: one row per chip of ``name`` quantized by ``quantize_dynamic``."""
+    import tempfile
+
+    from onnxruntime.quantization import QuantType, quantize_dynamic
+    from onnxruntime.quantization.shape_inference import quant_pre_process
+
+    float_model = get_model(name, **(TINY[name] if tiny else {}))
+    _step(f"{name}: quantize_dynamic")
+    with tempfile.TemporaryDirectory() as tmp:  # pre-processed first, as onnxruntime advises: batch norms folded
+        onnx.save(float_model, f"{tmp}/float.onnx")
+        quant_pre_process(f"{tmp}/float.onnx", f"{tmp}/pre.onnx")
+        quantize_dynamic(f"{tmp}/pre.onnx", f"{tmp}/dynamic.onnx", weight_type=QuantType.QInt8, per_channel=True)
+        model = onnx.load(f"{tmp}/dynamic.onnx")
+    ops = [n.op_type for n in model.graph.node]
+    feeds = example_inputs(float_model, seed=0)
+    ref, ref_float = on_onnxruntime(model, feeds), on_onnxruntime(float_model, feeds)
+    float_macs = Compiled.build(import_onnx(float_model), "dsa/set-edge16-fp16", "layerwise").offload
+    float_macs = float_macs.dsa_macs + float_macs.host_macs
+    rows = []
+    for chip in chips:
+        _step(f"{name}: dynamic int8 on {chip}")
+        c = Compiled.build(import_onnx(model), f"dsa/{chip}", "layerwise")
+        run = c.run(feeds)
+        rows.append([name, chip, f"{ops.count('MatMulInteger')} / {ops.count('ConvInteger')}",
+                     f"{dsa_mac_share(c.offload):.1%}", f"{c.offload.dsa_macs / float_macs:.3f}",
+                     str(len(c.offload.host)), f"{run.report.cycles:,}",
+                     f"{max_relative_error(run.outputs, ref):.1e}", f"{max_relative_error(run.outputs, ref_float):.2e}",
+                     f"{c.seconds:.0f}", f"{run.seconds:.0f}"])
+    return rows
+
+
 def helper_dtype(value: np.ndarray) -> int:
     return onnx.helper.np_dtype_to_tensor_dtype(value.dtype)
 
@@ -250,8 +290,18 @@ def main() -> None:
     p.add_argument("--per-layer", action="store_true",
                    help="each quantised segment of --layers alone, on the int8 inputs of onnxruntime's unfused session")
     p.add_argument("--layers", nargs="+", type=int, default=[0], help="the encoder layers --per-layer measures")
+    p.add_argument("--dynamic", action="store_true", help="quantized by quantize_dynamic (MatMulInteger, ConvInteger)")
     args = p.parse_args()
     start = time.perf_counter()
+    if args.dynamic:
+        rows = [row for name in args.models for row in dynamic(name, tuple(args.chips), args.tiny)]
+        _table("Quantized by quantize_dynamic (per-channel int8 weights), layerwise, functional: MACs on the DSA, "
+               "DSA MACs over the float model's (the zero points' extra rows), host kernels, cycles, max |dsa - ort| / "
+               "max |ort| (the same model on onnxruntime), vs float" + (", tiny" if args.tiny else ""),
+               ["model", "chip", "MatMulInteger / ConvInteger", "DSA MACs", "MACs / float's", "host kernels",
+                "cycles", "vs onnxruntime", "vs float", "compile s", "simulate s"], rows)
+        print(f"\n({time.perf_counter() - start:.0f} s)")
+        return
     if args.per_layer:
         rows = [row for name in args.models for chip in args.chips for row in per_layer(name, chip, args.layers,
                                                                                         args.tiny)]

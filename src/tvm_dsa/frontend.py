@@ -112,8 +112,8 @@ def _matmul_integer(bb, inputs, attr, params):
         return relax.op.matmul(a, relax.const(w), out_dtype="int32")
     d = _int8_digits(w.astype(np.int64).sum(axis=0))
     shape = [int(s) for s in a.ty.shape]
-    zeros = bb.normalize(relax.op.broadcast_to(relax.op.reshape(za, [1] * len(shape)), [*shape[:-1], len(d)]))
-    a = bb.normalize(relax.op.concat([a, zeros], axis=-1))
+    points = bb.normalize(relax.op.broadcast_to(relax.op.reshape(za, [1] * len(shape)), [*shape[:-1], len(d)]))
+    a = bb.normalize(relax.op.concat([a, points], axis=-1))
     return relax.op.matmul(a, relax.const(np.concatenate([w, -d])), out_dtype="int32")
 
 
