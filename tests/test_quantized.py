@@ -587,3 +587,138 @@ def test_qoperator_model_runs_its_qlinear_ops_on_the_dsa():
     assert result.dsa_macs == 8 * 3 * 9 * 8 * 8 + 8 * 8 * 9 * 4 * 4 + 128 * 10 and result.host_kernels == 0
     expected = ort.InferenceSession(qop.SerializeToString()).run(None, {"x": x})[0]
     assert np.abs(y - expected).max() <= _output_scale(qop) * 1.001
+
+
+# -- onnxruntime's dynamic quantization: MatMulInteger, ConvInteger, DynamicQuantizeLinear
+def _integer_model(op: str, a_shape, w: np.ndarray, out_shape, zero, **attrs) -> onnx.ModelProto:
+    """``op`` (MatMulInteger or ConvInteger) of an int8 input ``a`` and the int8 constant weights
+    ``w`` (zero points 0); ``a``'s zero point a constant, or the int8 scalar input ``za`` (None)."""
+    inits = [nh.from_array(w, "w"), nh.from_array(np.int8(0), "wz")]
+    inputs = [h.make_tensor_value_info("a", TP.INT8, a_shape)]
+    if zero is None:
+        inputs.append(h.make_tensor_value_info("za", TP.INT8, []))
+    else:
+        inits.append(nh.from_array(np.int8(zero), "za"))
+    graph = h.make_graph([h.make_node(op, ["a", "w", "za", "wz"], ["y"], **attrs)], "integer", inputs,
+                         [h.make_tensor_value_info("y", TP.INT32, out_shape)], inits)
+    model = h.make_model(graph, opset_imports=[h.make_opsetid("", 17)])
+    model.ir_version = 10
+    return model
+
+
+@pytest.mark.parametrize("zero", [None, -128, 0])
+def test_matmulinteger_kernel(zero):
+    """MatMulInteger of int8 activations with a zero point (a computed scalar, the int8 minimum,
+    none) and int8 weights whose column sums need several int8 rows for the zero point's term
+    (weights of one sign): one int8 x int8 -> int32 matmul on the DSA, numpy's integer reference
+    exactly."""
+    rng = np.random.default_rng(12)
+    m, k, n = 6, 40, 8
+    a = rng.integers(-128, 128, (m, k), dtype=np.int8)
+    w = rng.integers(-127, 128, (k, n), dtype=np.int8)
+    w[:, 0] = 127  # a column sum of 5,080: 40 rows of int8
+    za = np.int8(-77 if zero is None else zero)
+    model = _integer_model("MatMulInteger", [m, k], w, [m, n], zero)
+    feeds = {"a": a} if zero is not None else {"a": a, "za": za}
+    y, result = _on_dsa(model, feeds)
+    assert result.host_macs == 0 and result.dsa_macs >= m * k * n
+    if zero == 0:
+        assert result.dsa_macs == m * k * n  # no zero point term
+    expected = (a.astype(np.int64) - za) @ w.astype(np.int64)
+    assert y.dtype == np.int32 and np.array_equal(y, expected)
+
+
+@pytest.mark.parametrize("zero,stride,groups", [(None, 1, 1), (-128, 2, 1), (None, 1, 5)])
+def test_convinteger_kernel(zero, stride, groups):
+    """ConvInteger (3x3, padding 1; one group, or depthwise) of int8 activations with a zero
+    point, which is also the padding's value (the padded taps are real zeros): one int8 x int8 ->
+    int32 convolution on the DSA, numpy's integer reference exactly."""
+    rng = np.random.default_rng(13)
+    x = rng.integers(-128, 128, (1, 5, 9, 9), dtype=np.int8)
+    w = rng.integers(-127, 128, (4 if groups == 1 else 5, 5 // groups, 3, 3), dtype=np.int8)
+    w[1] = 100  # one group: its weights sum to 4,500, more than the 127 x 9 of one channel of z_x
+    zx = np.int8(37 if zero is None else zero)
+    size = (9 + 2 - 3) // stride + 1
+    model = _integer_model("ConvInteger", [1, 5, 9, 9], w, [1, len(w), size, size], zero, pads=[1, 1, 1, 1],
+                           strides=[stride, stride], kernel_shape=[3, 3], group=groups)
+    y, result = _on_dsa(model, {"a": x} if zero is not None else {"a": x, "za": zx})
+    assert result.host_macs == 0 and result.dsa_macs >= w.size * size * size
+    per_group = len(w) // groups
+    expected = np.concatenate([_conv_reference(x[:, g * (5 // groups):(g + 1) * (5 // groups)],
+                                               w[g * per_group:(g + 1) * per_group], int(zx), stride)
+                               for g in range(groups)], axis=1)
+    assert np.array_equal(y, expected)
+
+
+def _dynamic_quantized(nodes, x_shape, y_shape, inits, per_channel: bool) -> onnx.ModelProto:
+    """The float model of ``nodes`` quantized by onnxruntime's ``quantize_dynamic`` (int8 weights,
+    per channel or not)."""
+    from onnxruntime.quantization import QuantType, quantize_dynamic
+
+    graph = h.make_graph(nodes, "float", [h.make_tensor_value_info("x", TP.FLOAT, x_shape)],
+                         [h.make_tensor_value_info("y", TP.FLOAT, y_shape)], inits)
+    model = h.make_model(graph, opset_imports=[h.make_opsetid("", 17)])
+    model.ir_version = 10
+    with tempfile.TemporaryDirectory() as tmp:
+        onnx.save(model, f"{tmp}/float.onnx")
+        quantize_dynamic(f"{tmp}/float.onnx", f"{tmp}/dynamic.onnx", weight_type=QuantType.QInt8,
+                         per_channel=per_channel)
+        return onnx.load(f"{tmp}/dynamic.onnx")
+
+
+@pytest.mark.parametrize("kind", ["matmul", "conv"])
+def test_dynamic_quantized_model_against_onnxruntime(kind):
+    """A model quantized by ``quantize_dynamic`` (DynamicQuantizeLinear on the activations, then
+    MatMulInteger or ConvInteger, the int32 products rescaled in float): its products on the DSA's
+    MME as int8 x int8 -> int32 under each schedule, the output equal to onnxruntime's."""
+    import onnxruntime as ort
+
+    rng = np.random.default_rng(14)
+
+    def init(name, *shape):
+        return nh.from_array((rng.standard_normal(shape) * 0.1).astype(np.float32), name)
+
+    if kind == "matmul":
+        nodes = [h.make_node("MatMul", ["x", "w1"], ["m"]), h.make_node("Add", ["m", "b1"], ["a"]),
+                 h.make_node("Relu", ["a"], ["r"]), h.make_node("MatMul", ["r", "w2"], ["y"])]
+        model = _dynamic_quantized(nodes, [4, 32], [4, 16], [init("w1", 32, 64), init("b1", 64), init("w2", 64, 16)],
+                                   per_channel=True)  # the rescale a run-time vector: ScaleApart
+        x_shape, macs, op = (4, 32), 4 * 32 * 64 + 4 * 64 * 16, "MatMulInteger"
+    else:
+        nodes = [h.make_node("Conv", ["x", "w1", "b1"], ["c"], pads=[1, 1, 1, 1]), h.make_node("Relu", ["c"], ["r"]),
+                 h.make_node("Conv", ["r", "w2"], ["y"], strides=[2, 2])]
+        model = _dynamic_quantized(nodes, [1, 3, 8, 8], [1, 4, 3, 3],
+                                   [init("w1", 8, 3, 3, 3), init("b1", 8), init("w2", 4, 8, 3, 3)], per_channel=False)
+        x_shape, macs, op = (1, 3, 8, 8), 8 * 3 * 9 * 64 + 4 * 8 * 9 * 9, "ConvInteger"
+    assert [n.op_type for n in model.graph.node].count(op) == 2
+    session = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
+    for seed, schedule in enumerate(("layerwise", "graphturbo", "set")):
+        x = np.random.default_rng(seed).standard_normal(x_shape).astype(np.float32)
+        y, result = _on_dsa(model, {"x": x}, schedule=schedule)
+        assert result.host_macs == 0 and result.dsa_macs >= macs
+        expected = session.run(None, {"x": x})[0]
+        assert np.abs(y - expected).max() <= 1e-6 * np.abs(expected).max()
+
+
+def test_a_vector_of_a_run_time_scalar_is_not_fused_into_a_matmul():
+    """A float matmul rescaled by a run-time scalar times a constant vector (a dynamically
+    quantized MatMul's per-channel scale): the vector is a kernel of its own (``ScaleApart``) and
+    the matmul with its epilogue runs on the DSA; fused, no tiling of it emitted."""
+    rng = np.random.default_rng(15)
+    bb = relax.BlockBuilder()
+    x, s = relax.Var("x", relax.TensorType((4, 37), "float32")), relax.Var("s", relax.TensorType((), "float32"))
+    w, v, b = (rng.standard_normal(shape).astype(np.float32) for shape in ((37, 64), (64,), (64,)))
+    with bb.function("main", [x, s]):
+        with bb.dataflow():
+            m = bb.emit(relax.op.matmul(x, relax.const(w)))
+            y = bb.emit(relax.op.multiply(m, bb.emit(relax.op.multiply(s, relax.const(v)))))
+            out = bb.emit_output(bb.emit(relax.op.nn.relu(bb.emit(relax.op.add(y, relax.const(b))))))
+        bb.emit_func_output(out)
+    ex = tvm.compile(bb.get(), target="dsa/stcp920", relax_pipeline=tvm_dsa.pipeline(schedule="layerwise"))
+    result = tvm_dsa.pipeline_result(ex)
+    assert result.host == {} and result.dsa_macs == 4 * 37 * 64
+    xv = rng.standard_normal((4, 37)).astype(np.float32)
+    vm = relax.VirtualMachine(ex, tvm.cpu())
+    out = vm["main"](tvm.runtime.tensor(xv), tvm.runtime.tensor(np.float32(0.5))).numpy()
+    expected = np.maximum((xv @ w) * (np.float32(0.5) * v) + b, 0)
+    assert np.abs(out - expected).max() <= 2e-2 * np.abs(expected).max()

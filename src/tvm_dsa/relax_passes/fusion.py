@@ -15,6 +15,7 @@ from tvm_dsa.relax_passes.pool_divisor import ExactPoolDivisor
 from tvm_dsa.relax_passes.quantized import IntegerQDQ
 from tvm_dsa.relax_passes.rdp_apply import ApplyRDP
 from tvm_dsa.relax_passes.rdp_fusion import AnnotateSymbolicReshapes
+from tvm_dsa.relax_passes.scale_apart import ScaleApart
 from tvm_dsa.relax_passes.simplify import SimplifyInference
 from tvm_dsa.relax_passes.transpose import CancelTransposePairs
 from tvm_dsa.relax_passes.wide import KeepWide
@@ -30,8 +31,9 @@ def fuse(mod: tvm.IRModule, rdp_fusion: bool = True) -> tvm.IRModule:
     ``ExactPoolDivisor``, a transposed convolution a convolution: ``ConvTransposeAsConv``, a
     convolution whose stride is its kernel a matmul of patches: ``PatchConvAsMatmul``),
     legalized and fused (a concatenation of two values of one tensor left unfused:
-    ``ConcatApart``), each PrimFunc's buffers named uniquely (``UniqueBufferNames``) and its bool
-    masks inlined into their readers (``InlineMasks``), the tensors whose values can leave the
+    ``ConcatApart``; a per-channel vector of a run-time scalar too: ``ScaleApart``), each
+    PrimFunc's buffers named uniquely (``UniqueBufferNames``) and its bool masks inlined into
+    their readers (``InlineMasks``), the tensors whose values can leave the
     chip's storage type marked to stay wide (``KeepWide``); a dynamic model with RDP's shapes
     applied, and fused across its dynamic shapes unless ``rdp_fusion`` is False."""
     host = tvm.target.Target.current(allow_none=True) or tvm.target.Target("llvm")
@@ -47,7 +49,8 @@ def fuse(mod: tvm.IRModule, rdp_fusion: bool = True) -> tvm.IRModule:
         + ([relax.transform.ConvertToDataflow()] if across else [])
         + ([ApplyRDP()] if dynamic else [])
         + cpu_generic.library_dispatch_passes(host)
-        + [relax.transform.LegalizeOps(), relax.transform.AnnotateTIROpPattern(), ConcatApart]
+        + [relax.transform.LegalizeOps(), relax.transform.AnnotateTIROpPattern(), ConcatApart,
+           ScaleApart]
         + ([AnnotateSymbolicReshapes] if across else [])
         + [relax.transform.FoldConstant(), relax.transform.FuseOps(), relax.transform.FuseTIR(), UniqueBufferNames,
            InlineMasks, KeepWide]
