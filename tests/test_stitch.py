@@ -16,6 +16,7 @@ from tvm import relax
 import tvm_dsa
 from tvm_dsa import hardware, isa
 from tvm_dsa.kernelgen import stitch
+from tvm_dsa.kernelgen.stitch_passes import _ddr_bytes
 from tvm_dsa.emit.emitter import PROMOTE
 from tvm_dsa.emit.placement import Layer
 from tvm_dsa.isa import Program
@@ -1211,23 +1212,62 @@ def test_transfers_that_continue_each_other_on_one_queue_are_one_dma():
     assert [i.shape for i in em.instructions] == [(rows, cols), (rows, cols)]
 
 
-def test_a_single_sample_is_cut_before_its_windows_and_its_input_promoted(rng):
-    """At batch 1, relu(conv1x1) -> relu(conv3x3) -> conv1x1 + x: the sub-graph is cut before the
-    3x3 window (within one kernel every row instance would compute the 1x1's rows of its halo
-    again), each kernel's rows split over the four clusters, and the second kernel's input,
-    which all clusters read rows of, promoted to their GBs: DDR gives each of its bytes once
-    (a multicast to the four GBs), and no core loads it from DDR. The outputs are llvm's."""
+def _single_sample_block(rng, hw: str):
+    """relu(conv1x1) -> relu(conv3x3) -> conv1x1 + x at batch 1 under graphturbo on ``hw``, checked
+    against llvm: its two kernels' runs and the pipeline's result."""
     op = relax.op
     mod = relax_graph([(1, 64, 32, 32), (64, 64, 1, 1), (64, 64, 3, 3), (64, 64, 1, 1)],
                       lambda x, w1, w2, w3: op.add(op.nn.conv2d(op.nn.relu(op.nn.conv2d(
                           op.nn.relu(op.nn.conv2d(x, w1)), w2, padding=1)), w3), x))
     args = [rng.standard_normal([int(s) for s in p.ty.shape]).astype("float32") * 0.2 for p in mod["main"].params]
     mod = relax.transform.BindParams("main", {f"a{i}": tvm.runtime.tensor(args[i]) for i in (1, 2, 3)})(mod)
-    vm, result = _run(mod, "graphturbo")
+    vm, result = _run(mod, "graphturbo", hw=hw)
     out = vm["main"](tvm.runtime.tensor(args[0])).numpy()
     ref = _llvm(mod, args[:1])
     np.testing.assert_allclose(out, ref, rtol=2e-2, atol=2e-2 * np.abs(ref).max())
     first, second = tvm_dsa.last_kernel_runs()
+    return first, second, result
+
+
+def _ddr_reads(program, arg) -> list:
+    return [i for i in program.kernels[0].instructions if isinstance(i, isa.Dma) and i.src.mem == "ddr"
+            and arg.offset <= i.src.offset < arg.offset + arg.nbytes]
+
+
+def test_a_shared_input_read_once_stays_in_ddr_where_the_gb_is_short(rng):
+    """The block above on a chip whose GB (256 KiB) cannot hold the second kernel's weights (80 KiB)
+    with both its inputs (128 KiB each): only the input the 3x3 convolution's tiles read again
+    (their halo rows) is promoted, and nothing spills; ``x``, which the sum reads once in whole
+    rows, is loaded by the cores from DDR as their tiles need it, each byte once."""
+    hardware.register(dataclasses.replace(HW, name="stcp920-gb256k", gb_bytes=256 * KB), override=True)
+    first, second, result = _single_sample_block(rng, "dsa/stcp920-gb256k")
+    assert all(not info.spilled for info in result.stitched.values())
+    program = second.program.expanded()
+    (made,) = [a.name for a in first.program.args if a.role == "output"]
+    args = {a.name: a for a in program.args}
+    hidden, x = _ddr_reads(program, args[made]), _ddr_reads(program, args["a0"])
+    assert {i.dst.mem for i in hidden} == {"gb"} and all(i.multicast for i in hidden)
+    assert {i.dst.mem for i in x} == {"lb"} and not any(i.multicast for i in x)
+    assert sum(math.prod(i.shape) for i in x) * 2 == args["a0"].nbytes
+
+
+def test_ddr_bytes_of_boxes_count_whole_bursts_per_contiguous_run():
+    """A (2, 4, 8) fp16 tensor, 64-byte bursts: a whole plane is one run of 32 elements (64 B);
+    a 2 x 4 corner of a plane two runs of 4 (8 B each, a burst each); the whole tensor one run of
+    128 B; a column of 4 rows four runs of one element."""
+    boxes = np.array([(1, 4, 8), (1, 2, 4), (2, 4, 8), (1, 4, 1)])
+    assert HW.ddr_burst_bytes == 64
+    assert [_ddr_bytes(b[None], (2, 4, 8), "float16", HW) for b in boxes] == [64, 128, 128, 256]
+    assert _ddr_bytes(np.concatenate([boxes, boxes[:1]]), (2, 4, 8), "float16", HW) == 2 * 64 + 128 + 128 + 256
+
+
+def test_a_single_sample_is_cut_before_its_windows_and_its_input_promoted(rng):
+    """At batch 1, relu(conv1x1) -> relu(conv3x3) -> conv1x1 + x: the sub-graph is cut before the
+    3x3 window (within one kernel every row instance would compute the 1x1's rows of its halo
+    again), each kernel's rows split over the four clusters, and the second kernel's input,
+    which all clusters read rows of, promoted to their GBs: DDR gives each of its bytes once
+    (a multicast to the four GBs), and no core loads it from DDR. The outputs are llvm's."""
+    first, second, result = _single_sample_block(rng, "dsa/stcp920")
     assert [{m.name for m in run.program.kernels[0].layers} - {PROMOTE} for run in (first, second)] == \
         [{"lv"}, {"lv1", "gv"}]
     assert len(result.stitched) == 2 and all(info.instances >= HW.clusters for info in result.stitched.values())

@@ -33,10 +33,15 @@ from tvm_dsa.kernelgen.stitch import (
     ORDERS, Buffer, Lifetime, allocate, allocation_attr, binding, cluster_rounds, instances_attr, plan_instances,
     read_cores, read_instances, read_subgraph, weight_owner
 )
-from tvm_dsa import memory_plan
+from tvm_dsa import isa, memory_plan
 from tvm_dsa.kernel.attrs import GB_SCOPE, LB_SCOPE
+from tvm_dsa.runtime.cost import ddr_effective_bytes
 
 DDR_SCOPE = "global"
+# where a sub-graph's weights and shared inputs do not fit the GB together, an input several
+# clusters read is promoted only where a cluster's tiles would move this many times its part's
+# bytes through DDR (reading it again, or in short runs, each a whole burst)
+REREAD = 1.2
 PROMOTE_SHARES = (1.0, 0.9, 0.75, 0.5)  # of the GB, that early promotions may fill (``_Kernel.promotions``)
 
 
@@ -78,24 +83,36 @@ class _Kernel:
     def clusters(self):
         return cluster_rounds(self.cores, self.hw.cores_per_cluster)
 
-    def read_alike(self, tensors, dims: int | None = None, shared: bool = False) -> set:
+    def read_alike(self, tensors, dims: int | None = None, shared: bool = False, reread: float = 0.0) -> set:
         """Those of ``tensors`` whose part each cluster's instances read (the hull of their reads)
         is the same for every cluster, in its first ``dims`` dims (all by default); ``shared``:
-        and which more than one cluster reads."""
+        and which more than one cluster reads; ``reread``: and whose part some cluster's tiles,
+        loading their boxes from DDR, would move that many times over (``_ddr_bytes``)."""
         hull: dict = {}  # (tensor, cluster) -> [low, high] corners
+        moved: Counter = Counter()  # (tensor, cluster) -> DDR bytes its tiles' loads would move
         for c, cr in self.clusters.items():
             for L in self.sg.layers:
                 rows = np.concatenate([self.inst.rows[i][L.name] for i in cr.members])
                 for param, (lo, hi) in self.prints[L.name].reads.items():
-                    if L.args[param] in tensors and len(rows):
+                    t = L.args[param]
+                    if t in tensors and len(rows):
                         low, high = lo[rows].min(axis=0), hi[rows].max(axis=0)
-                        box = hull.setdefault((L.args[param], c), [low, high])
+                        box = hull.setdefault((t, c), [low, high])
                         box[:] = np.minimum(box[0], low), np.maximum(box[1], high)
+                        if reread:
+                            moved[t, c] += _ddr_bytes(hi[rows] - lo[rows], self.sg.tensors[t][0],
+                                                      self.sg.stored[t], self.hw)
         parts: dict = {}
         for (t, _), (low, high) in hull.items():
             parts.setdefault(t, set()).add((tuple(low[:dims].tolist()), tuple(high[:dims].tolist())))
         readers = Counter(t for t, _ in hull)
-        return {t for t in tensors if len(parts.get(t, ())) <= 1 and (readers[t] > 1 or not shared)}
+        again = {t for (t, c), (low, high) in hull.items()
+                 if moved[t, c] >= reread * np.prod(high - low) * self.sg.itemsize(t)}
+        return {t for t in tensors if len(parts.get(t, ())) <= 1 and (readers[t] > 1 or not shared) and t in again}
+
+    def nbytes(self, tensors) -> int:
+        """Bytes of ``tensors`` where the kernel places them."""
+        return sum(math.prod(self.sg.tensors[t][0]) * self.sg.itemsize(t) for t in tensors)
 
     def buffers(self, c: int, order: str, ahead: dict, spill: str) -> list[Buffer]:
         """Cluster ``c``'s buffers in instance order ``order`` with each weight's promotion issued
@@ -241,6 +258,16 @@ def StitchBuffers(hw):  # noqa: N802 - TVM pass naming
     return _annotating("dsa.StitchBuffers", decide)
 
 
+def _ddr_bytes(extents: np.ndarray, shape, dtype: str, hw) -> int:
+    """Bytes DDR moves for boxes of ``extents`` (one row a box) of a row-major tensor of ``shape``,
+    each loaded by one DMA (``runtime.cost.ddr_effective_bytes``: every contiguous run rounded up
+    to whole bursts)."""
+    strides = tuple(int(math.prod(shape[d + 1:])) for d in range(len(shape)))
+    view = isa.Operand("ddr", 0, 0, dtype, strides)
+    boxes, counts = np.unique(extents, axis=0, return_counts=True)
+    return sum(int(n) * ddr_effective_bytes(view, tuple(int(e) for e in box), hw) for box, n in zip(boxes, counts))
+
+
 def BindCores(hw, rounds: int = 1):  # noqa: N802
     """Algorithm 4: the cores of each instance — dealt over the clusters in consecutive blocks
     (``kernelgen.stitch.binding``), one core each where a cluster has as many instances as cores,
@@ -262,7 +289,11 @@ def AssignMemoryScopes(hw, gb: bool = True, lb: bool = False):  # noqa: N802
     over the clusters), is promoted too: its tiles read it again and again, each output-channel
     tile all of its rows and halo (ResNet-50's stage transitions at batch 1 read their input 6-8
     times from DDR). Read by one cluster, it stays in DDR: its tiles start as their loads arrive,
-    not after a promotion (MobileNetV2 at batch 1: 315,543 -> 355,115 cycles promoting them)."""
+    not after a promotion (MobileNetV2 at batch 1: 315,543 -> 355,115 cycles promoting them).
+    Where the sub-graph's weights and such inputs do not fit the GB together, an input is promoted
+    only where the tiles would move ``REREAD`` times its bytes through DDR: ViT-B/16's encoder
+    kernels at batch 1 promoted the inputs their first and last layers read once, in whole rows,
+    and those crowded the weights' pieces out of the GB (296,325 -> 325,183 cycles each)."""
 
     def decide(k):
         k.read(hw)
@@ -271,7 +302,11 @@ def AssignMemoryScopes(hw, gb: bool = True, lb: bool = False):  # noqa: N802
         lb_bytes -= lb_bytes % ALIGN
         scopes = [{t: LB_SCOPE if keep and len(k.cores[i]) == 1 else GB_SCOPE if gb else DDR_SCOPE
                    for t in boxes} for i, boxes in enumerate(k.inst.boxes)]
-        promote = k.read_alike(k.sg.weights) | k.read_alike(set(k.sg.inputs) - k.sg.weights, dims=1, shared=True)
+        weights, inputs = k.read_alike(k.sg.weights), set(k.sg.inputs) - k.sg.weights
+        shared = k.read_alike(inputs, dims=1, shared=True)
+        if k.nbytes(weights | shared) > hw.gb_bytes:
+            shared = k.read_alike(inputs, dims=1, shared=True, reread=REREAD)
+        promote = weights | shared
         return {"dsa.scopes": {"instances": scopes, "promote": sorted(promote) if gb else [],
                                "lb_bytes": lb_bytes, "gb_bytes": hw.gb_bytes if gb else 0}}
 
