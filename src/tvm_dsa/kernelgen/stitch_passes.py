@@ -108,7 +108,8 @@ class _Kernel:
         readers = Counter(t for t, _ in hull)
         again = {t for (t, c), (low, high) in hull.items()
                  if moved[t, c] >= reread * np.prod(high - low) * self.sg.itemsize(t)}
-        return {t for t in tensors if len(parts.get(t, ())) <= 1 and (readers[t] > 1 or not shared) and t in again}
+        return {t for t in tensors if len(parts.get(t, ())) <= 1 and (readers[t] > 1 or not shared)
+                and (not reread or t in again)}
 
     def nbytes(self, tensors) -> int:
         """Bytes of ``tensors`` where the kernel places them."""
