@@ -2,6 +2,8 @@
 copies of each tile buffer the codegen places; both settings compute the kernel (against the same
 PrimFunc built for llvm) and take different times; the tuning space samples and mutates it."""
 
+from dataclasses import replace
+
 import numpy as np
 import pytest
 import tvm
@@ -28,6 +30,16 @@ def conv_task(conv_relu):
     return task
 
 
+def _inputs_and_llvm(mod, seed: int):
+    """Random inputs of the kernel ``mod`` (drawn with ``seed``) and llvm's output for them."""
+    func = mod["main"]
+    rng = np.random.default_rng(seed)
+    args = [rng.standard_normal([int(d) for d in p.shape]).astype("float32") for p in func.params[:-1]]
+    expected = tvm.runtime.tensor(np.zeros([int(d) for d in func.params[-1].shape], "float32"))
+    tvm.compile(mod, target="llvm")["main"](*[tvm.runtime.tensor(a) for a in args], expected)
+    return args, expected
+
+
 def _lowered(task, plan, double_buffer):
     sch = s_tir.Schedule(task.mod)
     sample_tiling(sch, tile_orders(anchor_info(task.mod["main"]).spatial)[0], plan, double_buffer)
@@ -35,11 +47,7 @@ def _lowered(task, plan, double_buffer):
 
 
 def test_both_settings_compute_the_kernel_and_differ_in_time(conv_task):
-    func = conv_task.mod["main"]
-    rng = np.random.default_rng(0)
-    args = [rng.standard_normal([int(d) for d in p.shape]).astype("float32") for p in func.params[:-1]]
-    expected = tvm.runtime.tensor(np.zeros([int(d) for d in func.params[-1].shape], "float32"))
-    tvm.compile(conv_task.mod, target="llvm")["main"](*[tvm.runtime.tensor(a) for a in args], expected)
+    args, expected = _inputs_and_llvm(conv_task.mod, 0)
     cycles = {}
     for double in (False, True):
         lowered = _lowered(conv_task, PLAN, double)
@@ -92,10 +100,7 @@ def test_without_a_decision_and_no_room_for_two_of_everything_the_loads_get_two_
     assert {name: len(b.slots) for name, b in lb.buffers.items()} == \
         {name: 2 if name in loaded else 1 for name in lb.buffers}
     assert lb.total_bytes == single.total_bytes + sum(align(b.nbytes) for n, b in single.buffers.items() if n in loaded)
-    rng = np.random.default_rng(1)
-    args = [rng.standard_normal([int(d) for d in p.shape]).astype("float32") for p in func.params[:-1]]
-    expected = tvm.runtime.tensor(np.zeros([int(d) for d in func.params[-1].shape], "float32"))
-    tvm.compile(task.mod, target="llvm")["main"](*[tvm.runtime.tensor(a) for a in args], expected)
+    args, expected = _inputs_and_llvm(task.mod, 1)
     program = build_program(undecided, HW, "conv")
     (out,) = simulate(program, args).outputs
     assert max_relative_error([out], [expected.numpy()]) < 2e-2
@@ -137,10 +142,7 @@ def test_without_room_for_two_of_every_load_the_chunk_loop_loads_get_two_copies(
     lb = plan_lb(kernel, HW)
     assert {n: len(b.slots) for n, b in lb.buffers.items()} == {n: 2 if n in chunked else 1 for n in lb.buffers}
     assert lb.total_bytes == single.total_bytes + sum(nbytes[n] for n in chunked) <= HW.lb_bytes
-    rng = np.random.default_rng(3)
-    args = [rng.standard_normal([int(d) for d in p.shape]).astype("float32") for p in func.params[:-1]]
-    expected = tvm.runtime.tensor(np.zeros([int(d) for d in func.params[-1].shape], "float32"))
-    tvm.compile(task.mod, target="llvm")["main"](*[tvm.runtime.tensor(a) for a in args], expected)
+    args, expected = _inputs_and_llvm(task.mod, 3)
     program = build_program(lower_with_plan(func, plan), HW, "proj")
     (out,) = simulate(program, args).outputs
     assert max_relative_error([out], [expected.numpy()]) < 2e-2
@@ -187,10 +189,7 @@ def test_an_epilogue_in_strips_leaves_room_for_deeper_double_buffered_chunks():
     # the chunk loop and the tile-level loads are as they were
     assert [st.name for st in stages_of(chunk_loops(kernels[strips]))] == \
         [st.name for st in stages_of(chunk_loops(kernels[whole]))]
-    rng = np.random.default_rng(5)
-    args = [rng.standard_normal([int(d) for d in p.shape]).astype("float32") for p in func.params[:-1]]
-    expected = tvm.runtime.tensor(np.zeros([int(d) for d in func.params[-1].shape], "float32"))
-    tvm.compile(task.mod, target="llvm")["main"](*[tvm.runtime.tensor(a) for a in args], expected)
+    args, expected = _inputs_and_llvm(task.mod, 5)
     cycles = {}
     for plan in (whole, strips, TilePlan((1, 64, 96), 16)):
         program = build_program(lower_with_plan(func, plan), HW, "ffn")
@@ -212,25 +211,23 @@ def test_strips_that_do_not_divide_the_rows_are_refused():
 
 
 def test_a_tiles_stores_wait_behind_its_next_tiles_first_loads(conv_task):
-    """16 one-row tiles on a cluster's 8 cores, two each, in two chunks, double-buffered: each core
-    issues its second tile's first-chunk loads before its first tile's stores, which wait for
-    the product and the epilogue and, in the core's in-order DMA queue, held those loads back.
-    Both orders compute the kernel; the stores behind the loads take fewer cycles."""
+    """16 one-row tiles on a cluster's 8 cores, two each, in two chunks, double-buffered, on a chip
+    with one DMA queue per core: each core issues its second tile's first-chunk loads before its
+    first tile's stores, which wait for the product and the epilogue and, in the core's in-order
+    DMA queue, held those loads back. Both orders compute the kernel; the stores behind the loads
+    take fewer cycles."""
     from tvm_dsa import isa
     from tvm_dsa.emit import emitter as emit
 
-    func = conv_task.mod["main"]
-    rng = np.random.default_rng(1)
-    args = [rng.standard_normal([int(d) for d in p.shape]).astype("float32") for p in func.params[:-1]]
-    expected = tvm.runtime.tensor(np.zeros([int(d) for d in func.params[-1].shape], "float32"))
-    tvm.compile(conv_task.mod, target="llvm")["main"](*[tvm.runtime.tensor(a) for a in args], expected)
+    args, expected = _inputs_and_llvm(conv_task.mod, 1)
     lowered = _lowered(conv_task, TilePlan((1, 16, 1, 16), 8), True)
     kernel = read_kernel(lowered)
     (chunks,) = chunk_loops(kernel)
     _, first, _ = emit.store_split(kernel.tile_loops()[-1].body, plan_lb(kernel, HW))  # loads of a chunk
     streams, cycles = {}, {}
+    one_queue = replace(HW, prefetch_dma=False)
     for held in (True, False):
-        program = build_program(lowered, HW, "conv", hold_stores=held)
+        program = build_program(lowered, one_queue, "conv", hold_stores=held)
         (out,) = simulate(program, args).outputs  # functional: every dependency checked
         assert max_relative_error([out], [expected.numpy()]) < 2e-2
         cycles[held] = simulate(program, mode="timing").report.cycles
@@ -250,3 +247,91 @@ def test_a_tiles_stores_wait_behind_its_next_tiles_first_loads(conv_task):
                                        + ["load"] * (tile - first) + ["store"] * stores)
         assert tile == chunks.extent * first  # the chunk's loads are all the tile loads
     assert cycles[True] < cycles[False]
+
+
+def test_on_a_chip_with_a_second_dma_queue_the_stores_take_it(conv_task):
+    """The tiles of the test above on stcp920, whose cores have a second DMA queue (``pdma``,
+    ``prefetch_dma``): every store out of an LB goes there, every load stays on the first, so a
+    store waiting for its tile's epilogue holds no load back, held or not; the kernel is computed
+    and is no slower than with one queue and the stores held."""
+    from tvm_dsa import isa
+
+    assert HW.prefetch_dma
+    args, expected = _inputs_and_llvm(conv_task.mod, 1)
+    lowered = _lowered(conv_task, TilePlan((1, 16, 1, 16), 8), True)
+    cycles = {}
+    for hw in (HW, replace(HW, prefetch_dma=False)):
+        program = build_program(lowered, hw, "conv")
+        (out,) = simulate(program, args).outputs
+        assert max_relative_error([out], [expected.numpy()]) < 2e-2
+        cycles[hw.prefetch_dma] = simulate(program, mode="timing").report.cycles
+        dmas = [ins for ins in program.expanded().kernels[0].instructions if isinstance(ins, isa.Dma)]
+        stores = [ins for ins in dmas if ins.src.mem == "lb"]
+        assert stores and len(stores) < len(dmas)
+        assert all(ins.prefetch == (hw.prefetch_dma and ins.src.mem == "lb") for ins in dmas)
+    assert cycles[True] <= cycles[False]
+
+
+def _swish_model(rows: int, k: int, n: int):
+    """x @ W + b -> x * sigmoid(x): Conformer's first feed-forward layer in small."""
+    from onnx import TensorProto as TP
+    from onnx import helper as h
+    from onnx import numpy_helper as nh
+
+    rng = np.random.default_rng(6)
+    w, b = rng.standard_normal((k, n)).astype("float32") * 0.05, rng.standard_normal(n).astype("float32")
+    nodes = [h.make_node("MatMul", ["x", "W"], ["m"]), h.make_node("Add", ["m", "b"], ["a"]),
+             h.make_node("Sigmoid", ["a"], ["s"]), h.make_node("Mul", ["a", "s"], ["y"])]
+    g = h.make_graph(nodes, "swish", [h.make_tensor_value_info("x", TP.FLOAT, [1, rows, k])],
+                     [h.make_tensor_value_info("y", TP.FLOAT, [1, rows, n])], [nh.from_array(w, "W"), nh.from_array(b, "b")])
+    model = h.make_model(g, opset_imports=[h.make_opsetid("", 17)])
+    model.ir_version = 10
+    return model
+
+
+def test_an_epilogue_in_strips_leaves_room_for_a_second_accumulator():
+    """Tiles of 128 x 32 of a matmul + swish, chunks of 32 double-buffered: the swish's float32
+    temporaries of the tile's size leave no room for a second accumulator, so each tile's first
+    product waits for the previous tile's epilogue (the sigmoid on the 16-lane vector core). In 4
+    strips the temporaries hold a strip, the accumulator gets two places
+    (``tiling._strips_for_two_accumulators``), and the next tile's products run while the
+    epilogue drains the other: the kernel is computed, in fewer cycles."""
+    from tvm_dsa import isa
+    from tvm_dsa.tiling import _strips_for_two_accumulators, _two_accumulators
+
+    (task,) = extract_tasks(import_onnx(_swish_model(1024, 256, 128)), TARGET)
+    func = task.mod["main"]
+    plan = TilePlan((1, 128, 32), 32)
+    whole = lower_with_plan(func, plan)
+    assert not _two_accumulators(read_kernel(whole), HW, None)
+    stripped = _strips_for_two_accumulators(func, plan, HW, None)
+    kernel = read_kernel(stripped)
+    (loop,) = [n for n in kernel.tile_loops()[-1].body if getattr(n, "kind", None) == "strip"]
+    lb = plan_lb(kernel, HW)
+    (acc,) = {st.dst.buffer for st in stages_of(chunk_loops(kernel)) if st.op == "mme"}
+    assert len(lb.buffers[acc].slots) == 2 and lb.total_bytes <= HW.lb_bytes
+    assert loop.extent in (2, 4, 8)  # the fewest strips that make the room
+    if loop.extent > 2:
+        smaller = lower_with_plan(func, TilePlan((1, 128, 32), 32, strips=loop.extent // 2))
+        assert not _two_accumulators(read_kernel(smaller), HW, None)
+    args, expected = _inputs_and_llvm(task.mod, 7)
+    cycles, gb = {}, frozenset(range(len(func.params) - 1))
+    for name, lowered in (("whole", whole), ("strips", stripped)):
+        program = build_program(lowered, HW, "swish")
+        (out,) = simulate(program, args).outputs  # functional: every dependency checked
+        assert max_relative_error([out], [expected.numpy()]) < 2e-2
+        # timed as in a stitched kernel, loading from the GB (from DDR the loads bind)
+        cycles[name] = simulate(build_program(lowered, HW, "swish", gb=gb), mode="timing").report.cycles
+        ins = program.expanded().kernels[0].instructions
+        mmes = [y for y in ins if isinstance(y, isa.Mme) and y.core == 0]
+        assert len(mmes) == 4 * 256 // 32  # four tiles a core, 8 chunks each
+        # one accumulator: each later tile's first product waits for the epilogue before it; two:
+        # the tiles take turns, the first product of each writes the place the tile before did not
+        firsts = [mmes[t * 8] for t in range(4)]
+        waits = [any(isinstance(ins[d], isa.Vector) for d in y.deps) for y in firsts[1:]]
+        places = [y.dst.offset for y in firsts]
+        if name == "whole":
+            assert waits == [True] * 3 and len(set(places)) == 1
+        else:
+            assert places[0] == places[2] != places[1] == places[3]
+    assert cycles["strips"] < 0.95 * cycles["whole"]

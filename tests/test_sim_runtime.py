@@ -519,7 +519,7 @@ def test_a_prefetch_dma_runs_on_the_cores_second_queue_beside_its_first():
     assert Program.deserialize(program.serialize()).kernels[0].instructions[1].prefetch
     assert "pdma" in disassemble(program) and "busy pdma" in str(both.report)
     with pytest.raises(ProgramError, match="prefetch queue"):
-        validate(make_program([[replace(a, prefetch=True)]], (), 4 * n, preset()))
+        validate(make_program([[replace(a, prefetch=True)]], (), 4 * n, dict(preset(), prefetch_dma=False)))
 
 
 def test_a_run_ahead_queue_sets_up_its_next_transfer_while_the_current_one_moves():

@@ -540,15 +540,16 @@ def test_a_block_like_the_one_before_is_replayed_or_copied_as_emitting_it_gives(
     monkeypatch.setattr(generator, "emit_stitched", lambda mod, *a, **k: seen.append(mod) or stitch.emit_stitched(mod, *a, **k))
     mod = residual_blocks(8)
     args = [rng.standard_normal([int(s) for s in p.ty.shape]).astype("float32") * 0.3 for p in mod["main"].params]
-    vm, _ = _run(mod, "graphturbo")
+    hw = _one_queue()
+    vm, _ = _run(mod, "graphturbo", hw=f"dsa/{hw.name}")
     out = vm["main"](*[tvm.runtime.tensor(a) for a in args]).numpy()
     ref = _llvm(mod, args)
     assert np.abs(out - ref).max() / np.abs(ref).max() < 5e-3
     (sub,) = seen
-    layers = stitch.read_subgraph(sub, HW)[0].layers
-    emitted, compression = _emitted(monkeypatch, sub, replay=False)
+    layers = stitch.read_subgraph(sub, hw)[0].layers
+    emitted, compression = _emitted(monkeypatch, sub, hw, replay=False)
     assert compression.reused == []
-    compact, compression = _emitted(monkeypatch, sub)
+    compact, compression = _emitted(monkeypatch, sub, hw)
     replays = [r for r in compression.reused if r.kind == "replay"]
     copies = [r for r in compression.reused if r.kind != "replay"]
     names = [L.name for L in layers]
@@ -574,15 +575,22 @@ def test_a_block_like_the_one_before_is_replayed_or_copied_as_emitting_it_gives(
     assert len(compact.kernels[0].instructions) + copied == len(emitted.kernels[0].instructions)
 
 
-def _emitted(monkeypatch, sub, **options):
-    """(program, its emitter's ``Compressor``) of ``stitch.emit_stitched(sub, HW, **options)``."""
+def _one_queue():
+    """stcp920 with one DMA queue per core (``prefetch_dma`` off), registered: where the stores
+    have a queue of their own, the memory a layer reuses was last read on other units than its
+    predecessor's was, and the compressor's tests below would pin other copies (correct ones)."""
+    return hardware.register(dataclasses.replace(HW, name="stcp920-one-queue", prefetch_dma=False), override=True)
+
+
+def _emitted(monkeypatch, sub, hw=HW, **options):
+    """(program, its emitter's ``Compressor``) of ``stitch.emit_stitched(sub, hw, **options)``."""
     from tvm_dsa.emit.emitter import KernelEmitter
 
     compressions = []
     kernel = KernelEmitter.kernel
     with monkeypatch.context() as m:
         m.setattr(KernelEmitter, "kernel", lambda self: compressions.append(self.compression) or kernel(self))
-        program, _ = stitch.emit_stitched(sub, HW, **options)
+        program, _ = stitch.emit_stitched(sub, hw, **options)
     (compression,) = compressions
     return program, compression
 
@@ -637,8 +645,11 @@ def test_rounds_and_other_cores_copied_give_what_emitting_them_gives(monkeypatch
     and copied (its layers grouped at the LB level only, as two kernels, the first of 192
     instances: merged at the GB level, one kernel's chunk loops are too short for the copies of
     runs of chunks below). At 256 x 512 a round is also copied from one whose double-buffered
-    tile buffers were in each other's copies (an odd number of tiles before): the copy trades the two copies'
-    places (``Reuse.swapped``). Every layer holds a tile's stores back behind its core's next tile's loads, so a
+    tile buffers were in each other's copies (an odd number of tiles before): the copy trades the
+    two copies' places (``Reuse.swapped``). Weights
+    are promoted whole (a round reading another piece waits for another transfer), on a chip with
+    one DMA queue a core (``_one_queue``). Every layer holds a tile's stores back behind its
+    core's next tile's loads, so a
     round's copy also releases what its model round did. The chunks of an emitted tile's
     reduction are copies: of its second chunk, then of the run since it, or of the core's tile
     before (``Compressor.chunks``). Written out, each kernel is the one
@@ -651,8 +662,10 @@ def test_rounds_and_other_cores_copied_give_what_emitting_them_gives(monkeypatch
     if batch == 24:
         monkeypatch.setattr(scheduler, "group_two_levels", lambda sgs, lb, gb, esize, fixed: scheduler.group(sgs, lb, esize, fixed))
     mod, seen = _mlp(monkeypatch, batch, rows, hidden)
+    monkeypatch.setattr(stitch, "PIECE_BYTES", 1 << 40)  # weights promoted whole: rounds of one piece
     args = [rng.standard_normal([int(s) for s in p.ty.shape]).astype("float32") * 0.1 for p in mod["main"].params]
-    vm, _ = _run(mod, "graphturbo")
+    hw = _one_queue()
+    vm, _ = _run(mod, "graphturbo", hw=f"dsa/{hw.name}")
     out = vm["main"](*[tvm.runtime.tensor(a) for a in args]).numpy()
     ref = _llvm(mod, args)
     assert np.abs(out - ref).max() / np.abs(ref).max() < 5e-3
@@ -663,9 +676,9 @@ def test_rounds_and_other_cores_copied_give_what_emitting_them_gives(monkeypatch
     loops = []  # per layer call recorded and core: the chunk loops of the tiles it emits
     for sub in seen:
         # the layers hold each tile's stores back behind its core's next tile's loads
-        layers = stitch.read_subgraph(sub, HW)[0].layers
+        layers = stitch.read_subgraph(sub, hw)[0].layers
         assert all(emit.store_split(L.ir.tile_loops()[-1].body, L.plan) for L in layers)
-        compression = _copies_are_emission(monkeypatch, sub)
+        compression = _copies_are_emission(monkeypatch, sub, hw)
         for r in compression.reused:
             if r.kind == "chunks":
                 chunks.append((r.runs, r.tile[0][:-1] != r.source_tile[0][:-1]))
@@ -681,13 +694,13 @@ def test_rounds_and_other_cores_copied_give_what_emitting_them_gives(monkeypatch
     assert any(other for _, other in chunks) == (max(loops) > 1)
 
 
-def _copies_are_emission(monkeypatch, sub):
+def _copies_are_emission(monkeypatch, sub, hw=HW):
     """The sub-graph's kernel with copies is, written out, the one emitting every tile gives: the
     same instructions, every dependency emission's or a later instruction of its unit, the same
     simulated cycles. Returns the ``Compressor`` that made the copies."""
-    emitted, plain = _emitted(monkeypatch, sub, replay=False)
+    emitted, plain = _emitted(monkeypatch, sub, hw, replay=False)
     assert plain.reused == []
-    compact, compression = _emitted(monkeypatch, sub)
+    compact, compression = _emitted(monkeypatch, sub, hw)
     (a,), (b,) = emitted.expanded().kernels, compact.expanded().kernels
     assert a.layers == b.layers and a.cores == b.cores and len(a.instructions) == len(b.instructions)
     assert len(compact.kernels[0].instructions) < len(a.instructions)
@@ -709,17 +722,20 @@ def test_rounds_moved_along_an_overlapping_loop_are_copies(monkeypatch, rng):
     tile's, and the rounds repeat every two moved along the tokens (by a tile, or less into the
     last one: ``KernelIR.moves``' ``at``). A call's first copy is of the two rounds emitted
     before it (``Compressor.rounds``' ``emitted``: with one round as the model no copy is found);
-    written out, the copies are what emission gives, and the model computes what llvm does."""
+    written out, the copies are what emission gives, and the model computes what llvm does.
+    Weights promoted whole, one DMA queue a core, as in the test above."""
     mod, seen = _mlp(monkeypatch, 8, 197, 512)
+    monkeypatch.setattr(stitch, "PIECE_BYTES", 1 << 40)  # weights promoted whole: rounds of one piece
     args = [rng.standard_normal([int(s) for s in p.ty.shape]).astype("float32") * 0.1 for p in mod["main"].params]
-    vm, _ = _run(mod, "graphturbo")
+    hw = _one_queue()
+    vm, _ = _run(mod, "graphturbo", hw=f"dsa/{hw.name}")
     out = vm["main"](*[tvm.runtime.tensor(a) for a in args]).numpy()
     assert np.abs(out - _llvm(mod, args)).max() / np.abs(out).max() < 5e-3
-    (sub,) = [s for s in seen if any(L.ir.clamped for L in stitch.read_subgraph(s, HW)[0].layers)]
-    layers = stitch.read_subgraph(sub, HW)[0].layers
+    (sub,) = [s for s in seen if any(L.ir.clamped for L in stitch.read_subgraph(s, hw)[0].layers)]
+    layers = stitch.read_subgraph(sub, hw)[0].layers
     first, ir = layers[0], {L.name: L.ir for L in layers}
     assert [lp.extent for lp in first.ir.tile_loops()][1:] == [6, 8] and first.ir.clamped
-    compression = _copies_are_emission(monkeypatch, sub)
+    compression = _copies_are_emission(monkeypatch, sub, hw)
     # per copy of rounds in a call: (the call, rounds copied, whether it moves along a clamped loop)
     copies = []
     for r in compression.reused:
@@ -1046,6 +1062,35 @@ def test_a_large_weight_is_promoted_in_pieces_and_tiles_wait_for_theirs(monkeypa
     first = next(y for y in ins if isinstance(y, isa.Dma) and y.src.mem == "gb" and y.src.index == 0
                  and base <= y.src.offset < base + 1024 * 256 * 2)
     assert pieces[0] in first.deps and pieces[-1] not in first.deps
+
+
+def test_pieces_of_narrow_tiles_take_several_tiles_columns(monkeypatch, rng):
+    """The MLP of 8 x 64 x 256 -> 256 -> 256: the second weight (256 x 256 fp16, 128 KiB) is read in
+    column tiles whose boxes of whole DDR bursts hold 32 KiB, under PIECE_BYTES: it is promoted in
+    the fewest such widths that hold PIECE_BYTES (two pieces of 64 KiB), not whole (Conformer's
+    first feed-forward weight, 512 KiB in 32-column tiles, kept its layer's first tiles waiting for
+    all of it). The model computes what llvm does, every dependency checked."""
+    mod, seen = _mlp(monkeypatch, 8, 64, 256)
+    _weights_bound_run_as_llvm(mod, rng, 0.1)
+    weights = [(m, sg, prints, t) for m in seen for sg, prints in [stitch.read_subgraph(m, HW)]
+               for t, (shape, _) in sg.tensors.items() if tuple(shape) == (256, 256)]
+
+    def column_tile(sg, prints, name):
+        boxes = [prints[L.name].reads[p] for L in sg.layers for p, t in L.args.items() if t == name]
+        (tile,) = {int(w) for lo, hi in boxes for w in (hi - lo)[:, 1]}
+        return tile
+
+    sub, sg, prints, name = min(weights, key=lambda w: column_tile(*w[1:]))  # the second weight's
+    tile = column_tile(sg, prints, name)
+    aligned = tile * HW.ddr_burst_bytes // math.gcd(2 * tile, HW.ddr_burst_bytes)  # rows of whole bursts
+    assert 256 * aligned * 2 < stitch.PIECE_BYTES <= 256 * 2 * aligned * 2
+    assert stitch.promotion_pieces(sg, prints, name, HW) == (1, 2 * aligned)
+    program, _ = stitch.emit_stitched(sub, HW, replicate=False)
+    ins = program.kernels[0].instructions
+    (base,) = {b.offset for b in stitch.read_allocation(sub) if b.tensor == name and b.cluster == 0}
+    pieces = [i for i, y in enumerate(ins) if isinstance(y, isa.Dma) and y.src.mem == "ddr" and y.dst.mem == "gb"
+              and y.dst.index == 0 and base <= y.dst.offset < base + 256 * 256 * 2]
+    assert [ins[i].shape for i in pieces] == [(256, 2 * aligned)] * (256 // (2 * aligned))
 
 
 def test_a_pieced_weight_goes_after_the_promotions_of_its_step_and_its_tiles_in_piece_order(monkeypatch, rng):

@@ -99,7 +99,7 @@ class Hardware:
     noc_link_bytes_per_cycle: float = 0.0
     kernel_launch_cycles: int = 2000
     dma_latency_cycles: int = 64
-    prefetch_dma: bool = False  # each core has a second DMA queue ("pdma") for prefetches
+    prefetch_dma: bool = False  # each core has a second DMA queue ("pdma"): prefetches, and stores out of its LB
     multicast_dma: bool = False  # DMAs of one box to several GBs or LBs move as one transfer (``isa.Dma.multicast``)
     # each DMA queue sets up its next transfer while the current one moves (a descriptor queue that
     # runs ahead by one): set-up latencies overlap data, which still moves in queue order

@@ -18,8 +18,9 @@ unit        runs                        operands
 (per core)  (not ``prefetch``),         any LB (another core's LB: through the GBs on a bus,
             ``Fill``                    over the NoC on a mesh); a fill writes ``lb[core]``
 ``pdma``    ``Dma`` with an LB side     as ``dma``: the core's second DMA queue, on chips with
-(per core)  and ``prefetch``            ``prefetch_dma`` (a later layer's weights loaded
-                                        while the core's ``dma`` moves its tiles)
+(per core)  and ``prefetch``            ``prefetch_dma`` (a later layer's weights loaded, or
+                                        a tile's stores, while the core's ``dma`` moves the
+                                        tiles' loads)
 ``cdma``    ``Dma`` without an LB side  DDR <-> ``gb[cluster of core]``, DDR <-> DDR or within
                                         ``gb[cluster of core]`` (a copy between on-chip tensors)
 (per

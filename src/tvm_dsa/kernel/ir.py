@@ -822,7 +822,9 @@ def plan_lb(kernel: KernelIR, hw: Hardware, lb_bytes: int | None = None) -> LBPl
     two copies of each when the kernel asks for double buffering or, without a decision, when two
     fit; without a decision and without room for two of each, two copies of the buffers DMAs load,
     or of those loaded in the chunk loop (each chunk's loads then overlap the compute on the one
-    before; ViT's 197-row matmul tiles, BERT's output projection with its residual tile);
+    before; ViT's 197-row matmul tiles, BERT's output projection with its residual tile), with
+    two of the chunk loop's accumulators as well where they fit (the tiles take turns: the next
+    tile's products run while this tile's epilogue drains the other, ``tiling.lower_timed``);
     raises ``CodegenError`` when one tile (or the two copies asked for) does not fit.
 
     Buffers a tile computes (not loads) share their place with others whose use in the tile ends
@@ -845,6 +847,9 @@ def plan_lb(kernel: KernelIR, hw: Hardware, lb_bytes: int | None = None) -> LBPl
                 if single + sum(sizes[p] for p in {places[n] for n in names}) + scratch <= capacity:
                     doubled = {places[n] for n in names}
                     break
+            accumulators = {places[st.dst.buffer] for st in stages_of(chunk_loops(kernel)) if st.op == "mme"}
+            if doubled and single + sum(sizes[p] for p in doubled | accumulators) + scratch <= capacity:
+                doubled |= accumulators
     offset, slots = 0, {}
     for place, size in sizes.items():
         slots[place] = []

@@ -692,8 +692,9 @@ def promotion_pieces(sg: SubGraphKernel, prints: dict, tensor: str, hw) -> tuple
     dependency of its own, so the first tiles start when their piece is in, not the whole weight
     (BERT's FFN2 waited 146 µs per block for its 4.5 MiB): along the outermost dim its readers'
     tiles split, all into boxes of one width aligned to it, the fewest of those boxes whose
-    contiguous runs in DDR are whole bursts (narrower pieces waste DDR bandwidth); None where
-    there is no such dim or a piece would hold under ``PIECE_BYTES``."""
+    contiguous runs in DDR are whole bursts (narrower pieces waste DDR bandwidth) and that hold
+    ``PIECE_BYTES`` (Conformer's 512 KiB feed-forward weight, read in tiles of 32 columns, 16 KiB
+    each, came whole); None where there is no such dim or fewer than two such pieces."""
     shape = sg.tensors[tensor][0]
     esize = sg.itemsize(tensor)
     boxes = [prints[L.name].reads[p] for L in sg.layers for p, t in L.args.items()
@@ -707,7 +708,8 @@ def promotion_pieces(sg: SubGraphKernel, prints: dict, tensor: str, hw) -> tuple
             return None
         run = tile * esize * math.prod(shape[d + 1:])  # bytes of a tile's box per row, contiguous
         width = tile * hw.ddr_burst_bytes // math.gcd(run, hw.ddr_burst_bytes)
-        if extent // width >= 2 and esize * math.prod(shape) * width // extent >= PIECE_BYTES:
+        width *= max(1, -(-PIECE_BYTES * extent // (esize * math.prod(shape) * width)))
+        if extent // width >= 2:
             return d, width
         return None
     return None

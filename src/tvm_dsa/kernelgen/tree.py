@@ -463,7 +463,7 @@ def build_tree_program(k: TreeKernel, hw) -> TreeProgram:
         if t not in regions:
             regions[t] = Region.whole("ddr", 0, offset, k.tensors[t][0], k.stored[t])
             offset = align(offset + regions[t].nbytes)
-    emitter = KernelEmitter(hw, k.name)
+    emitter = KernelEmitter(hw, k.name, store_queue=False)  # the second queue loads weights ahead
     for t, r in regions.items():
         emitter.claim(r, ("ddr", t))
     for view in k.views:  # a reshape reads the bytes of what it reshapes (resolved in any order)
