@@ -11,7 +11,7 @@ from tvm import s_tir
 
 from tvm_dsa import hardware
 from tvm_dsa.emit.emitter import build_program
-from tvm_dsa.kernel.ir import CodegenError, align, chunk_loops, plan_lb, read_kernel, stages_of
+from tvm_dsa.kernel.ir import CodegenError, accumulators, align, chunk_loops, plan_lb, read_kernel, stages_of
 from tvm_dsa.harness import import_onnx, max_relative_error
 from tvm_dsa.runtime import simulate
 from tvm_dsa.tir_passes.tile import TilePlan, anchor_info
@@ -308,7 +308,7 @@ def test_an_epilogue_in_strips_leaves_room_for_a_second_accumulator():
     kernel = read_kernel(stripped)
     (loop,) = [n for n in kernel.tile_loops()[-1].body if getattr(n, "kind", None) == "strip"]
     lb = plan_lb(kernel, HW)
-    (acc,) = {st.dst.buffer for st in stages_of(chunk_loops(kernel)) if st.op == "mme"}
+    (acc,) = accumulators(kernel)
     assert len(lb.buffers[acc].slots) == 2 and lb.total_bytes <= HW.lb_bytes
     assert loop.extent in (2, 4, 8)  # the fewest strips that make the room
     if loop.extent > 2:

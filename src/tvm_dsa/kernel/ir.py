@@ -847,9 +847,9 @@ def plan_lb(kernel: KernelIR, hw: Hardware, lb_bytes: int | None = None) -> LBPl
                 if single + sum(sizes[p] for p in {places[n] for n in names}) + scratch <= capacity:
                     doubled = {places[n] for n in names}
                     break
-            accumulators = {places[st.dst.buffer] for st in stages_of(chunk_loops(kernel)) if st.op == "mme"}
-            if doubled and single + sum(sizes[p] for p in doubled | accumulators) + scratch <= capacity:
-                doubled |= accumulators
+            accumulating = {places[name] for name in accumulators(kernel)}
+            if doubled and single + sum(sizes[p] for p in doubled | accumulating) + scratch <= capacity:
+                doubled |= accumulating
     offset, slots = 0, {}
     for place, size in sizes.items():
         slots[place] = []
@@ -898,6 +898,11 @@ def tile_bytes(kernel: KernelIR, hw: Hardware) -> int:
 def chunk_loops(kernel: KernelIR) -> list[Loop]:
     """The chunk loops (of a reduction) in the innermost tile loop."""
     return [n for n in kernel.tile_loops()[-1].body if isinstance(n, Loop) and n.kind == "chunk"]
+
+
+def accumulators(kernel: KernelIR) -> set[str]:
+    """The LB buffers the MME accumulates into over the chunk loops (a tile's partial sums)."""
+    return {st.dst.buffer for st in stages_of(chunk_loops(kernel)) if st.op == "mme"}
 
 
 def _shared_places(kernel: KernelIR, buffers: dict[str, LBBuffer]) -> dict[str, tuple]:

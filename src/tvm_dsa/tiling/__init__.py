@@ -25,7 +25,9 @@ from tvm_dsa.tir_passes.tile import (
     unit_choice, working_set_floor
 )
 from tvm_dsa import isa
-from tvm_dsa.kernel.ir import CodegenError, Loop, align, chunk_loops, plan_lb, read_kernel, stages_of, tile_bytes
+from tvm_dsa.kernel.ir import (
+    CodegenError, Loop, accumulators, align, chunk_loops, plan_lb, read_kernel, stages_of, tile_bytes
+)
 from tvm_dsa.emit.footprint import footprints
 from tvm_dsa.runtime.cost import ddr_effective_bytes, mme_cycles
 
@@ -173,9 +175,8 @@ def lower_timed(func, hw, lb_bytes: int | None, gb: frozenset, baseline, caps: t
 def _two_accumulators(kernel, hw, lb_bytes: int | None) -> bool:
     """Whether ``plan_lb`` gives the kernel's accumulators two places (the next tile's products
     then run while this tile's epilogue drains the other)."""
-    plan = plan_lb(kernel, hw, lb_bytes)
-    accumulators = {st.dst.buffer for st in stages_of(chunk_loops(kernel)) if st.op == "mme"}
-    return bool(accumulators) and all(len(plan.buffers[a].slots) == 2 for a in accumulators)
+    plan, names = plan_lb(kernel, hw, lb_bytes), accumulators(kernel)
+    return bool(names) and all(len(plan.buffers[a].slots) == 2 for a in names)
 
 
 def _strips_for_two_accumulators(func, plan: TilePlan, hw, lb_bytes: int | None):
