@@ -770,6 +770,28 @@ def test_timed_plans_load_during_the_product_and_compute_exactly(rng):
     np.testing.assert_allclose(run.outputs[0], ref, rtol=1e-2, atol=5e-3 * np.abs(ref).max())
 
 
+def test_a_pooling_from_the_gb_takes_tiles_whose_loads_fit_twice(rng):
+    """ResNet-50's max pooling (3 x 3, stride 2) at batch 2 from the GB: the search's largest tile
+    (a channel's whole map) leaves no room for the next tile's loads beside it, so each tile
+    loads, then pools. ``lower_timed`` keeps the largest tiles that fit half the LB (two copies of
+    every buffer) because they run faster in place (``timed_cycles``), and the program computes
+    what llvm does."""
+    hw = hardware.get("stcp920")
+    op = relax.op
+    func = fused_kernel(lambda: relax_graph([(2, 64, 112, 112)],
+                                            lambda x: op.nn.max_pool2d(x, (3, 3), (2, 2), padding=(1, 1, 1, 1))))
+    gb = frozenset({0})
+    base = lower_kernel(func, hw)[0]
+    timed = tiling.lower_timed(func, hw, None, gb, base)
+    first, chosen = plan_lb(read_kernel(base), hw), plan_lb(read_kernel(timed), hw)
+    assert not first.double_buffered and {len(b.slots) for b in chosen.buffers.values()} == {2}
+    assert chosen.total_bytes <= hw.lb_bytes < 2 * first.total_bytes
+    assert tiling.timed_cycles(timed, hw, None, gb) < tiling.timed_cycles(base, hw, None, gb)
+    args = random_args(func, rng)
+    run = simulate(build_program(timed, hw, "timed_pool"), args[:-1])
+    np.testing.assert_allclose(run.outputs[0], run_llvm(func, args), rtol=1e-2, atol=1e-2)
+
+
 def test_timed_cycles_scale_the_first_tiles_to_all():
     """``timed_cycles`` runs the first ``TIMED_TILES`` tiles on one cluster's cores with the
     inputs named and the output in the GB: a layer with no more tiles is timed whole, exactly

@@ -94,8 +94,9 @@ class StitchedKernels:
         GB where another input comes from DDR (``lower_kernel``); a contraction that loads from
         the GB with its chunk loads overlapping the MME (``overlap``; from DDR, as layerwise
         loads, a smaller chunk costs bursts); then, where ``timed``, the fastest of that and other
-        plans timed in place for a contraction on the MME with ``TIMED_MACS`` or more, and the
-        faster unit for a depthwise one (``tiling.lower_timed``). ``first_tile``: at most so many
+        plans timed in place for a contraction on the MME with ``TIMED_MACS`` or more, the faster
+        unit for a depthwise one, and tiles whose loads fit twice for a layer off the MME
+        (``tiling.lower_timed``). ``first_tile``: at most so many
         along the first loop (a micro-batch's samples, ``_micro_batched``) where the tiling holds
         more; ``shares``: at most so many along the leading loops (an instance's share of a
         sample's rows, ``_row_shares``)."""

@@ -137,16 +137,19 @@ def lower_timed(func, hw, lb_bytes: int | None, gb: frozenset, baseline, caps: t
     plans by up to 4x (epilogues, stores, strided rows): timing settles it. ResNet-50's 1 x 1
     convolution 256 -> 512 at 28 x 28 (batch 8): tiles of 512 channels x 1 row and the whole
     reduction, 1.57M cycles on a cluster; 256 channels x 1 row in chunks of 16, 0.53M. A layer
-    whose anchor is not a contraction with a reduction keeps ``baseline``; a contraction with no
-    N loop (a depthwise convolution) is timed on the MME (one PE column) and on the vector units
-    instead, and runs on the faster (``_faster_unit``). Without ``plans`` only that is done."""
+    whose anchor is off the MME (a pooling, a normalisation) is timed as ``baseline`` tiles it and
+    with tiles whose loads fit twice (``_loads_twice``); a contraction with no N loop (a depthwise
+    convolution) is timed on the MME (one PE column) and on the vector units instead, and runs on
+    the faster (``_faster_unit``). Without ``plans`` only those are done."""
     try:
         info = anchor_info(func)
     except Unsupported:
         return baseline
     if unit_choice(info, hw):
         return _faster_unit(func, hw, lb_bytes, gb, baseline, caps)
-    if not plans or "N" not in info.roles or not info.reduction:
+    if "N" not in info.roles:
+        return _loads_twice(func, hw, lb_bytes, gb, baseline, caps)
+    if not plans or not info.reduction:
         return baseline
     best = (timed_cycles(baseline, hw, lb_bytes, gb), baseline, None)
     first = -(-info.spatial[0] // read_kernel(baseline).tile_loops()[0].extent)
@@ -170,6 +173,20 @@ def lower_timed(func, hw, lb_bytes: int | None, gb: frozenset, baseline, caps: t
         if strips is not None and timed_cycles(strips, hw, lb_bytes, gb) < best[0]:
             return strips
     return best[1]
+
+
+def _loads_twice(func, hw, lb_bytes: int | None, gb: frozenset, baseline, caps: tuple[int, ...]):
+    """A layer off the MME (a pooling, a normalisation, an element-wise chain) as ``baseline``
+    tiles it or, where its loads have one copy, with the largest tiles that fit half the LB
+    (each tile's loads then run while the tile before computes), whichever ``timed_cycles``
+    finds faster in place."""
+    if plan_lb(read_kernel(baseline), hw, lb_bytes).double_buffered:
+        return baseline
+    try:
+        half = lower_kernel(func, hw, (hw.lb_bytes if lb_bytes is None else lb_bytes) // 2, caps=caps)[0]
+    except Unsupported:
+        return baseline
+    return min((baseline, half), key=lambda low: timed_cycles(low, hw, lb_bytes, gb))
 
 
 def _two_accumulators(kernel, hw, lb_bytes: int | None) -> bool:
