@@ -39,21 +39,32 @@ def test_a_1x1_stride_2_tile_loads_only_the_rows_it_reads(rng, simplified):
     """Output tile: 16 channels x 2 rows x 6 columns, input chunks of 8 channels. The tile reads
     input rows 4t, 4t+2 and columns 0, 2, ..., 10: each chunk's load is 8 x 2 x 11 pixels (it was
     8 x 3 x 11, rows 4t..4t+2), the source stepping 2 rows of 12 and over contiguous columns (a
-    DDR burst holds many); and the kernel computes what llvm does. Also where the indices
-    were simplified first (the tiling search lowers that form: a batch of one indexed 0)."""
+    DDR burst holds many); and the kernel computes what llvm does. Also where the indices were
+    simplified first (the tiling search lowers that form: a batch of one indexed 0)."""
     func = kernel(strides=2)
-    lowered = lower_with_plan(simplify_indices(func) if simplified else func, TilePlan((1, 16, 2, 6), 8))
+    check_loads(rng, func, simplify_indices(func) if simplified else func, [8, 2, 11], [H * H, 2 * H, 1])
+
+
+def test_from_the_gb_a_1x1_stride_2_tile_loads_only_the_pixels_it_reads(rng):
+    """With the input in the GB (``on_chip`` position 0), where a load's cost is its bytes, the
+    columns are compacted too: each chunk's load is 8 x 2 x 6 pixels, the source stepping 2
+    columns and 2 rows of 12."""
+    func = kernel(strides=2)
+    check_loads(rng, func, simplify_indices(func, frozenset({0})), [8, 2, 6], [H * H, 2 * H, 2])
+
+
+def check_loads(rng, func, compacted, box, steps):
+    """``compacted`` (``func`` compacted) in tiles of 16 channels x 2 rows x 6 columns, chunks of
+    8 channels: 2 x 3 x 2 input loads of ``box`` whose source walks with ``steps``; the program
+    computes what llvm does."""
+    lowered = lower_with_plan(compacted, TilePlan((1, 16, 2, 6), 8))
     program = build_program(lowered, HW, "conv1x1s2")
     isa.validate(program)
     loads = input_loads(program)
-    assert loads
-    # 2 output-channel tiles x 3 row tiles x 2 chunks
     assert len(loads) == 2 * 3 * 2
     for dma in loads:
-        box = [n for n in dma.shape if n > 1]
-        assert math.prod(dma.shape) == 8 * 2 * 11 and box == [8, 2, 11]
-        steps = [s for n, s in zip(dma.shape, dma.src.strides) if n > 1]
-        assert steps == [H * H, 2 * H, 1]
+        assert [n for n in dma.shape if n > 1] == box and math.prod(dma.shape) == math.prod(box)
+        assert [s for n, s in zip(dma.shape, dma.src.strides) if n > 1] == steps
     args = random_args(func, rng)
     ref = run_llvm(func, args)
     np.testing.assert_array_equal(run_llvm(lowered, args), ref)

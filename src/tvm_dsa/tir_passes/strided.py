@@ -1,16 +1,16 @@
-"""CompactStridedWindows: a contraction whose stride skips rows loads only the rows it reads.
+"""CompactStridedWindows: a contraction whose stride skips pixels loads only the pixels it reads.
 
 A 1x1 stride-2 convolution reads ``x[2 y, 2 x]``: the tile's input box (``TileForLB`` computes
 the producer of its input on the region the tile reads) spans ``2 R - 1`` rows of ``2 W - 1``
 pixels of which it uses ``R x W``, so a tile loads about 4x the bytes it needs (ResNet-50's
 projection shortcuts were DMA-bound for it). Here each such dimension of the producer's buffer
-but the last is split into (pixel // s, pixel % s), in the buffer and in the producer's
-iteration space: the contraction then reads ``[y, 0, 2 x]``, the tile's box is
-``R x 1 x (2 W - 1)`` and its load a DMA whose source steps over the skipped rows (2x fewer
-bytes). The last dimension stays whole: its pixels are contiguous in DDR, and a load of every
-other one moves a burst per pixel (compacted too, ResNet-50's 1x1 stride-2 layers alone from
-DDR took 3-6x the cycles; from the GB, where bytes are payload, the stitched batch-8 model took
-2,579,001 cycles against 2,584,945 rows only). Numerics do not change: the same values move.
+is split into (pixel // s, pixel % s), in the buffer and in the producer's iteration space: the
+contraction then reads ``[y, 0, x, 0]``, the tile's box is ``R x 1 x W x 1`` and its load a DMA
+whose source steps over the skipped rows and columns. The last dimension is split only where
+the input is in the GB (``on_chip``), where a load costs its bytes: its pixels are contiguous in
+DDR, where every other one costs a burst each (ResNet-50's 1x1 stride-2 layers alone from DDR
+took 3-6x the cycles with it split); from DDR only the rows are skipped. Numerics do not
+change: the same values move.
 
 A dimension is split where the contraction indexes it as ``s * spatial + window`` with no
 offset, a window (its reduction iterators' reach) narrower than ``s`` (pixels skipped), and an
@@ -46,9 +46,11 @@ def _step(index, extents: dict, reduced: set, size: int) -> int:
     return s if s > reach and size % s == 0 else 1
 
 
-def _splits(func) -> list[tuple[str, tuple[int, ...]]]:
+def _splits(func, on_chip: frozenset) -> list[tuple[str, tuple[int, ...]]]:
     """(producer block name, per dimension the stride to split by) for each buffer a contraction
-    reads with pixels skipped."""
+    reads with pixels skipped; the last dimension too where the producer reads only parameters at
+    the positions ``on_chip``."""
+    on_chip_bufs = [p for i, p in enumerate(func.params) if i in on_chip]
     writers: dict = {}
     readers: dict = {}
     blocks: list[SBlock] = []
@@ -80,9 +82,10 @@ def _splits(func) -> list[tuple[str, tuple[int, ...]]]:
             if not isinstance(store, tirx.BufferStore) or any(int(it.iter_type) == REDUCE_ITER for it in p.iter_vars) \
                     or len(own) != len(store.indices) or any(not i.same_as(v) for i, v in zip(store.indices, own)):
                 continue
-            # the last dimension stays whole: its pixels are contiguous outside the LB (see the module)
-            steps = tuple(_step(i, extents, reduced, int_value(n)) for i, n in zip(ld.indices[:-1], ld.source.shape))
-            steps += (1,)
+            sources = [r.source for r in p.reads]
+            last = len(ld.indices) - (not all(any(b.same_as(x) for x in on_chip_bufs) for b in sources))
+            steps = tuple(_step(i, extents, reduced, int_value(n)) for i, n in zip(ld.indices[:last], ld.source.shape))
+            steps += (1,) * (len(ld.indices) - last)
             if any(s > 1 for s in steps):
                 out.append((p.name_hint, steps))
     return out
@@ -96,10 +99,12 @@ def _split_map(steps: tuple[int, ...]) -> tirx.IndexMap:
 
 
 @functools.lru_cache(maxsize=256)
-def compact_strided_windows(func):
+def compact_strided_windows(func, on_chip: frozenset = frozenset()):
     """``func`` with the buffers its contractions read with pixels skipped split per stride (see
-    the module); ``func`` itself where there are none. Cached per function object."""
-    splits = _splits(func)
+    the module), the last dimension too where they are loaded from the parameters at the
+    positions ``on_chip`` (in the GB); ``func`` itself where there are none. Cached per function
+    object."""
+    splits = _splits(func, on_chip)
     if not splits:
         return func
     sch = s_tir.Schedule(copy_func(func))

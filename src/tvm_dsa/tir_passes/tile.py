@@ -100,16 +100,17 @@ def _loop_roles(sch, block_rv):
 
 
 @functools.lru_cache(maxsize=256)
-def simplify_indices(func):
+def simplify_indices(func, on_chip: frozenset = frozenset()):
     """``func`` with its index expressions simplified under the block iterators' ranges: a
     legalized reshape reads ``T[((v2 // 64 + v1) // 16 + v0) % 2, (v2 // 64 + v1) % 16, ...]``,
     which is ``T[v0, v1, ...]`` when ``v2 < 64, v1 < 16, v0 < 2``; the alignment rule below would
     otherwise see divisors that are not there (and tile a fused transpose -> reshape by 2), and
     the tiled indices would stay non-affine where they are affine (``lower_kernel`` lowers this
-    form). Its strided windows are compacted first (``strided``). Returns a copy: a schedule of a
+    form). Its strided windows are compacted first (``strided``; ``on_chip``: positions of the
+    parameters in the GB). Returns a copy: a schedule of a
     module that shares ``func``'s body would rewrite it in place. Cached per function object (a
     kernel is lowered for the whole LB and for a share of it)."""
-    compact = compact_strided_windows(func)
+    compact = compact_strided_windows(func, on_chip)
     copy = copy_func(func) if compact is func else compact
     return s_tir.transform.StmtSimplify()(tvm.IRModule({"main": copy}))["main"]
 
