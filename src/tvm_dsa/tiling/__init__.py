@@ -105,7 +105,7 @@ def _lower_aligned(func, hw, lb_bytes: int | None, parallel: bool, simplify: boo
     order (its chunk first: ``candidate_plans``)."""
     info = anchor_info(func, simplify if aligned is None else aligned)
     if simplify:
-        func = simplify_indices(func)
+        func = simplify_indices(func, on_chip)
     if info.producers:
         orders = ((True, False),)
     elif "N" in info.roles:
@@ -154,7 +154,7 @@ def lower_timed(func, hw, lb_bytes: int | None, gb: frozenset, baseline, caps: t
     best = (timed_cycles(baseline, hw, lb_bytes, gb), baseline, None)
     first = -(-info.spatial[0] // read_kernel(baseline).tile_loops()[0].extent)
     caps = (min((first, *caps[:1])), *caps[1:])  # the first loop splits the batch over instances: no coarser
-    simplified, timed = simplify_indices(func), 0
+    simplified, timed = simplify_indices(func, gb), 0
     capacity = hw.lb_bytes if lb_bytes is None else lb_bytes
     for plan in sorted(_grid(info, hw, capacity, caps), key=lambda p: _estimate(info, p, hw, capacity)):
         if timed == TIMED_PLANS:

@@ -35,6 +35,7 @@ from tvm_dsa.kernel.analysis import (
     sch_split
 )
 from tvm_dsa.kernel.attrs import CLAMP, DOUBLE_BUFFER, VECTOR_CONTRACTION
+from tvm_dsa.tir_passes.strided import compact_strided_windows
 
 
 
@@ -99,16 +100,18 @@ def _loop_roles(sch, block_rv):
 
 
 @functools.lru_cache(maxsize=256)
-def simplify_indices(func):
+def simplify_indices(func, on_chip: frozenset = frozenset()):
     """``func`` with its index expressions simplified under the block iterators' ranges: a
     legalized reshape reads ``T[((v2 // 64 + v1) // 16 + v0) % 2, (v2 // 64 + v1) % 16, ...]``,
     which is ``T[v0, v1, ...]`` when ``v2 < 64, v1 < 16, v0 < 2``; the alignment rule below would
     otherwise see divisors that are not there (and tile a fused transpose -> reshape by 2), and
     the tiled indices would stay non-affine where they are affine (``lower_kernel`` lowers this
-    form). Returns a copy: a schedule of a module that shares ``func``'s body would rewrite it in
-    place. Cached per function object (a kernel is lowered for the whole LB and for a share of
-    it)."""
-    copy = copy_func(func)
+    form). Its strided windows are compacted first (``strided``; ``on_chip``: positions of the
+    parameters in the GB). Returns a copy: a schedule of a
+    module that shares ``func``'s body would rewrite it in place. Cached per function object (a
+    kernel is lowered for the whole LB and for a share of it)."""
+    compact = compact_strided_windows(func, on_chip)
+    copy = copy_func(func) if compact is func else compact
     return s_tir.transform.StmtSimplify()(tvm.IRModule({"main": copy}))["main"]
 
 
@@ -206,8 +209,9 @@ def _mme_roles(block, is_red) -> list[str]:
 
 
 def tile_schedule(func, plan: TilePlan) -> s_tir.Schedule:
-    """Apply ``plan`` to ``func``; returns the schedule (raises ``Unsupported`` if TVM refuses)."""
-    sch = s_tir.Schedule(func)
+    """Apply ``plan`` to ``func`` (its strided windows compacted first, ``strided``); returns the
+    schedule (raises ``Unsupported`` if TVM refuses)."""
+    sch = s_tir.Schedule(compact_strided_windows(func))
     spatial = len(_anchor_loops(sch)[2])
     if len(plan.tiles) != spatial:
         raise ValueError(f"plan has {len(plan.tiles)} tiles for {spatial} spatial loops")
