@@ -792,6 +792,36 @@ def test_a_pooling_from_the_gb_takes_tiles_whose_loads_fit_twice(rng):
     np.testing.assert_allclose(run.outputs[0], run_llvm(func, args), rtol=1e-2, atol=1e-2)
 
 
+def test_a_square_computes_its_operand_once(rng):
+    """A layer norm's variance sums ``(x - mean) * (x - mean)``: the product reads one temporary
+    twice, so a tile runs one ``sub`` for it, not two. Per tile, the vector instructions are the
+    ops of its stages' value trees with an op's identical operands counted once; the kernel
+    computes what llvm does."""
+    from tvm_dsa.kernel.ir import Op
+
+    hw = hardware.get("stcp920")
+    op = relax.op
+    func = fused_kernel(lambda: relax_graph([(2, 64, 256), (256,), (256,)],
+                                            lambda x, g, b: op.nn.layer_norm(x, g, b, axes=[-1])))
+    low = lower_kernel(func, hw)[0]
+    kernel = read_kernel(low)
+
+    def ops(v, name):  # the ``name`` ops an emission of ``v`` runs, a repeated operand once
+        if not isinstance(v, Op):
+            return 0
+        return (v.name == name) + sum(ops(k, name) for k in dict.fromkeys(v.kids))
+
+    subs = sum(ops(st.value, "sub") for st in kernel.stages() if st.op in ("vector", "reduce"))
+    assert subs == 2  # the variance's (one, read twice) and the output's
+    program = build_program(low, hw, "layer_norm")
+    ins = program.expanded().kernels[0].instructions
+    tiles = math.prod(lp.extent for lp in kernel.tile_loops())
+    assert sum(isinstance(y, isa.Vector) and y.op == "sub" for y in ins) == subs * tiles
+    assert any(isinstance(y, isa.Vector) and y.op == "mul" and y.srcs[0] == y.srcs[1] for y in ins)
+    args = random_args(func, rng)
+    np.testing.assert_allclose(simulate(program, args[:-1]).outputs[0], run_llvm(func, args), rtol=1e-2, atol=1e-2)
+
+
 def test_timed_cycles_scale_the_first_tiles_to_all():
     """``timed_cycles`` runs the first ``TIMED_TILES`` tiles on one cluster's cores with the
     inputs named and the output in the GB: a layer with no more tiles is timed whole, exactly

@@ -545,7 +545,11 @@ class KernelEmitter:
             return dst
         if not isinstance(v, Op):
             raise CodegenError(f"stage {stage.name}: conditional values are not supported in compute")
-        kids = tuple(self._expr(stage, k, core, None) for k in v.kids)
+        computed: dict = {}  # a kid the op reads twice is computed once (a square: (x - m) * (x - m))
+        for k in v.kids:
+            if k not in computed:
+                computed[k] = self._expr(stage, k, core, None)
+        kids = tuple(computed[k] for k in v.kids)
         if dst is None:
             dst = self._scratch(v.dims, stage, core)
             # a temporary varies with fewer loops than the box: compute it once per point of them
