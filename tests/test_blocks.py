@@ -21,7 +21,7 @@ from tvm_dsa import hardware, isa
 from tvm_dsa.emit.emitter import build_program
 from tvm_dsa.harness import Compiled, import_onnx, max_relative_error
 from tvm_dsa.kernel.attrs import VECTOR_CONTRACTION
-from tvm_dsa.kernel.ir import read_kernel
+from tvm_dsa.kernel.ir import Read, read_kernel, stages_of
 from tvm_dsa.kernel.macs import kernel_macs
 from tvm_dsa.kernelgen.blocks import CALL_TIR, FuseSeparableBlocks, fused_function, pairs
 from tvm_dsa.models import example_inputs
@@ -358,3 +358,49 @@ def _one_pair_computes(model, schedule: str) -> None:
     assert compiled.offload.host_macs == 0
     reference = Compiled.build(mod, "llvm").run(inputs).outputs
     assert max_relative_error(run.outputs, reference) < 2e-3
+
+
+def test_weights_every_tile_reads_alike_are_loaded_once_a_core(fused_mod):
+    """The stride-2 block's pair (a depthwise convolution of 96 channels, the pointwise one to 24)
+    in tiles of two output rows and chunks of 16 channels, every tile on one core: each chunk of
+    each tile loads its share of the depthwise weights, their bias and the pointwise weights.
+    With ``TilePlan.resident`` those copies move out of the chunk loop and hold the whole
+    weights, which the core loads once (its later tiles find them in its LB), while the input
+    is still loaded per chunk of each tile; both programs compute the pair as llvm does, the
+    resident one in fewer cycles from the GB (the loads it saves are DMA set-ups)."""
+    pair = next(p for p in pairs(fused_mod) if int(p[0].var.ty.shape[1]) == 96)
+    func, *_ = fused_function(fused_mod, pair, HW)
+    info = anchor_info(func)
+    assert info.spatial[1:] == (24, 8, 8)
+    tiles, chunks = info.spatial[0] * 8 // 2, 96 // 16
+    arrays = random_args(func, np.random.default_rng(3))
+    ref = run_llvm(func, arrays)
+    loads, cycles = {}, {}
+    for resident in (False, True):
+        lowered = lower_with_plan(func, TilePlan((1, 24, 2, 8), 16, resident=resident))
+        kernel = read_kernel(lowered)
+        body = kernel.tile_loops()[-1].body
+        (chunk,) = [n for n in body if getattr(n, "kind", None) == "chunk"]
+        inside = {st.value.access.buffer for st in stages_of(chunk.body) if st.op == "dma" and isinstance(st.value, Read)}
+        program = build_program(lowered, HW, "block", cores=(0,))
+        (out,) = simulate(program, arrays[:-1]).outputs
+        np.testing.assert_allclose(out, ref, rtol=1e-2, atol=5e-3 * np.abs(ref).max())  # fp16 storage
+        dmas = [y for y in program.expanded().kernels[0].instructions
+                if isinstance(y, isa.Dma) and y.dst.mem == "lb" and y.src.mem == "ddr"]
+        loads[resident] = ({a.name: sum(a.offset <= y.src.offset < a.offset + a.nbytes for y in dmas)
+                            for a in program.args}, inside)
+        gb = frozenset(range(len(func.params) - 1))
+        cycles[resident] = simulate(build_program(lowered, HW, "block", cores=(0,), gb=gb),
+                                    mode="timing").report.cycles
+    (per_chunk, inside), (held, inside_resident) = loads[False], loads[True]
+    assert inside_resident == set()  # the input's copy (a padded window) is loaded per chunk still
+    shapes = {p.name: tuple(int(d) for d in p.shape) for p in func.params}
+    # the depthwise weights, their bias, the pointwise weights: a box per chunk; the clip's bounds
+    # (scalars) are one box, which every chunk finds in the LB either way
+    chunked = {w for w in inside if shapes[w]}
+    assert len(chunked) == 3 and all(per_chunk[w] == tiles * chunks for w in chunked)
+    assert all(per_chunk[w] == 1 for w in inside - chunked)
+    assert all(held[w] == 1 for w in inside)
+    data = func.params[0].name
+    assert per_chunk[data] == held[data] == tiles * chunks
+    assert cycles[True] < cycles[False]

@@ -304,7 +304,7 @@ def test_an_epilogue_in_strips_leaves_room_for_a_second_accumulator():
     plan = TilePlan((1, 128, 32), 32)
     whole = lower_with_plan(func, plan)
     assert not _two_accumulators(read_kernel(whole), HW, None)
-    stripped = _strips_for_two_accumulators(func, plan, HW, None)
+    stripped = lower_with_plan(func, _strips_for_two_accumulators(func, plan, HW, None))
     kernel = read_kernel(stripped)
     (loop,) = [n for n in kernel.tile_loops()[-1].body if getattr(n, "kind", None) == "strip"]
     lb = plan_lb(kernel, HW)

@@ -10,7 +10,9 @@ for one tiling plan (the tiling search, ``tvm_dsa.tiling``, chooses the plan).
 
 from __future__ import annotations
 
+import dataclasses
 import functools
+import json
 
 import tvm
 from tvm import s_tir
@@ -50,13 +52,25 @@ def ClampTiles():  # noqa: N802
     return _as_pass("dsa.ClampTiles", clamp_tiles)
 
 
+PLAN_ATTR = "dsa.tile_plan"  # a lowered PrimFunc's plan (``plan_of``)
+
+
 @functools.lru_cache(maxsize=1024)
 def lower_with_plan(func, plan: TilePlan):
-    """TileForLB -> AssignScopes -> StripEpilogue -> LowerToDSA -> ClampTiles on one PrimFunc.
-    Cached per function object and plan: the searches for the whole LB and for a share of it try
-    many of the same plans."""
+    """TileForLB -> AssignScopes -> StripEpilogue -> LowerToDSA -> ClampTiles on one PrimFunc,
+    which records its plan (``plan_of``). Cached per function object and plan: the searches for
+    the whole LB and for a share of it try many of the same plans."""
     sch = tile_schedule(func, plan)
-    assign_scopes(sch)
+    assign_scopes(sch, plan.resident)
     strip_epilogue(sch, plan.strips)
     lower_to_dsa(sch)
-    return clamp_tiles(sch.mod["main"])
+    return clamp_tiles(sch.mod["main"]).with_attr(PLAN_ATTR, json.dumps(dataclasses.asdict(plan)))
+
+
+def plan_of(lowered) -> TilePlan | None:
+    """The plan ``lower_with_plan`` lowered a PrimFunc with (None for one lowered otherwise)."""
+    fields = lowered.attrs.get(PLAN_ATTR) if lowered.attrs is not None else None
+    if fields is None:
+        return None
+    plan = json.loads(str(fields))
+    return TilePlan(**{**plan, "tiles": tuple(plan["tiles"])})

@@ -4,7 +4,10 @@ Function parameters stay in DDR (``global``). Intermediate buffers of the kernel
 buffer (``local.dsa_lb``). Compute stages (MME, vector, reduce) may only touch the LB, so their DDR
 inputs get an LB copy (``cache_read``; one per stage with ``COPY_EACH``) loaded under the same tile/chunk loop, and their DDR outputs
 an LB staging buffer written back after them (``cache_write``), once per tile (after the chunk
-loop of a contraction). Reductions are split into an init stage (a fill) and an update stage,
+loop of a contraction). With ``resident`` a parameter read under a chunk loop alike in every tile
+(a weight where the tiles split only rows) is copied whole under the tile loop instead: the
+emitter loads it into the core's LB once (its tiles find it there), where a chunk's copy is
+loaded again for every chunk of every tile, each a DMA set-up for a few hundred bytes. Reductions are split into an init stage (a fill) and an update stage,
 the init placed before the chunk loop for the anchor so partial sums accumulate across chunks
 (a contraction fused before the anchor sums within a chunk: its init goes inside).
 """
@@ -13,6 +16,7 @@ from __future__ import annotations
 
 import tvm_ffi
 from tvm import s_tir
+from tvm.ir.expr import Var
 from tvm.s_tir import SBlockRealize
 
 from tvm_dsa.kernel.analysis import (
@@ -78,7 +82,31 @@ def _is_param(buf, params) -> bool:
     return any(buf.same_as(p) for p in params)
 
 
-def assign_scopes(sch: s_tir.Schedule) -> s_tir.Schedule:
+def _tile_invariant(sch, block_rv, buf) -> bool:
+    """Whether the block reads the same region of ``buf`` in every tile: no tile loop's variable
+    in the indices of its reads of it."""
+    loops = sch_loops(sch, block_rv)
+    tiles = [sch_get(sch, lp).loop_var for lp in loops if sch_get(sch, lp).annotations.get("dsa.loop") == "tile"]
+    block, found = sch_get(sch, block_rv), []
+
+    def tile_var(v):
+        if any(v.same_as(t) for t in tiles):
+            found.append(v)
+
+    def visit(realize):
+        if realize.block.same_as(block):
+            bound = dict(zip([it.var for it in block.iter_vars], realize.iter_values))
+            for region in block.reads:
+                if region.source.same_as(buf):
+                    for r in region.region:
+                        tvm_ffi.structural_walk(r.min, [(Var, lambda v: tvm_ffi.structural_walk(bound.get(v, v),
+                                                                                                [(Var, tile_var)]))])
+
+    tvm_ffi.structural_walk(sch_get(sch, loops[0]), [(SBlockRealize, visit)])
+    return not found
+
+
+def assign_scopes(sch: s_tir.Schedule, resident: bool = False) -> s_tir.Schedule:
     params = list(sch.mod["main"].params)
     attrs = sch.mod["main"].attrs
     each = attrs is not None and bool(attrs.get(COPY_EACH, False))
@@ -100,7 +128,9 @@ def assign_scopes(sch: s_tir.Schedule) -> s_tir.Schedule:
                 continue
             i = [j for j, r in enumerate(sch_get(sch, block_rv).reads) if r.source.same_as(buf)][0]
             cache = sch_cache_read(sch, block_rv, i, LB_SCOPE, [block_rv] if each else None)
-            sch_compute_at(sch, cache, loop, preserve_unit_loops=True)
+            whole = resident and sch_get(sch, loop).annotations["dsa.loop"] == "chunk" and \
+                _tile_invariant(sch, block_rv, buf)
+            sch_compute_at(sch, cache, _tile_loop(sch, block_rv) if whole else loop, preserve_unit_loops=True)
         if _is_param(sch_get(sch, block_rv).writes[0].source, params):
             cache = sch_cache_write(sch, block_rv, 0, LB_SCOPE)
             sch_reverse_compute_at(sch, cache, _tile_loop(sch, block_rv), preserve_unit_loops=True)

@@ -48,6 +48,7 @@ class TilePlan:
     chunk: int | None = None
     vector: bool = False  # the contraction runs on the vector units (``annotate_vector_contraction``)
     strips: int = 1  # the epilogue runs in this many strips of the tile's rows (``StripEpilogue``)
+    resident: bool = False  # weights every tile reads alike are loaded whole, once a core (``AssignScopes``)
 
 
 @dataclass(frozen=True)
