@@ -61,21 +61,29 @@ def _tile_loop(sch, block_rv):
     return tiles[-1]
 
 
+def _bindings(sch, block_rv) -> dict:
+    """The block's iterators -> the loop expressions its realize binds them to."""
+    block, realize = sch_get(sch, block_rv), []
+    tvm_ffi.structural_walk(sch_get(sch, sch_loops(sch, block_rv)[0]),
+                            [(SBlockRealize, lambda r: realize.append(r) if r.block.same_as(block) else None)])
+    return dict(zip([it.var for it in block.iter_vars], realize[0].iter_values))
+
+
+def _uses(exprs, loop_vars) -> bool:
+    """Whether any of ``exprs`` uses one of ``loop_vars``."""
+    found = []
+    for e in exprs:
+        tvm_ffi.structural_walk(e, [(Var, lambda v: found.append(v) if any(v.same_as(x) for x in loop_vars) else None)])
+    return bool(found)
+
+
 def _reduces_over(sch, block_rv, loop_rv) -> bool:
     """Whether a reduce iterator of the block is bound to ``loop_rv`` (the anchor's chunk loop): a
     contraction computed under another's chunk loop (a producer fused into it) sums over loops of
     its own, and its zero fill goes inside the chunk, before them."""
-    var, block = sch_get(sch, loop_rv).loop_var, sch_get(sch, block_rv)
-    found = []
-
-    def visit(realize):
-        if realize.block.same_as(block):
-            for it, value in zip(block.iter_vars, realize.iter_values):
-                if int(it.iter_type) == REDUCE_ITER:
-                    tvm_ffi.structural_walk(value, [(type(var), lambda v: found.append(v) if v.same_as(var) else None)])
-
-    tvm_ffi.structural_walk(sch_get(sch, loop_rv).body, [(SBlockRealize, visit)])
-    return bool(found)
+    bound = _bindings(sch, block_rv)
+    reduced = [bound[it.var] for it in sch_get(sch, block_rv).iter_vars if int(it.iter_type) == REDUCE_ITER]
+    return _uses(reduced, [sch_get(sch, loop_rv).loop_var])
 
 
 def _is_param(buf, params) -> bool:
@@ -85,25 +93,14 @@ def _is_param(buf, params) -> bool:
 def _tile_invariant(sch, block_rv, buf) -> bool:
     """Whether the block reads the same region of ``buf`` in every tile: no tile loop's variable
     in the indices of its reads of it."""
-    loops = sch_loops(sch, block_rv)
-    tiles = [sch_get(sch, lp).loop_var for lp in loops if sch_get(sch, lp).annotations.get("dsa.loop") == "tile"]
-    block, found = sch_get(sch, block_rv), []
-
-    def tile_var(v):
-        if any(v.same_as(t) for t in tiles):
-            found.append(v)
-
-    def visit(realize):
-        if realize.block.same_as(block):
-            bound = dict(zip([it.var for it in block.iter_vars], realize.iter_values))
-            for region in block.reads:
-                if region.source.same_as(buf):
-                    for r in region.region:
-                        tvm_ffi.structural_walk(r.min, [(Var, lambda v: tvm_ffi.structural_walk(bound.get(v, v),
-                                                                                                [(Var, tile_var)]))])
-
-    tvm_ffi.structural_walk(sch_get(sch, loops[0]), [(SBlockRealize, visit)])
-    return not found
+    tiles = [sch_get(sch, lp).loop_var for lp in sch_loops(sch, block_rv)
+             if sch_get(sch, lp).annotations.get("dsa.loop") == "tile"]
+    bound, starts = _bindings(sch, block_rv), []
+    for region in sch_get(sch, block_rv).reads:
+        if region.source.same_as(buf):
+            for r in region.region:
+                tvm_ffi.structural_walk(r.min, [(Var, lambda v: starts.append(bound.get(v, v)))])
+    return not _uses(starts, tiles)
 
 
 def assign_scopes(sch: s_tir.Schedule, resident: bool = False) -> s_tir.Schedule:
