@@ -179,9 +179,10 @@ def lower_timed(func, hw, lb_bytes: int | None, gb: frozenset, baseline, caps: t
     if not _two_accumulators(read_kernel(lowered), hw, lb_bytes):
         strips = _strips_for_two_accumulators(simplified, plan, hw, lb_bytes)
         if strips is not None:
-            stripped = timed_cycles(lower_with_plan(simplified, strips), hw, lb_bytes, gb)
+            low = lower_with_plan(simplified, strips)
+            stripped = timed_cycles(low, hw, lb_bytes, gb)
             if stripped < cycles:
-                cycles, lowered, plan = stripped, lower_with_plan(simplified, strips), strips
+                cycles, lowered, plan = stripped, low, strips
     return _resident(simplified, plan, (cycles, lowered), hw, lb_bytes, gb)
 
 

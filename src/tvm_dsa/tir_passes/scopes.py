@@ -7,9 +7,10 @@ an LB staging buffer written back after them (``cache_write``), once per tile (a
 loop of a contraction). With ``resident`` a parameter read under a chunk loop alike in every tile
 (a weight where the tiles split only rows) is copied whole under the tile loop instead: the
 emitter loads it into the core's LB once (its tiles find it there), where a chunk's copy is
-loaded again for every chunk of every tile, each a DMA set-up for a few hundred bytes. Reductions are split into an init stage (a fill) and an update stage,
-the init placed before the chunk loop for the anchor so partial sums accumulate across chunks
-(a contraction fused before the anchor sums within a chunk: its init goes inside).
+loaded again for every chunk of every tile, each a DMA set-up for a few hundred bytes.
+Reductions are split into an init stage (a fill) and an update stage, the init placed before
+the chunk loop for the anchor so partial sums accumulate across chunks (a contraction fused
+before the anchor sums within a chunk: its init goes inside).
 """
 
 from __future__ import annotations
