@@ -335,3 +335,34 @@ def test_an_epilogue_in_strips_leaves_room_for_a_second_accumulator():
         else:
             assert places[0] == places[2] != places[1] == places[3]
     assert cycles["strips"] < 0.95 * cycles["whole"]
+
+
+def test_a_tile_of_part_of_the_arrays_columns_is_widened_to_whole_passes():
+    """Tiles of 66 x 48 of a matmul + swish: a product of 48 columns takes two passes of the PE
+    array's 32, one half full. ``tiling._full_columns`` rounds the N tile up to 64 (it divides the
+    192 columns), in the fewest epilogue strips that fit the LB; the kernel is computed, a
+    64-column product costs less than 4/3 of a 48-column one (the cost model's passes), and the
+    layer's products take fewer MME cycles."""
+    from tvm_dsa import isa
+    from tvm_dsa.runtime.cost import mme_cycles
+    from tvm_dsa.tiling import _full_columns
+
+    (task,) = extract_tasks(import_onnx(_swish_model(264, 256, 192)), TARGET)
+    func = task.mod["main"]
+    narrow = TilePlan((1, 66, 48), 32)
+    wide = _full_columns(func, anchor_info(func), narrow, HW, None)
+    assert (wide.tiles, wide.chunk) == ((1, 66, 64), 32)
+    if wide.strips > 1:  # the fewest strips: half as many do not fit
+        with pytest.raises(CodegenError):
+            plan_lb(read_kernel(lower_with_plan(func, replace(wide, strips=wide.strips // 2))), HW)
+    assert _full_columns(func, anchor_info(func), wide, HW, None) is None  # whole passes already
+    assert 3 * mme_cycles(1, 66, 64, 32, HW) < 4 * mme_cycles(1, 66, 48, 32, HW)
+    args, expected = _inputs_and_llvm(task.mod, 8)
+    busy = {}
+    for plan in (narrow, wide):
+        program = build_program(lower_with_plan(func, plan), HW, "swish")
+        (out,) = simulate(program, args).outputs
+        assert max_relative_error([out], [expected.numpy()]) < 2e-2
+        busy[plan] = sum(mme_cycles(1, *y.shape[1:], HW) for y in program.expanded().kernels[0].instructions
+                         if isinstance(y, isa.Mme))
+    assert busy[wide] < busy[narrow]
