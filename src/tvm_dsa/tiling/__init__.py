@@ -173,24 +173,29 @@ def lower_timed(func, hw, lb_bytes: int | None, gb: frozenset, baseline, caps: t
             continue
         if cycles < best[0]:
             best = (cycles, lowered, plan)
-    cycles, lowered, plan = best
-    if plan is None:  # the baseline is fastest
-        plan = plan_of(lowered)
-        return lowered if plan is None else _resident(simplified, plan, best[:2], hw, lb_bytes, gb)
-    if not _two_accumulators(read_kernel(lowered), hw, lb_bytes):
-        strips = _strips_for_two_accumulators(simplified, plan, hw, lb_bytes)
-        if strips is not None:
-            low = lower_with_plan(simplified, strips)
-            stripped = timed_cycles(low, hw, lb_bytes, gb)
-            if stripped < cycles:
-                cycles, lowered, plan = stripped, low, strips
-    wide = _full_columns(simplified, info, plan, hw, lb_bytes)
-    if wide is not None:
-        low = lower_with_plan(simplified, wide)
-        widened = timed_cycles(low, hw, lb_bytes, gb)
-        if widened < cycles:
-            cycles, lowered, plan = widened, low, wide
-    return _resident(simplified, plan, (cycles, lowered), hw, lb_bytes, gb)
+    if best[2] is None:  # the baseline is fastest: only its weights may move
+        plan = plan_of(best[1])
+        if plan is None:
+            return best[1]
+        best = (best[0], best[1], plan)
+    else:
+        if not _two_accumulators(read_kernel(best[1]), hw, lb_bytes):
+            strips = _strips_for_two_accumulators(simplified, best[2], hw, lb_bytes)
+            if strips is not None:
+                best = _if_faster(simplified, strips, best, hw, lb_bytes, gb)
+        wide = _full_columns(simplified, info, best[2], hw, lb_bytes)
+        if wide is not None:
+            best = _if_faster(simplified, wide, best, hw, lb_bytes, gb)
+    resident = _resident(simplified, best, hw, lb_bytes)
+    return (best if resident is None else _if_faster(simplified, resident, best, hw, lb_bytes, gb))[1]
+
+
+def _if_faster(func, plan: TilePlan, best: tuple, hw, lb_bytes: int | None, gb: frozenset) -> tuple:
+    """(cycles, lowered, plan) of ``plan`` where ``timed_cycles`` finds it faster than ``best`` (a
+    tuple alike), else ``best``."""
+    lowered = lower_with_plan(func, plan)
+    cycles = timed_cycles(lowered, hw, lb_bytes, gb)
+    return (cycles, lowered, plan) if cycles < best[0] else best
 
 
 def _full_columns(func, info, plan: TilePlan, hw, lb_bytes: int | None) -> TilePlan | None:
@@ -229,22 +234,21 @@ def _in_strips(func, plan: TilePlan, hw, lb_bytes: int | None) -> TilePlan:
     raise error
 
 
-def _resident(func, plan: TilePlan, best: tuple, hw, lb_bytes: int | None, gb: frozenset):
-    """The lowering of ``best`` (cycles, lowered ``plan``) or of ``plan`` with the weights its
-    tiles read alike held in the LB (``TilePlan.resident``), whichever ``timed_cycles`` finds
-    faster. MobileNetV2's depthwise + pointwise blocks (tiles of rows, every output channel) load
-    a chunk's depthwise weights, bias and pointwise weights, a few hundred bytes each, for every
+def _resident(func, best: tuple, hw, lb_bytes: int | None) -> TilePlan | None:
+    """``best``'s plan (of (cycles, lowered, plan)) with the weights its tiles read alike held in
+    the LB (``TilePlan.resident``), where that lowers to another kernel that fits; None else.
+    MobileNetV2's depthwise + pointwise blocks (tiles of rows, every output channel) load a
+    chunk's depthwise weights, bias and pointwise weights, a few hundred bytes each, for every
     chunk of every tile: each a DMA set-up of 64 cycles in the queue the chunk's input waits in."""
-    if plan.chunk is None:
-        return best[1]
+    if best[2].chunk is None:
+        return None
+    plan = replace(best[2], resident=True)
     try:
-        lowered = lower_with_plan(func, replace(plan, resident=True))
+        lowered = lower_with_plan(func, plan)
         plan_lb(read_kernel(lowered), hw, lb_bytes)
     except (Unsupported, CodegenError):  # the whole weights do not fit beside the tiles
-        return best[1]
-    if tvm_ffi.structural_equal(lowered.body, best[1].body):  # nothing is read alike by every tile
-        return best[1]
-    return lowered if timed_cycles(lowered, hw, lb_bytes, gb) < best[0] else best[1]
+        return None
+    return None if tvm_ffi.structural_equal(lowered.body, best[1].body) else plan  # else nothing moved
 
 
 def _loads_twice(func, hw, lb_bytes: int | None, gb: frozenset, baseline, caps: tuple[int, ...]):
