@@ -106,6 +106,30 @@ def test_row_instances_recompute_the_halo(monkeypatch, elements):
     assert (3 + 4 + 4 + 3 + 8) / 16 > RECOMPUTE_LIMIT and four.count == 2 and four.recompute == two.recompute
 
 
+def test_an_output_the_sub_graph_reads_has_boxes_only_where_each_instance_reads_its_own():
+    """conv -> conv with the first conv's output leaving the sub-graph too. Split by samples, each
+    instance reads only the sample it writes: it keeps the output (a box, like an intermediate's)
+    and copies it out. Split by rows with no recomputation, the second 3 x 3 conv of each half
+    reads a halo row the other half wrote: no box, the output is read in DDR. The last output
+    never has one."""
+    _, graph, layers = _fused_layers(lambda: conv_chain(batch=4))
+    prints = {L.name: footprints(L) for L in layers}
+    mid, last = (L.args[L.ir.params[-1][0]] for L in layers)
+    inst = plan_instances(layers, prints, [mid, last], loop=0, groups=4)
+    assert [b for b in inst.boxes] == [{mid: ((i, 0, 0, 0), (i + 1, 8, 16, 16))} for i in range(4)]
+
+    _, graph, layers = _fused_layers(lambda: conv_chain(batch=1, k=3, hw_=32))
+    prints = {L.name: footprints(L) for L in layers}
+    mid, last = (L.args[L.ir.params[-1][0]] for L in layers)
+    halves = [{L.name: np.array([r for r, t in enumerate(prints[L.name].tiles) if (t[2] < 4) == (h == 0)])
+               for L in layers} for h in (0, 1)]  # row tiles of 4 rows: 0-15 and 16-31
+    assert [b[mid] for b in Instances.of(layers, prints, [last], halves, 1.0).boxes] == \
+        [((0, 0, 0, 0), (1, 8, 16, 32)), ((0, 0, 16, 0), (1, 8, 32, 32))]  # an intermediate: its halves
+    assert Instances.of(layers, prints, [mid, last], halves, 1.0).boxes == [{}, {}]
+    whole = [{L.name: np.arange(len(prints[L.name].tiles)) for L in layers}]
+    assert Instances.of(layers, prints, [mid, last], whole, 1.0).boxes == [{mid: ((0, 0, 0, 0), (1, 8, 32, 32))}]
+
+
 def test_a_single_sample_is_split_by_rows_when_its_channels_cannot_be():
     """At batch 1 the scheduler's split (channels, loop 1) gives one instance, and a channel split
     would have every instance compute all of its producer's channels. Given the chip, the batch
@@ -1277,6 +1301,39 @@ def _single_sample_block(rng, hw: str):
 def _ddr_reads(program, arg) -> list:
     return [i for i in program.kernels[0].instructions if isinstance(i, isa.Dma) and i.src.mem == "ddr"
             and arg.offset <= i.src.offset < arg.offset + arg.nbytes]
+
+
+def test_an_output_read_in_the_kernel_is_read_on_chip_and_written_out_once(rng):
+    """relu(conv1x1) leaves the graph and feeds a wider relu(conv1x1), at batch 1: one kernel,
+    whose instances split the rows and keep their rows of the first output in their GB for the
+    second convolution. No core loads it from DDR; each cluster's DMA writes its rows out from
+    the GB, every byte once. Both outputs are llvm's."""
+    op = relax.op
+    shapes = [(1, 64, 32, 32), (128, 64, 1, 1), (256, 128, 1, 1)]
+    bb = relax.BlockBuilder()
+    x, w1, w2 = (relax.Var(f"a{i}", relax.TensorType(s, "float32")) for i, s in enumerate(shapes))
+    with bb.function("main", [x, w1, w2]):
+        with bb.dataflow():
+            a = bb.emit(op.nn.relu(op.nn.conv2d(x, w1)))
+            out = bb.emit_output(relax.Tuple([a, bb.emit(op.nn.relu(op.nn.conv2d(a, w2)))]))
+        bb.emit_func_output(out)
+    args = [rng.standard_normal(s).astype("float32") * 0.2 for s in shapes]
+    mod = relax.transform.BindParams("main", {f"a{i}": tvm.runtime.tensor(args[i]) for i in (1, 2)})(bb.get())
+    ref = relax.VirtualMachine(tvm.compile(mod, target="llvm"), tvm.cpu())["main"](tvm.runtime.tensor(args[0]))
+    vm, result = _run(mod, "graphturbo")
+    assert _outputs_close(vm, args[:1], [r.numpy() for r in ref])
+    (info,) = result.stitched.values()
+    assert info.instances >= HW.clusters and not info.spilled
+    (run,) = tvm_dsa.last_kernel_runs()
+    program = run.program.expanded()
+    first = next(a for a in program.args if a.role == "output" and a.shape == (1, 128, 32, 32))
+    inside = lambda o: o.mem == "ddr" and first.offset <= o.offset < first.offset + first.nbytes  # noqa: E731
+    dmas = [i for i in program.kernels[0].instructions if isinstance(i, isa.Dma)]
+    writes = [i for i in dmas if inside(i.dst)]
+    assert not any(inside(i.src) for i in dmas)
+    assert {(i.src.mem, i.src.index) for i in writes} == {("gb", c) for c in range(HW.clusters)}
+    assert sum(math.prod(i.shape) for i in writes) * 2 == first.nbytes
+    assert len({i.dst.offset for i in writes}) == len(writes)
 
 
 def test_a_shared_input_read_once_stays_in_ddr_where_the_gb_is_short(rng):

@@ -138,15 +138,16 @@ class KernelEmitter:
         self.alias = {k: r for k, r in self.alias.items() if k[0] != core}
         self.content = {k: c for k, c in self.content.items() if k[0] != core}
 
-    def move(self, src: Region, dst: Region, core: int, prefetch: bool = False) -> None:
-        """Copy the box of ``dst`` from ``src`` (the same box or one holding it) to another memory,
-        e.g. a weight promotion DDR -> GB; one transfer per piece, in order, where ``dst`` was
+    def move(self, src: Region, dst: Region, core: int, prefetch: bool = False, box=None) -> None:
+        """Copy ``box`` ((origin, extents); by default ``dst``'s box, which ``src``'s holds) from
+        ``src`` to ``dst`` in another memory, e.g. a weight promotion DDR -> GB, or a kernel output
+        kept in a GB written out to DDR; one transfer per piece, in order, where ``dst`` was
         claimed in pieces; with ``prefetch`` on ``core``'s prefetch queue (``isa.Dma.prefetch``).
         A promotion DDR -> GB on a chip with ``multicast_dma`` is a multicast (``isa.Dma.multicast``):
         the clusters that promote the same box to the same place read DDR for it once."""
         self.cores_used.add(core)
         self.mark(PROMOTE, ())
-        boxes = [(dst.origin, dst.extents)]
+        boxes = [box or (dst.origin, dst.extents)]
         key = self.memory.spaces[(dst.mem, dst.index)].whole_owner(dst.base, dst.base + dst.nbytes)
         if key in self.memory.pieced:
             dim, width = self.memory.pieced[key][:2]

@@ -47,12 +47,14 @@ class Instances:
 
     @classmethod
     def of(cls, layers, prints: dict, outputs, rows: list, recompute: float) -> "Instances":
-        """The instances computing ``rows``: the boxes they write."""
+        """The instances computing ``rows``: the boxes they write. An output of the sub-graph gets
+        boxes only where layers of it read it and each instance's reads fall inside its own box
+        (``_reads_inside``): the instance keeps it on chip for them and copies it out, where its
+        consumers' tiles would each load it from DDR again (ResNet-50's block outputs at batch 1,
+        read by the next block's first convolution, once per output-channel tile)."""
         boxes = [{} for _ in rows]
         for L in reversed(layers):  # the order lifetimes are listed in (it breaks placement ties)
             out = L.args[L.ir.params[-1][0]]
-            if out in outputs:
-                continue
             which = [k for k, chosen in enumerate(rows) if len(chosen[L.name])]
             if not which:
                 continue
@@ -64,11 +66,36 @@ class Instances:
             high = np.maximum.reduceat(write[1][at], starts, axis=0).tolist()
             for k, lo, hi in zip(which, low, high):
                 boxes[k][out] = (tuple(lo), tuple(hi))
+            if out in outputs and not _reads_inside(layers, prints, rows, boxes, out):
+                for b in boxes:
+                    b.pop(out, None)
         return cls(rows, boxes, recompute)
 
     @property
     def count(self) -> int:
         return len(self.rows)
+
+
+def _reads_inside(layers, prints: dict, rows: list, boxes: list, tensor: str) -> bool:
+    """Whether layers read ``tensor`` and every instance's reads of it (the hull of its tiles'
+    boxes) fall inside the box it writes of it (``boxes[k][tensor]``)."""
+    read = False
+    for L in layers:
+        for param, t in L.args.items():
+            if t != tensor or param == L.ir.params[-1][0]:
+                continue
+            lo, hi = prints[L.name].reads[param]
+            for k, chosen in enumerate(rows):
+                at = chosen[L.name]
+                if not len(at):
+                    continue
+                if tensor not in boxes[k]:
+                    return False
+                low, high = boxes[k][tensor]
+                if (lo[at].min(axis=0) < low).any() or (hi[at].max(axis=0) > high).any():
+                    return False
+                read = True
+    return read
 
 
 def plan_instances(layers: list[Layer], prints: dict, outputs: list[str], loop: int, groups: int,
@@ -794,6 +821,7 @@ def emit_stitched(mod: tvm.IRModule, hw, replicate: bool = True, replay: bool = 
                 else:
                     emitter.claim(part.place[b.key], b.key)
             pending = None  # (layer, work, regions): calls of one layer in the same regions go as one
+            copies = []  # (on-chip box, DDR region) of the outputs computed in this step
             for i in cr.members:
                 for k, L in enumerate(sg.layers):
                     rows = inst.rows[i][L.name]
@@ -801,10 +829,12 @@ def emit_stitched(mod: tvm.IRModule, hw, replicate: bool = True, replay: bool = 
                         continue
                     local = dict(regions)
                     for t in L.args.values():
-                        key = ("t", t, i) if t in produced and t not in sg.outputs else \
-                            ("w", t, weight_owner(order, c, cr.rnd[i], hw.clusters))
+                        key = ("t", t, i) if t in produced else ("w", t, weight_owner(order, c, cr.rnd[i], hw.clusters))
                         if key in part.place:
                             local[t] = part.place[key]
+                    out = L.args[L.ir.params[-1][0]]
+                    if out in sg.outputs and ("t", out, i) in part.place:
+                        copies.append((part.place["t", out, i], regions[out]))
                     tiles = [prints[L.name].tiles[r] for r in piece_order(L, rows, prints[L.name], pieced).tolist()]
                     work = [(t, cores[i][k % len(cores[i])]) for k, t in enumerate(tiles)]  # in turn
                     if pending and pending[0] is L and pending[2] == local:
@@ -815,6 +845,8 @@ def emit_stitched(mod: tvm.IRModule, hw, replicate: bool = True, replay: bool = 
                     pending = (L, work, local)
             if pending:
                 emitter.layer(*pending, lb_bytes)
+            for src, dst in copies:  # outputs kept on chip for the kernel's own reads, written out
+                emitter.move(src, dst, src.index if src.mem == "lb" else c * cpc, box=(src.origin, src.extents))
         if reference is part:
             span[1] = emitter.size
     top = max((scratch + b.offset + align(b.nbytes) for b in buffers if b.level == "ddr" and b.offset >= 0),

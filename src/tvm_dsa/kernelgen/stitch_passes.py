@@ -121,7 +121,8 @@ class _Kernel:
         intermediates placed in its core's LB, what does not fit and the GB-scoped ones with the
         promoted weights in the cluster's GB (once per cluster, or in the ``rounds`` order once per
         round: ``weight_owner``), what does not fit there in DDR (offsets from 0: the kernel's
-        scratch)."""
+        scratch), but an output of the sub-graph, which is then read and written in its own DDR
+        region."""
         sg, inst, hw = self.sg, self.inst, self.hw
         instance_scopes, promote, lb_bytes, gb_bytes = self.scopes
         cr = self.clusters[c]
@@ -165,6 +166,7 @@ class _Kernel:
             lives.append(Lifetime(("w", w, owner), sg.itemsize(w) * math.prod(sg.tensors[w][0]),
                                   max(0, min(u) - ahead.get(w, 0)), max(u)))
         offsets, _ = allocate([x for x in lives if x.key not in ddr_scoped], gb_bytes, spill)
+        lives = [x for x in lives if x.key in offsets or x.key[1] not in sg.outputs]  # else written in DDR
         in_ddr = [x for x in lives if x.key not in offsets and x.key[0] == "t"]
         ddr_offsets, _ = allocate(in_ddr, 1 << 62, spill)
 
