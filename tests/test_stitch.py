@@ -15,18 +15,18 @@ from tvm import relax
 
 import tvm_dsa
 from tvm_dsa import hardware, isa
-from tvm_dsa.kernelgen import stitch
+from tvm_dsa.kernelgen import stitch, stitched
 from tvm_dsa.kernelgen.stitch_passes import _ddr_bytes
 from tvm_dsa.emit.emitter import PROMOTE
 from tvm_dsa.emit.placement import Layer
 from tvm_dsa.isa import Program
 from tvm_dsa.kernelgen.stitch import (
-    RECOMPUTE_LIMIT, Instances, Lifetime, allocate, binding, cluster_rounds, makespan, plan_instances
+    RECOMPUTE_LIMIT, Instances, Lifetime, allocate, binding, cluster_rounds, emit_stitched, makespan, plan_instances
 )
 from tvm_dsa.emit.footprint import footprints
 from tvm_dsa.kernelgen.stitched import StitchOptions
 from tvm_dsa.packed import EXECUTE
-from tvm_dsa.runtime import simulate
+from tvm_dsa.runtime import simulate, timing_cycles
 from tvm_dsa.schedule import graphturbo
 from tvm_dsa.schedule.graph import OpGraph, SubGraphs
 from tvm_dsa.tir_passes.tile import TilePlan
@@ -1334,6 +1334,39 @@ def test_an_output_read_in_the_kernel_is_read_on_chip_and_written_out_once(rng):
     assert {(i.src.mem, i.src.index) for i in writes} == {("gb", c) for c in range(HW.clusters)}
     assert sum(math.prod(i.shape) for i in writes) * 2 == first.nbytes
     assert len({i.dst.offset for i in writes}) == len(writes)
+
+
+def test_a_stitched_kernel_keeps_the_faster_of_multicast_and_plain_loads_from_the_gb(monkeypatch, rng):
+    """With fewer samples than clusters, each stitched kernel is emitted with its tiles' GB loads
+    as multicasts and as plain DMAs, and the faster program kept. At batch 1 (a sample's rows
+    over the clusters) a 1 x 1 -> 3 x 3 -> 1 x 1 block with its residual at 32 x 32 keeps the
+    multicasts; a bottleneck's 3 x 3 and two 1 x 1 convolutions at 56 x 56 (the 1 x 1 layers'
+    channel tiles dealt to cores so that their n-th loads of an input row are of different
+    rounds) runs faster plain. Both match llvm."""
+    op = relax.op
+    seen = []
+    real = stitched._faster_loads
+    monkeypatch.setattr(stitched, "_faster_loads", lambda sub, hw: seen.append((sub, real(sub, hw))) or seen[-1][1])
+    block = relax_graph([(1, 64, 32, 32), (64, 64, 1, 1), (64, 64, 3, 3), (64, 64, 1, 1)],
+                        lambda x, w1, w2, w3: op.add(op.nn.conv2d(op.nn.relu(op.nn.conv2d(
+                            op.nn.relu(op.nn.conv2d(x, w1)), w2, padding=1)), w3), x))
+    bottleneck = relax_graph([(1, 64, 56, 56), (64, 64, 3, 3), (256, 64, 1, 1), (64, 256, 1, 1)],
+                             lambda x, w1, w2, w3: op.nn.relu(op.nn.conv2d(op.nn.relu(op.nn.conv2d(
+                                 op.nn.relu(op.nn.conv2d(x, w1, padding=1)), w2)), w3)))
+    kept = []
+    for mod in (block, bottleneck):
+        seen.clear()
+        args = [rng.standard_normal([int(s) for s in p.ty.shape]).astype("float32") * 0.2 for p in mod["main"].params]
+        vm, _ = _run(mod, "graphturbo")
+        out = vm["main"](*[tvm.runtime.tensor(a) for a in args]).numpy()
+        ref = _llvm(mod, args)
+        assert np.abs(out - ref).max() / np.abs(ref).max() < 5e-3
+        (sub, (program, _)), = seen
+        both = [timing_cycles(emit_stitched(sub, HW, gb_multicasts=m)[0]) for m in (True, False)]
+        multicast = any(type(i) is isa.Dma and i.multicast and i.src.mem == "gb" for i in program.kernels[0].instructions)
+        assert timing_cycles(program) == min(both) and multicast == (both[0] <= both[1])
+        kept.append(multicast)
+    assert kept == [True, False]
 
 
 def test_a_shared_input_read_once_stays_in_ddr_where_the_gb_is_short(rng):

@@ -49,11 +49,13 @@ class KernelEmitter:
     the copies' positions too (``size``, ``units``). A tile's trailing stores wait behind its
     core's next tile's leading loads (``store_split``; ``hold_stores=False``: they do not, for
     tests). On chips whose cores have a second DMA queue (``prefetch_dma``) the stores out of an
-    LB take it (``store_queue``; False where the caller loads weights ahead on it, ``_dma``)."""
+    LB take it (``store_queue``; False where the caller loads weights ahead on it, ``_dma``).
+    ``gb_multicasts=False``: the tiles' loads from a GB are plain DMAs (``_dma``)."""
 
     def __init__(self, hw: Hardware, name: str, replay: bool = True, hold_stores: bool = True,
-                 store_queue: bool = True):
+                 store_queue: bool = True, gb_multicasts: bool = True):
         self.hw, self.name, self.hold_stores = hw, name, hold_stores
+        self.gb_multicasts = gb_multicasts  # loads from a GB may be multicasts (``_dma``)
         self.store_queue = store_queue and hw.prefetch_dma
         self.instructions: list = []  # the kernel's own; the stream also holds the replicas' copies
         self.size = 0  # instructions in the stream so far
@@ -616,7 +618,10 @@ class KernelEmitter:
         tiles of one round that share a weight chunk), read the GB once. Not in a layer whose
         tiles overlap (``ClampTiles``): its last tile along the clamped loop loads boxes of its
         own, the cores' n-th loads stop lining up after it, and paired loads of different rounds
-        made the cores wait on each other (ViT-B/16 at batch 8: 25.76M cycles, 14.78M without). On
+        made the cores wait on each other (ViT-B/16 at batch 8: 25.76M cycles, 14.78M without),
+        and not where the caller says (``gb_multicasts``: the n-th loads of a box by the cores can
+        be of different rounds anywhere, and whether the GB reads saved pay for the waits depends
+        on the kernel, ``kernelgen.stitched``). On
         a mesh, where tiles load their boxes from DDR (no GB) or from pieces kept in other cores'
         LBs (a SET tree's feature maps), those loads are the multicasts. A store out of the core's
         LB to a GB or DDR goes on the core's second DMA queue (``store_queue``,
@@ -628,7 +633,8 @@ class KernelEmitter:
         self.cores_used.add(issuer)
         shared = ("ddr", "lb") if self.hw.interconnect == "mesh" else ("gb",)
         multicast = (self.hw.multicast_dma and (dst.mem, dst.index) == ("lb", issuer) and src.mem in shared
-                     and (src.mem, src.index) != ("lb", issuer) and not self.cur.ir.clamped)
+                     and (src.mem, src.index) != ("lb", issuer) and not self.cur.ir.clamped
+                     and (self.gb_multicasts or src.mem != "gb"))
         if multicast and src.mem == "lb":
             self.rounds[self.size] = self.tile_round
         store = self.store_queue and (src.mem, src.index) == ("lb", issuer) and dst.mem != "lb"

@@ -754,7 +754,7 @@ def piece_order(layer, rows: np.ndarray, fp: Footprint, pieced: dict) -> np.ndar
     return rows
 
 
-def emit_stitched(mod: tvm.IRModule, hw, replicate: bool = True, replay: bool = True):
+def emit_stitched(mod: tvm.IRModule, hw, replicate: bool = True, replay: bool = True, gb_multicasts: bool = True):
     """(Program, StitchInfo) of a sub-graph module annotated by the passes of
     ``kernelgen.stitch_passes``: each cluster's steps in the chosen order, at each step the buffers that
     start there claimed (a weight's promotion DDR -> GB issued, in order of first use, one promoted
@@ -765,7 +765,8 @@ def emit_stitched(mod: tvm.IRModule, hw, replicate: bool = True, replay: bool = 
 
     A cluster whose instances are the first cluster's moved along the batch, placed alike, gets a
     copy of its instructions (``replicate``; False emits every cluster, for tests). A layer like
-    an earlier one is replayed from it (``replay``, ``KernelEmitter``)."""
+    an earlier one is replayed from it (``replay``, ``KernelEmitter``). ``gb_multicasts=False``:
+    the tiles load from the GBs by plain DMAs (``KernelEmitter``)."""
 
     sg, prints = read_subgraph(mod, hw)
     inst = read_instances(mod, sg, prints)
@@ -784,7 +785,7 @@ def emit_stitched(mod: tvm.IRModule, hw, replicate: bool = True, replay: bool = 
         base = scratch + b.offset if b.level == "ddr" else b.offset
         return Region(b.level, b.unit, base, box[0], extents, sg.stored[b.tensor])
 
-    emitter = KernelEmitter(hw, sg.name, replay)
+    emitter = KernelEmitter(hw, sg.name, replay, gb_multicasts=gb_multicasts)
     for t, r in regions.items():
         emitter.claim(r, ("ddr", t))
     reference, span = None, [0, 0]  # the first cluster's part, and [first, end) of its instructions

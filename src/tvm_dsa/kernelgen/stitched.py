@@ -12,6 +12,7 @@ from dataclasses import dataclass, replace
 
 import tvm
 
+from tvm_dsa import isa
 from tvm_dsa.emit.placement import stored_dtypes
 from tvm_dsa.hardware import Hardware
 from tvm_dsa.kernel.analysis import Unsupported
@@ -21,6 +22,7 @@ from tvm_dsa.kernelgen.lowering import lower_within
 from tvm_dsa.kernelgen.rewrite import DSACall
 from tvm_dsa.kernelgen.stitch import emit_stitched, read_allocation, subgraph_module
 from tvm_dsa.kernelgen.stitch_passes import BindCores, StitchBuffers, stitch_passes
+from tvm_dsa.runtime import timing_cycles
 from tvm_dsa.tiling import lower_kernel, lower_timed
 
 
@@ -182,7 +184,27 @@ def _stitched(spec, nodes, graph, layer, hw, stitch) -> tuple:
         later = stitch_passes(hw, stitch.order, stitch.spill, stitch.gb, stitch.prefetch, lb).passes[2:]
         return tvm.transform.Sequential(list(later))(sub)  # the passes after BindCores
 
-    return emit_stitched(_micro_batched(planned, hw, batch // hw.clusters), hw)
+    sub = _micro_batched(planned, hw, batch // hw.clusters)
+    return _faster_loads(sub, hw) if batch < hw.clusters else emit_stitched(sub, hw)
+
+
+def _faster_loads(sub, hw) -> tuple:
+    """(Program, StitchInfo) of the annotated sub-graph module ``sub``: of its program whose tiles'
+    loads from the GBs are multicasts (``hw.multicast_dma``) and the one whose loads are plain,
+    the faster. A multicast starts when each core's load of it may, and the cores' n-th loads
+    of one box can belong to different rounds of tiles: where the GB's port is the bound the
+    reads saved pay for the waits (ResNet-50's last stages at batch 1), elsewhere a core waits a
+    tile for a load another core makes a round later (ResNet-50's first blocks at batch 1, a
+    sample's rows split over the clusters and a row's two channel tiles dealt to cores six
+    apart: 67,283 cycles against 45,835). Only with fewer samples than clusters: at batch 8 it
+    changed none of the seven models of ``benchmarks/graphturbo.py`` but DLRM (18,848 ->
+    18,827 cycles), and timing BERT-128's kernels twice took its build from 15 to 70 s."""
+    program, info = emit_stitched(sub, hw)
+    if not hw.multicast_dma or not any(type(i) is isa.Dma and i.multicast and i.src.mem == "gb"
+                                       for k in program.kernels for i in k.instructions):
+        return program, info
+    plain = emit_stitched(sub, hw, gb_multicasts=False)
+    return plain if timing_cycles(plain[0]) < timing_cycles(program) else (program, info)
 
 
 def _row_shares(nodes, graph, output: str, hw) -> dict:
