@@ -15,7 +15,7 @@ from tvm import relax
 
 import tvm_dsa
 from tvm_dsa import hardware, isa
-from tvm_dsa.kernelgen import stitch, stitched
+from tvm_dsa.kernelgen import stitch, stitch_passes, stitched
 from tvm_dsa.kernelgen.stitch_passes import _ddr_bytes
 from tvm_dsa.emit.emitter import PROMOTE
 from tvm_dsa.emit.placement import Layer
@@ -1367,6 +1367,36 @@ def test_a_stitched_kernel_keeps_the_faster_of_multicast_and_plain_loads_from_th
         assert timing_cycles(program) == min(both) and multicast == (both[0] <= both[1])
         kept.append(multicast)
     assert kept == [True, False]
+
+
+def test_a_first_layers_weight_read_once_is_loaded_from_ddr_not_promoted(monkeypatch, rng):
+    """relu(x @ w1) @ w2 at batch 1, one instance on one cluster. Each byte of ``w1`` is read by
+    one tile, and its layer is the kernel's first: promoted, its tiles would wait for the whole
+    copy DDR -> GB before loading from the GB; instead they load it from DDR, each byte once.
+    ``w2``, read later, is promoted behind the first layer. Promoting ``w1`` too
+    (``read_once`` finding none) is slower. Both match llvm."""
+    op = relax.op
+    shapes = [(1, 512), (512, 2048), (2048, 256)]
+    mod = relax_graph(shapes, lambda x, w1, w2: op.matmul(op.nn.relu(op.matmul(x, w1)), w2))
+    args = [rng.standard_normal(s).astype("float32") * 0.05 for s in shapes]
+    mod = relax.transform.BindParams("main", {f"a{i}": tvm.runtime.tensor(args[i]) for i in (1, 2)})(mod)
+    ref = _llvm(mod, args[:1])
+
+    def run():
+        vm, _ = _run(mod, "graphturbo")
+        out = vm["main"](tvm.runtime.tensor(args[0])).numpy()
+        assert np.abs(out - ref).max() / np.abs(ref).max() < 5e-3
+        (kernel,) = tvm_dsa.last_kernel_runs()
+        program = kernel.program.expanded()
+        by_shape = {a.shape: a for a in program.args}
+        return kernel.report.cycles, [_ddr_reads(program, by_shape[s]) for s in shapes[1:]]
+
+    cycles, (w1, w2) = run()
+    assert {(i.dst.mem, i.multicast) for i in w1} == {("lb", False)} and sum(math.prod(i.shape) for i in w1) * 2 == 512 * 2048 * 2
+    assert {i.dst.mem for i in w2} == {"gb"}
+    monkeypatch.setattr(stitch_passes._Kernel, "read_once", lambda self, tensors: set())
+    promoted, (w1, _) = run()
+    assert {i.dst.mem for i in w1} == {"gb"} and promoted > cycles
 
 
 def test_a_shared_input_read_once_stays_in_ddr_where_the_gb_is_short(rng):
