@@ -1363,7 +1363,8 @@ def test_a_stitched_kernel_keeps_the_faster_of_multicast_and_plain_loads_from_th
         assert np.abs(out - ref).max() / np.abs(ref).max() < 5e-3
         (sub, (program, _)), = seen
         both = [timing_cycles(emit_stitched(sub, HW, gb_multicasts=m)[0]) for m in (True, False)]
-        multicast = any(type(i) is isa.Dma and i.multicast and i.src.mem == "gb" for i in program.kernels[0].instructions)
+        multicast = any(type(i) is isa.Dma and i.multicast and i.src.mem == "gb"
+                        for i in program.kernels[0].instructions)
         assert timing_cycles(program) == min(both) and multicast == (both[0] <= both[1])
         kept.append(multicast)
     assert kept == [True, False]
@@ -1392,7 +1393,8 @@ def test_a_first_layers_weight_read_once_is_loaded_from_ddr_not_promoted(monkeyp
         return kernel.report.cycles, [_ddr_reads(program, by_shape[s]) for s in shapes[1:]]
 
     cycles, (w1, w2) = run()
-    assert {(i.dst.mem, i.multicast) for i in w1} == {("lb", False)} and sum(math.prod(i.shape) for i in w1) * 2 == 512 * 2048 * 2
+    assert {(i.dst.mem, i.multicast) for i in w1} == {("lb", False)}
+    assert sum(math.prod(i.shape) for i in w1) * 2 == 512 * 2048 * 2  # each byte once
     assert {i.dst.mem for i in w2} == {"gb"}
     monkeypatch.setattr(stitch_passes._Kernel, "read_once", lambda self, tensors: set())
     promoted, (w1, _) = run()

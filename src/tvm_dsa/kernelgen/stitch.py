@@ -84,6 +84,8 @@ def _reads_inside(layers, prints: dict, rows: list, boxes: list, tensor: str) ->
         for param, t in L.args.items():
             if t != tensor or param == L.ir.params[-1][0]:
                 continue
+            if param not in prints[L.name].reads:
+                continue
             lo, hi = prints[L.name].reads[param]
             for k, chosen in enumerate(rows):
                 at = chosen[L.name]

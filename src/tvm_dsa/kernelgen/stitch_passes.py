@@ -323,8 +323,8 @@ def AssignMemoryScopes(hw, gb: bool = True, lb: bool = False):  # noqa: N802
         lb_bytes -= lb_bytes % ALIGN
         scopes = [{t: LB_SCOPE if keep and len(k.cores[i]) == 1 else GB_SCOPE if gb else DDR_SCOPE
                    for t in boxes} for i, boxes in enumerate(k.inst.boxes)]
-        first = set(k.sg.layers[0].args.values())  # no step before its to promote them behind
-        weights, inputs = k.read_alike(k.sg.weights) - k.read_once(k.sg.weights & first), set(k.sg.inputs) - k.sg.weights
+        first = k.sg.weights & set(k.sg.layers[0].args.values())  # nothing runs before to hide a promotion
+        weights, inputs = k.read_alike(k.sg.weights) - k.read_once(first), set(k.sg.inputs) - k.sg.weights
         shared = k.read_alike(inputs, dims=1, shared=True)
         if k.nbytes(weights | shared) > hw.gb_bytes:
             shared = k.read_alike(inputs, dims=1, shared=True, reread=REREAD)
