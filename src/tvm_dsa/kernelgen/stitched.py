@@ -214,7 +214,10 @@ def _row_shares(nodes, graph, output: str, hw) -> dict:
     columns: attention's scores are queries x keys), where the sample has rows for every cluster.
     With fewer samples than clusters, instances split a sample's rows (``stitch.plan_instances``),
     and a layer's tile across two instances' rows is computed by both: BERT-base's encoder layers
-    at batch 1 took tiles of 64 or 128 tokens, which no split into four cuts between."""
+    at batch 1 took tiles of 64 or 128 tokens, which no split into four cuts between. A layer
+    with a whole multiple of those rows (before a pooling of stride 2: a transition) is capped
+    at as many times the share: DenseNet-121's first transition at batch 1 tiled its batch norm
+    and ReLU by channels, all 56 rows a tile, and ran on one cluster (124,372 -> 43,787 cycles)."""
     shape = graph.tensors[output].shape
     rows = shape[-2] if len(shape) >= 2 else 0
     if rows < hw.clusters:
@@ -231,6 +234,8 @@ def _row_shares(nodes, graph, output: str, hw) -> dict:
         if rows in dims[1:]:
             at = dims.index(rows, 1)
             out[n.name] = (*dims[:at], cap)
+        elif len(dims) >= 3 and dims[-2] % rows == 0:
+            out[n.name] = (*dims[:-2], cap * (dims[-2] // rows))
     return out
 
 
