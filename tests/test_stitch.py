@@ -1397,6 +1397,46 @@ def test_a_stitched_kernel_keeps_the_faster_of_multicast_and_plain_loads_from_th
     assert kept == [True, False]
 
 
+def test_a_piece_of_a_cut_sub_graph_splits_its_rows_where_that_is_faster(monkeypatch, rng):
+    """At batch 1 a chain of four 3 x 3 convolutions is cut before each window (its rows are to
+    split over the clusters, ``graphturbo.window_cuts``), yet no piece saves a launch by its
+    MACs: each is generated with its rows split and whole (``StitchPlan.rows_if_faster``), and
+    the faster program kept. 64 channels at 14 x 14 run faster split, 128 at 7 x 7 (each
+    cluster loading every weight for two rows) on one cluster. Both match llvm."""
+    op = relax.op
+    calls = []
+    real = stitched._stitched
+
+    def record(spec, *args):
+        calls.append((spec.plan, real(spec, *args)))
+        return calls[-1][1]
+
+    monkeypatch.setattr(stitched, "_stitched", record)
+    split = []
+    for c, rows in ((64, 14), (128, 7)):
+        ws = [relax.const((rng.standard_normal((c, c, 3, 3)) * 0.05).astype("float32")) for _ in range(4)]
+
+        def chain(x):
+            for w in ws:
+                x = op.nn.relu(op.nn.conv2d(x, w, padding=1))
+            return x
+
+        mod = relax_graph([(1, c, rows, rows)], chain)
+        arg = rng.standard_normal((1, c, rows, rows)).astype("float32")
+        calls.clear()
+        vm, result = _run(mod, "graphturbo")
+        out = vm["main"](tvm.runtime.tensor(arg)).numpy()
+        ref = _llvm(mod, [arg])
+        assert np.abs(out - ref).max() / np.abs(ref).max() < 5e-3
+        assert len(result.dsa) == 4  # one kernel a convolution, all of one form: generated once
+        # generated whole, then split, then the faster of the two kept
+        assert [(p.rows, p.rows_if_faster) for p, _ in calls] == [(False, False), (True, False), (False, True)]
+        (_, whole), (_, rows_split), (_, kept) = calls
+        assert kept is min((whole, rows_split), key=lambda way: timing_cycles(way[0]))
+        split.append({info.instances > 1 for info in result.stitched.values()})
+    assert split == [{True}, {False}]
+
+
 def test_a_first_layers_weight_read_once_is_loaded_from_ddr_not_promoted(monkeypatch, rng):
     """relu(x @ w1) @ w2 at batch 1, one instance on one cluster. Each byte of ``w1`` is read by
     one tile, and its layer is the kernel's first: promoted, its tiles would wait for the whole

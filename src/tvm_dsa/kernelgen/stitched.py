@@ -150,7 +150,16 @@ def _stitched(spec, nodes, graph, layer, hw, stitch) -> tuple:
     than clusters the layers keep the search's tiles (``layer(..., timed=False)``): a sample's
     rows are then split over clusters within ``RECOMPUTE_LIMIT``, and timed tiles of several
     rows recompute more in each halo (ResNet-50's first sub-graph at batch 1 ran on one cluster
-    instead of two: 1,745,711 -> 1,908,712 cycles)."""
+    instead of two: 1,745,711 -> 1,908,712 cycles). A sub-graph whose plan says
+    ``rows_if_faster`` is generated both ways, and the program ``timing_cycles`` finds faster is
+    kept: DenseNet-121's dense layers at batch 1 are cut before each 3 x 3 convolution so that
+    their rows can split, yet each piece saves less than a launch by the MACs (985,040 -> 919,422
+    cycles split), while a chain of 3 x 3 convolutions at 7 x 7, cut alike, runs 15 % slower
+    split (every cluster loads every weight)."""
+    if spec.plan.rows_if_faster:
+        ways = [_stitched(replace(spec, plan=replace(spec.plan, rows=rows, rows_if_faster=False)), nodes, graph,
+                          layer, hw, stitch) for rows in (False, True)]
+        return min(ways, key=lambda way: timing_cycles(way[0]))
     inputs, outputs = graph.boundary(nodes)
     batch = graph.tensors[outputs[0]].shape[0]  # the first dim of the layers that have it (§2.1)
     shares = _row_shares(nodes, graph, outputs[0], hw) if spec.plan.rows else {}

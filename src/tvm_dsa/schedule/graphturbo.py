@@ -314,6 +314,7 @@ def graphturbo(mod, hw, supported, options=None) -> list[KernelSpec]:
     sgs = group_two_levels(SubGraphs(graph), hw.lb_bytes, hw.gb_bytes, esize, host | alone)
     spread = whole.batch is not None and whole.batch < hw.clusters  # a sample's rows split over the clusters
     macs = {n.index: kernel_macs(mod[n.func]) for n in graph.nodes if n.index not in host} if spread else {}
+    whole_groups = frozenset(sgs.groups)
     if spread:
         sgs = cut_before(sgs, paying_cuts(sgs, mod, hw, host, macs))
     specs = []
@@ -330,7 +331,8 @@ def graphturbo(mod, hw, supported, options=None) -> list[KernelSpec]:
             f = max(f * share, hw.clusters * hw.cores_per_cluster)
         calls = tuple(graph.nodes[n].name for n in sorted(members))
         rows = spread and spreading_saves(members, macs, hw) > hw.kernel_launch_cycles
-        specs.append(KernelSpec(f"sg{len(specs)}_{calls[0]}", calls, StitchPlan((d, f), rows)))
+        piece = spread and not rows and members not in whole_groups  # its launch is paid either way
+        specs.append(KernelSpec(f"sg{len(specs)}_{calls[0]}", calls, StitchPlan((d, f), rows, piece)))
     return specs
 
 

@@ -32,10 +32,13 @@ class StitchPlan:
     """A GraphTurbo sub-graph run instance by instance, the tensors between its layers on chip and
     its weights promoted to the GB: ``split`` is Algorithm 1's best split (output dimension,
     factor) that cuts it into instances; ``rows``: its instances may split a sample's rows over
-    the clusters (fewer samples than clusters, and MACs enough to pay for spreading them)."""
+    the clusters (fewer samples than clusters, and MACs enough to pay for spreading them);
+    ``rows_if_faster``: with or without, whichever program runs faster (a piece of a sub-graph
+    cut to split rows, which pays its launch either way)."""
 
     split: tuple[int, int]
     rows: bool = False
+    rows_if_faster: bool = False
 
 
 @dataclass(frozen=True)
