@@ -2,13 +2,16 @@
 
 import math
 
-from helpers import relax_graph
+import numpy as np
+from helpers import HW, fuse, relax_graph
 from tvm import relax
+
+from tvm_dsa.kernel.macs import kernel_macs
 
 from tvm_dsa.schedule.graph import Node, OpGraph, SubGraphs, Tensor
 from tvm_dsa.schedule.graphturbo import (
     Split, best_split, bytes_in_flight, cut_before, group, group_two_levels, instance_graph, order_instances,
-    pair_product, peak_bytes, split_info, row_window,
+    pair_product, peak_bytes, split_info, row_window, window_cuts,
 )
 
 LB = 64 * 1024
@@ -232,3 +235,30 @@ def test_row_window_is_a_window_over_an_activations_rows():
     assert row_window(func([(1, 8, 16, 16), (8, 8, 1, 1)], lambda x, w: op.nn.conv2d(x, w, strides=2))) == 0
     assert row_window(func([(1, 8, 16), (1, 16, 8)], lambda a, b: op.matmul(a, b))) == 0
     assert row_window(func([(1, 8, 16, 16)], lambda x: op.mean(x, axis=[2, 3], keepdims=True))) == 0
+
+
+def test_an_inverted_residual_block_is_cut_before_its_expansion_not_its_depthwise_window():
+    """Three MobileNetV2 blocks (24 -> 144 -> 24 channels at 56 x 56, the residual added) as one
+    sub-graph at batch 1: each depthwise 3 x 3 window recomputes too much of what comes before it
+    for its rows to split, so the sub-graph is cut for it. The first block's cut can go only
+    before its window (nothing comes before the expansion); the later ones go before their
+    block's expansion, where the 24-channel block input crosses instead of the expanded 144
+    channels and the residual (``MOVE_SAVES``)."""
+    op = relax.op
+    rng = np.random.default_rng(0)
+    k = lambda *shape: relax.const((rng.standard_normal(shape) * 0.1).astype("float32"))  # noqa: E731
+    blocks = [(k(144, 24, 1, 1), k(144, 1, 3, 3), k(24, 144, 1, 1)) for _ in range(3)]
+
+    def body(x):
+        for expand, depthwise, project in blocks:
+            e = op.nn.relu(op.nn.conv2d(x, expand))
+            x = op.add(op.nn.conv2d(op.nn.relu(op.nn.conv2d(e, depthwise, padding=1, groups=144)), project), x)
+        return x
+
+    mod = fuse(relax_graph([(1, 24, 56, 56)], body))
+    graph = OpGraph.from_relax(mod)
+    kinds = [graph.tensors[n.output].shape[1] == 144 and graph.tensors[n.inputs[0]].shape[1] for n in graph.nodes]
+    assert kinds == [24, 144, False] * 3  # expansion, depthwise, projection
+    macs = {n.index: kernel_macs(mod[n.func]) for n in graph.nodes}
+    cuts = window_cuts(SubGraphs(graph, [frozenset(range(len(graph.nodes)))]), mod, HW, frozenset(), macs)
+    assert cuts == {1, 3, 6}

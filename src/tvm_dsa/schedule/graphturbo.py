@@ -43,6 +43,7 @@ with them most merges (docs/graphturbo.md).
 
 from __future__ import annotations
 
+import itertools
 import math
 from dataclasses import dataclass
 
@@ -380,43 +381,93 @@ def paying_cuts(sgs: SubGraphs, mod, hw, host: frozenset, macs: dict) -> frozens
 
 
 def window_cuts(sgs: SubGraphs, mod, hw, host: frozenset, macs: dict) -> frozenset:
-    """The windows over image rows (``row_window``) a sub-graph is cut before where a sample's
-    rows are split over the clusters. A window inside a sub-graph makes each row instance compute
-    the rows of its halo again in every layer before it (since the last cut): with a cluster's
-    share of ``r`` input rows, a window of ``k`` rows adds about (k - 1) / r of that work, and
-    the windows after it add theirs. A cut instead writes the window's inputs from the sub-graph
-    to DDR and reads them back, and launches a kernel. In a sub-graph whose spreading saves more
-    than a launch (``spreading_saves``), cut where the recomputation, at the chip's peak, takes
-    longer than that, or where it passes half of ``RECOMPUTE_LIMIT``'s share (past the limit the
-    instances fall back to one cluster; tiles of several rows round each halo up to whole tiles,
-    and DenseNet-121's first dense blocks, estimated within the limit, ran on one cluster).
-    ResNet-50 at batch 1 ran as one kernel on one cluster, its 14 or 7 rows split four ways
-    recomputing more than they shared; MobileNetV2's depthwise windows read six times the
-    channels their pointwise layers write, and most stay."""
+    """The nodes a sub-graph is cut before where a sample's rows are split over the clusters,
+    for its windows over image rows (``row_window``). A window inside a sub-graph makes each row
+    instance compute the rows of its halo again in every layer before it (since the last cut):
+    with a cluster's share of ``r`` input rows, a window of ``k`` rows adds about (k - 1) / r of
+    that work, and the windows after it add theirs. A cut writes the tensors crossing it to DDR
+    and reads them back, and launches a kernel. In a sub-graph whose spreading saves more than a
+    launch (``spreading_saves``), a window is cut from what comes before it where the
+    recomputation, at the chip's peak, takes longer than that, or where it passes half of
+    ``RECOMPUTE_LIMIT``'s share of the work since the last cut (past the limit the instances fall
+    back to one cluster; tiles of several rows round each halo up to whole tiles, and
+    DenseNet-121's first dense blocks, estimated within the limit, ran on one cluster). ResNet-50
+    at batch 1 ran as one kernel on one cluster, its 14 or 7 rows split four ways recomputing
+    more than they shared.
+
+    The cut goes before the window, or earlier where that at least halves the bytes crossing it
+    (``MOVE_SAVES``): before a node after the last window, the fewest bytes, where the piece it
+    starts recomputes within those bounds, judged on its work up to the next window (the layers
+    after a window recompute nothing for it). An inverted residual block is cut before its
+    expansion, not before its depthwise convolution, which reads six times the channels
+    (MobileNetV2 at batch 1 sent each expanded tensor through DDR: 272,193 -> 243,702 cycles)."""
     graph = sgs.graph
     esize = tvm_dtype_bytes(hw.storage_dtype)
     cuts: set[int] = set()
     for members in sgs.groups:
         if spreading_saves(members, macs, hw) <= hw.kernel_launch_cycles:
             continue  # not worth a second kernel however it splits
-        work = again = 0.0  # MACs since the last cut, and those computed again for halos
-        for n in sorted(members):
+        order = sorted(members)
+        windows = {}  # node -> (window rows, rows of the inputs it reads inside the sub-graph)
+        for n in order:
             node = graph.nodes[n]
             k = row_window(mod[node.func], _weights(graph, node)) if n not in host else 0
             inside = [t for t in node.inputs if graph.tensors[t].producer in members]
-            if k > 1 and work and inside:
-                rows = max(graph.tensors[t].shape[-2] for t in inside)
-                more = work * (k - 1) * hw.clusters / rows
-                through_ddr = 2 * sum(math.prod(graph.tensors[t].shape) for t in inside) * esize
-                cost = through_ddr / hw.ddr_bytes_per_cycle + hw.kernel_launch_cycles
-                limit = (RECOMPUTE_LIMIT - 1) * work / 2
-                if (again + more) / hw.peak_macs_per_cycle > cost or again + more > limit:
-                    cuts.add(n)
-                    work = again = 0.0
+            if k > 1 and inside:
+                windows[n] = (k, max(graph.tensors[t].shape[-2] for t in inside))
+        ahead, after = {}, 0.0  # per window, the MACs from it to the next window
+        for n in reversed(order):
+            after += macs.get(n, 0)
+            if n in windows:
+                ahead[n], after = after, 0.0
+        last_read: dict[int, int] = {}  # node -> the last node inside reading its output
+        for c in order:
+            for t in graph.nodes[c].inputs:
+                if graph.tensors[t].producer in members:
+                    last_read[graph.tensors[t].producer] = c
+
+        def crossing(cut: int) -> int:
+            """Bytes a cut before node ``cut`` sends through DDR: produced before it inside, read
+            at or after it inside."""
+            return esize * sum(math.prod(graph.tensors[graph.nodes[m].output].shape)
+                               for m, c in last_read.items() if m < cut <= c)
+
+        def too_much(again: float, work: float, cut: int) -> bool:
+            cost = 2 * crossing(cut) / hw.ddr_bytes_per_cycle + hw.kernel_launch_cycles  # written, read back
+            return again / hw.peak_macs_per_cycle > cost or again > (RECOMPUTE_LIMIT - 1) * work / 2
+
+        piece: list[int] = []  # the nodes since the last cut
+        again = 0.0  # MACs computed again for the halos of the piece's windows
+        for n in order:
+            if n in windows and piece:
+                k, rows = windows[n]
+                more, work = _rework(piece, macs, k, rows, hw)
+                if too_much(again + more, work, n):
+                    free = list(itertools.takewhile(lambda m: m not in windows, reversed(piece[1:])))[::-1]
+
+                    def instead(j: int) -> bool:  # a cut before free[j] (its piece up to the next window)
+                        more, work = _rework(free[j:], macs, k, rows, hw)
+                        return (MOVE_SAVES * crossing(free[j]) <= crossing(n)
+                                and not too_much(more, work + ahead[n], free[j]))
+
+                    cut = min([m for j, m in enumerate(free) if instead(j)] + [n], key=crossing)
+                    cuts.add(cut)
+                    piece = piece[piece.index(cut):] if cut != n else []
+                    again = _rework(piece, macs, k, rows, hw)[0]
                 else:
                     again += more
-            work += macs.get(n, 0)
+            piece.append(n)
     return frozenset(cuts)
+
+
+MOVE_SAVES = 2  # a window's cut moves before an earlier node only where this many times fewer bytes cross it
+
+
+def _rework(piece: list[int], macs: dict, k: int, rows: int, hw) -> tuple[float, float]:
+    """(MACs computed again for the halo of a window of ``k`` over ``rows`` rows after the nodes
+    ``piece``, their MACs)."""
+    work = sum(macs.get(m, 0) for m in piece)
+    return work * (k - 1) * hw.clusters / rows, work
 
 
 def _weights(graph: OpGraph, node) -> frozenset:
