@@ -17,7 +17,7 @@ import tvm_dsa
 from tvm_dsa import hardware, isa
 from tvm_dsa.kernelgen import stitch, stitch_passes, stitched
 from tvm_dsa.kernelgen.stitch_passes import _ddr_bytes
-from tvm_dsa.emit.emitter import PROMOTE
+from tvm_dsa.emit.emitter import PROMOTE, build_program
 from tvm_dsa.emit.placement import Layer
 from tvm_dsa.isa import Program
 from tvm_dsa.kernelgen.stitch import (
@@ -1466,6 +1466,44 @@ def test_a_first_layers_weight_read_once_is_loaded_from_ddr_not_promoted(monkeyp
     monkeypatch.setattr(stitch_passes._Kernel, "read_once", lambda self, tensors: set())
     promoted, (w1, _) = run()
     assert {i.dst.mem for i in w1} == {"gb"} and promoted > cycles
+
+
+def test_a_weight_kept_in_ddr_is_multicast_to_the_cores_reading_one_box(monkeypatch, rng):
+    """relu(x @ w1) @ w2 at batch 1 with 64 rows, split over the clusters, every cluster's tiles
+    reading all of ``w1``, kept in DDR here (``read_once`` patched to find the first layer's
+    weights): in a stitched kernel the cores' n-th loads of one box of it into one LB place are
+    one multicast transfer (``KernelEmitter(ddr_multicasts=True)``), which reads DDR once, so
+    the kernel reads fewer bytes of ``w1`` than its tiles load. A layer's own kernel
+    (``build_program``) loads from DDR plainly. Both match llvm."""
+    op = relax.op
+    shapes = [(1, 64, 512), (512, 512), (512, 256)]
+    mod = relax_graph(shapes, lambda x, w1, w2: op.matmul(op.nn.relu(op.matmul(x, w1)), w2))
+    args = [rng.standard_normal(s).astype("float32") * 0.05 for s in shapes]
+    mod = relax.transform.BindParams("main", {f"a{i}": tvm.runtime.tensor(args[i]) for i in (1, 2)})(mod)
+    monkeypatch.setattr(stitch_passes._Kernel, "read_once",
+                        lambda self, tensors: {t for t in tensors if self.sg.tensors[t][0] == (512, 512)})
+    ref = _llvm(mod, args[:1])
+    vm, result = _run(mod, "graphturbo")
+    out = vm["main"](tvm.runtime.tensor(args[0])).numpy()
+    assert np.abs(out - ref).max() / np.abs(ref).max() < 5e-3
+    (info,) = result.stitched.values()
+    assert info.instances > 1
+    (kernel,) = tvm_dsa.last_kernel_runs()
+    program = kernel.program.expanded()
+    instructions = program.kernels[0].instructions
+    w1 = next(a for a in program.args if a.shape == (512, 512))
+    loads = [n for n, i in enumerate(instructions) if isinstance(i, isa.Dma) and i.src.mem == "ddr"
+             and w1.offset <= i.src.offset < w1.offset + w1.nbytes]
+    assert {instructions[n].dst.mem for n in loads} == {"lb"} and all(instructions[n].multicast for n in loads)
+    groups = isa.multicast_groups(instructions)
+    transfers = {groups[n][0] for n in loads}
+    loaded = sum(math.prod(instructions[n].shape) for n in loads) * 2
+    read = sum(math.prod(instructions[n].shape) for n in transfers) * 2
+    assert read < loaded and read >= w1.nbytes  # every byte read, paired loads read once
+    fused = fuse(mod)
+    layer = lower_kernel(next(f for g, f in fused.functions.items() if "matmul" in g.name_hint), HW)[0]
+    alone = build_program(layer, HW, "k").kernels[0].instructions
+    assert not any(isinstance(i, isa.Dma) and i.multicast and i.src.mem == "ddr" for i in alone)
 
 
 def test_a_shared_input_read_once_stays_in_ddr_where_the_gb_is_short(rng):

@@ -857,39 +857,6 @@ def test_loads_from_the_gb_are_multicast_but_in_layers_whose_tiles_overlap():
     assert read_kernel(lower_kernel(clamped, hw)[0]).clamped and flags(clamped, hw) == {False}
 
 
-def test_loads_from_ddr_into_the_lbs_are_multicast_and_read_ddr_once_a_box(rng):
-    """On stcp920 (``multicast_dma``) a layer's loads from DDR into the LBs are multicast DMAs
-    too: x (512 x 256) @ w (256 x 64) tiled by rows, a tile on each of the chip's 32 cores, every
-    core loads the whole weight into the same LB place, and the n-th loads of one box by the
-    cores are one transfer, which reads DDR once (here one transfer for all 32). The report's DDR
-    reads fall by the loads saved against a chip without the field (each core reading its own
-    copy), and the values are llvm's on both."""
-    hw = hardware.get("stcp920")
-    func = relax.transform.LegalizeOps()(relax_graph([(512, 256), (256, 64)], lambda x, w: relax.op.matmul(x, w)))
-    (func,) = [f for f in func.functions.values() if isinstance(f, tvm.tirx.PrimFunc)]
-    args = random_args(func, rng)
-    ref = run_llvm(func, args)
-    reads = {}
-    for chip in (hw, dataclasses.replace(hw, multicast_dma=False)):
-        low = lower_kernel(func, chip)[0]
-        program = build_program(low, chip, "k")
-        instructions = program.kernels[0].instructions
-        dmas = [i for i in instructions if isinstance(i, isa.Dma) and i.src.mem == "ddr"]
-        assert {i.multicast for i in dmas} == {chip.multicast_dma}
-        run = simulate(program, args[:-1])
-        np.testing.assert_allclose(run.outputs[0], ref, rtol=2e-2, atol=2e-2 * np.abs(ref).max())
-        w = program.args[1]
-        weight = [n for n, i in enumerate(instructions) if isinstance(i, isa.Dma) and i.src.mem == "ddr"
-                  and w.offset <= i.src.offset < w.offset + w.nbytes]
-        groups = isa.multicast_groups(instructions)
-        transfers = {groups[n][0] if n in groups else n for n in weight}
-        box = {math.prod(instructions[n].shape) * 2 for n in weight}
-        reads[chip.multicast_dma] = (run.report.ddr_read, len(weight), len(transfers), box)
-    (multicast, loads, transfers, box), (plain, plain_loads, plain_transfers, _) = reads[True], reads[False]
-    assert loads == plain_loads == plain_transfers and transfers < loads and len(box) == 1
-    assert plain - multicast == (loads - transfers) * box.pop()  # DDR read once a transfer
-
-
 def test_a_tile_spread_over_many_cores_steps_through_the_whole_tiles_divisors():
     """A concatenation of 256 + 320 + 128 + 128 channels at 7 x 7 (GoogLeNet's inception output)
     on set-cloud144 (144 cores): the largest channel tile that gives every core a tile divides 832

@@ -50,12 +50,14 @@ class KernelEmitter:
     core's next tile's leading loads (``store_split``; ``hold_stores=False``: they do not, for
     tests). On chips whose cores have a second DMA queue (``prefetch_dma``) the stores out of an
     LB take it (``store_queue``; False where the caller loads weights ahead on it, ``_dma``).
-    ``gb_multicasts=False``: the tiles' loads from a GB are plain DMAs (``_dma``)."""
+    ``gb_multicasts=False``: the tiles' loads from a GB are plain DMAs; ``ddr_multicasts``: their
+    loads from DDR into the LBs may be multicasts on a chip without a mesh too (``_dma``)."""
 
     def __init__(self, hw: Hardware, name: str, replay: bool = True, hold_stores: bool = True,
-                 store_queue: bool = True, gb_multicasts: bool = True):
+                 store_queue: bool = True, gb_multicasts: bool = True, ddr_multicasts: bool = False):
         self.hw, self.name, self.hold_stores = hw, name, hold_stores
         self.gb_multicasts = gb_multicasts  # loads from a GB may be multicasts (``_dma``)
+        self.ddr_multicasts = ddr_multicasts  # and loads from DDR, on a bus
         self.store_queue = store_queue and hw.prefetch_dma
         self.instructions: list = []  # the kernel's own; the stream also holds the replicas' copies
         self.size = 0  # instructions in the stream so far
@@ -621,10 +623,14 @@ class KernelEmitter:
         made the cores wait on each other (ViT-B/16 at batch 8: 25.76M cycles, 14.78M without),
         and not where the caller says (``gb_multicasts``: the n-th loads of a box by the cores can
         be of different rounds anywhere, and whether the GB reads saved pay for the waits depends
-        on the kernel, ``kernelgen.stitched``). A load from DDR into an LB is one too: cores
-        loading one weight box each for its own rows (a sample's rows split over the clusters)
-        read DDR once (ResNet-50 at batch 1: 1,080,994 -> 1,077,426 cycles; BERT-128 2,814,795 ->
-        2,759,499; at batch 8 ResNet-50 2,538,417 -> 2,530,577, MobileNetV2 442,661 -> 437,701). On
+        on the kernel, ``kernelgen.stitched``). In a stitched kernel (``ddr_multicasts``) a load
+        from DDR into an LB is one too: cores loading one weight box that the kernel keeps in DDR
+        (for their own rows, or samples) read DDR once (ResNet-50 at batch 1: 1,080,994 ->
+        1,077,426 cycles; BERT-128 2,814,795 -> 2,759,499; at batch 8 ResNet-50 2,538,417 ->
+        2,530,577, MobileNetV2 442,661 -> 437,701). Not in a layer's own kernel: its plans and
+        tuning records were chosen for loads that each read DDR (ViT's 197 x 768 x 768 projection
+        in tiles of all 197 rows, every core loading the rows of its sample, 185,092 -> 49,943
+        cycles paired, against 156,608 for the plan the search picks). On
         a mesh, where tiles load their boxes from DDR (no GB) or from pieces kept in other cores'
         LBs (a SET tree's feature maps), those loads are the multicasts. A store out of the core's
         LB to a GB or DDR goes on the core's second DMA queue (``store_queue``,
@@ -634,7 +640,7 @@ class KernelEmitter:
         if (dst.mem, dst.index) != ("lb", core) and (src.mem, src.index) != ("lb", core):
             issuer = src.index if src.mem == "lb" else dst.index if dst.mem == "lb" else core
         self.cores_used.add(issuer)
-        shared = ("ddr", "lb") if self.hw.interconnect == "mesh" else ("ddr", "gb")
+        shared = ("ddr", "lb") if self.hw.interconnect == "mesh" else ("ddr", "gb") if self.ddr_multicasts else ("gb",)
         multicast = (self.hw.multicast_dma and (dst.mem, dst.index) == ("lb", issuer) and src.mem in shared
                      and (src.mem, src.index) != ("lb", issuer) and not self.cur.ir.clamped
                      and (self.gb_multicasts or src.mem != "gb"))

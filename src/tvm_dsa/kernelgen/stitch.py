@@ -787,7 +787,7 @@ def emit_stitched(mod: tvm.IRModule, hw, replicate: bool = True, replay: bool = 
         base = scratch + b.offset if b.level == "ddr" else b.offset
         return Region(b.level, b.unit, base, box[0], extents, sg.stored[b.tensor])
 
-    emitter = KernelEmitter(hw, sg.name, replay, gb_multicasts=gb_multicasts)
+    emitter = KernelEmitter(hw, sg.name, replay, gb_multicasts=gb_multicasts, ddr_multicasts=True)
     for t, r in regions.items():
         emitter.claim(r, ("ddr", t))
     reference, span = None, [0, 0]  # the first cluster's part, and [first, end) of its instructions
