@@ -1506,6 +1506,38 @@ def test_a_weight_kept_in_ddr_is_multicast_to_the_cores_reading_one_box(monkeypa
     assert not any(isinstance(i, isa.Dma) and i.multicast and i.src.mem == "ddr" for i in alone)
 
 
+def test_weights_each_cluster_reads_once_are_streamed_where_that_is_faster(monkeypatch, rng):
+    """relu(x @ w1) @ w2 at batch 1 with 128 rows, split over the clusters: each cluster's tiles
+    read each weight once. The kernel is generated with the weights promoted DDR -> GB and with
+    them streamed (``AssignMemoryScopes(..., stream=True)``: left in DDR, loaded by the clusters'
+    tiles as multicasts), and the faster program kept (``stitched._faster_weights``). Streamed,
+    no promotion is issued and every load of a weight goes DDR -> LB; here that is the faster
+    (no layer waits for a copy), as for BERT-128 at batch 1. Both match llvm."""
+    op = relax.op
+    shapes = [(1, 128, 256), (256, 1024), (1024, 256)]
+    mod = relax_graph(shapes, lambda x, w1, w2: op.matmul(op.nn.relu(op.matmul(x, w1)), w2))
+    args = [rng.standard_normal(s).astype("float32") * 0.05 for s in shapes]
+    mod = relax.transform.BindParams("main", {f"a{i}": tvm.runtime.tensor(args[i]) for i in (1, 2)})(mod)
+    seen = []
+    real = stitched._faster_weights
+    monkeypatch.setattr(stitched, "_faster_weights",
+                        lambda sub, streamed, hw: seen.append((sub, streamed, real(sub, streamed, hw))) or seen[-1][2])
+    ref = _llvm(mod, args[:1])
+    vm, result = _run(mod, "graphturbo")
+    out = vm["main"](tvm.runtime.tensor(args[0])).numpy()
+    assert np.abs(out - ref).max() / np.abs(ref).max() < 5e-3
+    (sub, streamed, (program, _)), = seen
+    promoted, kept = (set(m.attrs["dsa.scopes"]["promote"]) for m in (sub, streamed))
+    assert kept < promoted and len(promoted - kept) == 2  # the two weights (the shared input stays promoted)
+    both = [timing_cycles(stitched._faster_loads(m, HW)[0]) for m in (sub, streamed)]
+    assert timing_cycles(program) == min(both) and both[1] < both[0]
+    instructions = program.expanded().kernels[0].instructions
+    weights = [a for a in program.args if a.shape in shapes[1:]]
+    loads = [i for i in instructions if isinstance(i, isa.Dma) and i.src.mem == "ddr"
+             and any(w.offset <= i.src.offset < w.offset + w.nbytes for w in weights)]
+    assert loads and {(i.dst.mem, i.multicast) for i in loads} == {("lb", True)}
+
+
 def test_a_shared_input_read_once_stays_in_ddr_where_the_gb_is_short(rng):
     """The block above on a chip whose GB (256 KiB) cannot hold the second kernel's weights (80 KiB)
     with both its inputs (128 KiB each): only the input the 3x3 convolution's tiles read again

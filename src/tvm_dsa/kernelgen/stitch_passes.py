@@ -105,13 +105,17 @@ class _Kernel:
         return {t for t in tensors if len(parts.get(t, ())) <= 1 and (readers[t] > 1 or not shared)
                 and (not reread or t in again)}
 
-    def read_once(self, tensors) -> set:
-        """Those of ``tensors`` that the tiles of all clusters together, loading their boxes from
-        DDR, would move through it less than ``REREAD`` times over (``_ddr_bytes``)."""
+    def read_once(self, tensors, each: bool = False) -> set:
+        """Those of ``tensors`` that the tiles of all clusters together (``each``: of every
+        cluster), loading their boxes from DDR, would move through it less than ``REREAD`` times
+        over (``_ddr_bytes``)."""
         moved: Counter = Counter()
-        for t, _, lo, hi in self._reads(tensors):
-            moved[t] += _ddr_bytes(hi - lo, self.sg.tensors[t][0], self.sg.stored[t], self.hw)
-        return {t for t in tensors if moved[t] < REREAD * self.nbytes({t})}
+        for t, c, lo, hi in self._reads(tensors):
+            moved[t, c if each else 0] += _ddr_bytes(hi - lo, self.sg.tensors[t][0], self.sg.stored[t], self.hw)
+        most: Counter = Counter()
+        for (t, _), b in moved.items():
+            most[t] = max(most[t], b)
+        return {t for t in tensors if most[t] < REREAD * self.nbytes({t})}
 
     def _reads(self, tensors):
         """(tensor, cluster, low corners, high corners) of each layer's reads of each of
@@ -276,11 +280,13 @@ def StitchBuffers(hw):  # noqa: N802 - TVM pass naming
 def _ddr_bytes(extents: np.ndarray, shape, dtype: str, hw) -> int:
     """Bytes DDR moves for boxes of ``extents`` (one row a box) of a row-major tensor of ``shape``,
     each loaded by one DMA (``runtime.cost.ddr_effective_bytes``: every contiguous run rounded up
-    to whole bursts)."""
+    to whole bursts); an empty box (a tile reading none of it, ViT's class token for the tokens
+    after it) moves none."""
     strides = tuple(int(math.prod(shape[d + 1:])) for d in range(len(shape)))
     view = isa.Operand("ddr", 0, 0, dtype, strides)
     boxes, counts = np.unique(extents, axis=0, return_counts=True)
-    return sum(int(n) * ddr_effective_bytes(view, tuple(int(e) for e in box), hw) for box, n in zip(boxes, counts))
+    return sum(int(n) * ddr_effective_bytes(view, tuple(int(e) for e in box), hw) for box, n in zip(boxes, counts)
+               if box.all())
 
 
 def BindCores(hw, rounds: int = 1):  # noqa: N802
@@ -292,7 +298,7 @@ def BindCores(hw, rounds: int = 1):  # noqa: N802
         list(c) for c in binding(len(k.mod.attrs["dsa.instances"]["rows"]), hw, rounds)]})
 
 
-def AssignMemoryScopes(hw, gb: bool = True, lb: bool = False):  # noqa: N802
+def AssignMemoryScopes(hw, gb: bool = True, lb: bool = False, stream: bool = False):  # noqa: N802
     """§4.1 with Algorithm 4's scope rule: an intermediate of an instance bound to one core lives
     in that core's LB (``lb``: a share of the LB is set aside, below the layers' tiles); one whose
     producer and consumer tiles run on different cores lives in the cluster's GB (``gb``; else
@@ -314,7 +320,11 @@ def AssignMemoryScopes(hw, gb: bool = True, lb: bool = False):  # noqa: N802
     Where the sub-graph's weights and such inputs do not fit the GB together, an input is promoted
     only where the tiles would move ``REREAD`` times its bytes through DDR: ViT-B/16's encoder
     kernels at batch 1 promoted the inputs their first and last layers read once, in whole rows,
-    and those crowded the weights' pieces out of the GB (296,325 -> 325,183 cycles each)."""
+    and those crowded the weights' pieces out of the GB (296,325 -> 325,183 cycles each). With
+    ``stream``, every weight each cluster's tiles read about once stays in DDR (``read_once(...,
+    each=True)``): the clusters' tiles load its boxes as multicasts that read DDR once
+    (``KernelEmitter(ddr_multicasts=True)``), and no layer waits for a promotion
+    (``stitched._faster_weights`` keeps it where the kernel runs faster)."""
 
     def decide(k):
         k.read(hw)
@@ -324,7 +334,8 @@ def AssignMemoryScopes(hw, gb: bool = True, lb: bool = False):  # noqa: N802
         scopes = [{t: LB_SCOPE if keep and len(k.cores[i]) == 1 else GB_SCOPE if gb else DDR_SCOPE
                    for t in boxes} for i, boxes in enumerate(k.inst.boxes)]
         first = k.sg.weights & set(k.sg.layers[0].args.values())  # nothing runs before to hide a promotion
-        weights, inputs = k.read_alike(k.sg.weights) - k.read_once(first), set(k.sg.inputs) - k.sg.weights
+        streamed = k.read_once(k.sg.weights, each=True) if stream else k.read_once(first)
+        weights, inputs = k.read_alike(k.sg.weights) - streamed, set(k.sg.inputs) - k.sg.weights
         shared = k.read_alike(inputs, dims=1, shared=True)
         if k.nbytes(weights | shared) > hw.gb_bytes:
             shared = k.read_alike(inputs, dims=1, shared=True, reread=REREAD)
@@ -400,8 +411,8 @@ def AllocateBuffers(hw, spill: str = "longest"):  # noqa: N802
 
 
 def stitch_passes(hw, order: str = "best", spill: str = "longest", gb: bool = True, prefetch: int = 2,
-                  lb: bool = False) -> tvm.transform.Pass:
+                  lb: bool = False, stream: bool = False) -> tvm.transform.Pass:
     """The §4 passes in order."""
     return tvm.transform.Sequential([
-        StitchBuffers(hw), BindCores(hw), AssignMemoryScopes(hw, gb, lb), OrderInstances(hw, order, spill),
+        StitchBuffers(hw), BindCores(hw), AssignMemoryScopes(hw, gb, lb, stream), OrderInstances(hw, order, spill),
         CrossLayerSchedule(hw, prefetch, spill), AllocateBuffers(hw, spill)], name="dsa.StitchKernel")
