@@ -195,10 +195,11 @@ def _stitched(spec, nodes, graph, layer, hw, stitch) -> tuple:
         later = stitch_passes(hw, stitch.order, stitch.spill, stitch.gb, stitch.prefetch, lb, stream).passes[2:]
         return tvm.transform.Sequential(list(later))(sub)  # the passes after BindCores
 
-    if batch >= hw.clusters:
-        return emit_stitched(_micro_batched(planned, hw, batch // hw.clusters), hw)
-    return _faster_weights(*(_micro_batched(functools.partial(planned, stream=s), hw, 0) for s in (False, True)),
-                           hw)
+    samples = batch // hw.clusters  # a cluster's
+    if samples:
+        return emit_stitched(_micro_batched(planned, hw, samples), hw)
+    return _faster_weights(*(_micro_batched(functools.partial(planned, stream=s), hw, samples)
+                             for s in (False, True)), hw)
 
 
 def _faster_weights(sub, streamed, hw) -> tuple:
