@@ -767,7 +767,8 @@ def emit_stitched(mod: tvm.IRModule, hw, replicate: bool = True, replay: bool = 
 
     A cluster whose instances are the first cluster's moved along the batch, placed alike, gets a
     copy of its instructions (``replicate``; False emits every cluster, for tests). A layer like
-    an earlier one is replayed from it (``replay``, ``KernelEmitter``). ``gb_multicasts=False``:
+    an earlier one is replayed from it (``replay``, ``KernelEmitter``). The tiles' loads from DDR
+    into the LBs are multicasts (``KernelEmitter(ddr_multicasts=True)``); ``gb_multicasts=False``:
     the tiles load from the GBs by plain DMAs (``KernelEmitter``)."""
 
     sg, prints = read_subgraph(mod, hw)
