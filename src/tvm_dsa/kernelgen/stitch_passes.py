@@ -106,11 +106,15 @@ class _Kernel:
                 and (not reread or t in again)}
 
     def read_once(self, tensors, each: bool = False) -> set:
-        """Those of ``tensors`` that the tiles of all clusters together (``each``: of every
-        cluster), loading their boxes from DDR, would move through it less than ``REREAD`` times
-        over (``_ddr_bytes``)."""
+        """Those of ``tensors`` that the tiles of all clusters together, loading their boxes from
+        DDR, would move through it less than ``REREAD`` times over (``_ddr_bytes``); ``each``: the
+        tiles of every cluster, a box several of its tiles load counted once (its cores load it
+        as one DDR multicast, ``KernelEmitter(ddr_multicasts=True)``)."""
         moved: Counter = Counter()
         for t, c, lo, hi in self._reads(tensors):
+            if each:
+                boxes = np.unique(np.concatenate([lo, hi], axis=1), axis=0)
+                lo, hi = boxes[:, :lo.shape[1]], boxes[:, lo.shape[1]:]
             moved[t, c if each else 0] += _ddr_bytes(hi - lo, self.sg.tensors[t][0], self.sg.stored[t], self.hw)
         most: Counter = Counter()
         for (t, _), b in moved.items():
@@ -321,8 +325,8 @@ def AssignMemoryScopes(hw, gb: bool = True, lb: bool = False, stream: bool = Fal
     only where the tiles would move ``REREAD`` times its bytes through DDR: ViT-B/16's encoder
     kernels at batch 1 promoted the inputs their first and last layers read once, in whole rows,
     and those crowded the weights' pieces out of the GB (296,325 -> 325,183 cycles each). With
-    ``stream``, every weight each cluster's tiles read about once stays in DDR (``read_once(...,
-    each=True)``): the clusters' tiles load its boxes as multicasts that read DDR once
+    ``stream``, every weight each cluster's tiles read about once (a box its cores load alike
+    counted once) stays in DDR (``read_once(..., each=True)``): the clusters' tiles load its boxes as multicasts that read DDR once
     (``KernelEmitter(ddr_multicasts=True)``), and no layer waits for a promotion
     (``stitched._faster_weights`` keeps it where the kernel runs faster)."""
 
