@@ -1509,48 +1509,13 @@ def test_a_weight_kept_in_ddr_is_multicast_to_the_cores_reading_one_box(monkeypa
     assert not any(isinstance(i, isa.Dma) and i.multicast and i.src.mem == "ddr" for i in alone)
 
 
-def test_weights_each_cluster_reads_once_are_streamed_where_that_is_faster(monkeypatch, rng):
-    """relu(x @ w1) @ w2 at batch 1 with 128 rows, split over the clusters: each cluster's tiles
-    read each weight once. The kernel is generated with the weights promoted DDR -> GB and with
-    them streamed (``AssignMemoryScopes(..., stream=True)``: left in DDR, loaded by the clusters'
-    tiles as multicasts), and the faster program kept (``stitched._faster_weights``). Streamed,
-    no promotion is issued and every load of a weight goes DDR -> LB; here that is the faster
-    (no layer waits for a copy), as for BERT-128 at batch 1. Both match llvm."""
+def _streamed_product(monkeypatch, rng, rows: int) -> tuple:
+    """relu(x @ w1) @ w2 at batch 1 with ``rows`` rows under graphturbo, checked against llvm:
+    (weights' program arguments, the weight loads from DDR of the kept program); asserts that
+    ``stitched._faster_weights`` was handed a streamed variant leaving both weights in DDR, and
+    kept it, the faster of the two."""
     op = relax.op
-    shapes = [(1, 128, 256), (256, 1024), (1024, 256)]
-    mod = relax_graph(shapes, lambda x, w1, w2: op.matmul(op.nn.relu(op.matmul(x, w1)), w2))
-    args = [rng.standard_normal(s).astype("float32") * 0.05 for s in shapes]
-    mod = relax.transform.BindParams("main", {f"a{i}": tvm.runtime.tensor(args[i]) for i in (1, 2)})(mod)
-    seen = []
-    real = stitched._faster_weights
-    monkeypatch.setattr(stitched, "_faster_weights",
-                        lambda sub, streamed, hw: seen.append((sub, streamed, real(sub, streamed, hw))) or seen[-1][2])
-    ref = _llvm(mod, args[:1])
-    vm, result = _run(mod, "graphturbo")
-    out = vm["main"](tvm.runtime.tensor(args[0])).numpy()
-    assert np.abs(out - ref).max() / np.abs(ref).max() < 5e-3
-    (sub, streamed, (program, _)), = seen
-    promoted, kept = (set(m.attrs["dsa.scopes"]["promote"]) for m in (sub, streamed))
-    assert kept < promoted and len(promoted - kept) == 2  # the two weights (the shared input stays promoted)
-    both = [timing_cycles(stitched._faster_loads(m, HW)[0]) for m in (sub, streamed)]
-    assert timing_cycles(program) == min(both) and both[1] < both[0]
-    instructions = program.expanded().kernels[0].instructions
-    weights = [a for a in program.args if a.shape in shapes[1:]]
-    loads = [i for i in instructions if isinstance(i, isa.Dma) and i.src.mem == "ddr"
-             and any(w.offset <= i.src.offset < w.offset + w.nbytes for w in weights)]
-    assert loads and {(i.dst.mem, i.multicast) for i in loads} == {("lb", True)}
-
-
-def test_a_weight_a_clusters_cores_load_alike_counts_once_toward_streaming_it(monkeypatch, rng):
-    """The product above with 512 rows: each cluster's 128 rows go to two instances of four cores,
-    and every tile loads whole weights, so each cluster's tiles load each weight several times.
-    The cores load one box as one DDR multicast, so ``read_once(..., each=True)`` counts a box
-    once per cluster: the streamed variant leaves both weights in DDR, and it is kept where it is
-    the faster, as here. (Counting every tile's load, it promoted them as the other variant does,
-    and ResNet-50's last stage at batch 1 kept its 2 MB weights promoted: 1,075,856 -> 1,022,775
-    cycles counted once.) Both match llvm."""
-    op = relax.op
-    shapes = [(1, 512, 256), (256, 1024), (1024, 256)]
+    shapes = [(1, rows, 256), (256, 1024), (1024, 256)]
     mod = relax_graph(shapes, lambda x, w1, w2: op.matmul(op.nn.relu(op.matmul(x, w1)), w2))
     args = [rng.standard_normal(s).astype("float32") * 0.05 for s in shapes]
     mod = relax.transform.BindParams("main", {f"a{i}": tvm.runtime.tensor(args[i]) for i in (1, 2)})(mod)
@@ -1564,17 +1529,40 @@ def test_a_weight_a_clusters_cores_load_alike_counts_once_toward_streaming_it(mo
     assert np.abs(out - ref).max() / np.abs(ref).max() < 5e-3
     (sub, streamed, (program, _)), = seen
     promoted, kept = (set(m.attrs["dsa.scopes"]["promote"]) for m in (sub, streamed))
-    assert len(promoted - kept) == 2
+    assert kept < promoted and len(promoted - kept) == 2  # the two weights (the shared input stays promoted)
     both = [timing_cycles(stitched._faster_loads(m, HW)[0]) for m in (sub, streamed)]
     assert timing_cycles(program) == min(both) and both[1] < both[0]
+    weights = [a for a in program.args if a.shape in shapes[1:]]
     instructions = program.expanded().kernels[0].instructions
-    for w in (a for a in program.args if a.shape in shapes[1:]):
-        loads = [i for i in instructions if isinstance(i, isa.Dma) and i.src.mem == "ddr"
-                 and w.offset <= i.src.offset < w.offset + w.nbytes]
-        cluster0 = [i for i in loads if i.core < HW.cores_per_cluster]
+    return weights, {w.name: [i for i in instructions if isinstance(i, isa.Dma) and i.src.mem == "ddr"
+                              and w.offset <= i.src.offset < w.offset + w.nbytes] for w in weights}
+
+
+def test_weights_each_cluster_reads_once_are_streamed_where_that_is_faster(monkeypatch, rng):
+    """relu(x @ w1) @ w2 at batch 1 with 128 rows, split over the clusters: each cluster's tiles
+    read each weight once. The kernel is generated with the weights promoted DDR -> GB and with
+    them streamed (``AssignMemoryScopes(..., stream=True)``: left in DDR, loaded by the clusters'
+    tiles as multicasts), and the faster program kept (``stitched._faster_weights``). Streamed,
+    no promotion is issued and every load of a weight goes DDR -> LB; here that is the faster
+    (no layer waits for a copy), as for BERT-128 at batch 1. Both match llvm."""
+    _, loads = _streamed_product(monkeypatch, rng, 128)
+    assert all(loads.values()) and {(i.dst.mem, i.multicast) for w in loads.values() for i in w} == {("lb", True)}
+
+
+def test_a_weight_a_clusters_cores_load_alike_counts_once_toward_streaming_it(monkeypatch, rng):
+    """The product above with 512 rows: each cluster's 128 rows go to two instances of four cores,
+    and every tile loads whole weights, so each cluster's tiles load each weight several times.
+    The cores load one box as one DDR multicast, so ``read_once(..., each=True)`` counts a box
+    once per cluster: the streamed variant leaves both weights in DDR, and it is kept where it is
+    the faster, as here. (Counting every tile's load, it promoted them as the other variant does,
+    and ResNet-50's last stage at batch 1 kept its 2 MB weights promoted: 1,075,856 -> 1,022,775
+    cycles counted once.) Both match llvm."""
+    weights, loads = _streamed_product(monkeypatch, rng, 512)
+    for w in weights:
+        cluster0 = [i for i in loads[w.name] if i.core < HW.cores_per_cluster]
         moved = sum(math.prod(i.shape) for i in cluster0) * 2
         boxes = sum(math.prod(shape) for _, shape in {(i.src.offset, i.shape) for i in cluster0}) * 2
-        assert all(i.multicast for i in loads) and moved > stitch_passes.REREAD * w.nbytes
+        assert all(i.multicast for i in loads[w.name]) and moved > stitch_passes.REREAD * w.nbytes
         assert boxes == w.nbytes  # each box once: the cores' loads of it are one multicast
 
 
