@@ -1544,9 +1544,18 @@ def test_weights_each_cluster_reads_once_are_streamed_where_that_is_faster(monke
     them streamed (``AssignMemoryScopes(..., stream=True)``: left in DDR, loaded by the clusters'
     tiles as multicasts), and the faster program kept (``stitched._faster_weights``). Streamed,
     no promotion is issued and every load of a weight goes DDR -> LB; here that is the faster
-    (no layer waits for a copy), as for BERT-128 at batch 1. Both match llvm."""
+    (no layer waits for a copy), as for BERT-128 at batch 1. The streamed variant's layers are
+    tiled with their weights ranked as loaded from DDR (the inputs read on chip leave the weight
+    out). Both match llvm."""
+    calls = []
+    layer = stitched.StitchedKernels.layer
+    monkeypatch.setattr(stitched.StitchedKernels, "layer", lambda self, name, part, on_chip, *rest: calls.append(
+        (name, on_chip)) or layer(self, name, part, on_chip, *rest))
     _, loads = _streamed_product(monkeypatch, rng, 128)
     assert all(loads.values()) and {(i.dst.mem, i.multicast) for w in loads.values() for i in w} == {("lb", True)}
+    first, second = sorted({name for name, _ in calls})  # the products, each reading (activation, weight)
+    assert {on_chip for name, on_chip in calls if name == first} == {frozenset({1}), frozenset()}
+    assert {on_chip for name, on_chip in calls if name == second} == {frozenset({0, 1}), frozenset({0})}
 
 
 def test_a_weight_a_clusters_cores_load_alike_counts_once_toward_streaming_it(monkeypatch, rng):

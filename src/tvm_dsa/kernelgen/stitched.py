@@ -165,10 +165,13 @@ def _stitched(spec, nodes, graph, layer, hw, stitch) -> tuple:
     batch = graph.tensors[outputs[0]].shape[0]  # the first dim of the layers that have it (§2.1)
     shares = _row_shares(nodes, graph, outputs[0], hw) if spec.plan.rows else {}
 
-    def lowered(part: bool, first_tile: int | None) -> dict:
+    def lowered(part: bool, first_tile: int | None, stream: bool = False) -> dict:
+        """Each node's layer; ``stream``: its weights ranked as loaded from DDR (the streamed
+        variant leaves those each cluster reads about once there)."""
         out, read = {}, []
         for n in nodes:
-            on_chip = frozenset(i for i, t in enumerate(n.inputs) if t not in inputs or graph.tensors[t].constant)
+            on_chip = frozenset(i for i, t in enumerate(n.inputs)
+                                if t not in inputs or (graph.tensors[t].constant and not stream))
             cap = first_tile if graph.tensors[n.output].shape[0] == batch else None
             out[n.name] = layer(n.func, part, on_chip, cap, batch >= hw.clusters, shares.get(n.name, ()))
             kernel = read_kernel(out[n.name][0])
@@ -186,12 +189,12 @@ def _stitched(spec, nodes, graph, layer, hw, stitch) -> tuple:
         share, rest = divmod(batch, hw.clusters * rounds)
         first_tile = share if rounds > 1 and share and not rest else None
         bind = tvm.transform.Sequential([StitchBuffers(hw), BindCores(hw, rounds)])
-        sub = bind(_subgraph(spec, nodes, graph, lowered(False, first_tile)))
+        sub = bind(_subgraph(spec, nodes, graph, lowered(False, first_tile, stream)))
         # the LB level (Fig. 15's "L1") pays only where Algorithm 4 gives every instance one
         # core (it keeps the intermediates in that core's LB); elsewhere the tiles keep the LB
         lb = stitch.lb_keep > 0 and all(len(c) == 1 for c in sub.attrs["dsa.cores"])
         if lb:
-            sub = bind(_subgraph(spec, nodes, graph, lowered(True, first_tile)))
+            sub = bind(_subgraph(spec, nodes, graph, lowered(True, first_tile, stream)))
         later = stitch_passes(hw, stitch.order, stitch.spill, stitch.gb, stitch.prefetch, lb, stream).passes[2:]
         return tvm.transform.Sequential(list(later))(sub)  # the passes after BindCores
 
@@ -209,8 +212,9 @@ def _faster_weights(sub, streamed, hw) -> tuple:
     GB before its layer's tiles load it, ahead of the layer as far as the GB has room; streamed,
     the clusters' tiles load its boxes from DDR as multicasts, read once, with no copy to wait
     for. BERT-128 at batch 1 (its 128 tokens split over the clusters, every weight read once by
-    each): 2,759,499 -> 2,463,095 cycles, DLRM 15,591 -> 13,622; ResNet-50 1,075,856 -> 1,022,775
-    (its last stage's 2 MB weights, which a cluster's cores load alike); ViT-B/16's encoder kernels
+    each): 2,759,499 -> 2,463,095 cycles, DLRM 15,591 -> 13,622; ResNet-50 1,075,856 -> 1,005,924
+    (its last stage's 2 MB weights, which a cluster's cores load alike: 1,022,775 with the
+    streamed variant's layers tiled as for weights in the GB, ``lowered(..., stream=True)``); ViT-B/16's encoder kernels
     (197 tokens) run faster promoted (streamed, the model took 3,803,015 against 3,456,499)."""
     ways = [_faster_loads(sub, hw)]
     if tuple(streamed.attrs["dsa.scopes"]["promote"]) != tuple(sub.attrs["dsa.scopes"]["promote"]):
