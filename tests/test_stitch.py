@@ -1224,20 +1224,24 @@ def test_timed_plans_copied_give_what_emitting_them_gives(monkeypatch, rng):
         _copies_are_emission(monkeypatch, sub)
 
 
-@pytest.mark.parametrize("batch", [2, 8])
-def test_layers_are_timed_only_where_samples_feed_every_cluster(monkeypatch, batch):
-    """With fewer samples than clusters a sub-graph's rows may be split over clusters, planned on
-    the search's tiles, so its layers are not timed (``lower_timed``); with a sample or more per
-    cluster they are."""
+@pytest.mark.parametrize("batch", [1, 8])
+def test_layers_are_timed_within_a_clusters_share_of_the_rows(monkeypatch, batch):
+    """relu(x @ w1) @ w2 with 128 rows a sample: every stitched layer's plans are timed in place
+    (``lower_timed``). At batch 1 the sample's rows are split over the clusters, and the timed
+    plans stay within a cluster's share of them (``_row_shares``: 32 rows, the cap on each
+    layer's second loop); at batch 8 (two samples a cluster) nothing caps them."""
     import importlib
 
     generator = importlib.import_module("tvm_dsa.kernelgen.stitched")
     calls = []
     timed = generator.lower_timed
-    monkeypatch.setattr(generator, "lower_timed", lambda *a, **k: calls.append(a) or timed(*a, **k))
-    mod, _ = _mlp(monkeypatch, batch, 256, 512, timed=True)
-    _run(mod, "graphturbo")
-    assert bool(calls) == (batch >= HW.clusters)
+    monkeypatch.setattr(generator, "lower_timed", lambda *a, **k: calls.append(a[5]) or timed(*a, **k))
+    op = relax.op
+    shapes = [(batch, 128, 256), (256, 1024), (1024, 256)]
+    mod = relax_graph(shapes, lambda x, w1, w2: op.matmul(op.nn.relu(op.matmul(x, w1)), w2))
+    weights = {f"a{i}": tvm.runtime.tensor(np.full(shapes[i], 0.01, "float32")) for i in (1, 2)}
+    _run(relax.transform.BindParams("main", weights)(mod), "graphturbo")
+    assert len(calls) >= 2 and set(calls) == ({(1, 128 // HW.clusters)} if batch < HW.clusters else {()})
 
 
 def test_a_stitched_depthwise_conv_on_the_vector_units_computes_and_is_counted_there(rng):
@@ -1369,7 +1373,8 @@ def test_a_stitched_kernel_keeps_the_faster_of_multicast_and_plain_loads_from_th
     over the clusters) a 1 x 1 -> 3 x 3 -> 1 x 1 block with its residual at 32 x 32 keeps the
     multicasts; a bottleneck's 3 x 3 and two 1 x 1 convolutions at 56 x 56 (the 1 x 1 layers'
     channel tiles dealt to cores so that their n-th loads of an input row are of different
-    rounds) runs faster plain. Both match llvm."""
+    rounds, on the search's tiles: ``TIMED_MACS`` out of reach) runs faster plain. Both match
+    llvm."""
     op = relax.op
     seen = []
     real = stitched._faster_loads
@@ -1383,6 +1388,8 @@ def test_a_stitched_kernel_keeps_the_faster_of_multicast_and_plain_loads_from_th
     kept = []
     for mod in (block, bottleneck):
         seen.clear()
+        if mod is bottleneck:
+            monkeypatch.setattr(stitched, "TIMED_MACS", math.inf)
         args = [rng.standard_normal([int(s) for s in p.ty.shape]).astype("float32") * 0.2 for p in mod["main"].params]
         vm, _ = _run(mod, "graphturbo")
         out = vm["main"](*[tvm.runtime.tensor(a) for a in args]).numpy()

@@ -187,9 +187,11 @@ def _cycles(func, hw: Hardware, stitched: bool) -> float:
     fewer of them, and the last round may leave cores idle), and a launch (a layer kernel pays
     it; a stitched kernel's layer waits about as long for the one before at a layer change: 4.5k
     cycles on ResNet-50 at batch 8, ``benchmarks/idle.py``). With fewer samples (the output's
-    first dim) than clusters a stitched kernel's layers keep the search's tiles
-    (``stitched._stitched``), and so does the timing: MobileNetV2's depthwise pairs decided so at
-    batch 1 took it from 357,181 cycles (decided on ``lower_timed``'s tiles) to 315,543."""
+    first dim) than clusters the timing keeps the search's tiles: a stitched kernel there splits
+    a sample's rows over the clusters and times its layers' plans within a cluster's share of
+    them (``stitched._row_shares``), which ``lower_timed``'s tiles for the whole layer do not
+    follow. MobileNetV2's depthwise pairs decided on those took it at batch 1 from 243,105
+    cycles to 254,209 (when the stitched layers kept the search's tiles too, 315,543 to 357,181)."""
     gb = frozenset(range(len(func.params) - 1)) if stitched else frozenset()
     lowered = lower_kernel(func, hw)[0]
     if stitched and int(func.params[-1].shape[0]) >= hw.clusters:

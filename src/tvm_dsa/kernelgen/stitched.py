@@ -89,20 +89,20 @@ class StitchedKernels:
                                               name in ctx.on_vector, clamp=True)
         return self.in_part[name]
 
-    def layer(self, name, part: bool, on_chip: frozenset, first_tile: int | None = None, timed: bool = True,
+    def layer(self, name, part: bool, on_chip: frozenset, first_tile: int | None = None,
               shares: tuple[int, ...] = ()):
         """A stitched kernel's layer, tiled to the LB share left to tiles (``part``) or the whole
         LB, for the inputs at positions ``on_chip`` read from the GB (where the kernel keeps its
         intermediates and promotes its weights). Its plans are ranked with those reads from the
         GB where another input comes from DDR (``lower_kernel``); a contraction that loads from
         the GB with its chunk loads overlapping the MME (``overlap``; from DDR, as layerwise
-        loads, a smaller chunk costs bursts); then, where ``timed``, the fastest of that and other
+        loads, a smaller chunk costs bursts); then the fastest of that and other
         plans timed in place for a contraction on the MME with ``TIMED_MACS`` or more, the faster
         unit for a depthwise one, and tiles whose loads fit twice for a layer off the MME
         (``tiling.lower_timed``). ``first_tile``: at most so many
         along the first loop (a micro-batch's samples, ``_micro_batched``) where the tiling holds
         more; ``shares``: at most so many along the leading loops (an instance's share of a
-        sample's rows, ``_row_shares``)."""
+        sample's rows, ``_row_shares``), the timed plans too."""
         ctx, stitch, hw = self.ctx, self.options, self.ctx.hw
         vector = name in ctx.on_vector
         low, budget = self.tiled_in_part(name) if part else ctx.lowered[name]
@@ -114,7 +114,7 @@ class StitchedKernels:
                                        clamp=True, caps=caps)
         gb = on_chip if stitch.gb else frozenset()
         ranked = gb if len(gb) < len(ctx.funcs[name].params) - 1 else frozenset()
-        key = (name, budget, gb, caps, timed)
+        key = (name, budget, gb, caps)
         if key not in self.overlapped:
             record = name in ctx.result.tuned and not part and first_tile is None
             if ranked and not record:
@@ -124,7 +124,7 @@ class StitchedKernels:
                     or plan_lb(read_kernel(low), hw, budget).double_buffered)
             if not keep:
                 low = lower_kernel(ctx.funcs[name], hw, budget, overlap=True, on_chip=ranked, caps=caps)[0]
-            if timed and stitch.gb and not vector and not record:
+            if stitch.gb and not vector and not record:
                 low = lower_timed(ctx.funcs[name], hw, budget, gb, low, caps, plans=macs >= TIMED_MACS)
             self.overlapped[key] = (low, budget)
         return self.overlapped[key]
@@ -148,10 +148,12 @@ def _stitched(spec, nodes, graph, layer, hw, stitch) -> tuple:
     ranked as layerwise ranks it: ranking it so too changed no cycles of the seven models of
     ``benchmarks/graphturbo.py`` and cost ResNet-50's build 0.6 s. ``layer(..., first_tile)``:
     with at most so many samples a tile (micro-batches, ``_micro_batched``). With fewer samples
-    than clusters the layers keep the search's tiles (``layer(..., timed=False)``): a sample's
-    rows are then split over clusters within ``RECOMPUTE_LIMIT``, and timed tiles of several
-    rows recompute more in each halo (ResNet-50's first sub-graph at batch 1 ran on one cluster
-    instead of two: 1,745,711 -> 1,908,712 cycles). A sub-graph whose plan says
+    than clusters a sample's rows are split over the clusters, and every layer's plans, the
+    timed ones too, stay within a cluster's share of the rows (``_row_shares``): timed with no
+    such cap, tiles of several rows recomputed more in each halo (ResNet-50's first sub-graph at
+    batch 1 ran on one cluster instead of two: 1,745,711 -> 1,908,712 cycles), so the layers
+    kept the search's tiles; timed within the shares, ResNet-50 at batch 1 takes 1,005,924 ->
+    963,728 cycles, BERT-128 2,463,083 -> 2,239,643 (ViT-B/16 3,456,499 -> 3,482,132). A sub-graph whose plan says
     ``rows_if_faster`` is generated both ways, and the program ``timing_cycles`` finds faster is
     kept: DenseNet-121's dense layers at batch 1 are cut before each 3 x 3 convolution so that
     their rows can split, yet each piece saves less than a launch by the MACs (985,040 -> 919,422
@@ -173,7 +175,7 @@ def _stitched(spec, nodes, graph, layer, hw, stitch) -> tuple:
             on_chip = frozenset(i for i, t in enumerate(n.inputs)
                                 if t not in inputs or (graph.tensors[t].constant and not stream))
             cap = first_tile if graph.tensors[n.output].shape[0] == batch else None
-            out[n.name] = layer(n.func, part, on_chip, cap, batch >= hw.clusters, shares.get(n.name, ()))
+            out[n.name] = layer(n.func, part, on_chip, cap, shares.get(n.name, ()))
             kernel = read_kernel(out[n.name][0])
             why = kernel.unplaceable()
             if why:
