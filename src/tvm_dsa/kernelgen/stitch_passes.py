@@ -326,8 +326,9 @@ def AssignMemoryScopes(hw, gb: bool = True, lb: bool = False, stream: bool = Fal
     kernels at batch 1 promoted the inputs their first and last layers read once, in whole rows,
     and those crowded the weights' pieces out of the GB (296,325 -> 325,183 cycles each). With
     ``stream``, every weight each cluster's tiles read about once (a box its cores load alike
-    counted once) stays in DDR (``read_once(..., each=True)``): the clusters' tiles load its boxes as multicasts that read DDR once
-    (``KernelEmitter(ddr_multicasts=True)``), and no layer waits for a promotion
+    counted once) stays in DDR (``read_once(..., each=True)``): the clusters' tiles load its
+    boxes as multicasts that read DDR once (``KernelEmitter(ddr_multicasts=True)``), and no
+    layer waits for a promotion
     (``stitched._faster_weights`` keeps it where the kernel runs faster)."""
 
     def decide(k):

@@ -96,13 +96,13 @@ class StitchedKernels:
         intermediates and promotes its weights). Its plans are ranked with those reads from the
         GB where another input comes from DDR (``lower_kernel``); a contraction that loads from
         the GB with its chunk loads overlapping the MME (``overlap``; from DDR, as layerwise
-        loads, a smaller chunk costs bursts); then the fastest of that and other
-        plans timed in place for a contraction on the MME with ``TIMED_MACS`` or more, the faster
-        unit for a depthwise one, and tiles whose loads fit twice for a layer off the MME
-        (``tiling.lower_timed``). ``first_tile``: at most so many
-        along the first loop (a micro-batch's samples, ``_micro_batched``) where the tiling holds
-        more; ``shares``: at most so many along the leading loops (an instance's share of a
-        sample's rows, ``_row_shares``), the timed plans too."""
+        loads, a smaller chunk costs bursts); then the fastest of that and other plans timed in
+        place for a contraction on the MME with ``TIMED_MACS`` or more, the faster unit for a
+        depthwise one, and tiles whose loads fit twice for a layer off the MME
+        (``tiling.lower_timed``). ``first_tile``: at most so many along the first loop (a
+        micro-batch's samples, ``_micro_batched``) where the tiling holds more; ``shares``: at
+        most so many along the leading loops (an instance's share of a sample's rows,
+        ``_row_shares``), the timed plans too."""
         ctx, stitch, hw = self.ctx, self.options, self.ctx.hw
         vector = name in ctx.on_vector
         low, budget = self.tiled_in_part(name) if part else ctx.lowered[name]
@@ -153,12 +153,12 @@ def _stitched(spec, nodes, graph, layer, hw, stitch) -> tuple:
     such cap, tiles of several rows recomputed more in each halo (ResNet-50's first sub-graph at
     batch 1 ran on one cluster instead of two: 1,745,711 -> 1,908,712 cycles), so the layers
     kept the search's tiles; timed within the shares, ResNet-50 at batch 1 takes 1,005,924 ->
-    963,728 cycles, BERT-128 2,463,083 -> 2,239,643 (ViT-B/16 3,456,499 -> 3,482,132). A sub-graph whose plan says
-    ``rows_if_faster`` is generated both ways, and the program ``timing_cycles`` finds faster is
-    kept: DenseNet-121's dense layers at batch 1 are cut before each 3 x 3 convolution so that
-    their rows can split, yet each piece saves less than a launch by the MACs (985,040 -> 919,422
-    cycles split), while a chain of 3 x 3 convolutions at 7 x 7, cut alike, runs 15 % slower
-    split (every cluster loads every weight)."""
+    963,728 cycles, BERT-128 2,463,083 -> 2,239,643 (ViT-B/16 3,456,499 -> 3,482,132). A
+    sub-graph whose plan says ``rows_if_faster`` is generated both ways, and the program
+    ``timing_cycles`` finds faster is kept: DenseNet-121's dense layers at batch 1 are cut before
+    each 3 x 3 convolution so that their rows can split, yet each piece saves less than a launch
+    by the MACs (985,040 -> 919,422 cycles split), while a chain of 3 x 3 convolutions at 7 x 7,
+    cut alike, runs 15 % slower split (every cluster loads every weight)."""
     if spec.plan.rows_if_faster:
         ways = [_stitched(replace(spec, plan=replace(spec.plan, rows=rows, rows_if_faster=False)), nodes, graph,
                           layer, hw, stitch) for rows in (False, True)]
