@@ -328,8 +328,8 @@ def AssignMemoryScopes(hw, gb: bool = True, lb: bool = False, stream: bool = Fal
     ``stream``, every weight each cluster's tiles read about once (a box its cores load alike
     counted once) stays in DDR (``read_once(..., each=True)``): the clusters' tiles load its
     boxes as multicasts that read DDR once (``KernelEmitter(ddr_multicasts=True)``), and no
-    layer waits for a promotion
-    (``stitched._faster_weights`` keeps it where the kernel runs faster)."""
+    layer waits for a promotion (``stitched._faster_weights`` keeps it where the kernel runs
+    faster)."""
 
     def decide(k):
         k.read(hw)

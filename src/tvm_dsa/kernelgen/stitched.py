@@ -215,9 +215,10 @@ def _faster_weights(sub, streamed, hw) -> tuple:
     the clusters' tiles load its boxes from DDR as multicasts, read once, with no copy to wait
     for. BERT-128 at batch 1 (its 128 tokens split over the clusters, every weight read once by
     each): 2,759,499 -> 2,463,095 cycles, DLRM 15,591 -> 13,622; ResNet-50 1,075,856 -> 1,005,924
-    (its last stage's 2 MB weights, which a cluster's cores load alike: 1,022,775 with the
-    streamed variant's layers tiled as for weights in the GB, ``lowered(..., stream=True)``); ViT-B/16's encoder kernels
-    (197 tokens) run faster promoted (streamed, the model took 3,803,015 against 3,456,499)."""
+    (its last stage's 2 MB weights, which a cluster's cores load alike; 1,022,775 of that with the
+    streamed variant's layers tiled as for weights in the GB, the rest from tiling them for DDR,
+    ``lowered(..., stream=True)``). ViT-B/16's encoder kernels (197 tokens) run faster promoted
+    (streamed, the model took 3,803,015 against 3,456,499)."""
     ways = [_faster_loads(sub, hw)]
     if tuple(streamed.attrs["dsa.scopes"]["promote"]) != tuple(sub.attrs["dsa.scopes"]["promote"]):
         ways.append(_faster_loads(streamed, hw))
