@@ -2,13 +2,15 @@
 in the consumers' LBs, weights pinned once per root sub-batch round (seed 002 §3.3.1), DRAM only
 across root T-cut children; and the emitter's split of DMA boxes over a tensor kept in pieces."""
 
+import dataclasses
+
 import numpy as np
 import pytest
 import tvm
 from tvm import relax
 
 import tvm_dsa
-from tvm_dsa import isa
+from tvm_dsa import hardware, isa
 from tvm_dsa.emit.emitter import PROMOTE
 from tvm_dsa.emit.placement import Pieces, Region
 from tvm_dsa.kernel.ir import Access
@@ -23,10 +25,10 @@ def resnet(resnet18_batch4):
     return mod, x, ref, [lay.name for lay in graph.layers], graph
 
 
-def lowered(resnet, text):
-    """The tree compiled on set-edge16-fp16: (output, TreeProgram)."""
+def lowered(resnet, text, chip="set-edge16-fp16"):
+    """The tree compiled on ``chip``: (output, TreeProgram)."""
     mod, x, *_ = resnet
-    ex = tvm.compile(mod, target="dsa/set-edge16-fp16",
+    ex = tvm.compile(mod, target=f"dsa/{chip}",
                      relax_pipeline=tvm_dsa.pipeline(schedule="set", options=SetOptions(tree=text)))
     out = relax.VirtualMachine(ex, tvm.cpu())["main"](tvm.runtime.tensor(x)).numpy()
     return out, tvm_dsa.pipeline_result().trees["set0"][1]
@@ -258,13 +260,17 @@ def test_tiles_loading_one_box_receive_it_in_one_multicast():
 
 def test_weights_a_layer_does_not_pin_load_ahead_of_each_invocation(resnet):
     """Under an inner T-cut of four sub-batches one layer is left unpinned (its weights would
-    not fit beside the others'): it reads its weights once per invocation. On set-edge16-fp16,
-    whose DDR is slower than a mesh link (``kernelgen.tree._ahead``), they load into pieces on
-    the prefetch queues while the invocations before it run, and its tiles read the pieces: its
-    weights are read from DDR only by those loads, at most once per invocation (a tile buffer
-    still holding the box from the invocation before reads nothing); the numbers are llvm's."""
+    not fit beside the others': set-edge16-fp16 with a 384 KiB LB, whose retained half holds
+    98,304 elements, leaves the last 3 x 3 convolution's 147,584 on one tile): it reads its
+    weights once per invocation. On set-edge16-fp16, whose DDR is slower than a mesh link
+    (``kernelgen.tree._ahead``), they load into pieces on the prefetch queues while the
+    invocations before it run, and its tiles read the pieces: its weights are read from DDR only
+    by those loads, at most once per invocation (a tile buffer still holding the box from the
+    invocation before reads nothing); the numbers are llvm's."""
     _, _, ref, names, _ = resnet
-    out, tp = lowered(resnet, f"T{BATCH}/1( T{BATCH}/4( {' '.join(names)} ) )")
+    chip = hardware.register(dataclasses.replace(hardware.get("set-edge16-fp16"), name="set-edge16-fp16-lb384k",
+                                                 lb_bytes=384 * 1024), override=True)
+    out, tp = lowered(resnet, f"T{BATCH}/1( T{BATCH}/4( {' '.join(names)} ) )", chip.name)
     assert float(np.abs(out - ref).max() / np.abs(ref).max()) < 2e-2
     unpinned = [p for p in tp.schedule.leaves if not p.pinned]
     assert len(unpinned) == 1 and tp.residency["weights ahead"] > 0

@@ -286,16 +286,33 @@ def test_root_s_cut_pins_weights_and_keeps_feature_maps_on_chip():
     assert e.energy["noc"] > 0
 
 
-def test_single_layer_latency_is_its_compute_or_its_dram_time():
-    g = LayerGraph.build([conv("big", m=4096, n=256, k=1152, dram_in=4096 * 1152 // 4, output=True)], [])
-    ev = Evaluator(g, EDGE)
-    e = ev.evaluate(initial_tree(g, 1))
+def _rounds_of(layer: Layer, partition: tuple[int, int, int]) -> int:
+    """Rounds of a part as the engine sizes them: its ifmap rows, weight columns and outputs
+    against half the LB (in elements); two copies of half of that per round where they do not fit."""
+    pb, pm, pn = partition
+    part = -(-layer.ifmap // (pb * pm)) + -(-layer.weights // (pb * pn)) + -(-layer.ofmap // (pb * pm * pn))
+    room = EDGE.lb_bytes // 2 // EDGE.storage_bytes
+    return 1 if part <= room else -(-2 * part // room)
+
+
+@pytest.mark.parametrize("m, k", [(4096, 1152), (256, 64)])
+def test_single_layer_latency_overlaps_compute_and_dram_over_its_rounds(m, k):
+    """The longer of compute and DRAM time, plus the shorter once for the round nothing hides:
+    in many rounds about the longer; a part that fits in one round loads, then computes."""
+    layer = conv("big", m=m, n=256, k=k, dram_in=m * k // 4, output=True)
+    ev = Evaluator(LayerGraph.build([layer], []), EDGE)
+    e = ev.evaluate(initial_tree(ev.graph, 1))
     cost = ev.intra.cost(0, 16, 1)
     pb, pm, pn = cost.partition
-    compute = mme_cycles(1, -(-4096 // pm), -(-256 // pn), 1152, EDGE)
+    compute = mme_cycles(1, -(-m // pm), -(-256 // pn), k, EDGE)
     assert cost.cycles == compute
+    rounds = _rounds_of(layer, cost.partition)
+    assert cost.rounds == rounds and (rounds > 1) == (m == 4096)
     dram_time = e.dram_bytes / EDGE.ddr_bytes_per_cycle
-    assert e.latency == pytest.approx(max(compute, dram_time) + EDGE.dma_latency_cycles)
+    overlapped = max(compute, dram_time) + min(compute, dram_time) / rounds
+    assert e.latency == pytest.approx(overlapped + EDGE.dma_latency_cycles)
+    if rounds == 1:
+        assert e.latency == pytest.approx(compute + dram_time + EDGE.dma_latency_cycles)
 
 
 def test_noc_energy_of_a_layer_is_its_copies_multicast_from_dram():

@@ -3,11 +3,14 @@
 Latency: every leaf invocation (a layer on its tile group for its batch of samples) is a rectangle
 of the S-T graph. Invocations run in the tree's order on their tiles (a tile runs one layer at a
 time) and start when their tiles are free and the producer invocations holding their samples have
-ended. An invocation lasts ``max(compute, DRAM, NoC) + DMA latency``: compute from the intra-layer
-schedule; DRAM until its bytes have gone through the chip's DRAM bandwidth in the time other
-invocations leave it idle (``_Dram``: a group running alone gets all of it, as in the simulator,
-where transfers in flight share DRAM; together no groups move more than it allows); NoC the load of
-the busiest mesh link it uses (``noc_link_bytes_per_cycle``), loads of its producers added.
+ended. An invocation lasts ``pipelined(compute, max(DRAM, NoC), rounds) + DMA latency``: the longer
+of compute and transfers, plus the shorter for the one round of a tile's part that nothing hides
+(all of it where the part fits the buffer in one round: a lowered layer's one tile per core loads,
+then computes). Compute and rounds come from the intra-layer schedule; DRAM lasts until its bytes
+have gone through the chip's DRAM bandwidth in the time other invocations leave it idle (``_Dram``:
+a group running alone gets all of it, as in the simulator, where transfers in flight share DRAM;
+together no groups move more than it allows); NoC is the load of the busiest mesh link it uses
+(``noc_link_bytes_per_cycle``), loads of its producers added.
 
 Data on the mesh: a datum several tiles need (the copies a partitioned layer makes) travels its XY
 multicast tree, each link once (``Mesh``); a feature map goes from the producer tiles holding each
@@ -29,7 +32,7 @@ import numpy as np
 from tvm_dsa.hardware.model import Hardware
 from tvm_dsa.schedule.set.alloc import stripe_order
 from tvm_dsa.schedule.set.analysis import LeafPlan, Schedule, Slot, analyse
-from tvm_dsa.schedule.set.intra import IntraLayer
+from tvm_dsa.schedule.set.intra import IntraLayer, pipelined
 from tvm_dsa.schedule.set.layers import LayerGraph
 from tvm_dsa.schedule.set.tree import Tree, invocation_order
 
@@ -292,10 +295,10 @@ class Evaluator:
         return hit
 
     def _constants(self, plan: LeafPlan) -> tuple:
-        """What every invocation of a layer shares: its group, the tiles it uses, compute cycles,
-        DRAM bytes it always moves (re-fetches, returned outputs), the mean hops to DRAM, the mean
-        links an ifmap and a weight element read from DRAM cross to all their copies (memoised:
-        they depend on the layer, its group and its batch only)."""
+        """What every invocation of a layer shares: its group, the tiles it uses, compute cycles and
+        the rounds a tile runs them in, DRAM bytes it always moves (re-fetches, returned outputs),
+        the mean hops to DRAM, the mean links an ifmap and a weight element read from DRAM cross
+        to all their copies (memoised: they depend on the layer, its group and its batch only)."""
         key = (plan.layer, plan.group, plan.batch)
         hit = self._memo.get(key)
         if hit is None:
@@ -303,8 +306,9 @@ class Evaluator:
             lo, hi = plan.group
             fixed = (plan.cost.refetch + (layer.ofmap * plan.batch if layer.output else 0)) * hw.storage_bytes
             ifmap_sets, weight_sets = plan.cost.copy_sets()
-            hit = self._memo[key] = (lo, hi, plan.used, plan.cost.cycles, fixed, mesh.edge_hops(*plan.used),
-                                     mesh.from_dram(lo, ifmap_sets), mesh.from_dram(lo, weight_sets))
+            hit = self._memo[key] = (lo, hi, plan.used, plan.cost.cycles, plan.cost.rounds, fixed,
+                                     mesh.edge_hops(*plan.used), mesh.from_dram(lo, ifmap_sets),
+                                     mesh.from_dram(lo, weight_sets))
         return hit
 
     def _route(self, producer: LeafPlan, p: int, consumer: LeafPlan, q: int) -> tuple[float, float]:
@@ -346,7 +350,7 @@ class Evaluator:
         slots = []
         for v, q in invocation_order(tree):
             plan, layer = plans[v], graph.layers[v]
-            lo, hi, used, cycles, fixed, edge_hops, ifmap_links, weight_links = per_layer[v]
+            lo, hi, used, cycles, rounds, fixed, edge_hops, ifmap_links, weight_links = per_layer[v]
             start = free.free_at(lo, hi)
             ifmap_dram = layer.dram_in * plan.batch  # unique elements read; copies fan out on the NoC
             weight_dram = layer.weights if not plan.pinned or (q * plan.batch) % round_batch == 0 else 0
@@ -364,7 +368,8 @@ class Evaluator:
             noc_bit_hops += ((ifmap_dram * ifmap_links + weight_dram * weight_links) * eb
                              + (written * eb + fixed) * edge_hops) * 8
             dram_total += dram
-            duration = max(cycles, drams.transfer(start, dram / ddr_bw) - start, noc_load / link) + dma
+            transfer = max(drams.transfer(start, dram / ddr_bw) - start, noc_load / link)
+            duration = pipelined(cycles, transfer, rounds) + dma
             end = start + duration
             ends[v][q] = end
             free.occupy(lo, hi, end)

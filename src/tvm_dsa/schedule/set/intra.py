@@ -6,7 +6,9 @@ count are useless and not tried), both mappings of M/N onto the PE array's rows 
 both loop orders when a tile's working set does not fit its buffer (keep a block of weights and
 stream the ifmap once per block, or the converse). A tile's compute time is the spine's MME and
 vector cost (``runtime.cost``). The chosen partition minimises the invocation's time estimate:
-compute, or the time its inputs take to arrive when longer (``_search``).
+compute and the time its inputs take to arrive, overlapped as far as the tile's rounds allow
+(``pipelined``: a part that fits the buffer runs as one round, its loads before its product, as
+the lowered programs run it; ``_search``).
 
 Partitioning replicates data (§3.5): a tile of an N-split needs the whole ifmap of its rows, a
 tile of an M-split all its weights; the copies are what enters the tiles. Vector-only layers
@@ -39,6 +41,7 @@ class LayerCost:
     weight_tile: int  # weight elements one tile holds (what pinning keeps)
     sram: int  # buffer element accesses (writes of what enters, array reads, output writes/reads)
     refetch: int  # elements read again from DRAM because the working set did not fit
+    rounds: int  # rounds a tile runs its part in: 1 where its working set fits, else halves of it
 
     @property
     def tiles(self) -> int:
@@ -54,6 +57,20 @@ class LayerCost:
         ifmap = tuple(tuple(range(r * pn, (r + 1) * pn)) for r in range(pb * pm))
         weight = tuple(tuple(range(b * pm * pn + n, (b + 1) * pm * pn, pn)) for b in range(pb) for n in range(pn))
         return ifmap, weight
+
+
+def pipelined(compute: float, transfer: float, rounds: int) -> float:
+    """Cycles of a tile's part run in ``rounds`` rounds, each loading its share of ``transfer``
+    while the round before computes: the longer of the two, plus the shorter's one round that
+    nothing hides (the first load, or the last product). In one round the loads precede the
+    product: their sum."""
+    return max(compute, transfer) + min(compute, transfer) / rounds
+
+
+def _rounds(working_set: int, room: int) -> int:
+    """Rounds of a part whose tiles hold ``working_set`` elements where ``room`` fit: one where it
+    fits, else rounds of half the room (two copies, so the next round loads while one computes)."""
+    return 1 if working_set <= room else _ceil(2 * working_set, room)
 
 
 def working_set_bytes(hw: Hardware) -> int:
@@ -83,9 +100,10 @@ class IntraLayer:
         return hit
 
     def _search(self, layer: Layer, g: int, s: int) -> LayerCost:
-        """The candidate with the shortest estimated invocation: compute, DRAM (unique data and
-        re-fetches at the group's share of the bandwidth) or delivery into the tiles (copies
-        included, one NoC link per tile); ties go to the one moving less."""
+        """The candidate with the shortest estimated invocation: compute and the longer of DRAM
+        (unique data and re-fetches at the group's share of the bandwidth) and delivery into the
+        tiles (copies included, one NoC link per tile), ``pipelined`` over the part's rounds; ties
+        go to the one moving less."""
         hw = self.hw
         dram_bw = hw.ddr_bytes_per_cycle * g / hw.cores / hw.storage_bytes  # elements per cycle
         link_bw = hw.noc_link_bytes_per_cycle * g / hw.storage_bytes
@@ -93,7 +111,8 @@ class IntraLayer:
         best, best_key = None, None
         for cand in self._candidates(layer, g, s):
             moved = cand.ifmap_in + cand.weight_in
-            key = (max(cand.cycles, (unique + cand.refetch) / dram_bw, moved / link_bw), moved)
+            transfer = max((unique + cand.refetch) / dram_bw, moved / link_bw)
+            key = (pipelined(cand.cycles, transfer, cand.rounds), moved)
             if best_key is None or key < best_key:
                 best, best_key = cand, key
         return best
@@ -116,7 +135,8 @@ class IntraLayer:
         cycles = vector_cycles(_ceil(s * layer.vector_ops, p), "vme", self.hw)
         weight_in = layer.weights * p
         return LayerCost((1, p, 1), cycles, ifmap, weight_in, ofmap, layer.weights,
-                         ifmap + weight_in + s * layer.vector_ops + 2 * ofmap, 0)
+                         ifmap + weight_in + s * layer.vector_ops + 2 * ofmap, 0,
+                         _rounds(_ceil(ifmap, p) + _ceil(ofmap, p) + layer.weights, self.work_elements))
 
     def _partitioned(self, layer: Layer, s: int, pb: int, pm: int, pn: int) -> LayerCost:
         hw, c = self.hw, layer.contraction
@@ -140,4 +160,5 @@ class IntraLayer:
         reads = i_t * _ceil(nt, cols) + w_t * _ceil(mt, rows)
         sram = ifmap_in + weight_in + parts * (reads + 2 * o_t)
         refetch = (i_t * (ri - 1) + w_t * (rw - 1)) * parts
-        return LayerCost((pb, pm, pn), max(mme, vec), ifmap_in, weight_in, s * layer.ofmap, w_t, sram, refetch)
+        return LayerCost((pb, pm, pn), max(mme, vec), ifmap_in, weight_in, s * layer.ofmap, w_t, sram, refetch,
+                         _rounds(i_t + w_t + o_t, self.work_elements))
