@@ -188,7 +188,16 @@ class TreeProgram:
 WEIGHTS_AHEAD = 2  # invocations whose unpinned weights load while one computes (``_ahead``)
 PREFETCH_AHEAD = 3  # invocations whose pins load while one computes (where the arena has room)
 PIN_RUN_BURSTS = 4  # pinned weights are cut into pieces whose DDR rows span at least so many bursts
-MIN_PIECE = 8192  # bytes: a tensor is not cut into pieces smaller than this (each is a DMA per box)
+PIECE_SETUPS = 2  # a piece is at least what a mesh link moves in so many DMA set-ups (``_min_piece``)
+
+
+def _min_piece(hw) -> int:
+    """Bytes below which a tensor is not cut into pieces: what a mesh link moves in
+    ``PIECE_SETUPS`` DMA set-ups. Every piece a tile box touches is a DMA of its own, so smaller
+    pieces pay more set-ups, larger ones spread the traffic over fewer cores' links. On the SET
+    presets 4 KiB; measured on the `set-cloud144` trees of ResNet-50 and GoogLeNet at batch 1
+    (docs/set.md), 4 KiB beat 2, 3, 6 and 8 KiB on both."""
+    return PIECE_SETUPS * hw.dma_latency_cycles * int(hw.noc_link_bytes_per_cycle)
 
 
 class _Arena:
@@ -292,6 +301,7 @@ class _Residency:
         sched, layers = k.schedule, k.layers
         self.hw, self.emitter = hw, emitter
         self.arena = _Arena(max(L.plan.total_bytes for L in layers), hw.lb_bytes)
+        min_piece = _min_piece(hw)
         cores = core_of_stripe(hw)
         used = [tuple(cores[i] for i in range(*p.used)) for p in sched.leaves]
         readers: dict = {}  # tensor -> [(layer, param)]
@@ -325,7 +335,7 @@ class _Residency:
             rows = shape[0] // chunks
             holders = tuple(dict.fromkeys(c for v, _ in readers[t] for c in used[v]))
             chunk_bytes = k.itemsize(t) * rows * int(np.prod(shape[1:]))
-            dim, cuts = _grid((rows, *shape[1:]), users, min(len(holders), -(-chunk_bytes // MIN_PIECE)), 1)
+            dim, cuts = _grid((rows, *shape[1:]), users, min(len(holders), -(-chunk_bytes // min_piece)), 1)
             grid = [tuple(rows * i for i in range(1, chunks))] + [()] * (len(shape) - 1)
             if dim is not None:
                 grid[dim] = cuts
@@ -346,7 +356,7 @@ class _Residency:
                     continue
                 shape = k.tensors[t][0]
                 size = k.itemsize(t) * int(np.prod(shape))
-                dim, cuts = _grid(shape, [(L, param, fps[v].reads[param])], min(len(used[v]), -(-size // MIN_PIECE)), 0,
+                dim, cuts = _grid(shape, [(L, param, fps[v].reads[param])], min(len(used[v]), -(-size // min_piece)), 0,
                                   PIN_RUN_BURSTS * hw.ddr_burst_bytes // k.itemsize(t))
                 grid = [()] * len(shape)
                 if dim is not None:
