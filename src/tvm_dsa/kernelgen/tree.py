@@ -106,9 +106,9 @@ def _samples(box_lo: int, box_hi: int, dim0: int, batch: int) -> tuple[int, int]
 
 
 def _assign(k: TreeKernel, batch: int, fps: list) -> tuple[dict, dict]:
-    """(layer, invocation) -> tile-loop values of the tiles it computes; and (layer, sample) ->
-    position in the invocation order of the last invocation whose tiles read that sample of the
-    layer's output."""
+    """(layer, invocation) -> tile-loop values of the tiles it computes (none of a tile whose output
+    box is empty); and (layer, sample) -> position in the invocation order of the last invocation
+    whose tiles read that sample of the layer's output."""
     sched, layers = k.schedule, k.layers
     plans = sched.leaves
     position = {key: n for n, key in enumerate(invocation_order(sched.tree))}
@@ -137,6 +137,8 @@ def _assign(k: TreeKernel, batch: int, fps: list) -> tuple[dict, dict]:
                  if root(L.args[p]) in produced]
         done = [-1] * batch
         for row, tile in enumerate(fp.tiles):
+            if fp.write[1][row][0] <= fp.write[0][row][0]:
+                continue  # a tile that writes nothing (a transposed convolution's guarded rows past the output)
             first, last = _samples(int(fp.write[0][row][0]), int(fp.write[1][row][0]), dim0(out), batch)
             need = max((max(ready[u][a:b + 1]) for (lo, hi), u, d in reads if lo[row][0] < hi[row][0]
                         for a, b in [_samples(int(lo[row][0]), int(hi[row][0]), d, batch)]), default=-1)
