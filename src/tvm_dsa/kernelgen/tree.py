@@ -197,8 +197,8 @@ def _min_piece(hw) -> int:
     """Bytes below which a tensor is not cut into pieces: what a mesh link moves in
     ``PIECE_SETUPS`` DMA set-ups. Every piece a tile box touches is a DMA of its own, so smaller
     pieces pay more set-ups, larger ones spread the traffic over fewer cores' links. On the SET
-    presets 4 KiB; measured on the `set-cloud144` trees of ResNet-50 and GoogLeNet at batch 1
-    (docs/set.md), 4 KiB beat 2, 3, 6 and 8 KiB on both."""
+    presets 4 KiB, which beat 2, 3, 6 and 8 KiB on GoogLeNet's SET tree and ResNet-50's LS tree
+    on `set-cloud144` at batch 1 (docs/set.md)."""
     return PIECE_SETUPS * hw.dma_latency_cycles * int(hw.noc_link_bytes_per_cycle)
 
 
