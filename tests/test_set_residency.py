@@ -36,13 +36,16 @@ def lowered(resnet, text, chip="set-edge16-fp16"):
 
 def ddr_traffic(tp) -> tuple[dict, int, int]:
     """(DDR bytes DMAs read from each argument, bytes read from and written to the DDR scratch
-    after the arguments, where intermediates spill)."""
+    after the arguments, where intermediates spill). A multicast transfer reads its source once
+    (``isa.multicast_groups``: its first DMA)."""
     program = tp.program
     args = {a.name: a for a in program.args}
     end = max(a.offset + a.nbytes for a in program.args)
     reads, scratch_read, scratch_written = dict.fromkeys(args, 0), 0, 0
-    for ins in program.kernels[0].instructions:
-        if not isinstance(ins, isa.Dma):
+    instructions = program.kernels[0].instructions
+    groups = isa.multicast_groups(instructions)
+    for i, ins in enumerate(instructions):
+        if not isinstance(ins, isa.Dma) or groups.get(i, (i,))[0] != i:
             continue
         nbytes = int(np.prod(ins.shape)) * ins.dst.itemsize
         for o, write in ((ins.src, False), (ins.dst, True)):
@@ -70,10 +73,14 @@ def spilled_bytes(graph, producers) -> int:
 
 
 def pinned_bytes(tp) -> int:
-    """DDR bytes read by the copies that pin weights in the LBs (marked ``promote``)."""
+    """DDR bytes read by the copies that pin weights in the LBs (marked ``promote``; a multicast
+    transfer reads once)."""
     kernel = tp.program.kernels[0]
-    return sum(int(np.prod(ins.shape)) * ins.src.itemsize for ins, mark in zip(kernel.instructions, kernel.layer_of_each())
-               if isinstance(ins, isa.Dma) and ins.src.mem == "ddr" and mark is not None and mark.name == PROMOTE)
+    groups = isa.multicast_groups(kernel.instructions)
+    return sum(int(np.prod(ins.shape)) * ins.src.itemsize
+               for i, (ins, mark) in enumerate(zip(kernel.instructions, kernel.layer_of_each()))
+               if isinstance(ins, isa.Dma) and ins.src.mem == "ddr" and mark is not None and mark.name == PROMOTE
+               and groups.get(i, (i,))[0] == i)
 
 
 @pytest.fixture(scope="module")
@@ -303,3 +310,30 @@ def test_a_layer_loads_its_weights_ahead_where_a_link_gathers_a_tiles_share_fast
     share = 10_000 * cloud.noc_link_bytes_per_cycle / cloud.ddr_bytes_per_cycle  # 2,170 elements
     assert _ahead(int(share) - 1, L, k, cloud) and not _ahead(int(share) + 1, L, k, cloud)
     assert not _ahead(1, L, k, hardware.get("stcp920"))
+
+
+def test_weights_are_cut_at_the_tiles_boxes_and_copied_to_one_place_on_each_reading_core(one_segment):
+    """On a mesh with multicast DMAs a pinned weight is cut where its tiles' boxes start and end
+    (the output channels they split), and each core reading a piece gets a copy at the same LB
+    offset: one multicast from DDR, read once, fills them all."""
+    from types import SimpleNamespace
+    from tvm_dsa.kernelgen.tree import _Arena, _tile_cuts
+    reader = SimpleNamespace(ir=SimpleNamespace(stages=lambda: []))  # splittable along every dim
+    lo = np.array([(n, 0, 0, 0) for n in range(0, 256, 64) for _ in range(3)])  # 3 tiles per 64 channels
+    assert _tile_cuts((256, 128, 3, 3), reader, "w", (lo, lo + np.array([64, 128, 3, 3]))) == (0, (64, 128, 192))
+    assert _tile_cuts((64, 8), reader, "w", (np.zeros((2, 2), int), np.array([[64, 8]] * 2))) == (None, ())
+
+    arena = _Arena(0, 1024)
+    assert arena.take(0, 256) == 0 and arena.take(1, 512) == 0  # core 0 free from 256, core 1 from 512
+    assert arena.take_common([0, 1], 256, keep=512) is None  # core 1 would keep 256 free
+    assert arena.take_common([0, 1], 256) == 512
+    assert arena.free[0] == [(256, 512), (768, 1024)] and arena.free[1] == [(768, 1024)]
+
+    kernel = one_segment[1].program.kernels[0]
+    groups = isa.multicast_groups(kernel.instructions)
+    copies = [g for i, g in groups.items() if g[0] == i and kernel.layer_of_each()[i] is not None
+              and kernel.layer_of_each()[i].name == PROMOTE]
+    assert copies
+    for g in copies:
+        members = [kernel.instructions[i] for i in g]
+        assert len({m.dst.index for m in members}) == len(members) and len({m.dst.offset for m in members}) == 1

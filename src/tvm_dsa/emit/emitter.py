@@ -142,13 +142,15 @@ class KernelEmitter:
         self.alias = {k: r for k, r in self.alias.items() if k[0] != core}
         self.content = {k: c for k, c in self.content.items() if k[0] != core}
 
-    def move(self, src: Region, dst: Region, core: int, prefetch: bool = False, box=None) -> None:
+    def move(self, src: Region, dst: Region, core: int, prefetch: bool = False, box=None,
+             copies: bool = False) -> None:
         """Copy ``box`` ((origin, extents); by default ``dst``'s box, which ``src``'s holds) from
         ``src`` to ``dst`` in another memory, e.g. a weight promotion DDR -> GB, or a kernel output
         kept in a GB written out to DDR; one transfer per piece, in order, where ``dst`` was
         claimed in pieces; with ``prefetch`` on ``core``'s prefetch queue (``isa.Dma.prefetch``).
         A promotion DDR -> GB on a chip with ``multicast_dma`` is a multicast (``isa.Dma.multicast``):
-        the clusters that promote the same box to the same place read DDR for it once."""
+        the clusters that promote the same box to the same place read DDR for it once; so are
+        ``copies`` into LBs (a weight piece SET pins on each core reading it, at one place)."""
         self.cores_used.add(core)
         self.mark(PROMOTE, ())
         boxes = [box or (dst.origin, dst.extents)]
@@ -158,7 +160,7 @@ class KernelEmitter:
             boxes = [(tuple(o + (j if d == dim else 0) for d, o in enumerate(dst.origin)),
                       tuple(min(width, e - j) if d == dim else e for d, e in enumerate(dst.extents)))
                      for j in range(0, dst.extents[dim], width)]
-        multicast = self.hw.multicast_dma and (src.mem, dst.mem) == ("ddr", "gb")
+        multicast = self.hw.multicast_dma and src.mem == "ddr" and (dst.mem == "gb" or copies)
         for origin, extents in boxes:
             self.push(isa.Dma(core, extents, _whole_operand(dst, origin), _whole_operand(src, origin),
                               prefetch=prefetch, multicast=multicast), core)
@@ -440,7 +442,7 @@ class KernelEmitter:
             tensor = self.cur.args.get(stage.value.access.buffer)
             source = self.regions.get(tensor)
             if isinstance(source, Pieces):
-                parts = tuple(dict.fromkeys(r for *_, r in source.split(stage.value.access, self.env, *whole)))
+                parts = tuple(dict.fromkeys(r for *_, r in source.split(stage.value.access, self.env, *whole, core)))
                 source = parts[0] if len(parts) == 1 else parts
             key = (core, stage.dst.buffer)
             rec = self.compression.rec
@@ -586,7 +588,7 @@ class KernelEmitter:
         shape = tuple(extent)
         source = None if not isinstance(v, Read) or v.access.lb else self.regions.get(self.cur.args.get(v.access.buffer))
         if isinstance(source, Pieces):
-            for s, e, piece in source.split(v.access, self.env, start, extent):
+            for s, e, piece in source.split(v.access, self.env, start, extent, core):
                 src = self._operand(stage, v.access, core, s, e, piece)
                 self._dma(core, tuple(e), _sub_operand(dst, [a - b for a, b in zip(s, at)]), src)
             return

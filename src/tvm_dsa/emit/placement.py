@@ -8,7 +8,7 @@ them; they hold no emission state.
 from __future__ import annotations
 
 import bisect
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from tvm_dsa import isa
 from tvm_dsa.hardware import Hardware
@@ -52,16 +52,18 @@ class Pieces:
     shape: tuple[int, ...]
     cuts: tuple[tuple[int, ...], ...]  # per dim: interior cut points, increasing
     cells: dict
+    copies: dict = field(default_factory=dict)  # (cell index, core) -> that core's own copy of a piece
 
     def cell_index(self, point) -> tuple[int, ...]:
         return tuple(bisect.bisect_right(c, x) for c, x in zip(self.cuts, point))
 
-    def cell(self, point) -> Region:
-        return self.cells[self.cell_index(point)]
+    def cell(self, point, core: int | None = None) -> Region:
+        index = self.cell_index(point)
+        return self.copies.get((index, core)) or self.cells[index]
 
-    def split(self, acc: Access, env, start, extent):
+    def split(self, acc: Access, env, start, extent, core: int | None = None):
         """The sub-boxes of the stage box [start, start + extent) that each lie in one piece, with
-        the piece's region: [(start, extent, region)]."""
+        the piece's region (``core``'s own copy where it has one): [(start, extent, region)]."""
         p0 = acc.point(env, start)
         boxes = [(list(start), list(extent))]
         for d, cuts in enumerate(self.cuts):
@@ -82,7 +84,7 @@ class Pieces:
                     out.append((s2, e2))
                     b = cut
             boxes = out
-        return [(s, e, self.cell(acc.point(env, s))) for s, e in boxes]
+        return [(s, e, self.cell(acc.point(env, s), core)) for s, e in boxes]
 
 
 @dataclass(frozen=True)

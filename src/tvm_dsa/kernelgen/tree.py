@@ -21,12 +21,16 @@ layer's tile buffers is an arena (``_Arena``) for:
 - feature maps consumed at once: a producer invocation's output chunk (its samples) whose every
   consumer reads it at once (the schedule's chunks all go over the NoC) is spread over the LBs
   of its consumers' cores, in pieces along the chunk's samples and one more dim (``_grid``: the
-  one that splits the producer's and consumers' tile boxes into the fewest pieces); producer
-  tiles write their pieces there and consumer tiles read them, both over the NoC. The pieces are
+  one that splits the producer's and consumers' tile boxes into the fewest pieces), each on the
+  core whose tiles read most of it (``_Kept.homes``); producer tiles write their pieces there
+  and consumer tiles read them, over the NoC where they are on another core. The pieces are
   freed after the last tile reading them;
 - pinned weights: a layer the schedule pins loads its weights once per root sub-batch round
-  (once under a root S-cut), in pieces along the output dim over its cores; its tiles read them
-  in place when the piece is on their core, else over the NoC;
+  (once under a root S-cut). On chips with multicast DMAs they are cut where its tiles' boxes
+  start and end (``_tile_cuts``), and every core whose tiles read a piece holds a copy of it at
+  one LB offset, filled by one multicast from DDR (while the cores keep ``COPIES_KEEP`` of their
+  arena free, else the piece is one, on the core reading most of it): a tile reads its weights
+  in place. Without multicasts the pieces are cut along the output dim over its cores;
 - weights loaded ahead: a layer the schedule does not pin reads its weights once per invocation;
   where the mesh gathers them faster than DDR reads them (``_ahead``) they load into the same
   pieces on the prefetch queues up to ``WEIGHTS_AHEAD`` invocations early, for that invocation;
@@ -190,6 +194,7 @@ class TreeProgram:
 WEIGHTS_AHEAD = 2  # invocations whose unpinned weights load while one computes (``_ahead``)
 PREFETCH_AHEAD = 3  # invocations whose pins load while one computes (where the arena has room)
 PIN_RUN_BURSTS = 4  # pinned weights are cut into pieces whose DDR rows span at least so many bursts
+COPIES_KEEP = 0.5  # weights are copied to each core reading them only while it keeps so much of its arena free
 PIECE_SETUPS = 2  # a piece is at least what a mesh link moves in so many DMA set-ups (``_min_piece``)
 
 
@@ -215,6 +220,22 @@ class _Arena:
         for i, (a, b) in enumerate(free):
             if b - a >= n:
                 free[i:i + 1] = [(a + n, b)] if b - a > n else []
+                return a
+        return None
+
+    def take_common(self, cores, nbytes: int, keep: int = 0) -> int | None:
+        """The lowest base free for ``nbytes`` on every one of ``cores`` (taken on each) where
+        each keeps ``keep`` bytes free besides, or None."""
+        n = align(nbytes)
+        free = [self.free.setdefault(c, [(self.lo, self.hi)] if self.hi > self.lo else []) for c in cores]
+        if any(sum(hi - lo for lo, hi in ranges) < n + keep for ranges in free):
+            return None
+        for a in sorted({a for ranges in free for a, _ in ranges}):
+            if all(any(lo <= a and a + n <= hi for lo, hi in ranges) for ranges in free):
+                for c, ranges in zip(cores, free):
+                    i = next(i for i, (lo, hi) in enumerate(ranges) if lo <= a and a + n <= hi)
+                    lo, hi = ranges[i]
+                    ranges[i:i + 1] = [r for r in ((lo, a), (a + n, hi)) if r[1] > r[0]]
                 return a
         return None
 
@@ -264,6 +285,19 @@ def _grid(shape, users, cells: int, first: int, run: int = 0) -> tuple[int | Non
     return (best[1], best[2]) if best else (None, ())
 
 
+def _tile_cuts(shape, layer, param: str, boxes) -> tuple[int | None, tuple[int, ...]]:
+    """(dim, interior cuts) cutting weights where the tiles' boxes start and end along the dim
+    that has most such places (the output channels the tiles split), so that a tile reads whole
+    pieces; (None, ()) where no dim can or need be cut."""
+    lo, hi = boxes
+    best = (0, None, ())
+    for d in range(len(shape)):
+        cuts = tuple(sorted({int(x) for x in (*lo[:, d], *hi[:, d])} - {0, shape[d]}))
+        if len(cuts) > best[0] and _splittable(layer, param, d):
+            best = (len(cuts), d, cuts)
+    return best[1:]
+
+
 @dataclass
 class _Kept:
     """A tensor some of whose pieces may live in LBs: its ``Pieces``, the dim (besides dim 0 for
@@ -275,6 +309,36 @@ class _Kept:
     dim: int | None
     cores: tuple[int, ...]
     rows: int = 0  # feature map: leading-dim rows per chunk (0: weights, one chunk)
+    readers: dict = None  # cell index -> {core: bytes its tiles read of it} (``_readers``)
+    copied: bool = False  # weights: each reading core holds its own copy of the pieces it reads
+
+    def homes(self, index, j: int) -> list[int]:
+        """Cores to place piece ``index`` (the ``j``-th of its chunk) on, best first: those
+        whose tiles read most of it (their reads are then local, not over the mesh; of cores
+        reading alike, the nearest to the ``j``-th holder on, so that pieces all read alike are
+        spread round-robin), then the ``j``-th holder."""
+        volume = (self.readers or {}).get(index, {})
+        n, rank = len(self.cores), {c: i for i, c in enumerate(self.cores)}
+        first = sorted(volume, key=lambda c: (-volume[c], (rank.get(c, 0) - j) % n))
+        return list(dict.fromkeys(first + [self.cores[j % n]]))
+
+
+def _readers(kept: _Kept, chunks: int, users) -> dict:
+    """Per cell of ``kept``: the elements of it each core's tiles read. ``users``: (boxes, core of
+    each box's tile) of every reading layer."""
+    out = {}
+    for p in range(chunks):
+        for index, origin, extents in _cells_of(kept, p):
+            o = np.array(origin, dtype=np.int64)
+            e = o + np.array(extents, dtype=np.int64)
+            volume: dict = {}
+            for (lo, hi), cores in users:
+                inside = np.clip(np.minimum(hi, e) - np.maximum(lo, o), 0, None).prod(axis=1)
+                for c, n in zip(cores, inside):
+                    if n and c >= 0:  # (-1: a tile no invocation computes, ``_assign``)
+                        volume[c] = volume.get(c, 0) + int(n)
+            out[index] = volume
+    return out
 
 
 def _cells_of(kept: _Kept, chunk: int):
@@ -299,7 +363,8 @@ class _Residency:
     chunk's or a pinned layer's pieces (or leaves them in DDR when they do not fit) and frees them
     after their last use."""
 
-    def __init__(self, k: TreeKernel, hw, fps: list, last_read: dict, regions: dict, emitter: KernelEmitter):
+    def __init__(self, k: TreeKernel, hw, fps: list, last_read: dict, regions: dict, emitter: KernelEmitter,
+                 tile_cores: list):
         sched, layers = k.schedule, k.layers
         self.hw, self.emitter = hw, emitter
         self.arena = _Arena(max(L.plan.total_bytes for L in layers), hw.lb_bytes)
@@ -342,6 +407,8 @@ class _Residency:
             if dim is not None:
                 grid[dim] = cuts
             self.kept[u] = _Kept(t, regions[t], Pieces(tuple(shape), tuple(grid), {}), dim, holders, rows)
+            self.kept[u].readers = _readers(self.kept[u], chunks, [(fps[v].reads[param], tile_cores[v])
+                                                                   for v, param in readers[t]])
             for p in range(chunks):
                 for index, *_ in _cells_of(self.kept[u], p):
                     self.kept[u].pieces.cells[index] = regions[t]
@@ -358,12 +425,17 @@ class _Residency:
                     continue
                 shape = k.tensors[t][0]
                 size = k.itemsize(t) * int(np.prod(shape))
-                dim, cuts = _grid(shape, [(L, param, fps[v].reads[param])], min(len(used[v]), -(-size // min_piece)), 0,
-                                  PIN_RUN_BURSTS * hw.ddr_burst_bytes // k.itemsize(t))
+                copied = hw.multicast_dma
+                if copied:
+                    dim, cuts = _tile_cuts(shape, L, param, fps[v].reads[param])
+                else:
+                    dim, cuts = _grid(shape, [(L, param, fps[v].reads[param])], min(len(used[v]), -(-size // min_piece)),
+                                      0, PIN_RUN_BURSTS * hw.ddr_burst_bytes // k.itemsize(t))
                 grid = [()] * len(shape)
                 if dim is not None:
                     grid[dim] = cuts
-                kept = _Kept(t, regions[t], Pieces(tuple(shape), tuple(grid), {}), dim, used[v])
+                kept = _Kept(t, regions[t], Pieces(tuple(shape), tuple(grid), {}), dim, used[v], copied=copied)
+                kept.readers = _readers(kept, 1, [(fps[v].reads[param], tile_cores[v])])
                 for index, *_ in _cells_of(kept, 0):
                     kept.pieces.cells[index] = regions[t]
                 if v not in self.ahead:  # (loaded ahead: in pieces only while placed)
@@ -378,22 +450,36 @@ class _Residency:
         """Put the pieces of ``chunk`` of ``kept`` in the arena (claimed; loaded from DDR with
         ``load``, on the prefetch queues with ``prefetch``) to be freed after position ``pos``;
         False (nothing placed) when they do not fit."""
-        cells, taken = list(_cells_of(kept, chunk)), []
-        for j, (index, origin, extents) in enumerate(cells):
-            core = kept.cores[j % len(kept.cores)]
+        taken = []  # (cell index, core, base, bytes, a core's own copy)
+        for j, (index, origin, extents) in enumerate(_cells_of(kept, chunk)):
             nbytes = isa.DTYPES[kept.home.dtype] * int(np.prod(extents))
-            base = self.arena.take(core, nbytes)
+            cores = sorted(kept.readers.get(index, {})) if kept.copied else ()
+            if kept.copied and not cores:
+                continue  # no tile reads this piece
+            base = self.arena.take_common(cores, nbytes, COPIES_KEEP * (self.arena.hi - self.arena.lo)) \
+                if len(cores) > 1 else None
+            if base is not None:  # a copy on each core reading it, at one place (a multicast load)
+                taken += [(index, c, base, nbytes, True) for c in cores]
+                continue
+            for core in kept.homes(index, j):  # else one piece, read over the mesh
+                base = self.arena.take(core, nbytes)
+                if base is not None:
+                    taken.append((index, core, base, nbytes, False))
+                    break
             if base is None:
-                for c, b, n in taken:
+                for _, c, b, n, _ in taken:
                     self.arena.give(c, b, n)
                 return False
-            taken.append((core, base, nbytes))
-        for (index, origin, extents), (core, base, nbytes) in zip(cells, taken):
-            region = Region("lb", core, base, origin, extents, kept.home.dtype)
-            self.emitter.claim(region, (kept.tensor, key, index))
+        cells = {index: (origin, extents) for index, origin, extents in _cells_of(kept, chunk)}
+        for index, core, base, nbytes, copy in taken:
+            region = Region("lb", core, base, *cells[index], kept.home.dtype)
+            self.emitter.claim(region, (kept.tensor, key, index, core))
             if load:
-                self.emitter.move(kept.home, region, core, prefetch)
-            kept.pieces.cells[index] = region
+                self.emitter.move(kept.home, region, core, prefetch, copies=copy)
+            if copy:
+                kept.pieces.copies[(index, core)] = region
+            else:
+                kept.pieces.cells[index] = region
         self.placed[key] = (kept, chunk, taken)
         self.free_at.setdefault(pos, []).append(key)
         return True
@@ -444,9 +530,12 @@ class _Residency:
         """Free what position ``pos`` used last (its cells point at DDR again)."""
         for key in self.free_at.pop(pos, ()):
             kept, chunk, taken = self.placed.pop(key)
-            for (index, *_), (core, base, nbytes) in zip(_cells_of(kept, chunk), taken):
+            for index, core, base, nbytes, copy in taken:
                 self.arena.give(core, base, nbytes)
-                kept.pieces.cells[index] = kept.home
+                if copy:
+                    del kept.pieces.copies[(index, core)]
+                else:
+                    kept.pieces.cells[index] = kept.home
             if key[0] in self.ahead and key[2] == "w":
                 self.regions[kept.tensor] = kept.home
 
@@ -487,7 +576,15 @@ def build_tree_program(k: TreeKernel, hw) -> TreeProgram:
     cores = core_of_stripe(hw)
     fps = [footprints(L) for L in k.layers]
     work, last_read = _assign(k, batch, fps)
-    keep = _Residency(k, hw, fps, last_read, regions, emitter)
+    deal = {}  # (layer, invocation) -> (tile, core) of each tile it computes, dealt round-robin
+    for (v, q), tiles in work.items():
+        group = [cores[i] for i in range(*sched.leaves[v].used)]
+        deal[(v, q)] = [(t, group[n % len(group)]) for n, t in enumerate(tiles)]
+    on_core = [{} for _ in k.layers]
+    for (v, _), pairs in deal.items():
+        on_core[v].update(pairs)
+    tile_cores = [[on_core[v].get(t, -1) for t in fp.tiles] for v, fp in enumerate(fps)]
+    keep = _Residency(k, hw, fps, last_read, regions, emitter, tile_cores)
     spans = []
     order = invocation_order(sched.tree)
     for pos, (v, q) in enumerate(order):
@@ -495,13 +592,11 @@ def build_tree_program(k: TreeKernel, hw) -> TreeProgram:
         if hw.prefetch_dma:  # the next invocations' pins load meanwhile
             for n, ahead in enumerate(order[pos + 1:pos + 1 + PREFETCH_AHEAD]):
                 keep.pins(*ahead, prefetch=True, distance=n + 1)
-        tiles = work.get((v, q), [])
         lo, hi = sched.leaves[v].used
-        group = tuple(cores[i] for i in range(lo, hi))
         first = emitter.size
-        if tiles:
-            emitter.layer(k.layers[v], [(t, group[n % len(group)]) for n, t in enumerate(tiles)], regions)
-        spans.append(Span(v, q, first, emitter.size, group))
+        if (v, q) in deal:
+            emitter.layer(k.layers[v], deal[(v, q)], regions)
+        spans.append(Span(v, q, first, emitter.size, tuple(cores[i] for i in range(lo, hi))))
         keep.after(pos)
     program = isa.Program(hw.to_dict(), max(offset, ALIGN), tuple(args), (emitter.kernel(),), k.name)
     return TreeProgram(program, tuple(spans), sched, keep.stats)
