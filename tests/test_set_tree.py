@@ -11,7 +11,7 @@ import pytest
 import tvm_dsa  # noqa: F401  (registers the presets)
 from tvm_dsa import hardware
 from tvm_dsa.models import TINY, get_model, macs
-from tvm_dsa.runtime.cost import mme_cycles
+from tvm_dsa.runtime.cost import mme_cycles, vector_cycles
 from tvm_dsa.schedule.set import (Contraction, Cut, Evaluator, Layer, LayerGraph, LayerGraphError, Leaf,
                                   Tree, TreeError, dependencies, initial_tree, validate)
 from tvm_dsa.schedule.set.alloc import allocate, imbalance, stripe_order
@@ -148,7 +148,8 @@ def test_s_cut_groups_are_proportional_to_npt_and_t_cut_children_share():
     tree = Tree(Cut("S", 1, (Leaf(0), Cut("T", 1, (Leaf(1), Leaf(2))))), 1)
     ev = Evaluator(g, EDGE)
     one = [npt(Leaf(i), g, ev.intra) for i in range(3)]
-    assert one == [mme_cycles(1, 256, n, 64, EDGE) for n in (64, 192, 64)]  # one sample, one tile
+    # one sample on one tile, in one round: the product, then its epilogue (one op per output)
+    assert one == [mme_cycles(1, 256, n, 64, EDGE) + vector_cycles(256 * n, "vme", EDGE) for n in (64, 192, 64)]
     t_cut = one[1] + one[2]
     imbalance = lambda x: max(one[0] / x, t_cut / (16 - x))  # noqa: E731
     groups = allocate_groups(tree, g, ev.intra, 16)
@@ -298,16 +299,20 @@ def _rounds_of(layer: Layer, partition: tuple[int, int, int]) -> int:
 @pytest.mark.parametrize("m, k", [(4096, 1152), (256, 64)])
 def test_single_layer_latency_overlaps_compute_and_dram_over_its_rounds(m, k):
     """The longer of compute and DRAM time, plus the shorter once for the round nothing hides:
-    in many rounds about the longer; a part that fits in one round loads, then computes."""
+    in many rounds about the longer; a part that fits in one round loads, then computes. Compute
+    is the product and its epilogue on the VME overlapped alike: in one round the epilogue
+    follows the product."""
     layer = conv("big", m=m, n=256, k=k, dram_in=m * k // 4, output=True)
     ev = Evaluator(LayerGraph.build([layer], []), EDGE)
     e = ev.evaluate(initial_tree(ev.graph, 1))
     cost = ev.intra.cost(0, 16, 1)
     pb, pm, pn = cost.partition
-    compute = mme_cycles(1, -(-m // pm), -(-256 // pn), k, EDGE)
-    assert cost.cycles == compute
     rounds = _rounds_of(layer, cost.partition)
     assert cost.rounds == rounds and (rounds > 1) == (m == 4096)
+    mme = mme_cycles(1, -(-m // pm), -(-256 // pn), k, EDGE)
+    vec = vector_cycles(-(-layer.vector_ops // (pb * pm * pn)), "vme", EDGE)
+    compute = int(max(mme, vec) + min(mme, vec) / rounds)
+    assert cost.cycles == compute and (rounds > 1 or compute == mme + vec)
     dram_time = e.dram_bytes / EDGE.ddr_bytes_per_cycle
     overlapped = max(compute, dram_time) + min(compute, dram_time) / rounds
     assert e.latency == pytest.approx(overlapped + EDGE.dma_latency_cycles)

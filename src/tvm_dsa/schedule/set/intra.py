@@ -5,7 +5,8 @@ For ``s`` samples of a layer on ``g`` tiles the engine tries every partition of 
 count are useless and not tried), both mappings of M/N onto the PE array's rows and columns, and
 both loop orders when a tile's working set does not fit its buffer (keep a block of weights and
 stream the ifmap once per block, or the converse). A tile's compute time is the spine's MME and
-vector cost (``runtime.cost``). The chosen partition minimises the invocation's time estimate:
+vector cost (``runtime.cost``), the epilogue on the vector unit overlapping the next round's
+product (``pipelined``: in one round it follows the product, as a lowered tile runs it). The chosen partition minimises the invocation's time estimate:
 compute and the time its inputs take to arrive, overlapped as far as the tile's rounds allow
 (``pipelined``: a part that fits the buffer runs as one round, its loads before its product, as
 the lowered programs run it; ``_search``).
@@ -160,5 +161,6 @@ class IntraLayer:
         reads = i_t * _ceil(nt, cols) + w_t * _ceil(mt, rows)
         sram = ifmap_in + weight_in + parts * (reads + 2 * o_t)
         refetch = (i_t * (ri - 1) + w_t * (rw - 1)) * parts
-        return LayerCost((pb, pm, pn), max(mme, vec), ifmap_in, weight_in, s * layer.ofmap, w_t, sram, refetch,
-                         _rounds(i_t + w_t + o_t, self.work_elements))
+        rounds = _rounds(i_t + w_t + o_t, self.work_elements)
+        return LayerCost((pb, pm, pn), int(pipelined(mme, vec, rounds)), ifmap_in, weight_in, s * layer.ofmap, w_t,
+                         sram, refetch, rounds)
