@@ -41,7 +41,7 @@ later, across root T-cut children, through a reshape, or returned stays in DDR.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 import tvm_ffi
@@ -309,7 +309,7 @@ class _Kept:
     dim: int | None
     cores: tuple[int, ...]
     rows: int = 0  # feature map: leading-dim rows per chunk (0: weights, one chunk)
-    readers: dict = None  # cell index -> {core: bytes its tiles read of it} (``_readers``)
+    readers: dict = field(default_factory=dict)  # cell index -> {core: elements its tiles read} (``_readers``)
     copied: bool = False  # weights: each reading core holds its own copy of the pieces it reads
 
     def homes(self, index, j: int) -> list[int]:
@@ -317,7 +317,7 @@ class _Kept:
         whose tiles read most of it (their reads are then local, not over the mesh; of cores
         reading alike, the nearest to the ``j``-th holder on, so that pieces all read alike are
         spread round-robin), then the ``j``-th holder."""
-        volume = (self.readers or {}).get(index, {})
+        volume = self.readers.get(index, {})
         n, rank = len(self.cores), {c: i for i, c in enumerate(self.cores)}
         first = sorted(volume, key=lambda c: (-volume[c], (rank.get(c, 0) - j) % n))
         return list(dict.fromkeys(first + [self.cores[j % n]]))
@@ -448,8 +448,9 @@ class _Residency:
 
     def _place(self, key, kept: _Kept, chunk: int, pos: int, load: bool = False, prefetch: bool = False) -> bool:
         """Put the pieces of ``chunk`` of ``kept`` in the arena (claimed; loaded from DDR with
-        ``load``, on the prefetch queues with ``prefetch``) to be freed after position ``pos``;
-        False (nothing placed) when they do not fit."""
+        ``load``, on the prefetch queues with ``prefetch``) to be freed after position ``pos``:
+        copied weights on each core reading them where they fit so, else each piece on its first
+        home with room; False (nothing placed) when a piece does not fit."""
         taken = []  # (cell index, core, base, bytes, a core's own copy)
         for j, (index, origin, extents) in enumerate(_cells_of(kept, chunk)):
             nbytes = isa.DTYPES[kept.home.dtype] * int(np.prod(extents))
