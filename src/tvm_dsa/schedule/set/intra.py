@@ -6,7 +6,8 @@ count are useless and not tried), both mappings of M/N onto the PE array's rows 
 both loop orders when a tile's working set does not fit its buffer (keep a block of weights and
 stream the ifmap once per block, or the converse). A tile's compute time is the spine's MME and
 vector cost (``runtime.cost``), the epilogue on the vector unit overlapping the next round's
-product (``pipelined``: in one round it follows the product, as a lowered tile runs it). The chosen partition minimises the invocation's time estimate:
+product (``pipelined``: in one round it follows the product, as a lowered tile runs it). The
+chosen partition minimises the invocation's time estimate:
 compute and the time its inputs take to arrive, overlapped as far as the tile's rounds allow
 (``pipelined``: a part that fits the buffer runs as one round, its loads before its product, as
 the lowered programs run it; ``_search``).
