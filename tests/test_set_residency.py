@@ -322,6 +322,12 @@ def test_weights_are_cut_at_the_tiles_boxes_and_copied_to_one_place_on_each_read
     lo = np.array([(n, 0, 0, 0) for n in range(0, 256, 64) for _ in range(3)])  # 3 tiles per 64 channels
     assert _tile_cuts((256, 128, 3, 3), reader, "w", (lo, lo + np.array([64, 128, 3, 3]))) == (0, (64, 128, 192))
     assert _tile_cuts((64, 8), reader, "w", (np.zeros((2, 2), int), np.array([[64, 8]] * 2))) == (None, ())
+    # tiles of 256 output x 32 input channels of a 1 x 1 convolution: cut along the inputs (16
+    # places against 7) unless that leaves DDR rows of 32 bytes, under the 256 required
+    lo = np.array([(n, k, 0, 0) for n in range(0, 2048, 256) for k in range(0, 512, 32)])
+    boxes = (lo, lo + np.array([256, 32, 1, 1]))
+    assert _tile_cuts((2048, 512, 1, 1), reader, "w", boxes)[0] == 1
+    assert _tile_cuts((2048, 512, 1, 1), reader, "w", boxes, run=256) == (0, tuple(range(256, 2048, 256)))
 
     arena = _Arena(0, 1024)
     assert arena.take(0, 256) == 0 and arena.take(1, 512) == 0  # core 0 free from 256, core 1 from 512

@@ -285,17 +285,22 @@ def _grid(shape, users, cells: int, first: int, run: int = 0) -> tuple[int | Non
     return (best[1], best[2]) if best else (None, ())
 
 
-def _tile_cuts(shape, layer, param: str, boxes) -> tuple[int | None, tuple[int, ...]]:
+def _tile_cuts(shape, layer, param: str, boxes, run: int = 0) -> tuple[int | None, tuple[int, ...]]:
     """(dim, interior cuts) cutting weights where the tiles' boxes start and end along the dim
     that has most such places (the output channels the tiles split), so that a tile reads whole
-    pieces; (None, ()) where no dim can or need be cut."""
+    pieces; (None, ()) where no dim can or need be cut. As in ``_grid``, a dim whose pieces' DDR
+    rows are shorter than ``run`` elements is taken only if every dim's are."""
     lo, hi = boxes
-    best = (0, None, ())
+    best = None
     for d in range(len(shape)):
         cuts = tuple(sorted({int(x) for x in (*lo[:, d], *hi[:, d])} - {0, shape[d]}))
-        if len(cuts) > best[0] and _splittable(layer, param, d):
-            best = (len(cuts), d, cuts)
-    return best[1:]
+        if not cuts or not _splittable(layer, param, d):
+            continue
+        widths = np.diff((0, *cuts, shape[d]))
+        short = d > 0 and int(widths.min()) * int(np.prod(shape[d + 1:])) < run
+        if best is None or (short, -len(cuts)) < best[0]:
+            best = ((short, -len(cuts)), d, cuts)
+    return (best[1], best[2]) if best else (None, ())
 
 
 @dataclass
@@ -427,7 +432,8 @@ class _Residency:
                 size = k.itemsize(t) * int(np.prod(shape))
                 copied = hw.multicast_dma
                 if copied:
-                    dim, cuts = _tile_cuts(shape, L, param, fps[v].reads[param])
+                    dim, cuts = _tile_cuts(shape, L, param, fps[v].reads[param],
+                                           PIN_RUN_BURSTS * hw.ddr_burst_bytes // k.itemsize(t))
                 else:
                     dim, cuts = _grid(shape, [(L, param, fps[v].reads[param])], min(len(used[v]), -(-size // min_piece)),
                                       0, PIN_RUN_BURSTS * hw.ddr_burst_bytes // k.itemsize(t))
