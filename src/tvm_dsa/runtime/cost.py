@@ -77,9 +77,15 @@ def mme_traffic(ins: Mme, hw: Hardware) -> MmeTraffic:
     if cost_model(hw) != "tenet":
         return MmeTraffic(stream_bytes(ins.a, ins.shape), stream_bytes(ins.b, ins.shape),
                           stream_bytes(ins.dst, ins.shape))
-    batch, m, n, k = mme_dims(ins)
+    return product_traffic(hw, *mme_dims(ins), (ins.a.itemsize, ins.b.itemsize, ins.dst.itemsize))
+
+
+def product_traffic(hw: Hardware, batch: int, m: int, n: int, k: int, sizes: tuple[int, int, int]) -> MmeTraffic:
+    """What ``batch`` ``m x n x k`` products move under the MME's dataflow ("tenet"; ``sizes``:
+    bytes of an element of A, B and Y), as ``mme_traffic`` counts an instruction's: what the SET
+    evaluator bills a layer's parts with."""
     volumes = {t.tensor: t for t in tile_metrics(hw, m, n, k).tensors}
-    size = {"A": ins.a.itemsize, "B": ins.b.itemsize, "Y": ins.dst.itemsize}
+    size = dict(zip("ABY", sizes))
     return MmeTraffic(*(batch * volumes[t].unique * size[t] for t in ("A", "B", "Y")),
                       links=batch * sum(v.spatial_reuse * size[t] for t, v in volumes.items()),
                       registers=batch * sum(v.temporal_reuse * size[t] for t, v in volumes.items()))

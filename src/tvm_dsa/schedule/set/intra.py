@@ -27,7 +27,8 @@ from dataclasses import dataclass
 
 from tvm_dsa.kernel.ir import ALIGN
 from tvm_dsa.hardware.model import Hardware
-from tvm_dsa.runtime.cost import mme_cycles, vector_cycles
+from tvm_dsa.dataflow.mme import cost_model
+from tvm_dsa.runtime.cost import mme_cycles, product_traffic, vector_cycles
 from tvm_dsa.schedule.set.layers import Layer, LayerGraph
 
 
@@ -44,6 +45,8 @@ class LayerCost:
     sram: int  # buffer element accesses (writes of what enters, array reads, output writes/reads)
     refetch: int  # elements read again from DRAM because the working set did not fit
     rounds: int  # rounds a tile runs its part in: 1 where its working set fits, else halves of it
+    pe_links: int = 0  # bytes the parts' products move over PE-to-PE links (``runtime.cost.product_traffic``)
+    pe_registers: int = 0  # bytes they read back from the PEs' registers
 
     @property
     def tiles(self) -> int:
@@ -145,7 +148,7 @@ class IntraLayer:
         rows, cols = hw.mme.rows, hw.mme.cols
         parts = pb * pm * pn
         bt, mt, nt = _ceil(c.b, pb), _ceil(s * c.m, pm), _ceil(c.n, pn)
-        mme = min(mme_cycles(bt, mt, nt, c.k, hw), mme_cycles(bt, nt, mt, c.k, hw))
+        mme, m_rows, n_cols = min((mme_cycles(bt, mt, nt, c.k, hw), mt, nt), (mme_cycles(bt, nt, mt, c.k, hw), nt, mt))
         vec = vector_cycles(_ceil(s * layer.vector_ops, parts), "vme", hw) if layer.vector_ops else 0
         i_t = _ceil(s * layer.ifmap, pm * pb)
         w_t = _ceil(layer.weights, pn * pb)
@@ -163,5 +166,7 @@ class IntraLayer:
         sram = ifmap_in + weight_in + parts * (reads + 2 * o_t)
         refetch = (i_t * (ri - 1) + w_t * (rw - 1)) * parts
         rounds = _rounds(i_t + w_t + o_t, self.work_elements)
+        pe = product_traffic(hw, parts * bt, m_rows, n_cols, c.k, (hw.storage_bytes, hw.storage_bytes, hw.accum_bytes)) \
+            if cost_model(hw) == "tenet" else None
         return LayerCost((pb, pm, pn), int(pipelined(mme, vec, rounds)), ifmap_in, weight_in, s * layer.ofmap, w_t,
-                         sram, refetch, rounds)
+                         sram, refetch, rounds, pe.links if pe else 0, pe.registers if pe else 0)
