@@ -21,9 +21,9 @@ tile energy): ``mac`` (MACs of every layer and sample), ``vector``, ``sram`` (bu
 ``lb_pj_per_bit``), ``noc`` (bits x links crossed, feature maps between groups and DRAM traffic between
 its controllers on the mesh perimeter and the tiles), ``dram`` (bits read and written),
 ``pe_array`` (the products' bits over PE links and from PE registers, as the simulator's report
-counts them: on the SET presets about 1.8 pJ a MAC, a hundred times ``mac_pj``; without it the
-evaluator counted a quarter of the simulated joules, and E²D searches traded latency for energy
-the programs do not save).
+counts them: 1.8 pJ a MAC on the int8 SET presets, 2.3 on the fp16 ones, 45-100 times
+``mac_pj``; without it the evaluator counted a quarter of the simulated joules, and E²D searches
+traded latency for energy the programs do not save).
 """
 
 from __future__ import annotations

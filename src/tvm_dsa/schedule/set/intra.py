@@ -166,7 +166,9 @@ class IntraLayer:
         sram = ifmap_in + weight_in + parts * (reads + 2 * o_t)
         refetch = (i_t * (ri - 1) + w_t * (rw - 1)) * parts
         rounds = _rounds(i_t + w_t + o_t, self.work_elements)
-        pe = product_traffic(hw, parts * bt, m_rows, n_cols, c.k, (hw.storage_bytes, hw.storage_bytes, hw.accum_bytes)) \
-            if cost_model(hw) == "tenet" else None
+        pe = (0, 0)  # the "flat" MME model moves nothing over PE links (``runtime.cost.mme_traffic``)
+        if cost_model(hw) == "tenet":
+            moved = product_traffic(hw, parts * bt, m_rows, n_cols, c.k, (hw.storage_bytes, hw.storage_bytes, hw.accum_bytes))
+            pe = (moved.links, moved.registers)
         return LayerCost((pb, pm, pn), int(pipelined(mme, vec, rounds)), ifmap_in, weight_in, s * layer.ofmap, w_t,
-                         sram, refetch, rounds, pe.links if pe else 0, pe.registers if pe else 0)
+                         sram, refetch, rounds, *pe)
