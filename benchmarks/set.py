@@ -158,21 +158,27 @@ def _geo(xs: list[float]) -> float:
     return math.exp(sum(math.log(x) for x in xs) / len(xs))
 
 
-def simulate_tree(model: str, preset: str, tree: Tree, graph: LayerGraph) -> tuple[int, int, tuple, float]:
-    """(simulated cycles of the kernel, without its launch; DRAM payload bytes; S-T rectangles;
-    joules, the report's, with the pe_array's, which the evaluator does not count) of ``tree``
-    lowered to a DSA program for ``model`` at the tree's batch (timing only: the presets store
-    int8)."""
+def lower_tree(model: str, preset: str, tree: Tree, graph: LayerGraph, **model_options):
+    """The ``TreeProgram`` of ``tree`` lowered to a DSA program for ``model`` (built with
+    ``model_options``) at the tree's batch."""
     import tvm
 
     from tvm_dsa.harness import import_onnx
-    from tvm_dsa.runtime.simulator import simulate
     from tvm_dsa.schedule.set.scheduler import SetOptions
 
-    mod = import_onnx(get_model(model, batch=tree.batch))
+    mod = import_onnx(get_model(model, batch=tree.batch, **model_options))
     tvm.compile(mod, target=f"dsa/{preset}",
                 relax_pipeline=tvm_dsa.pipeline(schedule="set", options=SetOptions(tree=tree.text(graph))))
-    _, program = tvm_dsa.pipeline_result().trees["set0"]
+    return tvm_dsa.pipeline_result().trees["set0"][1]
+
+
+def simulate_tree(model: str, preset: str, tree: Tree, graph: LayerGraph) -> tuple[int, int, tuple, float]:
+    """(simulated cycles of the kernel, without its launch; DRAM payload bytes; S-T rectangles;
+    joules, the report's, with the pe_array's) of ``tree`` lowered to a DSA program for ``model``
+    at the tree's batch (timing only: the presets store int8)."""
+    from tvm_dsa.runtime.simulator import simulate
+
+    program = lower_tree(model, preset, tree, graph)
     report = simulate(program.program, mode="timing", check_hazards=False).report
     launch = hardware.get(preset).kernel_launch_cycles
     return report.cycles - launch, report.ddr_read + report.ddr_write, program.timeline(), report.energy_total
