@@ -88,14 +88,15 @@ def main() -> None:
     ap.add_argument("--preset", default="set-cloud144")
     ap.add_argument("--tree", help="a tree saved as JSON by benchmarks/set.py --save (else a SET search's)")
     ap.add_argument("--beta", type=float, default=20.0, help="the search's iterations per layer, without --tree")
-    ap.add_argument("--batch", type=int, default=1)
+    ap.add_argument("--batch", type=int, default=1, help="the search's batch, without --tree (a tree has its own)")
     ap.add_argument("--top", type=int, default=15)
     ap.add_argument("--tiny", action="store_true", help="a small ResNet-18 on set-edge16-fp16 (a check of the script)")
     args = ap.parse_args()
     if args.tiny:
         args.model, args.preset, args.tree, args.beta = "resnet18", "set-edge16-fp16", None, 1.0
 
-    graph = layer_graph(get_model(args.model, **(TINY[args.model] if args.tiny else {})))
+    options = TINY[args.model] if args.tiny else {}
+    graph = layer_graph(get_model(args.model, **options))
     hw = hardware.get(args.preset)
     if args.tree:
         with open(args.tree) as f:
@@ -103,7 +104,7 @@ def main() -> None:
     else:
         tree = anneal(graph, hw, args.batch, Anneal(beta=args.beta)).tree
     evaluated = Evaluator(graph, hw).evaluate(tree).latency
-    lowered = lower_tree(args.model, args.preset, tree, graph, **(TINY[args.model] if args.tiny else {}))
+    lowered = lower_tree(args.model, args.preset, tree, graph, **options)
     cycles, path = critical_path(lowered, [layer.name for layer in graph.layers])
     print(f"{args.model} on {args.preset}, batch {tree.batch}: simulated {cycles:,} cycles, evaluated "
           f"{evaluated:,.0f} ({cycles / evaluated:.2f}x); critical path {len(path)} instructions")
