@@ -137,8 +137,7 @@ def test_feature_maps_cross_root_t_cut_children_through_dram(resnet):
 
 def test_pieces_split_a_dma_box_along_their_cuts():
     """A box over a tensor kept in a 2 x 3 grid of pieces splits into sub-boxes each inside one
-    piece, together covering the box once; an access that indexes a cut dim by two loops is
-    refused."""
+    piece, together covering the box once; an access walking a cut dim backwards is refused."""
     shape = (4, 12)
     cells = {}
     for i, (r0, r1) in enumerate(((0, 2), (2, 4))):
@@ -158,8 +157,41 @@ def test_pieces_split_a_dma_box_along_their_cuts():
     expected = np.zeros(shape, int)
     expected[1:4, 3:11] = 1
     assert (covered == expected).all() and len(parts) == 6
-    with pytest.raises(Exception, match="not one loop with coefficient 1"):
-        pieces.split(Access("t", False, (0, 0), ((), ()), ((1, 1), (0, 1))), [], [0, 0], [2, 2])
+    with pytest.raises(Exception, match="not by loops with positive coefficients"):
+        pieces.split(Access("t", False, (3, 0), ((), ()), ((-1, 0), (0, 1))), [], [0, 0], [2, 2])
+
+
+def test_pieces_split_strided_and_window_boxes_where_their_indices_cross_a_cut():
+    """Over a tensor cut into column pieces [0, 5), [5, 8), [8, 12), sub-boxes each inside one
+    piece read every element the access reads, as often: a stride-2 access (a stride-2 1 x 1
+    convolution's pixels, columns 1, 3 | 5, 7 | 9, 11) splits between its indices; by 3 (4 | 7 |
+    10) it gains no empty box; a window's columns 2 * o + k (o < 4, k < 3) split into a slice
+    per k (the shorter loop), each cut where it crosses a piece: 0, 2, 4 | 6; 1, 3 | 5, 7; 2, 4 |
+    6 | 8."""
+    cells = {(0, j): Region("lb", j, 0, (0, c0), (2, c1 - c0), "float16")
+             for j, (c0, c1) in enumerate(((0, 5), (5, 8), (8, 12)))}
+    pieces = Pieces((2, 12), ((), (5, 8)), cells)
+    cases = [  # (first column, coefficients of the loops along columns, then rows; box extent; sub-boxes)
+        (1, ((2, 0), (0, 1)), [6, 2], 3),
+        (4, ((3, 0), (0, 1)), [3, 2], 3),
+        (0, ((2, 0, 1), (0, 1, 0)), [4, 2, 3], 7),
+    ]
+    for first, (cols, rows), extent, count in cases:
+        acc = Access("t", False, (0, first), ((), ()), (rows, cols))
+
+        def elements(start, ext):
+            return sorted((sum(r * (s + k) for r, s, k in zip(rows, start, at)),
+                           first + sum(c * (s + k) for c, s, k in zip(cols, start, at))) for at in np.ndindex(*ext))
+
+        parts = pieces.split(acc, [], [0] * len(extent), extent)
+        read = []
+        for start, ext, region in parts:
+            got = elements(start, ext)
+            (_, c0), (_, nc) = region.origin, region.extents
+            assert got and all(c0 <= c < c0 + nc for _, c in got)
+            read += got
+        assert sorted(read) == elements([0] * len(extent), extent) and len(parts) == count
+
 
 
 def test_pins_load_ahead_on_the_prefetch_queues_in_long_rows(one_segment):

@@ -45,7 +45,8 @@ class Pieces:
     the ends) and lives in ``cells[(i0, i1, ...)]``: a box region in some core's LB, or the
     tensor's whole DDR region. What SET keeps on chip: a feature map spread over its consumers'
     LBs, weights pinned in their layer's LBs. DMA boxes touching it are split along the cuts
-    (each such access must index a cut dim by one loop with coefficient 1, or not vary in it).
+    (each such access must index a cut dim by one loop with a positive coefficient, or not vary
+    in it).
     Cells change as the program goes (a chunk placed, a piece freed): the emitter reads them
     when it emits."""
 
@@ -63,28 +64,51 @@ class Pieces:
 
     def split(self, acc: Access, env, start, extent, core: int | None = None):
         """The sub-boxes of the stage box [start, start + extent) that each lie in one piece, with
-        the piece's region (``core``'s own copy where it has one): [(start, extent, region)]."""
-        p0 = acc.point(env, start)
+        the piece's region (``core``'s own copy where it has one): [(start, extent, region)].
+        Along a cut dim a box splits where its indices cross a cut: a strided access (a stride-2
+        1 x 1 convolution's pixels) between its strided indices; one indexing the dim by several
+        loops (a window's output rows and kernel rows) first into slices of one value of each
+        loop but the longest, where the box crosses a cut."""
         boxes = [(list(start), list(extent))]
         for d, cuts in enumerate(self.cuts):
             loops = [(i, c) for i, c in enumerate(acc.inner[d]) if c]
             if not cuts or not loops:
                 continue
-            if len(loops) != 1 or loops[0][1] != 1:
+            if any(c < 1 for _, c in loops):
                 raise CodegenError(f"an access to a tensor kept in pieces indexes dim {d} by "
-                                   f"{acc.inner[d]}, not one loop with coefficient 1")
-            i = loops[0][0]
+                                   f"{acc.inner[d]}, not by loops with positive coefficients")
             out = []
             for s, e in boxes:
-                lo = p0[d] + s[i] - start[i]
-                hi, b = lo + e[i], lo
-                for cut in [x for x in cuts if lo < x < hi] + [hi]:
-                    s2, e2 = list(s), list(e)
-                    s2[i], e2[i] = s[i] + b - lo, cut - b
-                    out.append((s2, e2))
-                    b = cut
+                lo = acc.point(env, s)[d]  # the box's first index along d (coefficients positive)
+                if not any(lo < x <= lo + sum(c * (e[i] - 1) for i, c in loops) for x in cuts):
+                    out.append((s, e))
+                    continue
+                i, step = max(loops, key=lambda loop: e[loop[0]])
+                for s1, e1 in _slices(s, e, [j for j, _ in loops if j != i]):
+                    out += _split_run(s1, e1, i, step, acc.point(env, s1)[d], cuts)
             boxes = out
         return [(s, e, self.cell(acc.point(env, s), core)) for s, e in boxes]
+
+
+def _slices(start: list, extent: list, loops: list[int]) -> list[tuple[list, list]]:
+    """The boxes of one value of each of ``loops`` (the other loops whole) that tile a box."""
+    out = [(start, extent)]
+    for j in loops:
+        out = [(s[:j] + [s[j] + k] + s[j + 1:], e[:j] + [1] + e[j + 1:]) for s, e in out for k in range(e[j])]
+    return out
+
+
+def _split_run(start: list, extent: list, i: int, step: int, lo: int, cuts) -> list[tuple[list, list]]:
+    """A box whose loop ``i`` alone walks a cut dim, from index ``lo`` by ``step``, split where
+    its indices cross the ``cuts``."""
+    out, k = [], 0
+    for cut in (x for x in cuts if lo < x <= lo + step * (extent[i] - 1)):
+        upto = -(-(cut - lo) // step)  # the first iteration at or past the cut
+        if upto > k:
+            out.append((start[:i] + [start[i] + k] + start[i + 1:], extent[:i] + [upto - k] + extent[i + 1:]))
+            k = upto
+    out.append((start[:i] + [start[i] + k] + start[i + 1:], extent[:i] + [extent[i] - k] + extent[i + 1:]))
+    return out
 
 
 @dataclass(frozen=True)

@@ -253,13 +253,13 @@ class _Arena:
 
 
 def _splittable(layer, param: str, d: int) -> bool:
-    """Every access of ``layer`` to its parameter ``param`` is a DMA indexing dim ``d`` by at most
-    one loop, with coefficient 1 (what ``Pieces.split`` needs)."""
+    """Every access of ``layer`` to its parameter ``param`` is a DMA indexing dim ``d`` by loops
+    with positive coefficients, or does not vary along it (what ``Pieces.split`` needs)."""
     for st in layer.ir.stages():
         for acc in [st.dst] + st.reads():
             if acc.buffer == param and not acc.lb:
                 loops = [c for c in acc.inner[d] if c]
-                if loops and (st.op != "dma" or loops != [1]):
+                if loops and (st.op != "dma" or min(loops) < 1):
                     return False
     return True
 
