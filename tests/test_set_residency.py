@@ -14,6 +14,7 @@ from tvm_dsa import hardware, isa
 from tvm_dsa.emit.emitter import PROMOTE
 from tvm_dsa.emit.placement import Pieces, Region
 from tvm_dsa.kernel.ir import Access
+from tvm_dsa.kernelgen.tree import _Kept
 from tvm_dsa.schedule.set.scheduler import SetOptions
 
 BATCH = 4  # conftest's resnet18_batch4
@@ -375,3 +376,24 @@ def test_weights_are_cut_at_the_tiles_boxes_and_copied_to_one_place_on_each_read
     for g in copies:
         members = [kernel.instructions[i] for i in g]
         assert len({m.dst.index for m in members}) == len(members) and len({m.dst.offset for m in members}) == 1
+
+
+def test_pieces_go_where_their_readers_elements_travel_fewest_hops_and_spread():
+    """On a 4 x 4 mesh (cores numbered row by row) a piece read by cores 12 and 15 alike goes to
+    a core of the bottom row between them (each costs 3 hops per element pair), the first such
+    holder; with a piece of the chunk already there, the next core between them (one hop more
+    per element on the first); a piece its readers' cores alone read goes to the core reading
+    most; a piece no tile reads to the j-th holder."""
+    width = 4
+    kept = _Kept("t", None, None, 2, tuple(range(16)), 1,
+                 readers={(0,): {12: 100, 15: 100}, (1,): {5: 300, 6: 100}, (2,): {}})
+
+    def hops(a, b):
+        return abs(a % width - b % width) + abs(a // width - b // width)
+
+    between = [c for c in range(16) if hops(c, 12) + hops(c, 15) == hops(12, 15)]
+    assert between == [12, 13, 14, 15]
+    assert kept.homes((0,), 0, {}, width)[0] == 12
+    assert kept.homes((0,), 1, {12: 1}, width)[0] == 13
+    assert kept.homes((1,), 0, {}, width)[0] == 5
+    assert kept.homes((2,), 3, {}, width) == [3]

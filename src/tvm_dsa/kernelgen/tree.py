@@ -22,14 +22,15 @@ layer's tile buffers is an arena (``_Arena``) for:
   consumer reads it at once (the schedule's chunks all go over the NoC) is spread over the LBs
   of its consumers' cores, in pieces along the chunk's samples and one more dim (``_grid``: the
   one that splits the producer's and consumers' tile boxes into the fewest pieces), each on the
-  core whose tiles read most of it (``_Kept.homes``); producer tiles write their pieces there
+  core its readers' elements reach in fewest mesh hops, spread (``_Kept.homes``); producer
+  tiles write their pieces there
   and consumer tiles read them, over the NoC where they are on another core. The pieces are
   freed after the last tile reading them;
 - pinned weights: a layer the schedule pins loads its weights once per root sub-batch round
   (once under a root S-cut). On chips with multicast DMAs they are cut where its tiles' boxes
   start and end (``_tile_cuts``), and every core whose tiles read a piece holds a copy of it at
   one LB offset, filled by one multicast from DDR (while the cores keep ``COPIES_KEEP`` of their
-  arena free, else the piece is one, on the core reading most of it): a tile reads its weights
+  arena free, else the piece is one, placed as a feature map's): a tile reads its weights
   in place. Without multicasts the pieces are cut along the output dim over its cores;
 - weights loaded ahead: a layer the schedule does not pin reads its weights once per invocation;
   where the mesh gathers them faster than DDR reads them (``_ahead``) they load into the same
@@ -317,15 +318,22 @@ class _Kept:
     readers: dict = field(default_factory=dict)  # cell index -> {core: elements its tiles read} (``_readers``)
     copied: bool = False  # weights: each reading core holds its own copy of the pieces it reads
 
-    def homes(self, index, j: int) -> list[int]:
-        """Cores to place piece ``index`` (the ``j``-th of its chunk) on, best first: those
-        whose tiles read most of it (their reads are then local, not over the mesh; of cores
-        reading alike, the nearest to the ``j``-th holder on, so that pieces all read alike are
-        spread round-robin), then the ``j``-th holder."""
+    def homes(self, index, j: int, placed: dict, width: int) -> list[int]:
+        """Cores to place piece ``index`` (the ``j``-th of its chunk) on, best first: by the mesh
+        hops the elements its tiles read travel from there (``width``: the mesh's; a core's own
+        reads travel none), each piece of the chunk already on a core (``placed``: core -> pieces)
+        counting as one hop more for all of them, so that a feature map spreads over the links
+        around its readers instead of crowding those of the cores reading most of it. A piece no
+        tile reads goes to the ``j``-th holder."""
         volume = self.readers.get(index, {})
-        n, rank = len(self.cores), {c: i for i, c in enumerate(self.cores)}
-        first = sorted(volume, key=lambda c: (-volume[c], (rank.get(c, 0) - j) % n))
-        return list(dict.fromkeys(first + [self.cores[j % n]]))
+        if not volume:
+            return [self.cores[j % len(self.cores)]]
+        cores = np.array(self.cores)
+        readers = np.array(list(volume))
+        elements = np.array(list(volume.values()), dtype=np.float64)
+        hops = np.abs(cores[:, None] % width - readers % width) + np.abs(cores[:, None] // width - readers // width)
+        cost = hops @ elements + elements.sum() * np.array([placed.get(int(c), 0) for c in cores])
+        return [int(c) for c in cores[np.argsort(cost, kind="stable")]]
 
 
 def _readers(kept: _Kept, chunks: int, users) -> dict:
@@ -458,6 +466,7 @@ class _Residency:
         copied weights on each core reading them where they fit so, else each piece on its first
         home with room; False (nothing placed) when a piece does not fit."""
         taken = []  # (cell index, core, base, bytes, a core's own copy)
+        on_core: dict = {}  # core -> pieces of this chunk on it
         for j, (index, origin, extents) in enumerate(_cells_of(kept, chunk)):
             nbytes = isa.DTYPES[kept.home.dtype] * int(np.prod(extents))
             cores = sorted(kept.readers.get(index, {})) if kept.copied else ()
@@ -468,10 +477,11 @@ class _Residency:
             if base is not None:  # a copy on each core reading it, at one place (a multicast load)
                 taken += [(index, c, base, nbytes, True) for c in cores]
                 continue
-            for core in kept.homes(index, j):  # else one piece, read over the mesh
+            for core in kept.homes(index, j, on_core, self.hw.mesh[0]):  # else one piece, read over the mesh
                 base = self.arena.take(core, nbytes)
                 if base is not None:
                     taken.append((index, core, base, nbytes, False))
+                    on_core[core] = on_core.get(core, 0) + 1
                     break
             if base is None:
                 for _, c, b, n, _ in taken:
