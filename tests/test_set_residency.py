@@ -397,3 +397,42 @@ def test_pieces_go_where_their_readers_elements_travel_fewest_hops_and_spread():
     assert kept.homes((0,), 1, {12: 1}, width)[0] == 13
     assert kept.homes((1,), 0, {}, width)[0] == 5
     assert kept.homes((2,), 3, {}, width) == [3]
+
+
+def test_layers_off_the_mme_take_their_neighbours_tiles(monkeypatch):
+    """Tiny GoogLeNet under one segment on set-cloud144-fp16: alone (``NEIGHBOUR_GAIN`` = 0)
+    its concatenation and pooling layers split channels, as the whole-chip tiling does; with their
+    neighbours in view some split them less (the 1 x 1 convolutions reading them read every
+    channel), fewer DMAs cross between cores, and the numbers stay llvm's."""
+    from tvm_dsa.emit.footprint import footprints
+    from tvm_dsa.harness import import_onnx, layer_graph
+    from tvm_dsa.kernelgen import tree
+    from tvm_dsa.models import TINY, example_inputs, get_model
+
+    model = get_model("googlenet", batch=1, **TINY["googlenet"])
+    mod, x = import_onnx(model), example_inputs(model)["input"]
+    ref = relax.VirtualMachine(tvm.compile(mod, target="llvm"), tvm.cpu())["main"](tvm.runtime.tensor(x)).numpy()
+    names = [lay.name for lay in layer_graph(get_model("googlenet", **TINY["googlenet"])).layers]
+    chosen = {}
+    retile = tree._neighbour_tiles
+
+    def recorded(spec, layers, budgets, ctx):
+        before = list(layers)
+        retile(spec, layers, budgets, ctx)
+        chosen.update({a.name: (a, b) for a, b in zip(before, layers) if a is not b})
+
+    monkeypatch.setattr(tree, "_neighbour_tiles", recorded)
+    remote = {}
+    for gain in (0.0, tree.NEIGHBOUR_GAIN):
+        monkeypatch.setattr(tree, "NEIGHBOUR_GAIN", gain)
+        out, tp = lowered((mod, x), f"T1/1( T1/1( {' '.join(names)} ) )", "set-cloud144-fp16")
+        assert float(np.abs(out - ref).max() / np.abs(ref).max()) < 2e-2
+        remote[gain] = sum(isinstance(i, isa.Dma) and i.src.mem == i.dst.mem == "lb" and i.src.index != i.dst.index
+                           for i in tp.program.kernels[0].instructions)
+    assert chosen and remote[tree.NEIGHBOUR_GAIN] < remote[0.0]
+
+    def splits(layer, d):  # the tiles' distinct starts along dim d of the output
+        return len(set(footprints(layer).write[0][:, d].tolist()))
+
+    for old, new in chosen.values():  # the convolutions reading them read every channel
+        assert splits(new, 1) < splits(old, 1)

@@ -60,7 +60,8 @@ from tvm_dsa.kernelgen.rewrite import DSACall
 from tvm_dsa.emit.footprint import footprints
 from tvm_dsa.runtime import timing_cycles
 from tvm_dsa.runtime.timing import simulate_program
-from tvm_dsa.tiling import lower_in_parts
+from tvm_dsa.tiling import lower_in_parts, lower_kernel
+from tvm_dsa.tir_passes.tile import anchor_info
 
 
 @dataclass(frozen=True)
@@ -278,12 +279,20 @@ def _grid(shape, users, cells: int, first: int, run: int = 0) -> tuple[int | Non
         if n < 2 or not all(_splittable(L, param, d) for L, param, _ in users):
             continue
         cuts = tuple(shape[d] * i // n for i in range(1, n))
-        pieces = sum(int(np.sum(np.searchsorted(cuts, hi[:, d] - 1, "right") - np.searchsorted(cuts, lo[:, d], "right")))
-                     for _, _, (lo, hi) in users)
+        pieces = sum(_crossed(cuts, d, boxes) for _, _, boxes in users)
         short = d > 0 and shape[d] // n * int(np.prod(shape[d + 1:])) < run
         if best is None or (short, pieces) < best[0]:
             best = ((short, pieces), d, cuts)
     return (best[1], best[2]) if best else (None, ())
+
+
+def _crossed(cuts, d: int | None, boxes) -> int:
+    """Pieces the tile boxes cross in all, the tensor cut at ``cuts`` along dim ``d`` (a piece
+    each where it is not cut)."""
+    lo, hi = boxes
+    if d is None:
+        return len(lo)
+    return int(np.sum(np.searchsorted(cuts, hi[:, d] - 1, "right") - np.searchsorted(cuts, lo[:, d], "right") + 1))
 
 
 def _tile_cuts(shape, layer, param: str, boxes, run: int = 0) -> tuple[int | None, tuple[int, ...]]:
@@ -662,20 +671,116 @@ def _tree_kernel(spec, nodes, ctx) -> TreeKernel:
     graph, lowered, hw = ctx.graph, ctx.lowered, ctx.hw
     inputs, outputs = graph.boundary(nodes)
     tensors = {t: (graph.tensors[t].shape, graph.tensors[t].dtype) for n in nodes for t in (*n.inputs, n.output)}
-    layers = []
+    layers, budgets = [], []
     stripes = core_of_stripe(hw)
     for v, lay in enumerate(spec.plan.graph.layers):
         n = graph.nodes[lay.node]
         leaf = spec.plan.schedule.leaves[v]
         func, budget = _in_parts(ctx, n.func, leaf, tuple(stripes[i] for i in range(*leaf.used)))
         layers.append(Layer.of(func, hw, n.name, (*n.inputs, n.output), budget))
+        budgets.append(budget)
         why = layers[-1].ir.unplaceable()
         if why:
             raise Unsupported(f"layer {n.name} {why}")
+    _neighbour_tiles(spec, layers, budgets, ctx)
     views = {n.output: n.inputs[0] for n in nodes if n.func not in lowered}
     weights = frozenset(t for t in inputs if graph.tensors[t].constant)
     return TreeKernel(spec.name, tuple(layers), views, tuple(inputs), tuple(outputs), tensors, spec.plan.schedule,
                       stored_dtypes([(L.name, L.ir, L.args) for L in layers], hw, views), weights)
+
+
+NEIGHBOUR_GAIN = 0.7  # a layer off the MME takes its neighbours' tiles where that is estimated this much cheaper
+NEIGHBOUR_SPLITS = 6  # channel splits tried per neighbour's tiles
+
+
+def _neighbour_tiles(spec, layers: list, budgets: list, ctx) -> None:
+    """Re-tile the layers off the MME over a feature map (poolings, concatenations, elementwise
+    layers whose loops are their output's dims) with their neighbours' tiles in view: each, from
+    the last, tries the tiles splitting the maps' rows and columns as a producer's or consumer's
+    boxes split them, times a few channel splits, and takes the candidate whose estimate (its own
+    compute and link time, ``_own_cycles``, and the DMA set-ups of the maps it reads and writes,
+    ``_exchange_cycles``) is below ``NEIGHBOUR_GAIN`` of the best so far. ``_in_parts`` chose
+    each layer's tiles alone: a pooling split by channels, between convolutions split by rows,
+    made every convolution tile gather dozens of small pieces (GoogLeNet's 1 x 1 convolutions
+    read 49 pieces of the concatenation before them; docs/set.md)."""
+    graph, hw = ctx.graph, ctx.hw
+    nodes = [graph.nodes[lay.node] for lay in spec.plan.graph.layers]
+    leaves = spec.plan.schedule.leaves
+    cores = [leaves[v].used[1] - leaves[v].used[0] for v in range(len(layers))]
+    writer = {L.args[L.ir.params[-1][0]]: v for v, L in enumerate(layers)}
+    readers: dict = {}
+    for v, L in enumerate(layers):
+        for param, *_ in L.ir.params[:-1]:
+            readers.setdefault(L.args[param], []).append((v, param))
+    fps = [footprints(L) for L in layers]
+
+    def cost(v, L, fp) -> float:
+        total = _own_cycles(fp, hw, cores[v])
+        for param, *_ in L.ir.params:
+            t = L.args[param]
+            if t in writer and t in readers:
+                users = [(layers[u], layers[u].ir.params[-1][0], fp.write if u == v else fps[u].write, cores[u])
+                         for u in (writer[t],)]
+                users += [(layers[u], p, (fp if u == v else fps[u]).reads[p], cores[u]) for u, p in readers[t]]
+                total += _exchange_cycles(hw, tuple(graph.tensors[t].shape), users)
+        return total
+
+    for v in reversed(range(len(layers))):
+        n, L = nodes[v], layers[v]
+        func = ctx.funcs[n.func]
+        info = anchor_info(func)
+        shape = tuple(graph.tensors[n.output].shape)
+        if "M" in info.roles or "N" in info.roles or tuple(info.spatial) != shape or len(shape) < 3:
+            continue
+        spatial = set()  # tiles of dims 2.. as a neighbour's boxes split them
+        for param, *_ in L.ir.params:
+            t = L.args[param]
+            if len(graph.tensors[t].shape) != len(shape):
+                continue
+            boxes = [fps[u].reads[p] for u, p in readers.get(t, []) if u != v]
+            if t in writer and writer[t] != v:
+                boxes.append(fps[writer[t]].write)
+            for lo, _ in boxes:
+                spatial.add(tuple(max(x for x in range(1, e + 1) if e % x == 0 and x <= -(-e // len(set(lo[:, d].tolist()))))
+                                  for d, e in enumerate(shape) if d >= 2))
+        best, chosen = cost(v, L, fps[v]), None
+        for tiles in sorted(spatial):
+            parts = int(np.prod([e // x for e, x in zip(shape[2:], tiles)]))
+            splits = [x for x in range(1, shape[1] + 1) if shape[1] % x == 0 and parts * x <= 2 * cores[v]]
+            for split in splits[:NEIGHBOUR_SPLITS]:
+                try:
+                    low = lower_kernel(func, hw, budgets[v], parallel=False, clamp=False,
+                                       caps=(shape[0], shape[1] // split, *tiles))[0]
+                    cand = Layer.of(low, hw, n.name, (*n.inputs, n.output), budgets[v])
+                    if cand.ir.unplaceable():
+                        continue
+                    fp = footprints(cand)
+                except (Unsupported, CodegenError):
+                    continue
+                c = cost(v, cand, fp)
+                if c < NEIGHBOUR_GAIN * best:
+                    best, chosen = c, (cand, fp)
+        if chosen:
+            layers[v], fps[v] = chosen
+
+
+def _own_cycles(fp, hw, cores: int) -> float:
+    """Rough cycles of a vector-only layer's tiles on ``cores``: each moves its boxes over one
+    mesh link and runs its stages' iterations on the VME's lanes."""
+    nbytes = hw.storage_bytes * sum(int(np.prod(np.maximum(hi - lo, 0), axis=1).sum())
+                                    for lo, hi in (fp.write, *fp.reads.values()))
+    tiles = len(fp.tiles)
+    return -(-tiles // cores) * (fp.work / hw.vme_lanes + nbytes / tiles / hw.noc_link_bytes_per_cycle)
+
+
+def _exchange_cycles(hw, shape, users) -> float:
+    """Cycles of DMA set-ups one feature map's exchange costs the cores of its writer and readers:
+    the pieces each one's tile boxes cross (cut as ``_Residency`` cuts them, ``_grid``), a DMA
+    each, over its cores. ``users``: (layer, param, boxes, cores) of each."""
+    size = hw.storage_bytes * int(np.prod(shape))
+    holders = max(c for *_, c in users)
+    dim, cuts = _grid(shape, [u[:3] for u in users], min(holders, -(-size // _min_piece(hw))), 1)
+    return hw.dma_latency_cycles * sum(_crossed(cuts, dim, boxes) / c for _, _, boxes, c in users)
 
 
 class TreeKernels:
