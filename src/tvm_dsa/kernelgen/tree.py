@@ -697,8 +697,9 @@ def _neighbour_tiles(spec, layers: list, budgets: list, ctx) -> None:
     """Re-tile the layers off the MME over a feature map (poolings, concatenations, elementwise
     layers whose loops are their output's dims) with their neighbours' tiles in view: each, from
     the last, tries the tiles splitting the maps' rows and columns as a producer's or consumer's
-    boxes split them, times a few channel splits, and takes the candidate whose estimate (its own
-    compute and link time, ``_own_cycles``, and the DMA set-ups of the maps it reads and writes,
+    boxes split them, times a few channel splits (the samples split as alone, so that each
+    invocation keeps its tiles), and takes the candidate whose estimate (its own compute and
+    link time, ``_own_cycles``, and the DMA set-ups of the maps it reads and writes,
     ``_exchange_cycles``) is below ``NEIGHBOUR_GAIN`` of the best so far. ``_in_parts`` chose
     each layer's tiles alone: a pooling split by channels, between convolutions split by rows,
     made every convolution tile gather dozens of small pieces (GoogLeNet's 1 x 1 convolutions
@@ -744,13 +745,14 @@ def _neighbour_tiles(spec, layers: list, budgets: list, ctx) -> None:
                 spatial.add(tuple(max(x for x in range(1, e + 1) if e % x == 0 and x <= -(-e // len(set(lo[:, d].tolist()))))
                                   for d, e in enumerate(shape) if d >= 2))
         best, chosen = cost(v, L, fps[v]), None
+        samples = int((fps[v].write[1][:, 0] - fps[v].write[0][:, 0]).max())  # as alone: invocations keep their tiles
         for tiles in sorted(spatial):
             parts = int(np.prod([e // x for e, x in zip(shape[2:], tiles)]))
             splits = [x for x in range(1, shape[1] + 1) if shape[1] % x == 0 and parts * x <= 2 * cores[v]]
             for split in splits[:NEIGHBOUR_SPLITS]:
                 try:
                     low = lower_kernel(func, hw, budgets[v], parallel=False, clamp=False,
-                                       caps=(shape[0], shape[1] // split, *tiles))[0]
+                                       caps=(samples, shape[1] // split, *tiles))[0]
                     cand = Layer.of(low, hw, n.name, (*n.inputs, n.output), budgets[v])
                     if cand.ir.unplaceable():
                         continue
