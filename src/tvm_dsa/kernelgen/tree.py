@@ -720,8 +720,8 @@ def _neighbour_tiles(spec, layers: list, budgets: list, ctx) -> None:
         for param, *_ in L.ir.params:
             t = L.args[param]
             if t in writer and t in readers:
-                users = [(layers[u], layers[u].ir.params[-1][0], fp.write if u == v else fps[u].write, cores[u])
-                         for u in (writer[t],)]
+                w = writer[t]
+                users = [(layers[w], layers[w].ir.params[-1][0], (fp if w == v else fps[w]).write, cores[w])]
                 users += [(layers[u], p, (fp if u == v else fps[u]).reads[p], cores[u]) for u, p in readers[t]]
                 total += _exchange_cycles(hw, tuple(graph.tensors[t].shape), users)
         return total
@@ -777,8 +777,9 @@ def _own_cycles(fp, hw, cores: int) -> float:
 
 def _exchange_cycles(hw, shape, users) -> float:
     """Cycles of DMA set-ups one feature map's exchange costs the cores of its writer and readers:
-    the pieces each one's tile boxes cross (cut as ``_Residency`` cuts them, ``_grid``), a DMA
-    each, over its cores. ``users``: (layer, param, boxes, cores) of each."""
+    the pieces each one's tile boxes cross (cut by ``_grid`` as ``_Residency`` cuts it, the most
+    cores of any user standing for its holders), a DMA each, over its cores. ``users``: (layer,
+    param, boxes, cores) of each."""
     size = hw.storage_bytes * int(np.prod(shape))
     holders = max(c for *_, c in users)
     dim, cuts = _grid(shape, [u[:3] for u in users], min(holders, -(-size // _min_piece(hw))), 1)
