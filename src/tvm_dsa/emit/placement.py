@@ -45,8 +45,8 @@ class Pieces:
     the ends) and lives in ``cells[(i0, i1, ...)]``: a box region in some core's LB, or the
     tensor's whole DDR region. What SET keeps on chip: a feature map spread over its consumers'
     LBs, weights pinned in their layer's LBs. DMA boxes touching it are split along the cuts
-    (each such access must index a cut dim by one loop with a positive coefficient, or not vary
-    in it).
+    (each such access must index a cut dim by loops with positive coefficients, or not vary in
+    it).
     Cells change as the program goes (a chunk placed, a piece freed): the emitter reads them
     when it emits."""
 
