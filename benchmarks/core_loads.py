@@ -19,21 +19,17 @@ set-ups (``dma_latency_cycles`` each) per core.
 
 from __future__ import annotations
 
-import argparse
 from collections import defaultdict
 
-from graphturbo import _step, _table, load_workload
+from graphturbo import _step, _table, timed_run, workload_parser
 from time_budget import SEVEN
-from tvm_dsa.harness import Compiled, import_onnx
 from tvm_dsa.isa.instructions import Dma
 from tvm_dsa.runtime.cost import elements
-from tvm_dsa.models import example_inputs
 
 
 def core_loads(label: str, batch: int, tiny: bool, target: str) -> list[str]:
     """One row of the table for ``label`` at ``batch``."""
-    model = load_workload(label, batch, tiny)
-    run = Compiled.build(import_onnx(model), target).run(example_inputs(model), mode="timing", check_hazards=False)
+    run = timed_run(label, batch, tiny, target)
     hw = run.report.hardware
     total = count = same = other = 0
     for k in run.kernels:
@@ -58,12 +54,7 @@ def core_loads(label: str, batch: int, tiny: bool, target: str) -> list[str]:
 
 
 def main() -> None:
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--models", nargs="+", choices=SEVEN, default=SEVEN)
-    p.add_argument("--batch", type=int, default=8)
-    p.add_argument("--tiny", action="store_true")
-    p.add_argument("--target", default="dsa/stcp920")
-    args = p.parse_args()
+    args = workload_parser(__doc__, SEVEN).parse_args()
     rows = []
     for label in args.models:
         _step(f"{label} batch {args.batch}")

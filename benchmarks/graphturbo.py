@@ -67,6 +67,23 @@ def load_workload(label: str, batch: int, tiny: bool):
     return get_model(name, **{**kwargs, "batch": batch})  # the tiny DLRM names a batch of its own
 
 
+def timed_run(label: str, batch: int, tiny: bool, target: str):
+    """The workload compiled as ``relax_pipeline="dsa"`` compiles it for ``target`` and run once
+    in timing mode, the dependency tokens trusted."""
+    model = load_workload(label, batch, tiny)
+    return Compiled.build(import_onnx(model), target).run(example_inputs(model), mode="timing", check_hazards=False)
+
+
+def workload_parser(doc: str, models: list[str]) -> argparse.ArgumentParser:
+    """The options of a script over workloads (``models`` by default) at one batch on one target."""
+    p = argparse.ArgumentParser(description=doc.splitlines()[0])
+    p.add_argument("--models", nargs="+", choices=list(WORKLOADS), default=models)
+    p.add_argument("--batch", type=int, default=8)
+    p.add_argument("--tiny", action="store_true")
+    p.add_argument("--target", default="dsa/stcp920")
+    return p
+
+
 def stage_of(shape: tuple) -> str:
     """A CNN layer's stage, named by its output's spatial size (ResNet-50's stages each keep one)."""
     return f"{shape[2]}x{shape[3]}" if len(shape) == 4 else "head"

@@ -20,9 +20,7 @@ and the time before the core's first MME and after its last as ``outside``.
 
 from __future__ import annotations
 
-import argparse
-
-from graphturbo import ENDS, WORKLOADS, _step, _table, run_variants
+from graphturbo import ENDS, _step, _table, run_variants, workload_parser
 
 UNITS = ("dma", "mme", "vme", "vec")
 KINDS = ("loads", "epilogue", "layer change", "outside")
@@ -56,11 +54,7 @@ def idle(events, core: int) -> tuple[float, dict, dict]:
 
 
 def main() -> None:
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--models", nargs="+", choices=list(WORKLOADS), default=["bert-128"])
-    p.add_argument("--batch", type=int, default=8)
-    p.add_argument("--tiny", action="store_true")
-    p.add_argument("--target", default="dsa/stcp920")
+    p = workload_parser(__doc__, ["bert-128"])
     p.add_argument("--core", type=int, default=0)
     args = p.parse_args()
     best = ENDS[-1]
