@@ -17,7 +17,7 @@ import tvm_dsa
 from tvm_dsa import hardware, isa
 from tvm_dsa.kernelgen import stitch, stitch_passes, stitched
 from tvm_dsa.kernelgen.stitch_passes import _ddr_bytes
-from tvm_dsa.emit.emitter import PROMOTE, build_program
+from tvm_dsa.emit.emitter import PROMOTE, build_program, place_arguments
 from tvm_dsa.emit.placement import Layer
 from tvm_dsa.isa import Program
 from tvm_dsa.kernelgen.stitch import (
@@ -27,6 +27,7 @@ from tvm_dsa.emit.footprint import footprints
 from tvm_dsa.kernelgen.stitched import StitchOptions
 from tvm_dsa.packed import EXECUTE
 from tvm_dsa.runtime import simulate, timing_cycles
+from tvm_dsa.runtime.timing import simulate_program
 from tvm_dsa.schedule import graphturbo
 from tvm_dsa.schedule.graph import OpGraph, SubGraphs
 from tvm_dsa.tir_passes.tile import TilePlan
@@ -1396,12 +1397,58 @@ def test_a_stitched_kernel_keeps_the_faster_of_multicast_and_plain_loads_from_th
         ref = _llvm(mod, args)
         assert np.abs(out - ref).max() / np.abs(ref).max() < 5e-3
         (sub, (program, _)), = seen
-        both = [timing_cycles(emit_stitched(sub, HW, gb_multicasts=m)[0]) for m in (True, False)]
+        both = [timing_cycles(emit_stitched(sub, HW, gb_multicasts=m, steady_multicasts=m)[0]) for m in (True, False)]
         multicast = any(type(i) is isa.Dma and i.multicast and i.src.mem == "gb"
                         for i in program.kernels[0].instructions)
         assert timing_cycles(program) == min(both) and multicast == (both[0] <= both[1])
         kept.append(multicast)
     assert kept == [True, False]
+
+
+def test_a_clamped_layers_loads_that_do_not_move_with_its_tokens_pair_at_batch_1(monkeypatch, rng):
+    """The MLP (``_mlp``) at batch 1 over 197 tokens (prime: the token tiles overlap at the end,
+    ``ClampTiles``), its tokens split over the clusters and both layers clamped. Its weights stay
+    in DDR (each cluster reads them about once) and every cluster's tiles of the tokens load each
+    weight chunk. Emitted with ``steady_multicasts`` (the variant ``_faster_loads`` times beside
+    the plain loads), every load of a weight is a multicast and no load of a token row (x, or the
+    hidden tensor from the GB: their boxes move with the clamped loop) is; without it no load of
+    the clamped layers is. Paired, DDR reads fewer weight bytes, never less than each weight
+    once. The model computes what llvm does."""
+    mod, seen = _mlp(monkeypatch, 1, 197, 512, timed=True)
+    args = [rng.standard_normal([int(s) for s in p.ty.shape]).astype("float32") * 0.1 for p in mod["main"].params]
+    vm, _ = _run(mod, "graphturbo")
+    out = vm["main"](*[tvm.runtime.tensor(a) for a in args]).numpy()
+    assert np.abs(out - _llvm(mod, args)).max() / np.abs(out).max() < 5e-3
+    (sub,) = seen
+    sg = stitch.read_subgraph(sub, HW)[0]
+    assert all(L.ir.clamped for L in sg.layers)
+    regions = place_arguments(sg.inputs, sg.outputs, sg.tensors, sg.stored)[0]
+    weights = {t for t in sg.inputs if tuple(sg.tensors[t][0]) in ((256, 512), (512, 256))}
+    assert len(weights) == 2
+
+    def loads(steady: bool):
+        """(tensor or "gb", multicast) of every load into an LB, and DDR bytes read per weight."""
+        program, _ = emit_stitched(sub, HW, steady_multicasts=steady)
+        kernel = program.expanded().kernels[0]
+        riders = simulate_program(program, HW, False).kernels[0].riders
+        kinds, read = set(), dict.fromkeys(weights, 0)
+        for i, ins in enumerate(kernel.instructions):
+            if type(ins) is not isa.Dma or ins.dst.mem != "lb" or ins.src.mem not in ("ddr", "gb"):
+                continue
+            tensor = next((t for t, r in regions.items() if ins.src.mem == "ddr"
+                           and r.base <= ins.src.offset < r.base + r.nbytes), "gb")
+            kinds.add((tensor in weights, ins.multicast))
+            if tensor in weights and i not in riders:
+                read[tensor] += math.prod(ins.shape) * ins.src.itemsize
+        return kinds, read
+
+    paired, paired_read = loads(True)
+    plain, plain_read = loads(False)
+    assert paired == {(True, True), (False, False)}
+    assert plain == {(True, False), (False, False)}
+    size = {t: regions[t].nbytes for t in weights}
+    assert all(paired_read[t] >= size[t] for t in weights)
+    assert sum(paired_read.values()) < sum(plain_read.values())
 
 
 def test_a_piece_of_a_cut_sub_graph_splits_its_rows_where_that_is_faster(monkeypatch, rng):

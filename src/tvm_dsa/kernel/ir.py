@@ -93,6 +93,14 @@ class Access:
     def extents(self, shape) -> tuple[int, ...]:
         return tuple(1 + sum(abs(c) * (n - 1) for c, n in zip(row, shape)) for row in self.inner)
 
+    def slots(self) -> frozenset[int]:
+        """Loop slots the box's origin moves with (its linear terms and non-linear ones)."""
+        out = {slot for row in self.outer for slot, c in row if c}
+        for fn in self.outer_fn:
+            if fn is not None:
+                out |= fn.slots
+        return frozenset(out)
+
     def dims(self) -> frozenset[int]:
         """Stage loops this access varies with."""
         return frozenset(i for row in self.inner for i, c in enumerate(row) if c)

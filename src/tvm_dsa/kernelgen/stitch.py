@@ -756,7 +756,8 @@ def piece_order(layer, rows: np.ndarray, fp: Footprint, pieced: dict) -> np.ndar
     return rows
 
 
-def emit_stitched(mod: tvm.IRModule, hw, replicate: bool = True, replay: bool = True, gb_multicasts: bool = True):
+def emit_stitched(mod: tvm.IRModule, hw, replicate: bool = True, replay: bool = True, gb_multicasts: bool = True,
+                  steady_multicasts: bool = False):
     """(Program, StitchInfo) of a sub-graph module annotated by the passes of
     ``kernelgen.stitch_passes``: each cluster's steps in the chosen order, at each step the buffers that
     start there claimed (a weight's promotion DDR -> GB issued, in order of first use, one promoted
@@ -769,7 +770,8 @@ def emit_stitched(mod: tvm.IRModule, hw, replicate: bool = True, replay: bool = 
     copy of its instructions (``replicate``; False emits every cluster, for tests). A layer like
     an earlier one is replayed from it (``replay``, ``KernelEmitter``). The tiles' loads from DDR
     into the LBs are multicasts (``KernelEmitter(ddr_multicasts=True)``); ``gb_multicasts=False``:
-    the tiles load from the GBs by plain DMAs (``KernelEmitter``)."""
+    the tiles load from the GBs by plain DMAs; ``steady_multicasts``: in a clamped layer too, the
+    boxes that do not move with the clamped loop (``KernelEmitter``)."""
 
     sg, prints = read_subgraph(mod, hw)
     inst = read_instances(mod, sg, prints)
@@ -788,7 +790,8 @@ def emit_stitched(mod: tvm.IRModule, hw, replicate: bool = True, replay: bool = 
         base = scratch + b.offset if b.level == "ddr" else b.offset
         return Region(b.level, b.unit, base, box[0], extents, sg.stored[b.tensor])
 
-    emitter = KernelEmitter(hw, sg.name, replay, gb_multicasts=gb_multicasts, ddr_multicasts=True)
+    emitter = KernelEmitter(hw, sg.name, replay, gb_multicasts=gb_multicasts, ddr_multicasts=True,
+                            steady_multicasts=steady_multicasts)
     for t, r in regions.items():
         emitter.claim(r, ("ddr", t))
     reference, span = None, [0, 0]  # the first cluster's part, and [first, end) of its instructions

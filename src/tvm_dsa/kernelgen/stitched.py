@@ -235,8 +235,13 @@ def _faster_loads(sub, hw) -> tuple:
     sample's rows split over the clusters and a row's two channel tiles dealt to cores six
     apart: 67,283 cycles against 45,835). Only with fewer samples than clusters: at batch 8 it
     changed none of the seven models of ``benchmarks/graphturbo.py`` but DLRM (18,848 ->
-    18,827 cycles), and timing BERT-128's kernels twice took its build from 15 to 70 s."""
-    program, info = emit_stitched(sub, hw)
+    18,827 cycles), and timing BERT-128's kernels twice took its build from 15 to 70 s. The
+    multicasts include a clamped layer's boxes that do not move with its clamped loop
+    (``steady_multicasts``): ViT-B/16's 197 tokens, a cluster's two tiles of them loading each
+    weight chunk at once (3,482,132 -> 2,858,927 cycles; at batch 8, where the cores' tiles of
+    the tokens do not line up, 16.2M against 12.7M, so only here, where the plain loads are
+    timed too)."""
+    program, info = emit_stitched(sub, hw, steady_multicasts=True)
     if not hw.multicast_dma or not any(type(i) is isa.Dma and i.multicast and i.src.mem == "gb"
                                        for k in program.kernels for i in k.instructions):
         return program, info
