@@ -591,7 +591,7 @@ class KernelEmitter:
         sub_dst = _sub_operand(dst, [a - b for a, b in zip(start, at)])
         shape = tuple(extent)
         source = None if not isinstance(v, Read) or v.access.lb else self.regions.get(self.cur.args.get(v.access.buffer))
-        moving = isinstance(v, Read) and bool(self.cur.ir.clamped & v.access.slots())
+        moving = isinstance(v, Read) and bool(self.cur.ir.clamped and self.cur.ir.clamped & v.access.slots)
         if isinstance(source, Pieces):
             for s, e, piece in source.split(v.access, self.env, start, extent, core):
                 src = self._operand(stage, v.access, core, s, e, piece)

@@ -93,6 +93,7 @@ class Access:
     def extents(self, shape) -> tuple[int, ...]:
         return tuple(1 + sum(abs(c) * (n - 1) for c, n in zip(row, shape)) for row in self.inner)
 
+    @functools.cached_property
     def slots(self) -> frozenset[int]:
         """Loop slots the box's origin moves with (its linear terms and non-linear ones)."""
         out = {slot for row in self.outer for slot, c in row if c}
