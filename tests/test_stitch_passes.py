@@ -4,6 +4,7 @@ sub-graph modules of small hand-built graphs, each pass's decision derived in th
 from __future__ import annotations
 
 import dataclasses
+import math
 
 import numpy as np
 import pytest
@@ -12,7 +13,10 @@ from helpers import HW, KB, conv_chain, residual_block, sub_module, through
 
 from tvm_dsa import hardware
 from tvm_dsa.kernel.ir import ALIGN, align
-from tvm_dsa.kernelgen.stitch import _runs, read_allocation, read_rows, read_subgraph
+from tvm_dsa import isa
+from tvm_dsa.emit.emitter import place_arguments
+from tvm_dsa.kernelgen.stitch import _runs, emit_stitched, read_allocation, read_instances, read_rows, read_subgraph
+from tvm_dsa.runtime.timing import simulate_program
 from tvm_dsa.emit.footprint import footprints
 from tvm_dsa.kernel.attrs import GB_SCOPE, LB_SCOPE
 from tvm_dsa.kernelgen.stitch_passes import (
@@ -120,6 +124,34 @@ def test_clusters_alike_share_their_buffers_summary(monkeypatch):
                 sum(b.nbytes for b in bufs if b.kind == "w" and b.level == "gb"),
                 max((b.offset + align(b.nbytes) for b in bufs if b.level == "gb"), default=0))
     assert calls == [(0, "dfs", {}, "longest"), (0, "bfs", {}, "longest")]
+
+
+def test_clusters_alike_but_for_their_rows_place_their_buffers_alike():
+    """One 29-row image over the four clusters: the instances take 8, 8, 8 and 5 output rows, so
+    the intermediate's boxes (with their halos) hold 9, 10, 10 and 6 rows, and placed by their own
+    sizes the second weight, allocated after them, took other GB offsets in the first and last
+    clusters (17,728 and 16,320 against 18,176). Each buffer is placed at the largest size of its
+    place among the clusters (``_padded_sizes``), so every buffer sits at one offset in all four
+    GBs, and the weight's four promotions are one DDR multicast: DDR reads its bytes once."""
+    mod = through(sub_module(lambda: conv_chain(batch=1, hw_=29), split=(2, 4)))
+    buffers = read_allocation(mod)
+    sg, prints = read_subgraph(mod, HW)
+    boxes = read_instances(mod, sg, prints).boxes
+    own = [math.prod(h - l for l, h in zip(*boxes[i]["lv"])) * sg.itemsize("lv") for i in range(4)]
+    assert own == [9 * 29 * 8 * 2, 10 * 29 * 8 * 2, 10 * 29 * 8 * 2, 6 * 29 * 8 * 2]
+    places = {}
+    for b in buffers:
+        places.setdefault((b.kind, b.tensor), set()).add((b.level, b.offset, b.nbytes))
+    assert all(len(p) == 1 for p in places.values())
+    assert {b.nbytes for b in buffers if b.kind == "t"} == {max(own)}
+    program, _ = emit_stitched(mod, HW)
+    kernel = program.expanded().kernels[0]
+    riders = simulate_program(program, HW, False).kernels[0].riders
+    regions = place_arguments(sg.inputs, sg.outputs, sg.tensors, sg.stored)[0]
+    read = sum(math.prod(ins.shape) * ins.src.itemsize for i, ins in enumerate(kernel.instructions)
+               if type(ins) is isa.Dma and ins.src.mem == "ddr" and ins.dst.mem == "gb" and i not in riders
+               and regions["a1"].base <= ins.src.offset < regions["a1"].base + regions["a1"].nbytes)
+    assert read == regions["a1"].nbytes
 
 
 def test_cross_layer_schedule_promotes_each_weight_early_where_the_gb_holds_it():
