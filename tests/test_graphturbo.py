@@ -11,7 +11,7 @@ from tvm_dsa.kernel.macs import kernel_macs
 from tvm_dsa.schedule.graph import Node, OpGraph, SubGraphs, Tensor
 from tvm_dsa.schedule.graphturbo import (
     Split, best_split, bytes_in_flight, cut_before, group, group_two_levels, instance_graph, order_instances,
-    pair_product, peak_bytes, split_info, row_window, window_cuts,
+    pair_product, peak_bytes, split_info, row_window, window_cuts, all_rows_read,
 )
 
 LB = 64 * 1024
@@ -216,6 +216,22 @@ def test_pair_product_is_a_contraction_of_two_activations():
     func = next(f for gv, f in mod.functions.items() if gv.name_hint != "main")
     assert pair_product(func)
     assert not pair_product(func, weights=frozenset({1}))  # the second operand a weight: x @ W
+
+
+def test_all_rows_read_are_the_operands_a_row_of_the_output_needs_whole():
+    """``S = Q K^T`` needs all rows of ``K`` for any of its rows, ``O = P V`` all rows of ``V``,
+    ``x W`` none of ``x`` (a row of the output reads its own row) nor of ``W`` beyond its
+    reduction (``W``'s rows are the reduced dim: every output row reads all of them)."""
+    op = relax.op
+
+    def func(shapes, f):
+        mod = relax.transform.LegalizeOps()(relax_graph(shapes, f))
+        return next(f for gv, f in mod.functions.items() if "matmul" in gv.name_hint)
+
+    assert all_rows_read(func([(1, 8, 16), (1, 8, 16)], lambda q, k: op.matmul(q, op.permute_dims(k, [0, 2, 1])))) \
+        == {1}
+    assert all_rows_read(func([(1, 8, 8), (1, 8, 16)], lambda p, v: op.matmul(p, v))) == {1}
+    assert all_rows_read(func([(1, 8, 16), (16, 4)], lambda x, w: op.matmul(x, w))) == {1}
 
 
 def test_row_window_is_a_window_over_an_activations_rows():

@@ -421,16 +421,18 @@ def test_an_output_no_instance_reads_goes_to_the_instance_computing_its_inputs(r
     assert _outputs_close(vm, args, ref)
 
 
-def _attention(rng, batch: int, t: int = 256, d: int = 128):
+def _attention(rng, batch: int, t: int = 256, d: int = 128, values: bool = True):
     """A self-attention block (``t`` tokens of ``d`` features, softmax(Q K^T) V, a projection and
-    the residual), its weights constants, and an input of ``batch`` samples."""
+    the residual), its weights constants, and an input of ``batch`` samples; without ``values``
+    the input itself is ``V`` (no projection computes it)."""
     op = relax.op
     ws = [relax.const(rng.standard_normal((d, d)).astype("float32") * 0.05) for _ in range(4)]
     bb = relax.BlockBuilder()
     x = relax.Var("x", relax.TensorType((batch, t, d), "float32"))
     with bb.function("main", [x]):
         with bb.dataflow():
-            q, k, v = (bb.emit(op.matmul(x, w)) for w in ws[:3])
+            q, k = (bb.emit(op.matmul(x, w)) for w in ws[:2])
+            v = bb.emit(op.matmul(x, ws[2])) if values else x
             s = bb.emit(op.matmul(q, op.permute_dims(k, [0, 2, 1])))
             o = bb.emit(op.matmul(op.nn.softmax(s, axis=-1), v))
             out = bb.emit_output(op.add(op.matmul(o, ws[3]), x))
@@ -439,14 +441,16 @@ def _attention(rng, batch: int, t: int = 256, d: int = 128):
 
 
 def test_a_single_sample_attention_splits_its_rows_over_the_clusters(rng):
-    """One sample of a self-attention block (256 tokens): ``Q K^T`` and ``P V`` contract two
-    computed tensors, so each starts a sub-graph (``graphturbo.cut_before``: its 33.6 M MACs on
-    one cluster take 8,192 cycles, spread over four they save 6,144, more than the launches of
-    the two kernels the cuts add), whose instances split the tokens over the clusters, every layer
-    tiled within a cluster's 64 tokens (``stitched._row_shares``); a sub-graph with several
-    outputs has each tile of them computed by the instance of its tokens (``stitch._owners``).
-    The values are llvm's. With a sample per cluster nothing is cut: the block is one kernel whose
-    instances are the samples."""
+    """One sample of a self-attention block (256 tokens): ``Q K^T`` and ``P V`` read all rows of
+    ``K`` and ``V``, which the sub-graph computes (``V`` after the softmax, in the graph's order),
+    so each starts a sub-graph (``graphturbo.cut_before``: its 33.6 M MACs on one cluster take
+    8,192 cycles, spread over four they save 6,144, more than the launches of the two kernels the
+    cuts add), whose instances split the tokens over the clusters, every layer tiled within a
+    cluster's 64 tokens (``stitched._row_shares``); a sub-graph with several outputs has each tile
+    of them computed by the instance of its tokens (``stitch._owners``). The values are llvm's.
+    Where ``V`` is the block's input, ``P V`` is not cut from the softmax whose rows it takes
+    (an instance reads all of ``V`` from DDR): two kernels. With a sample per cluster nothing is
+    cut: the block is one kernel whose instances are the samples."""
     mod, arg = _attention(rng, 1)
     ref = _llvm(mod, [arg])
     vm, result = _run(mod, "graphturbo")
@@ -454,6 +458,13 @@ def test_a_single_sample_attention_splits_its_rows_over_the_clusters(rng):
     assert np.abs(out - ref).max() / np.abs(ref).max() < 5e-3
     assert result.host == {} and len(result.dsa) == 3
     # each kernel's instances split the tokens over several clusters, none computing a row twice
+    assert all(info.instances > 1 and info.recompute == 1.0 for info in result.stitched.values())
+    mod, arg = _attention(rng, 1, values=False)
+    ref = _llvm(mod, [arg])
+    vm, result = _run(mod, "graphturbo")
+    out = vm["main"](tvm.runtime.tensor(arg)).numpy()
+    assert np.abs(out - ref).max() / np.abs(ref).max() < 5e-3
+    assert len(result.dsa) == 2
     assert all(info.instances > 1 and info.recompute == 1.0 for info in result.stitched.values())
     mod, arg = _attention(rng, HW.clusters)
     _, result = _run(mod, "graphturbo")

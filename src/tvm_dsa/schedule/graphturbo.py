@@ -374,7 +374,13 @@ def paying_cuts(sgs: SubGraphs, mod, hw, host: frozenset, macs: dict) -> frozens
         mod[n.func], _weights(graph, n)))
     cuts: set[int] = set()
     for members in sgs.groups:
-        starts = (pairs & members) - {min(members)}
+        starts, run = set(), set()  # the cuts so far, the tensors the current piece computes
+        for n in sorted(members):
+            node = graph.nodes[n]
+            if n in pairs and any(node.inputs[i] in run for i in all_rows_read(mod[node.func]) if i < len(node.inputs)):
+                starts.add(n)
+                run = set()
+            run.add(node.output)
         if starts and spreading_saves(members, macs, hw) > len(starts) * hw.kernel_launch_cycles:
             cuts |= starts
     return frozenset(cuts) | window_cuts(sgs, mod, hw, host, macs)
@@ -488,6 +494,27 @@ def pair_product(func, weights: frozenset = frozenset()) -> bool:
 
     tvm_ffi.structural_walk(func.body, [(SBlockRealize, visit)])
     return bool(found)
+
+
+def all_rows_read(func) -> frozenset:
+    """The positions of ``func``'s parameters a contraction reads all the rows of, whatever rows
+    of its output it computes: a load of ``acc += a * b`` whose second-to-last index uses none of
+    the iterators of the store's (attention's keys ``K[j]`` in ``S[i, j]``, values ``V[j]`` in
+    ``O[i]``). A row split's instance needs all of such an operand."""
+    found: set = set()
+
+    def visit(realize):
+        pair = contraction(realize.block)
+        store = realize.block.body
+        if not pair or len(store.indices) < 2:
+            return
+        rows = set(tirx.analysis.undefined_vars(store.indices[-2]))
+        for ld in pair:
+            if len(ld.indices) >= 2 and not set(tirx.analysis.undefined_vars(ld.indices[-2])) & rows:
+                found.update(i for i, p in enumerate(func.params) if ld.source.same_as(p))
+
+    tvm_ffi.structural_walk(func.body, [(SBlockRealize, visit)])
+    return frozenset(found)
 
 
 def row_window(func, weights: frozenset = frozenset()) -> int:
