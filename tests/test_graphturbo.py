@@ -11,7 +11,7 @@ from tvm_dsa.kernel.macs import kernel_macs
 from tvm_dsa.schedule.graph import Node, OpGraph, SubGraphs, Tensor
 from tvm_dsa.schedule.graphturbo import (
     Split, best_split, bytes_in_flight, cut_before, group, group_two_levels, instance_graph, order_instances,
-    pair_product, peak_bytes, split_info, row_window, window_cuts, all_rows_read,
+    pair_product, peak_bytes, split_info, row_window, row_window_axis, window_cuts, all_rows_read,
 )
 
 LB = 64 * 1024
@@ -251,6 +251,10 @@ def test_row_window_is_a_window_over_an_activations_rows():
     assert row_window(func([(1, 8, 16, 16), (8, 8, 1, 1)], lambda x, w: op.nn.conv2d(x, w, strides=2))) == 0
     assert row_window(func([(1, 8, 16), (1, 16, 8)], lambda a, b: op.matmul(a, b))) == 0
     assert row_window(func([(1, 8, 16, 16)], lambda x: op.mean(x, axis=[2, 3], keepdims=True))) == 0
+    # a 1-D signal's window slides along its last dim, its positions (a sequence's tokens)
+    assert row_window_axis(func([(1, 8, 32), (8, 1, 5)], lambda x, w: op.nn.conv1d(x, w, padding=2, groups=8))) \
+        == (5, -1)
+    assert row_window(func([(1, 8, 32), (4, 8, 1)], lambda x, w: op.nn.conv1d(x, w))) == 0
 
 
 def test_an_inverted_residual_block_is_cut_before_its_expansion_not_its_depthwise_window():
