@@ -1238,22 +1238,31 @@ def test_timed_plans_copied_give_what_emitting_them_gives(monkeypatch, rng):
 
 @pytest.mark.parametrize("batch", [1, 8])
 def test_layers_are_timed_within_a_clusters_share_of_the_rows(monkeypatch, batch):
-    """relu(x @ w1) @ w2 with 128 rows a sample: every stitched layer's plans are timed in place
-    (``lower_timed``). At batch 1 the sample's rows are split over the clusters, and the timed
-    plans stay within a cluster's share of them (``_row_shares``: 32 rows, the cap on each
-    layer's second loop); at batch 8 (two samples a cluster) nothing caps them."""
+    """relu(x @ w1) @ w2 with 128 rows a sample, both layers taken as tuned (a tuning record's
+    plan is kept where a layer has the whole chip's tiles). At batch 1 the sample's rows are split
+    over the clusters: every layer's plans are timed in place all the same (``lower_timed``; the
+    record tiles the whole layer), within a cluster's share of the rows (``_row_shares``: 32
+    rows, the cap on each layer's second loop), with a cluster's share of the tiles (``spread``,
+    the four clusters). At batch 8 (two samples a cluster) nothing caps them, and the records are
+    kept."""
     import importlib
 
     generator = importlib.import_module("tvm_dsa.kernelgen.stitched")
     calls = []
     timed = generator.lower_timed
-    monkeypatch.setattr(generator, "lower_timed", lambda *a, **k: calls.append(a[5]) or timed(*a, **k))
+    monkeypatch.setattr(generator, "lower_timed", lambda *a, **k: calls.append((a[5], k["spread"])) or timed(*a, **k))
+    layer = generator.StitchedKernels.layer
+    monkeypatch.setattr(generator.StitchedKernels, "layer", lambda self, name, *a, **k: self.ctx.result.tuned.append(
+        name) or layer(self, name, *a, **k))
     op = relax.op
     shapes = [(batch, 128, 256), (256, 1024), (1024, 256)]
     mod = relax_graph(shapes, lambda x, w1, w2: op.matmul(op.nn.relu(op.matmul(x, w1)), w2))
     weights = {f"a{i}": tvm.runtime.tensor(np.full(shapes[i], 0.01, "float32")) for i in (1, 2)}
     _run(relax.transform.BindParams("main", weights)(mod), "graphturbo")
-    assert len(calls) >= 2 and set(calls) == ({(1, 128 // HW.clusters)} if batch < HW.clusters else {()})
+    if batch < HW.clusters:
+        assert len(calls) >= 2 and set(calls) == {((1, 128 // HW.clusters), HW.clusters)}
+    else:
+        assert calls == []
 
 
 def test_a_stitched_depthwise_conv_on_the_vector_units_computes_and_is_counted_there(rng):

@@ -771,6 +771,27 @@ def test_timed_plans_load_during_the_product_and_compute_exactly(rng):
     np.testing.assert_allclose(run.outputs[0], ref, rtol=1e-2, atol=5e-3 * np.abs(ref).max())
 
 
+def test_plans_of_a_layer_whose_rows_are_split_over_the_clusters_are_timed_with_a_clusters_tiles():
+    """Conformer's second feed-forward matmul at batch 1 (128 tokens x 1024 -> 256, the weight in
+    the GB), capped at a cluster's 32 tokens: timed as if one cluster ran all its tiles, tiles of
+    32 x 128 (eight, one a core) win; but the four clusters share them out, two a cluster, and six
+    of its cores idle. Timed with a cluster's share (``spread``), a plan of more tiles wins, and
+    it runs in fewer cycles on a cluster's share than the other (each timed so)."""
+    hw = hardware.get("stcp920")
+    op = relax.op
+    func = fused_kernel(lambda: relax_graph([(1, 128, 1024), (1024, 256)], lambda x, w: op.matmul(x, w)))
+    gb, caps = frozenset({1}), (1, 32)
+    base = lower_kernel(func, hw, caps=caps)[0]
+    alone, shared = (tiling.lower_timed(func, hw, None, gb, base, caps, spread=s) for s in (1, hw.clusters))
+
+    def tiles(low):
+        return math.prod(lp.extent for lp in read_kernel(low).tile_loops())
+
+    assert tiles(alone) // hw.clusters < hw.cores_per_cluster <= tiles(alone)
+    assert tiles(shared) > tiles(alone)
+    assert tiling.timed_cycles(shared, hw, None, gb, hw.clusters) < tiling.timed_cycles(alone, hw, None, gb, hw.clusters)
+
+
 def test_a_pooling_from_the_gb_takes_tiles_whose_loads_fit_twice(rng):
     """ResNet-50's max pooling (3 x 3, stride 2) at batch 2 from the GB: the search's largest tile
     (a channel's whole map) leaves no room for the next tile's loads beside it, so each tile

@@ -102,7 +102,7 @@ class StitchedKernels:
         (``tiling.lower_timed``). ``first_tile``: at most so many along the first loop (a
         micro-batch's samples, ``_micro_batched``) where the tiling holds more; ``shares``: at
         most so many along the leading loops (an instance's share of a sample's rows,
-        ``_row_shares``), the timed plans too."""
+        ``_row_shares``), the timed plans too, each timed with a cluster's share of its tiles."""
         ctx, stitch, hw = self.ctx, self.options, self.ctx.hw
         vector = name in ctx.on_vector
         low, budget = self.tiled_in_part(name) if part else ctx.lowered[name]
@@ -114,9 +114,10 @@ class StitchedKernels:
                                        clamp=True, caps=caps)
         gb = on_chip if stitch.gb else frozenset()
         ranked = gb if len(gb) < len(ctx.funcs[name].params) - 1 else frozenset()
-        key = (name, budget, gb, caps)
+        spread = hw.clusters if shares and first_tile is None else 1
+        key = (name, budget, gb, caps, spread)
         if key not in self.overlapped:
-            record = name in ctx.result.tuned and not part and first_tile is None
+            record = name in ctx.result.tuned and not part and not caps  # a record tiles the whole layer
             if ranked and not record:
                 low = lower_kernel(ctx.funcs[name], hw, budget, vector=vector, on_chip=ranked, caps=caps)[0]
             macs = kernel_macs(ctx.mod[name])
@@ -125,7 +126,7 @@ class StitchedKernels:
             if not keep:
                 low = lower_kernel(ctx.funcs[name], hw, budget, overlap=True, on_chip=ranked, caps=caps)[0]
             if stitch.gb and not vector and not record:
-                low = lower_timed(ctx.funcs[name], hw, budget, gb, low, caps, plans=macs >= TIMED_MACS)
+                low = lower_timed(ctx.funcs[name], hw, budget, gb, low, caps, plans=macs >= TIMED_MACS, spread=spread)
             self.overlapped[key] = (low, budget)
         return self.overlapped[key]
 

@@ -129,7 +129,7 @@ def _lower_aligned(func, hw, lb_bytes: int | None, parallel: bool, simplify: boo
 
 
 def lower_timed(func, hw, lb_bytes: int | None, gb: frozenset, baseline, caps: tuple[int, ...] = (),
-                plans: bool = True):
+                plans: bool = True, spread: int = 1):
     """A stitched kernel's contraction tiled for its place: ``baseline`` (``lower_kernel``'s
     lowering for it) or one of the ``TIMED_PLANS`` plans of ``_grid`` ``_estimate`` ranks first
     that fit ``lb_bytes`` of the LB, whichever ``timed_cycles`` finds fastest with the parameters
@@ -145,18 +145,20 @@ def lower_timed(func, hw, lb_bytes: int | None, gb: frozenset, baseline, caps: t
     fastest plan is then also timed with its epilogue in strips that make room for a second
     accumulator (``_strips_for_two_accumulators``), with its N tile rounded up to whole passes of
     the PE array's columns (``_full_columns``) and with the weights its tiles read alike held in
-    the LB (``_resident``), each kept where faster."""
+    the LB (``_resident``), each kept where faster. ``spread``: the clusters the layer's tiles are
+    shared out over (a sample's rows split over the clusters): each plan is timed with its share
+    of the tiles on a cluster (``timed_cycles``)."""
     try:
         info = anchor_info(func)
     except Unsupported:
         return baseline
     if unit_choice(info, hw):
-        return _faster_unit(func, hw, lb_bytes, gb, baseline, caps)
+        return _faster_unit(func, hw, lb_bytes, gb, baseline, caps, spread)
     if "N" not in info.roles:
-        return _loads_twice(func, hw, lb_bytes, gb, baseline, caps)
+        return _loads_twice(func, hw, lb_bytes, gb, baseline, caps, spread)
     if not plans or not info.reduction:
         return baseline
-    best = (timed_cycles(baseline, hw, lb_bytes, gb), baseline, None)
+    best = (timed_cycles(baseline, hw, lb_bytes, gb, spread), baseline, None)
     first = -(-info.spatial[0] // read_kernel(baseline).tile_loops()[0].extent)
     caps = (min((first, *caps[:1])), *caps[1:])  # the first loop splits the batch over instances: no coarser
     simplified, timed = simplify_indices(func, gb), 0
@@ -168,7 +170,7 @@ def lower_timed(func, hw, lb_bytes: int | None, gb: frozenset, baseline, caps: t
             lowered = lower_with_plan(simplified, plan)
             plan_lb(read_kernel(lowered), hw, lb_bytes)
             timed += 1
-            cycles = timed_cycles(lowered, hw, lb_bytes, gb)
+            cycles = timed_cycles(lowered, hw, lb_bytes, gb, spread)
         except (Unsupported, CodegenError):  # not affine, too big, or a tile the emitter cannot place
             continue
         if cycles < best[0]:
@@ -182,19 +184,20 @@ def lower_timed(func, hw, lb_bytes: int | None, gb: frozenset, baseline, caps: t
         if not _two_accumulators(read_kernel(best[1]), hw, lb_bytes):
             strips = _strips_for_two_accumulators(simplified, best[2], hw, lb_bytes)
             if strips is not None:
-                best = _if_faster(simplified, strips, best, hw, lb_bytes, gb)
+                best = _if_faster(simplified, strips, best, hw, lb_bytes, gb, spread)
         wide = _full_columns(simplified, info, best[2], hw, lb_bytes)
         if wide is not None:
-            best = _if_faster(simplified, wide, best, hw, lb_bytes, gb)
+            best = _if_faster(simplified, wide, best, hw, lb_bytes, gb, spread)
     resident = _resident(simplified, best, hw, lb_bytes)
-    return (best if resident is None else _if_faster(simplified, resident, best, hw, lb_bytes, gb))[1]
+    return (best if resident is None else _if_faster(simplified, resident, best, hw, lb_bytes, gb, spread))[1]
 
 
-def _if_faster(func, plan: TilePlan, best: tuple, hw, lb_bytes: int | None, gb: frozenset) -> tuple:
+def _if_faster(func, plan: TilePlan, best: tuple, hw, lb_bytes: int | None, gb: frozenset,
+               spread: int = 1) -> tuple:
     """(cycles, lowered, plan) of ``plan`` where ``timed_cycles`` finds it faster than ``best`` (a
     tuple alike), else ``best``."""
     lowered = lower_with_plan(func, plan)
-    cycles = timed_cycles(lowered, hw, lb_bytes, gb)
+    cycles = timed_cycles(lowered, hw, lb_bytes, gb, spread)
     return (cycles, lowered, plan) if cycles < best[0] else best
 
 
@@ -251,7 +254,7 @@ def _resident(func, best: tuple, hw, lb_bytes: int | None) -> TilePlan | None:
     return None if tvm_ffi.structural_equal(lowered.body, best[1].body) else plan  # else nothing moved
 
 
-def _loads_twice(func, hw, lb_bytes: int | None, gb: frozenset, baseline, caps: tuple[int, ...]):
+def _loads_twice(func, hw, lb_bytes: int | None, gb: frozenset, baseline, caps: tuple[int, ...], spread: int = 1):
     """A layer off the MME (a pooling, a normalisation, an element-wise chain) as ``baseline``
     tiles it or, where its loads have one copy, with the largest tiles that fit half the LB
     (each tile's loads then run while the tile before computes), whichever ``timed_cycles``
@@ -262,7 +265,7 @@ def _loads_twice(func, hw, lb_bytes: int | None, gb: frozenset, baseline, caps: 
         half = lower_kernel(func, hw, (hw.lb_bytes if lb_bytes is None else lb_bytes) // 2, caps=caps)[0]
     except Unsupported:
         return baseline
-    return min((baseline, half), key=lambda low: timed_cycles(low, hw, lb_bytes, gb))
+    return min((baseline, half), key=lambda low: timed_cycles(low, hw, lb_bytes, gb, spread))
 
 
 def _two_accumulators(kernel, hw, lb_bytes: int | None) -> bool:
@@ -288,7 +291,7 @@ def _strips_for_two_accumulators(func, plan: TilePlan, hw, lb_bytes: int | None)
     return None
 
 
-def _faster_unit(func, hw, lb_bytes: int | None, gb: frozenset, baseline, caps: tuple[int, ...]):
+def _faster_unit(func, hw, lb_bytes: int | None, gb: frozenset, baseline, caps: tuple[int, ...], spread: int = 1):
     """A contraction with no N loop (a depthwise convolution) on the MME (``baseline``: one PE
     column of the array) or on the vector units, whichever ``timed_cycles`` finds faster in
     place. MobileNetV2 at batch 8: 8 of its 10 kinds of depthwise layers run on the vector units
@@ -297,26 +300,30 @@ def _faster_unit(func, hw, lb_bytes: int | None, gb: frozenset, baseline, caps: 
         vector = lower_kernel(func, hw, lb_bytes, vector=True, caps=caps)[0]
     except Unsupported:
         return baseline
-    return min((baseline, vector), key=lambda low: timed_cycles(low, hw, lb_bytes, gb))
+    return min((baseline, vector), key=lambda low: timed_cycles(low, hw, lb_bytes, gb, spread))
 
 
 TIMED_PLANS = 6  # plans ``lower_timed`` lowers and times besides the baseline
 TIMED_TILES = 24  # tiles a timing runs: three rounds of a cluster's eight cores
 
 
-def timed_cycles(lowered, hw, lb_bytes: int | None, gb: frozenset) -> float:
+def timed_cycles(lowered, hw, lb_bytes: int | None, gb: frozenset, spread: int = 1) -> float:
     """Cycles of a lowered layer on one cluster, its parameters at positions ``gb`` (and its
     output) in the GB, the rest in DDR: its first ``TIMED_TILES`` tiles round-robin over the
     cluster's cores, scaled to all of them, less the kernel's launch (paid once, not per tile:
     scaled with the tiles, it made a plan of many small tiles look slower than it runs, a
     depthwise convolution's on the vector units 2.5x). The GB is taken as large as the tensors
-    need: a stitched kernel holds only its instances' part of them in each cluster's."""
+    need: a stitched kernel holds only its instances' part of them in each cluster's. With the
+    tiles ``spread`` over so many clusters, a cluster's share of them: timed as all of them on
+    one, Conformer's 256-column products over 128 tokens at batch 1 took tiles of 128 columns,
+    two for each cluster's 32 tokens, and six of its eight cores idled."""
     kernel = read_kernel(lowered)
-    tiles = math.prod(lp.extent for lp in kernel.tile_loops())
+    tiles = -(-math.prod(lp.extent for lp in kernel.tile_loops()) // spread)
     gb = gb | {len(kernel.params) - 1}
     need = sum(align(math.prod(kernel.params[i][1]) * hw.storage_bytes) for i in gb)
     program = build_program(lowered, replace(hw, gb_bytes=max(hw.gb_bytes, need)), "timed", lb_bytes=lb_bytes,
-                            cores=tuple(range(hw.cores_per_cluster)), gb=gb, tiles=TIMED_TILES, replay=False)
+                            cores=tuple(range(hw.cores_per_cluster)), gb=gb, tiles=min(tiles, TIMED_TILES),
+                            replay=False)
     return (timing_cycles(program) - hw.kernel_launch_cycles) * tiles / min(tiles, TIMED_TILES)
 
 
