@@ -3,6 +3,7 @@ whole sub-graphs on the simulator against llvm."""
 
 import dataclasses
 import json
+import itertools
 import math
 from types import SimpleNamespace
 
@@ -32,7 +33,7 @@ from tvm_dsa.schedule import graphturbo
 from tvm_dsa.schedule.graph import OpGraph, SubGraphs
 from tvm_dsa.tir_passes.tile import TilePlan
 from tvm_dsa.tiling import lower_kernel
-from tvm_dsa.tir_passes import lower_with_plan
+from tvm_dsa.tir_passes import lower_with_plan, plan_of
 
 # -- allocation and spilling ---------------------------------------------------------------------
 def test_dead_tensors_space_is_reused():
@@ -1263,6 +1264,51 @@ def test_layers_are_timed_within_a_clusters_share_of_the_rows(monkeypatch, batch
         assert len(calls) >= 2 and set(calls) == {((1, 128 // HW.clusters), HW.clusters)}
     else:
         assert calls == []
+
+
+def test_plans_timed_for_a_clusters_tiles_give_way_where_they_halo_into_fewer_instances(monkeypatch, rng):
+    """relu(x @ w1) @ w2 at batch 1 (128 rows, 1024 -> 256 -> 256), both layers taken as tuned: its
+    layers are lowered both ways, timed with a cluster's share of the tiles, and as before (a
+    tuning record kept, here the search's first plan), and the first is kept unless its instances
+    are fewer (ResNet-50's first stage at batch 1: tiles of several rows, timed faster, haloed
+    into two instances, not four: 99,578 cycles against 71,701). Told that the first way's
+    instances are fewer, the kernel keeps the second way's plans where the two differ, and
+    computes what llvm does."""
+    import importlib
+
+    generator = importlib.import_module("tvm_dsa.kernelgen.stitched")
+    plans: dict = {}  # (layer, spread) -> (the plan lower_timed was given, the one it chose)
+    timed = generator.lower_timed
+
+    def recorded(*a, **k):
+        low = timed(*a, **k)
+        plans[tvm_ffi.structural_hash(a[0]), k["spread"]] = (str(plan_of(a[4])), str(plan_of(low)))
+        return low
+
+    monkeypatch.setattr(generator, "lower_timed", recorded)
+    layer = generator.StitchedKernels.layer
+    monkeypatch.setattr(generator.StitchedKernels, "layer", lambda self, name, *a, **k: self.ctx.result.tuned.append(
+        name) or layer(self, name, *a, **k))
+    counts = itertools.cycle([4, 1])  # the way as before's instances, then the other's (each planning)
+    monkeypatch.setattr(generator, "_instances", lambda sub: next(counts))
+    seen = []
+    real = generator._faster_weights
+    monkeypatch.setattr(generator, "_faster_weights", lambda sub, streamed, hw: seen.append(sub) or real(sub, streamed, hw))
+    op = relax.op
+    shapes = [(1, 128, 1024), (1024, 256), (256, 256)]
+    mod = relax_graph(shapes, lambda x, w1, w2: op.matmul(op.nn.relu(op.matmul(x, w1)), w2))
+    args = [rng.standard_normal(shape).astype("float32") * 0.05 for shape in shapes]
+    mod = relax.transform.BindParams("main", {f"a{i}": tvm.runtime.tensor(args[i]) for i in (1, 2)})(mod)
+    vm, result = _run(mod, "graphturbo")
+    assert result.stitched and not result.unstitched
+    out = vm["main"](tvm.runtime.tensor(args[0])).numpy()
+    ref = _llvm(mod, args[:1])
+    assert np.abs(out - ref).max() / np.abs(ref).max() < 5e-3
+    differ = [(given, chosen) for given, chosen in plans.values() if given != chosen]
+    assert differ
+    (sub,) = seen
+    kept = {str(plan_of(f)) for _, f in sub.functions.items() if isinstance(f, tvm.tirx.PrimFunc)}
+    assert all(given in kept and chosen not in kept for given, chosen in differ)
 
 
 def test_a_stitched_depthwise_conv_on_the_vector_units_computes_and_is_counted_there(rng):

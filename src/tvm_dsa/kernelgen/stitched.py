@@ -90,7 +90,7 @@ class StitchedKernels:
         return self.in_part[name]
 
     def layer(self, name, part: bool, on_chip: frozenset, first_tile: int | None = None,
-              shares: tuple[int, ...] = ()):
+              shares: tuple[int, ...] = (), spread: bool = True):
         """A stitched kernel's layer, tiled to the LB share left to tiles (``part``) or the whole
         LB, for the inputs at positions ``on_chip`` read from the GB (where the kernel keeps its
         intermediates and promotes its weights). Its plans are ranked with those reads from the
@@ -102,7 +102,9 @@ class StitchedKernels:
         (``tiling.lower_timed``). ``first_tile``: at most so many along the first loop (a
         micro-batch's samples, ``_micro_batched``) where the tiling holds more; ``shares``: at
         most so many along the leading loops (an instance's share of a sample's rows,
-        ``_row_shares``), the timed plans too, each timed with a cluster's share of its tiles."""
+        ``_row_shares``), the timed plans too, each timed with a cluster's share of its tiles
+        rather than a tuning record's (unless not ``spread``: all of them on one cluster, and the
+        record kept)."""
         ctx, stitch, hw = self.ctx, self.options, self.ctx.hw
         vector = name in ctx.on_vector
         low, budget = self.tiled_in_part(name) if part else ctx.lowered[name]
@@ -114,10 +116,11 @@ class StitchedKernels:
                                        clamp=True, caps=caps)
         gb = on_chip if stitch.gb else frozenset()
         ranked = gb if len(gb) < len(ctx.funcs[name].params) - 1 else frozenset()
-        spread = hw.clusters if shares and first_tile is None else 1
+        spread = hw.clusters if shares and first_tile is None and spread else 1
         key = (name, budget, gb, caps, spread)
         if key not in self.overlapped:
-            record = name in ctx.result.tuned and not part and not caps  # a record tiles the whole layer
+            # a record tiles the whole layer, not a cluster's share of a sample's rows
+            record = name in ctx.result.tuned and not part and first_tile is None and spread == 1
             if ranked and not record:
                 low = lower_kernel(ctx.funcs[name], hw, budget, vector=vector, on_chip=ranked, caps=caps)[0]
             macs = kernel_macs(ctx.mod[name])
@@ -168,15 +171,16 @@ def _stitched(spec, nodes, graph, layer, hw, stitch) -> tuple:
     batch = graph.tensors[outputs[0]].shape[0]  # the first dim of the layers that have it (§2.1)
     shares = _row_shares(nodes, graph, outputs[0], hw) if spec.plan.rows else {}
 
-    def lowered(part: bool, first_tile: int | None, stream: bool = False) -> dict:
+    def lowered(part: bool, first_tile: int | None, stream: bool = False, spread: bool = True) -> dict:
         """Each node's layer; ``stream``: its weights ranked as loaded from DDR (the streamed
-        variant leaves those each cluster reads about once there)."""
+        variant leaves those each cluster reads about once there); ``spread``: its plans timed
+        with a cluster's share of the tiles (``StitchedKernels.layer``)."""
         out, read = {}, []
         for n in nodes:
             on_chip = frozenset(i for i, t in enumerate(n.inputs)
                                 if t not in inputs or (graph.tensors[t].constant and not stream))
             cap = first_tile if graph.tensors[n.output].shape[0] == batch else None
-            out[n.name] = layer(n.func, part, on_chip, cap, shares.get(n.name, ()))
+            out[n.name] = layer(n.func, part, on_chip, cap, shares.get(n.name, ()), spread)
             kernel = read_kernel(out[n.name][0])
             why = kernel.unplaceable()
             if why:
@@ -193,11 +197,16 @@ def _stitched(spec, nodes, graph, layer, hw, stitch) -> tuple:
         first_tile = share if rounds > 1 and share and not rest else None
         bind = tvm.transform.Sequential([StitchBuffers(hw), BindCores(hw, rounds)])
         sub = bind(_subgraph(spec, nodes, graph, lowered(False, first_tile, stream)))
+        spread = True
+        if shares:  # plans for a cluster's share of the tiles may halo into fewer instances
+            alone = bind(_subgraph(spec, nodes, graph, lowered(False, first_tile, stream, False)))
+            if _instances(alone) > _instances(sub):
+                sub, spread = alone, False
         # the LB level (Fig. 15's "L1") pays only where Algorithm 4 gives every instance one
         # core (it keeps the intermediates in that core's LB); elsewhere the tiles keep the LB
         lb = stitch.lb_keep > 0 and all(len(c) == 1 for c in sub.attrs["dsa.cores"])
         if lb:
-            sub = bind(_subgraph(spec, nodes, graph, lowered(True, first_tile, stream)))
+            sub = bind(_subgraph(spec, nodes, graph, lowered(True, first_tile, stream, spread)))
         later = stitch_passes(hw, stitch.order, stitch.spill, stitch.gb, stitch.prefetch, lb, stream).passes[2:]
         return tvm.transform.Sequential(list(later))(sub)  # the passes after BindCores
 
@@ -206,6 +215,11 @@ def _stitched(spec, nodes, graph, layer, hw, stitch) -> tuple:
         return emit_stitched(_micro_batched(planned, hw, samples), hw)
     return _faster_weights(*(_micro_batched(functools.partial(planned, stream=s), hw, samples)
                              for s in (False, True)), hw)
+
+
+def _instances(sub) -> int:
+    """The instances a sub-graph module's ``StitchBuffers`` planned."""
+    return len(sub.attrs["dsa.instances"]["rows"])
 
 
 def _faster_weights(sub, streamed, hw) -> tuple:
