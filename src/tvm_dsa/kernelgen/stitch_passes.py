@@ -259,7 +259,11 @@ class _Kernel:
         the same make (``_make``) places in the instance at that position. Clusters alike but for
         their share of the rows (ViT's 197 tokens: 50, 50, 50, 47) then place every buffer at the
         same offsets, so their promotions of a weight are one DDR multicast (``multicast_chains``
-        pairs copies into the same place only)."""
+        pairs copies into the same place only). Worked out once per cluster (``buffers`` runs for
+        every order and promotion plan)."""
+        if c in self._padded:
+            return self._padded[c]
+
         def sizes(i):
             return {t: self.sg.itemsize(t) * math.prod(h - l for l, h in zip(*box))
                     for t, box in self.inst.boxes[i].items()}
@@ -269,7 +273,12 @@ class _Kernel:
                 for mine, theirs in zip(own, self.clusters[other].members):
                     for t, n in sizes(theirs).items():
                         mine[t] = max(mine[t], n)
-        return dict(zip(self.clusters[c].members, own))
+        self._padded[c] = dict(zip(self.clusters[c].members, own))
+        return self._padded[c]
+
+    @functools.cached_property
+    def _padded(self) -> dict:
+        return {}
 
     def _make(self, c: int) -> tuple:
         """``_alike`` without the sizes."""
