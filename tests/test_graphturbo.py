@@ -11,7 +11,7 @@ from tvm_dsa.kernel.macs import kernel_macs
 from tvm_dsa.schedule.graph import Node, OpGraph, SubGraphs, Tensor
 from tvm_dsa.schedule.graphturbo import (
     Split, best_split, bytes_in_flight, cut_before, group, group_two_levels, instance_graph, order_instances,
-    pair_product, peak_bytes, split_info, row_window, row_window_axis, window_cuts, all_rows_read,
+    pair_product, peak_bytes, split_info, row_window_axis, window_cuts, all_rows_read,
 )
 
 LB = 64 * 1024
@@ -234,7 +234,7 @@ def test_all_rows_read_are_the_operands_a_row_of_the_output_needs_whole():
     assert all_rows_read(func([(1, 8, 16), (16, 4)], lambda x, w: op.matmul(x, w))) == {1}
 
 
-def test_row_window_is_a_window_over_an_activations_rows():
+def test_row_window_axis_is_a_window_over_an_activations_rows():
     """A 3x3 convolution and a max pooling read their input's rows through a window of 3, strided
     or not; a 1x1 convolution, a matmul and a global average pooling through none (an index moves
     with an output or a reduction iterator, not both), nor a convolution of a 1 x 3 window."""
@@ -244,17 +244,17 @@ def test_row_window_is_a_window_over_an_activations_rows():
         mod = relax.transform.LegalizeOps()(relax_graph(shapes, f))
         return next(f for gv, f in mod.functions.items() if gv.name_hint != "main")
 
-    assert row_window(func([(1, 8, 16, 16), (8, 8, 3, 3)], lambda x, w: op.nn.conv2d(x, w, padding=1))) == 3
-    assert row_window(func([(1, 8, 16, 16), (8, 8, 3, 3)], lambda x, w: op.nn.conv2d(x, w, strides=2))) == 3
-    assert row_window(func([(1, 8, 16, 16)], lambda x: op.nn.max_pool2d(x, pool_size=3, strides=2, padding=1))) == 3
-    assert row_window(func([(1, 8, 16, 16), (8, 8, 1, 3)], lambda x, w: op.nn.conv2d(x, w, padding=(0, 1)))) == 0
-    assert row_window(func([(1, 8, 16, 16), (8, 8, 1, 1)], lambda x, w: op.nn.conv2d(x, w, strides=2))) == 0
-    assert row_window(func([(1, 8, 16), (1, 16, 8)], lambda a, b: op.matmul(a, b))) == 0
-    assert row_window(func([(1, 8, 16, 16)], lambda x: op.mean(x, axis=[2, 3], keepdims=True))) == 0
+    assert row_window_axis(func([(1, 8, 16, 16), (8, 8, 3, 3)], lambda x, w: op.nn.conv2d(x, w, padding=1))) == (3, -2)
+    assert row_window_axis(func([(1, 8, 16, 16), (8, 8, 3, 3)], lambda x, w: op.nn.conv2d(x, w, strides=2)))[0] == 3
+    assert row_window_axis(func([(1, 8, 16, 16)], lambda x: op.nn.max_pool2d(x, pool_size=3, strides=2, padding=1)))[0] == 3
+    assert row_window_axis(func([(1, 8, 16, 16), (8, 8, 1, 3)], lambda x, w: op.nn.conv2d(x, w, padding=(0, 1))))[0] == 0
+    assert row_window_axis(func([(1, 8, 16, 16), (8, 8, 1, 1)], lambda x, w: op.nn.conv2d(x, w, strides=2)))[0] == 0
+    assert row_window_axis(func([(1, 8, 16), (1, 16, 8)], lambda a, b: op.matmul(a, b)))[0] == 0
+    assert row_window_axis(func([(1, 8, 16, 16)], lambda x: op.mean(x, axis=[2, 3], keepdims=True)))[0] == 0
     # a 1-D signal's window slides along its last dim, its positions (a sequence's tokens)
     assert row_window_axis(func([(1, 8, 32), (8, 1, 5)], lambda x, w: op.nn.conv1d(x, w, padding=2, groups=8))) \
         == (5, -1)
-    assert row_window(func([(1, 8, 32), (4, 8, 1)], lambda x, w: op.nn.conv1d(x, w))) == 0
+    assert row_window_axis(func([(1, 8, 32), (4, 8, 1)], lambda x, w: op.nn.conv1d(x, w)))[0] == 0
 
 
 def test_an_inverted_residual_block_is_cut_before_its_expansion_not_its_depthwise_window():

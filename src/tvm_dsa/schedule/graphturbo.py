@@ -523,11 +523,6 @@ def all_rows_read(func) -> frozenset:
     return frozenset(found)
 
 
-def row_window(func, weights: frozenset = frozenset()) -> int:
-    """The rows of the window through which ``func`` reads an activation (``row_window_axis``)."""
-    return row_window_axis(func, weights)[0]
-
-
 def row_window_axis(func, weights: frozenset = frozenset()) -> tuple[int, int]:
     """(the rows of the window through which ``func`` reads an activation (not a parameter at the
     positions ``weights``), the axis of the load it slides along), (0, -2) if none: the extent of
