@@ -339,11 +339,18 @@ def test_noc_energy_of_a_layer_is_its_copies_multicast_from_dram():
 
 def test_feature_maps_beyond_the_buffers_spill():
     """A long chain in one LS segment keeps every feature map on chip; at a batch whose maps
-    exceed the retained half of the tiles' buffers the excess goes through DRAM."""
+    exceed the retained half of the tiles' buffers the excess goes through DRAM. Beside them the
+    weights of layers running more than once a round stay pinned; a layer running once a round
+    holds its weights only while it runs (its working set), as the lowered program frees them."""
     g = chain(4, m=65536, n=64, k=64)  # 4 MiB ofmap per sample
-    ls = lambda b: Tree(Cut("T", 1, (Cut("T", 1, tuple(Leaf(i) for i in range(4))),)), b)  # noqa: E731
+    ls = lambda b, sb: Tree(Cut("T", 1, (Cut("T", sb, tuple(Leaf(i) for i in range(4))),)), b)  # noqa: E731
     ev = Evaluator(g, EDGE)
-    assert ev.schedule(ls(1)).spilled == (0.0,)
-    spilled = ev.schedule(ls(4)).spilled[0]
-    room = 16 * EDGE.lb_bytes // 2 - sum(p.cost.weight_tile * p.cost.tiles for p in ev.schedule(ls(4)).leaves)
-    assert spilled == pytest.approx(1 - room / (4 * 65536 * 64))  # one chunk kept at a time
+    retained = 16 * EDGE.lb_bytes // 2
+    assert ev.schedule(ls(1, 1)).spilled == (0.0,)
+    once = ev.schedule(ls(4, 1))  # every layer once, 4 samples: one 16 MiB chunk kept at a time
+    assert all(p.pinned and p.invocations == 1 for p in once.leaves)
+    assert once.spilled[0] == pytest.approx(1 - retained / (4 * 65536 * 64))
+    rounds = ev.schedule(ls(8, 4))  # every layer 4 times, 2 samples each: its weights stay pinned
+    assert all(p.pinned and p.invocations == 4 for p in rounds.leaves)
+    room = retained - sum(p.cost.weight_tile * p.cost.tiles for p in rounds.leaves)
+    assert 0 < rounds.spilled[0] == pytest.approx(1 - room / (2 * 65536 * 64))
