@@ -63,6 +63,41 @@ def test_layer_graph_from_tiny_resnet50_counts_the_models_macs():
     assert sum(layer.output for layer in g.layers) == 1
     first = g.layers[0]  # the stem conv: 3x3? contraction k = 3 * kh * kw, n = output channels
     assert first.contraction.m * first.contraction.n * first.contraction.k == first.macs
+    assert first.window == (3, 32, 32, 16, 16, 7, 7)  # the 7 x 7 stride-2 stem on the 32 x 32 image
+    windows = [lay for lay in g.layers if lay.window]
+    assert len(windows) >= 3  # the stem and the 3 x 3 convolutions; 1 x 1 ones read their pixels alone
+    for lay in windows:
+        c, h, w, oh, ow, kh, kw = lay.window
+        assert (c * h * w, oh * ow, c * kh * kw) == (lay.ifmap, lay.contraction.m, lay.contraction.k)
+
+
+def test_a_convolutions_blocks_read_overlapping_windows():
+    """Blocks of a 3 x 3 stride-1 convolution's output rows read the rows their kernels cover:
+    whole samples read the input once; 4 blocks of 2 rows read 4 rows each; 16 blocks of half a
+    row read 3 rows of the 6 columns their 4 pixels' kernels cover."""
+    lay = conv("c", m=64, n=8, k=18, ifmap=128, window=(2, 8, 8, 8, 8, 3, 3))
+    assert lay.window_reads(1, 3) == 3 * 128
+    assert lay.window_reads(4, 1) == 4 * 2 * 4 * 8
+    assert lay.window_reads(16, 1) == 16 * 2 * 3 * 6
+    assert conv("d").window_reads(4, 1) == 0  # no window
+    stem = conv("s", m=16 * 16, n=8, k=3 * 49, ifmap=3 * 32 * 32, window=(3, 32, 32, 16, 16, 7, 7))
+    assert stem.window_reads(8, 1) == 8 * 3 * (1 * 2 + 7) * 32  # 2 output rows of stride 2: 9 rows
+
+
+def test_a_convolution_split_by_rows_reads_its_windows_from_dram():
+    """A convolution reading the graph input, alone on the chip: DRAM moves what its parts' windows
+    read (``LayerCost.halo`` times the input), its weights and its output."""
+    stem = conv("s", m=64 * 64, n=64, k=3 * 49, ifmap=3 * 128 * 128, window=(3, 128, 128, 64, 64, 7, 7),
+                dram_in=3 * 128 * 128, output=True)
+    g = LayerGraph.build([stem], [])
+    ev = Evaluator(g, EDGE)
+    cost = ev.intra.cost(0, 16, 1)
+    pb, pm, pn = cost.partition
+    assert pm > 1 and cost.halo > 1
+    assert cost.halo == pytest.approx(stem.window_reads(pm, 1) / stem.ifmap)
+    assert cost.ifmap_in == -(-stem.window_reads(pm, 1) // (pm * pb)) * cost.tiles
+    e = ev.evaluate(initial_tree(g, 1))
+    assert e.dram_bytes == pytest.approx((stem.window_reads(pm, 1) + stem.weights + stem.ofmap) * EDGE.storage_bytes)
 
 
 # -- tree: validity, text, JSON, dependencies ----------------------------------------------------

@@ -10,7 +10,8 @@ then computes). Compute and rounds come from the intra-layer schedule; DRAM last
 have gone through the chip's DRAM bandwidth in the time other invocations leave it idle (``_Dram``:
 a group running alone gets all of it, as in the simulator, where transfers in flight share DRAM;
 together no groups move more than it allows); NoC is the load of the busiest mesh link it uses
-(``noc_link_bytes_per_cycle``), loads of its producers added.
+(``noc_link_bytes_per_cycle``), loads of its producers added. A convolution's input, from DRAM or
+the NoC, counts as often as its parts' windows read it (``LayerCost.halo``).
 
 Data on the mesh: a datum several tiles need (the copies a partitioned layer makes) travels its XY
 multicast tree, each link once (``Mesh``); a feature map goes from the producer tiles holding each
@@ -193,7 +194,7 @@ def layout_share(producer: tuple[int, int, int], rows_u: tuple[int, int, int], c
     a producer part holds its batch block x row block x column block of the output, a consumer
     block needs its batch block x row block, every column. Blocks of the two sides meet by their
     fraction of the dimension (rows of consecutive layers follow the samples and their pixels or
-    tokens); convolution halos are not counted."""
+    tokens); convolution halos scale the volume (``LayerCost.halo``), not these shares."""
     pb, pm, pn = producer
     qb, qm, _ = consumer
     batch = _block_overlap(pb, (0, 1, 1), qb, (0, 1, 1))
@@ -356,15 +357,16 @@ class Evaluator:
             plan, layer = plans[v], graph.layers[v]
             lo, hi, used, cycles, rounds, fixed, edge_hops, ifmap_links, weight_links = per_layer[v]
             start = free.free_at(lo, hi)
-            ifmap_dram = layer.dram_in * plan.batch  # unique elements read; copies fan out on the NoC
+            halo = plan.cost.halo
+            ifmap_dram = layer.dram_in * plan.batch * halo  # each part's window read; copies fan out on the NoC
             weight_dram = layer.weights if not plan.pinned or (q * plan.batch) % round_batch == 0 else 0
             noc_load = 0.0
             for src, p, _, _, elements, noc in inputs.get((v, q), ()):
                 start = max(start, ends[src][p])
-                ifmap_dram += elements * (1 - noc)
+                ifmap_dram += elements * (1 - noc) * halo
                 if noc:
                     links, peak = route(plans[src], p, plan, q)
-                    volume = elements * noc * eb
+                    volume = elements * noc * eb * halo
                     noc_bit_hops += volume * 8 * links
                     noc_load += volume * peak
             written = writes.get((v, q), 0)

@@ -13,7 +13,9 @@ compute and the time its inputs take to arrive, overlapped as far as the tile's 
 the lowered programs run it; ``_search``).
 
 Partitioning replicates data (§3.5): a tile of an N-split needs the whole ifmap of its rows, a
-tile of an M-split all its weights; the copies are what enters the tiles. Vector-only layers
+tile of an M-split all its weights; the copies are what enters the tiles. A convolution's M-split
+blocks read overlapping windows of its input (``Layer.window_reads``: a 7 x 7 stride-2 stem split
+in 144 blocks reads its image 3.6 times), which the lowered tiles load, each its own. Vector-only layers
 (pooling, softmax, normalisation, copies) split their elements over the tiles and replicate their
 (small) constants. Quantities are elements; the evaluator converts them with the storage width.
 
@@ -23,6 +25,7 @@ the tree keeps on chip between layers (pinned weights, feature maps) — see ``e
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 from tvm_dsa.kernel.ir import ALIGN
@@ -47,6 +50,7 @@ class LayerCost:
     rounds: int  # rounds a tile runs its part in: 1 where its working set fits, else halves of it
     pe_links: int = 0  # bytes the parts' products move over PE-to-PE links (``runtime.cost.product_traffic``)
     pe_registers: int = 0  # bytes they read back from the PEs' registers
+    halo: float = 1.0  # ifmap elements the parts' windows read over the ifmap's (``Layer.window_reads``)
 
     @property
     def tiles(self) -> int:
@@ -112,10 +116,10 @@ class IntraLayer:
         hw = self.hw
         dram_bw = hw.ddr_bytes_per_cycle * g / hw.cores / hw.storage_bytes  # elements per cycle
         link_bw = hw.noc_link_bytes_per_cycle * g / hw.storage_bytes
-        unique = s * layer.ifmap + layer.weights
         best, best_key = None, None
         for cand in self._candidates(layer, g, s):
             moved = cand.ifmap_in + cand.weight_in
+            unique = s * layer.ifmap * cand.halo + layer.weights  # each part's window read once
             transfer = max((unique + cand.refetch) / dram_bw, moved / link_bw)
             key = (pipelined(cand.cycles, transfer, cand.rounds), moved)
             if best_key is None or key < best_key:
@@ -150,7 +154,10 @@ class IntraLayer:
         bt, mt, nt = _ceil(c.b, pb), _ceil(s * c.m, pm), _ceil(c.n, pn)
         mme, m_rows, n_cols = min((mme_cycles(bt, mt, nt, c.k, hw), mt, nt), (mme_cycles(bt, nt, mt, c.k, hw), nt, mt))
         vec = vector_cycles(_ceil(s * layer.vector_ops, parts), "vme", hw) if layer.vector_ops else 0
-        i_t = _ceil(s * layer.ifmap, pm * pb)
+        ifmap = s * layer.ifmap
+        if layer.window is not None:
+            ifmap += layer.window_reads(pm, s) - s * math.prod(layer.window[:3])
+        i_t = _ceil(ifmap, pm * pb)
         w_t = _ceil(layer.weights, pn * pb)
         o_t = _ceil(s * layer.ofmap, parts)
         ri = rw = 1
@@ -171,4 +178,4 @@ class IntraLayer:
             moved = product_traffic(hw, parts * bt, m_rows, n_cols, c.k, (hw.storage_bytes, hw.storage_bytes, hw.accum_bytes))
             pe = (moved.links, moved.registers)
         return LayerCost((pb, pm, pn), int(pipelined(mme, vec, rounds)), ifmap_in, weight_in, s * layer.ofmap, w_t,
-                         sram, refetch, rounds, *pe)
+                         sram, refetch, rounds, *pe, ifmap / max(1, s * layer.ifmap))

@@ -55,6 +55,25 @@ class Layer:
     dram_in: int = 0
     output: bool = False
     node: int | None = None  # index of the OpGraph node it comes from
+    window: tuple[int, int, int, int, int, int, int] | None = None  # a convolution's (C, H, W, OH, OW, kh, kw)
+
+    def window_reads(self, blocks: int, samples: int) -> int:
+        """Elements of the convolved input that ``blocks`` equal blocks of ``samples`` samples'
+        output pixels (rows of M, sample-major then row-major) read together: each block its
+        window, the rows (or, for a block within a row, the columns) its pixels' kernels cover, so
+        overlapping windows count once per block. The input's size times the samples where the
+        layer has no window or a block holds whole samples."""
+        if self.window is None:
+            return 0
+        c, h, w, oh, ow, kh, kw = self.window
+        pixels = -(-samples * oh * ow // blocks)  # per block
+        if pixels >= oh * ow:
+            return samples * c * h * w
+        sh, sw = max(1, h // oh), max(1, w // ow)
+        if pixels >= ow:
+            rows = -(-pixels // ow)
+            return blocks * c * min(h, (rows - 1) * sh + kh) * w
+        return blocks * c * min(h, kh) * min(w, (pixels - 1) * sw + kw)
 
 
 @dataclass(frozen=True)
@@ -156,6 +175,7 @@ class LayerGraph:
                 ifmap=sum(per_sample(t) for t in acts), weights=sum(math.prod(graph.tensors[t].shape) for t in consts),
                 ofmap=per_sample(node.output), contraction=_contraction(func, batch),
                 dram_in=sum(per_sample(t) for t in acts if t not in producer), node=node.index,
+                window=_window([graph.tensors[t] for t in node.inputs], graph.tensors[node.output]),
             ))
             producer[node.output] = index
         outputs = {p for t in graph.outputs for s in sources(t) if (p := producer.get(s)) is not None}
@@ -183,6 +203,24 @@ def _contraction(func, batch: int = 1) -> Contraction | None:
     for extent, role in zip(spatial, info.roles):
         dims[role] *= extent
     return Contraction(dims["B"], dims["M"], dims["N"], math.prod(info.reduction))
+
+
+def _window(inputs: list, output) -> tuple[int, int, int, int, int, int, int] | None:
+    """(C, H, W, OH, OW, kh, kw) of a 2-D convolution's per-sample input and output (NCHW, one
+    4-D activation and a 4-D constant kernel of ``kh x kw``, its output channels first); None for
+    other layers."""
+    if len(output.shape) != 4:
+        return None
+    acts = [t for t in inputs if not t.constant and len(t.shape) == 4]
+    kernels = [t for t in inputs if t.constant and len(t.shape) == 4 and t.shape[0] == output.shape[1]]
+    if len(acts) != 1 or len(kernels) != 1:
+        return None
+    _, c, h, w = acts[0].shape
+    oh, ow = output.shape[2:]
+    kh, kw = kernels[0].shape[2:]
+    if not (0 < oh <= h and 0 < ow <= w) or (kh, kw) == (1, 1) and (oh, ow) == (h, w):
+        return None
+    return (c, h, w, oh, ow, kh, kw)
 
 
 def _vector_ops(func) -> int:
