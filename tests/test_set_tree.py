@@ -289,6 +289,22 @@ def test_a_chunk_between_layers_on_the_same_blocks_stays_in_place():
     assert e.noc_bit_hops == pytest.approx(8 * EDGE.storage_bytes * to_dram)
 
 
+def test_a_tile_gathers_its_block_in_one_transfer_per_producer_tile_holding_part_of_it():
+    """Two layers split alike on the cloud chip's 144 tiles, rows and columns: a consumer tile's
+    row block lies on the producer's tiles of that row block, one per column block, each a DMA
+    of its own; its one-round invocation loads them (at least a set-up each) before its product."""
+    cloud = hardware.get("set-cloud144")
+    g = chain(3, m=784, n=512, k=128)
+    ev = Evaluator(g, cloud)
+    sched = ev.schedule(Tree(Cut("T", 1, (Cut("T", 1, (Leaf(0), Leaf(1), Leaf(2))),)), 1))
+    a, b = sched.leaves[:2]
+    (_, pm, pn), (_, qm, _) = a.cost.partition, b.cost.partition
+    assert pm == qm and pn > 1 and b.cost.rounds == 1
+    assert ev._route(a, 0, b, 0)[2] == pn
+    slot = ev.evaluate_schedule(sched, timeline=True).timeline[1]
+    assert slot.end - slot.start >= b.cost.cycles + (pn + 1) * cloud.dma_latency_cycles
+
+
 def test_copy_sets_follow_the_partition():
     ev = Evaluator(chain(1), EDGE)
     cost = ev.intra.cost(0, 16, 1)

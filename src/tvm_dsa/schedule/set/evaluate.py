@@ -10,8 +10,11 @@ then computes). Compute and rounds come from the intra-layer schedule; DRAM last
 have gone through the chip's DRAM bandwidth in the time other invocations leave it idle (``_Dram``:
 a group running alone gets all of it, as in the simulator, where transfers in flight share DRAM;
 together no groups move more than it allows); NoC is the load of the busiest mesh link it uses
-(``noc_link_bytes_per_cycle``), loads of its producers added. A convolution's input, from DRAM or
-the NoC, counts as often as its parts' windows read it (``LayerCost.halo``).
+(``noc_link_bytes_per_cycle``), loads of its producers added, and no shorter than a DMA set-up
+for each piece a tile gathers (``_route``: one transfer per producer tile holding part of its
+block, as the lowered tiles load them, in order on their queue; on ``set-cloud144`` a small layer
+split over 144 tiles gathers 8-32 pieces, and set-ups, not bytes, set its time). A convolution's
+input, from DRAM or the NoC, counts as often as its parts' windows read it (``LayerCost.halo``).
 
 Data on the mesh: a datum several tiles need (the copies a partitioned layer makes) travels its XY
 multicast tree, each link once (``Mesh``); a feature map goes from the producer tiles holding each
@@ -316,10 +319,12 @@ class Evaluator:
                                      mesh.from_dram(lo, weight_sets))
         return hit
 
-    def _route(self, producer: LeafPlan, p: int, consumer: LeafPlan, q: int) -> tuple[float, float]:
+    def _route(self, producer: LeafPlan, p: int, consumer: LeafPlan, q: int) -> tuple[float, float, int]:
         """(mean links, busiest link's load) per element of the chunk producer invocation ``p``
         sends consumer invocation ``q`` over the NoC: from the producer tiles holding each part to
-        the consumer tiles needing it (``layout_share``), multicast to an ifmap block's copies."""
+        the consumer tiles needing it (``layout_share``), multicast to an ifmap block's copies;
+        and the most pieces a consumer tile gathers (the producer tiles holding part of its
+        block), each a transfer of its own."""
         bu, bv = producer.batch, consumer.batch
         a, b = max(p * bu, q * bv), min((p + 1) * bu, (q + 1) * bv)  # the chunk's samples
         rows_u, rows_v = (a - p * bu, b - p * bu, bu), (a - q * bv, b - q * bv, bv)
@@ -327,8 +332,9 @@ class Evaluator:
         hit = self._routes.get(key)
         if hit is None:
             share = layout_share(producer.cost.partition, rows_u, consumer.cost.partition, rows_v)
-            hit = self._routes[key] = self.mesh.multicast(producer.used, consumer.group[0],
-                                                          consumer.cost.copy_sets()[0], share)
+            hit = self._routes[key] = (*self.mesh.multicast(producer.used, consumer.group[0],
+                                                            consumer.cost.copy_sets()[0], share),
+                                       int(np.count_nonzero(share > 0, axis=0).max()))
         return hit
 
     def evaluate_schedule(self, sched: Schedule, timeline: bool = False) -> Evaluation:
@@ -361,11 +367,13 @@ class Evaluator:
             ifmap_dram = layer.dram_in * plan.batch * halo  # each part's window read; copies fan out on the NoC
             weight_dram = layer.weights if not plan.pinned or (q * plan.batch) % round_batch == 0 else 0
             noc_load = 0.0
+            pieces = 0  # transfers a tile's queue runs for its input, one DMA set-up each at least
             for src, p, _, _, elements, noc in inputs.get((v, q), ()):
                 start = max(start, ends[src][p])
                 ifmap_dram += elements * (1 - noc) * halo
                 if noc:
-                    links, peak = route(plans[src], p, plan, q)
+                    links, peak, gathered = route(plans[src], p, plan, q)
+                    pieces += gathered
                     volume = elements * noc * eb * halo
                     noc_bit_hops += volume * 8 * links
                     noc_load += volume * peak
@@ -374,7 +382,7 @@ class Evaluator:
             noc_bit_hops += ((ifmap_dram * ifmap_links + weight_dram * weight_links) * eb
                              + (written * eb + fixed) * edge_hops) * 8
             dram_total += dram
-            transfer = max(drams.transfer(start, dram / ddr_bw) - start, noc_load / link)
+            transfer = max(drams.transfer(start, dram / ddr_bw) - start, noc_load / link, pieces * dma)
             duration = pipelined(cycles, transfer, rounds) + dma
             end = start + duration
             ends[v][q] = end
