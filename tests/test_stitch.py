@@ -1379,6 +1379,33 @@ def test_transfers_that_continue_each_other_on_one_queue_are_one_dma():
     assert [i.shape for i in em.instructions] == [(rows, cols), (rows, cols)]
 
 
+def test_copies_within_ddr_that_continue_each_other_are_one_dma_of_the_cluster():
+    """Cores 0 and 1 of a cluster copy the halves of a DDR tensor to another DDR tensor one after
+    the other (a concatenation's tiles whose input and output stay in DDR): both run on the
+    cluster's ``cdma`` queue, so the second extends the first whichever core issued it (one
+    set-up); a core's copies into its LB are its own queue's and are not joined with another's."""
+    from tvm_dsa.emit.emitter import KernelEmitter
+    from tvm_dsa.emit.placement import Region
+
+    rows, cols = 2, 64
+    half = rows * cols * 2  # bytes of fp16
+    assert HW.cores_per_cluster >= 2
+    em = KernelEmitter(HW, "k")
+    em.claim(Region.whole("ddr", 0, 0, (2 * rows, cols), "float16"), ("ddr", "x"))
+    em.claim(Region.whole("ddr", 0, 2 * half, (2 * rows, cols), "float16"), ("ddr", "y"))
+    for core in (0, 1):
+        em.push(isa.Dma(core, (rows, cols), isa.Operand("ddr", 0, 2 * half + core * half, "float16", (cols, 1)),
+                        isa.Operand("ddr", 0, core * half, "float16", (cols, 1))), core)
+    assert [(i.shape, i.src.offset, i.dst.offset) for i in em.instructions] == [((2 * rows, cols), 0, 2 * half)]
+    em = KernelEmitter(HW, "k")
+    em.claim(Region.whole("ddr", 0, 0, (2 * rows, cols), "float16"), ("ddr", "x"))
+    for core in (0, 1):
+        em.claim(Region.whole("lb", core, 0, (rows, cols), "float16"), ("lb", core))
+        em.push(isa.Dma(core, (rows, cols), isa.Operand("lb", core, 0, "float16", (cols, 1)),
+                        isa.Operand("ddr", 0, core * half, "float16", (cols, 1))), core)
+    assert [i.core for i in em.instructions] == [0, 1]
+
+
 def _single_sample_block(rng, hw: str):
     """relu(conv1x1) -> relu(conv3x3) -> conv1x1 + x at batch 1 under graphturbo on ``hw``, checked
     against llvm: its two kernels' runs and the pipeline's result."""
