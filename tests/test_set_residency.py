@@ -400,7 +400,7 @@ def test_pieces_go_where_their_readers_elements_travel_fewest_hops_and_spread():
 
 
 def test_layers_off_the_mme_take_their_neighbours_tiles(monkeypatch):
-    """Tiny GoogLeNet under one segment on set-cloud144-fp16: alone (``NEIGHBOUR_GAIN`` = 0)
+    """Tiny GoogLeNet under one segment on set-cloud144-fp16: alone (``_neighbour_tiles`` off)
     its concatenation and pooling layers split channels, as the whole-chip tiling does; with their
     neighbours in view some split them less (the 1 x 1 convolutions reading them read every
     channel), fewer DMAs cross between cores, and the numbers stay llvm's."""
@@ -421,15 +421,14 @@ def test_layers_off_the_mme_take_their_neighbours_tiles(monkeypatch):
         retile(spec, layers, budgets, ctx)
         chosen.update({a.name: (a, b) for a, b in zip(before, layers) if a is not b})
 
-    monkeypatch.setattr(tree, "_neighbour_tiles", recorded)
     remote = {}
-    for gain in (0.0, tree.NEIGHBOUR_GAIN):
-        monkeypatch.setattr(tree, "NEIGHBOUR_GAIN", gain)
+    for viewed, retiling in (("alone", lambda *a: None), ("neighbours", recorded)):
+        monkeypatch.setattr(tree, "_neighbour_tiles", retiling)
         out, tp = lowered((mod, x), f"T1/1( T1/1( {' '.join(names)} ) )", "set-cloud144-fp16")
         assert float(np.abs(out - ref).max() / np.abs(ref).max()) < 2e-2
-        remote[gain] = sum(isinstance(i, isa.Dma) and i.src.mem == i.dst.mem == "lb" and i.src.index != i.dst.index
-                           for i in tp.program.kernels[0].instructions)
-    assert chosen and remote[tree.NEIGHBOUR_GAIN] < remote[0.0]
+        remote[viewed] = sum(isinstance(i, isa.Dma) and i.src.mem == i.dst.mem == "lb" and i.src.index != i.dst.index
+                             for i in tp.program.kernels[0].instructions)
+    assert chosen and remote["neighbours"] < remote["alone"]
 
     def splits(layer, d):  # the tiles' distinct starts along dim d of the output
         return len(set(footprints(layer).write[0][:, d].tolist()))
