@@ -699,7 +699,8 @@ def _neighbour_tiles(spec, layers: list, budgets: list, ctx) -> None:
     boxes split them, times a few channel splits (the samples split as alone, so that each
     invocation keeps its tiles), and takes the candidate whose estimate (its own compute and
     link time, ``_own_cycles``, and the DMA set-ups of the maps it reads and writes,
-    ``_exchange_cycles``) is the lowest. ``_in_parts`` chose each layer's tiles alone: a
+    ``_exchange_cycles``) is the lowest among those whose tiles emit alone (random graph 77: a
+    pooling's candidate read outside its LB region). ``_in_parts`` chose each layer's tiles alone: a
     pooling split by channels, between convolutions split by rows, made every convolution tile
     gather dozens of small pieces (GoogLeNet's 1 x 1 convolutions read 49 pieces of the
     concatenation before them; docs/set.md). A margin (a candidate taken only where estimated
@@ -707,6 +708,7 @@ def _neighbour_tiles(spec, layers: list, budgets: list, ctx) -> None:
     graph, hw = ctx.graph, ctx.hw
     nodes = [graph.nodes[lay.node] for lay in spec.plan.graph.layers]
     leaves = spec.plan.schedule.leaves
+    stripes = core_of_stripe(hw)
     cores = [leaves[v].used[1] - leaves[v].used[0] for v in range(len(layers))]
     writer = {L.args[L.ir.params[-1][0]]: v for v, L in enumerate(layers)}
     readers: dict = {}
@@ -744,7 +746,8 @@ def _neighbour_tiles(spec, layers: list, budgets: list, ctx) -> None:
             for lo, _ in boxes:
                 spatial.add(tuple(max(x for x in range(1, e + 1) if e % x == 0 and x <= -(-e // len(set(lo[:, d].tolist()))))
                                   for d, e in enumerate(shape) if d >= 2))
-        best, chosen = cost(v, L, fps[v]), None
+        own = cost(v, L, fps[v])
+        ranked = []  # (estimate, order, candidate, its footprint, its lowered function)
         samples = int((fps[v].write[1][:, 0] - fps[v].write[0][:, 0]).max())  # as alone: invocations keep their tiles
         for tiles in sorted(spatial):
             parts = int(np.prod([e // x for e, x in zip(shape[2:], tiles)]))
@@ -760,10 +763,16 @@ def _neighbour_tiles(spec, layers: list, budgets: list, ctx) -> None:
                 except (Unsupported, CodegenError):
                     continue
                 c = cost(v, cand, fp)
-                if c < best:
-                    best, chosen = c, (cand, fp)
-        if chosen:
-            layers[v], fps[v] = chosen
+                if c < own:
+                    ranked.append((c, len(ranked), cand, fp, low))
+        cores_of = tuple(stripes[i] for i in range(*leaves[v].used))
+        for *_, cand, fp, low in sorted(ranked, key=lambda r: r[:2]):
+            try:
+                build_program(low, hw, n.func, lb_bytes=budgets[v], cores=cores_of)
+            except CodegenError:
+                continue
+            layers[v], fps[v] = cand, fp
+            break
 
 
 def _own_cycles(fp, hw, cores: int) -> float:
