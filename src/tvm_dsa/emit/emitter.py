@@ -415,10 +415,11 @@ class KernelEmitter:
         destination alike (a concatenation's channel tiles copied between two LBs, or within DDR
         by several cores of a cluster, whose ``cdma`` queue runs them all), and ``ins`` waits for
         nothing the last does not (the joined transfer starts no later): one set-up instead of
-        two. (GoogLeNet's SET tree on set-cloud144 copied a concatenation's 40 kB within DDR in
-        208 transfers of 196 B, 13 k cycles of its critical path.) None where they do not join, or a copy run is being recorded (its record
-        counts the instructions pushed), or the last instruction belongs to a recorded run (a later
-        copy of the run would copy the extended box)."""
+        two (GoogLeNet's SET tree on set-cloud144 copied a concatenation's 40 kB within DDR in
+        208 transfers of 196 B, 13 k cycles of its critical path). None where they do not join,
+        or a copy run is being recorded (its record counts the instructions pushed), or the last
+        instruction belongs to a recorded run (a later copy of the run would copy the extended
+        box)."""
         if (type(ins) is not isa.Dma or ins.multicast or ins.prefetch or not self.instructions
                 or self.literal_at[-1] != self.size - 1 or self.units[-1] != unit
                 or self.compression.rec is not None or self.size - 1 < self.join_floor):

@@ -700,8 +700,8 @@ def _neighbour_tiles(spec, layers: list, budgets: list, ctx) -> None:
     invocation keeps its tiles), and takes the candidate whose estimate (its own compute and
     link time, ``_own_cycles``, and the DMA set-ups of the maps it reads and writes,
     ``_exchange_cycles``) is the lowest among those whose tiles emit alone (random graph 77: a
-    pooling's candidate read outside its LB region). ``_in_parts`` chose each layer's tiles alone: a
-    pooling split by channels, between convolutions split by rows, made every convolution tile
+    pooling's candidate read outside its LB region). ``_in_parts`` chose each layer's tiles
+    alone: a pooling split by channels, between convolutions split by rows, made every convolution tile
     gather dozens of small pieces (GoogLeNet's 1 x 1 convolutions read 49 pieces of the
     concatenation before them; docs/set.md). A margin (a candidate taken only where estimated
     30 % cheaper) left GoogLeNet's SET and LS programs on set-cloud144 10-14 % slower."""
@@ -747,7 +747,7 @@ def _neighbour_tiles(spec, layers: list, budgets: list, ctx) -> None:
                 spatial.add(tuple(max(x for x in range(1, e + 1) if e % x == 0 and x <= -(-e // len(set(lo[:, d].tolist()))))
                                   for d, e in enumerate(shape) if d >= 2))
         own = cost(v, L, fps[v])
-        ranked = []  # (estimate, order, candidate, its footprint, its lowered function)
+        ranked = []  # (estimate, candidate, its footprint, its lowered function)
         samples = int((fps[v].write[1][:, 0] - fps[v].write[0][:, 0]).max())  # as alone: invocations keep their tiles
         for tiles in sorted(spatial):
             parts = int(np.prod([e // x for e, x in zip(shape[2:], tiles)]))
@@ -764,9 +764,9 @@ def _neighbour_tiles(spec, layers: list, budgets: list, ctx) -> None:
                     continue
                 c = cost(v, cand, fp)
                 if c < own:
-                    ranked.append((c, len(ranked), cand, fp, low))
+                    ranked.append((c, cand, fp, low))
         cores_of = tuple(stripes[i] for i in range(*leaves[v].used))
-        for *_, cand, fp, low in sorted(ranked, key=lambda r: r[:2]):
+        for _, cand, fp, low in sorted(ranked, key=lambda r: r[0]):  # stable: ties keep the order tried
             try:
                 build_program(low, hw, n.func, lb_bytes=budgets[v], cores=cores_of)
             except CodegenError:

@@ -61,8 +61,8 @@ class Layer:
         """Elements of the convolved input that ``blocks`` equal blocks of ``samples`` samples'
         output pixels (rows of M, sample-major then row-major) read together: each block its
         window, the rows (or, for a block within a row, the columns) its pixels' kernels cover, so
-        overlapping windows count once per block. The input's size times the samples where the
-        layer has no window or a block holds whole samples."""
+        overlapping windows count once per block: the input's size times the samples where a
+        block holds whole samples; 0 where the layer has no window."""
         if self.window is None:
             return 0
         c, h, w, oh, ow, kh, kw = self.window
