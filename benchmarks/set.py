@@ -16,7 +16,9 @@ of saved runs together, e.g. runs with a smaller beta for the large graphs).
 
 ``--lower`` compiles the model at the batch with each best tree (``tvm_dsa.pipeline(schedule="set")``),
 runs the program on the simulator (timing) and prints the evaluator's latency and DRAM bytes next to
-the simulator's. ``--plot DIR`` writes each SET tree's S-T graph (evaluator, and simulator with
+the simulator's. SET's row is the program the ``set`` schedule compiles: its search's finalists
+(the SET, LS and LP trees) simulated, the one of least simulated cost kept (printed as
+``SET(ls)`` where that is the LS tree). ``--plot DIR`` writes each SET tree's S-T graph (evaluator, and simulator with
 ``--lower``) as SVG.
 """
 
@@ -87,9 +89,14 @@ def main() -> None:
                           f"{e.joules * 1e3:>11.3f} {e.edp:>10.3e} {e.dram_bytes / 1e6:>9.2f} {r.iterations:>6} "
                           f"{r.seconds:>9.1f} {r.cpu_seconds:>7.1f}  {text[:70]}{'...' if len(text) > 70 else ''}", flush=True)
                     stem = f"{model}-{preset}-b{batch}-{space.name}"
-                    sim = simulate_tree(model, preset, r.tree, graph) if args.lower else None
+                    scheme, sim = space.name, None
+                    if args.lower and space is SET:
+                        scheme, e, sim = compile_searched(model, preset, graph, r, Anneal(
+                            beta=args.beta, objective=objective, seed=args.seed))
+                    elif args.lower:
+                        sim = simulate_tree(model, preset, r.tree, graph)
                     if sim:
-                        lowered.append((model, preset, batch, space.name, e, sim[0], sim[1], sim[3], objective))
+                        lowered.append((model, preset, batch, scheme, e, sim[0], sim[1], sim[3], objective))
                     if args.plot and space is SET:
                         args.plot.mkdir(parents=True, exist_ok=True)
                         slots = ev.evaluate(r.tree, timeline=True).timeline
@@ -105,7 +112,7 @@ def main() -> None:
               f"{'batch':>5} {'scheme':<6} {'evaluator(cyc)':>14} {'simulator(cyc)':>14} {'sim/eval':>8} "
               f"{'eval DRAM(MB)':>13} {'sim DRAM(MB)':>12} {'eval E(mJ)':>10} {'sim E(mJ)':>9}")
         for model, preset, batch, scheme, e, cycles, dram, joules, _ in lowered:
-            print(f"{model:<10} {preset:<13} {batch:>5} {scheme.upper():<6} {e.latency:>14.0f} {cycles:>14} "
+            print(f"{model:<10} {preset:<13} {batch:>5} {_label(scheme):<7} {e.latency:>14.0f} {cycles:>14} "
                   f"{cycles / e.latency:>8.2f} {e.dram_bytes / 1e6:>13.2f} {dram / 1e6:>12.2f} "
                   f"{e.joules * 1e3:>10.3f} {joules * 1e3:>9.3f}")
         ratio = [low[5] / low[4].latency for low in lowered]
@@ -123,12 +130,12 @@ def print_orders(lowered: list[tuple]) -> None:
     print("\nsimulated order (fastest / cheapest first):")
     cases: dict = {}
     for model, preset, batch, scheme, _, cycles, _, joules, objective in lowered:
-        cases.setdefault((model, preset, batch, objective), []).append((scheme.upper(), cycles, joules))
+        cases.setdefault((model, preset, batch, objective), []).append((_label(scheme), cycles, joules))
     for (model, preset, batch, objective), runs in cases.items():
         a, b = OBJECTIVES[objective]
         by_latency = " <= ".join(s for s, *_ in sorted(runs, key=lambda r: r[1]))
         by_objective = " <= ".join(s for s, *_ in sorted(runs, key=lambda r: r[2] ** a * r[1] ** b))
-        print(f"{model:<10} {preset:<13} {batch:>5}  latency: {by_latency:<16} {objective}: {by_objective}")
+        print(f"{model:<10} {preset:<13} {batch:>5}  latency: {by_latency:<20} {objective}: {by_objective}")
 
 
 def print_means(cases: list[dict]) -> None:
@@ -170,6 +177,41 @@ def lower_tree(model: str, preset: str, tree: Tree, graph: LayerGraph, **model_o
     tvm.compile(mod, target=f"dsa/{preset}",
                 relax_pipeline=tvm_dsa.pipeline(schedule="set", options=SetOptions(tree=tree.text(graph))))
     return tvm_dsa.pipeline_result().trees["set0"][1]
+
+
+def compile_searched(model: str, preset: str, graph: LayerGraph, search, config: Anneal) -> tuple:
+    """(scheme, evaluation, ``simulate_tree``'s figures) of the program the ``set`` schedule
+    compiles for ``model`` with its own search (``config``): of the search's finalists, the one
+    whose program simulated cheapest (``scheme`` "set" or, where a rival's tree won, "set/ls"
+    or "set/lp"). Prints the finalists' figures; ``search`` is this script's SET search, which the
+    compiler's must repeat."""
+    import tvm
+
+    from tvm_dsa.harness import import_onnx
+    from tvm_dsa.schedule.set.scheduler import SetOptions
+
+    mod = import_onnx(get_model(model, batch=search.tree.batch))
+    tvm.compile(mod, target=f"dsa/{preset}", relax_pipeline=tvm_dsa.pipeline(schedule="set", options=SetOptions(config)))
+    result = tvm_dsa.pipeline_result()
+    plan, program = result.trees["set0"]
+    if plan.search.tree.text(graph) != search.tree.text(graph):
+        raise SystemExit(f"{model} on {preset}: the compiler's search found another tree than this script's")
+    if "set0" not in result.finalists:  # the three searches found one tree: nothing to measure
+        return "set", search.evaluation, simulate_tree(model, preset, search.tree, graph)
+    launch = hardware.get(preset).kernel_launch_cycles
+    kept = next(f for f in plan.search.finalists if f.tree == plan.schedule.tree)
+    for m in result.finalists["set0"]:
+        print(f"  SET's finalist {m.scheme.upper():<3} evaluated {m.evaluated:>10.0f}  simulated {m.cycles - launch:>10} "
+              f"cycles {m.joules * 1e3:>7.3f} mJ{'  (kept)' if m.scheme == kept.scheme else ''}")
+    measured = next(m for m in result.finalists["set0"] if m.scheme == kept.scheme)
+    scheme = "set" if kept.scheme == "set" else f"set/{kept.scheme}"
+    return scheme, kept.evaluation, (measured.cycles - launch, measured.ddr_bytes, program.timeline(), measured.joules)
+
+
+def _label(scheme: str) -> str:
+    """SET, LS, LP; SET(LS) for the SET program whose finalist is the LS tree."""
+    head, _, tail = scheme.partition("/")
+    return head.upper() + (f"({tail.upper()})" if tail else "")
 
 
 def simulate_tree(model: str, preset: str, tree: Tree, graph: LayerGraph) -> tuple[int, int, tuple, float]:

@@ -2,6 +2,7 @@
 ``tvm_dsa.pipeline(schedule="set")``: numerics against llvm, invocations on their tile groups in
 the tree's order, the S-T graph's rectangles, errors."""
 
+import dataclasses
 import random
 import xml.etree.ElementTree as ET
 
@@ -63,10 +64,48 @@ def test_random_trees_compute_what_llvm_computes(resnet, seed):
 
 
 def test_searched_tree_compiles_and_matches_llvm(resnet):
+    """The search's finalists (its SET, LS and LP trees) are lowered and simulated; the program of
+    least simulated E * D (the objective) is the one compiled, and gives llvm's numbers."""
     mod, x, ref, graph = resnet
-    vm, plan, _ = compile_set(mod, SetOptions(Anneal(beta=2, seed=3)))
-    assert plan.search is not None and plan.search.iterations == 2 * len(graph)
+    vm, plan, lowered = compile_set(mod, SetOptions(Anneal(beta=2, seed=3)))
+    search = plan.search
+    assert search is not None and search.iterations == 3 * 2 * len(graph)  # LS, LP, then SET
     assert rel_error(vm["main"](tvm.runtime.tensor(x)).numpy(), ref) < 2e-2
+    measured = tvm_dsa.pipeline_result().finalists["set0"]
+    texts = [f.tree.text(graph) for f in search.finalists]
+    distinct = [f for i, f in enumerate(search.finalists) if texts[i] not in texts[:i]]  # each tree once
+    assert [(m.scheme, m.evaluated) for m in measured] == [(f.scheme, f.evaluation.latency) for f in distinct]
+    assert not any(m.error for m in measured)
+    report = simulate(lowered.program, mode="timing", check_hazards=False).report
+    kept = min(measured, key=lambda m: m.joules * m.cycles)
+    assert (report.cycles, report.ddr_read + report.ddr_write, report.energy_total) == \
+        (kept.cycles, kept.ddr_bytes, pytest.approx(kept.joules))
+    assert plan.schedule.tree == next(f.tree for f in distinct if f.scheme == kept.scheme)
+
+
+def test_a_rival_whose_program_simulates_cheaper_is_kept(resnet, monkeypatch):
+    """The search ranks its LP tree first (made so here); kernel generation still keeps the finalist
+    whose program simulates at least E * D, and a given tree has no rivals to measure."""
+    from tvm_dsa.schedule.set import scheduler
+
+    def lp_first(*args, **kwargs):
+        r = search(*args, **kwargs)
+        lp = r.finalists[-1]
+        return dataclasses.replace(r, tree=lp.tree, evaluation=lp.evaluation, cost=lp.cost,
+                                   finalists=(lp, *r.finalists[:-1]))
+
+    search = scheduler.anneal
+    monkeypatch.setattr(scheduler, "anneal", lp_first)
+    mod, x, ref, graph = resnet
+    vm, plan, lowered = compile_set(mod, SetOptions(Anneal(beta=2, seed=3)))
+    measured = tvm_dsa.pipeline_result().finalists["set0"]
+    kept = min(measured, key=lambda m: m.joules * m.cycles)
+    assert measured[0].scheme == "lp" and kept.scheme != "lp"  # the LP program is not the cheapest here
+    assert plan.schedule.tree == next(f.tree for f in plan.search.finalists if f.scheme == kept.scheme)
+    assert simulate(lowered.program, mode="timing", check_hazards=False).report.cycles == kept.cycles
+    assert rel_error(vm["main"](tvm.runtime.tensor(x)).numpy(), ref) < 2e-2
+    compile_set(mod, SetOptions(tree=plan.schedule.tree.text(graph)))
+    assert tvm_dsa.pipeline_result().finalists == {}
 
 
 @pytest.mark.parametrize("name", ["googlenet", "pnasnet", "vit_b16"])

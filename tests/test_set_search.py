@@ -126,7 +126,8 @@ def test_annealing_is_deterministic_and_never_worse_than_its_start():
     assert runs[0].tree == runs[1].tree and runs[0].cost == runs[1].cost
     start = ev.evaluate(initial_tree(g, 4)).edp
     assert runs[0].cost <= start and runs[0].cost == pytest.approx(runs[0].evaluation.edp)
-    assert runs[0].history == sorted(runs[0].history, reverse=True) and len(runs[0].history) == 160
+    # SET's search: the LS and the LP search, then its own, 20 iterations a layer each
+    assert runs[0].history == sorted(runs[0].history, reverse=True) and len(runs[0].history) == 3 * 160
     assert runs[0].cost == pytest.approx(ev.evaluate(runs[0].tree).edp)  # the tree scores its cost
 
 
@@ -135,8 +136,23 @@ def test_ls_and_lp_are_restricted_searches_of_the_same_engine():
     for space, kind in ((LS, "T"), (LP, "S")):
         r = anneal(g, EDGE, 8, Anneal(beta=20, seed=1, space=space))
         assert space.allows(r.tree) and depth_one_kinds(r.tree) <= {kind}
+        assert [(f.scheme, f.tree, f.cost) for f in r.finalists] == [(space.name, r.tree, r.cost)]
     s = anneal(g, EDGE, 8, Anneal(beta=20, seed=1))
     validate(s.tree, g, 16)
+
+
+def test_set_search_starts_from_the_ls_and_lp_searches_and_keeps_their_trees():
+    """SET's finalists: its best tree, then the LS and LP searches' (the same trees as those
+    searches alone, seed for seed), so it never ends above either."""
+    g = random_graph(random.Random(11), 8)
+    ev = Evaluator(g, EDGE)
+    alone = [anneal(g, EDGE, 8, Anneal(beta=10, seed=1, space=space), evaluator=ev) for space in (LS, LP)]
+    s = anneal(g, EDGE, 8, Anneal(beta=10, seed=1), evaluator=ev)
+    assert [f.scheme for f in s.finalists] == ["set", "ls", "lp"]
+    assert (s.finalists[0].tree, s.finalists[0].cost) == (s.tree, s.cost)
+    assert [(f.tree, f.cost) for f in s.finalists[1:]] == [(r.tree, r.cost) for r in alone]
+    assert s.cost <= min(r.cost for r in alone)
+    assert s.iterations == 3 * 10 * len(g) and s.accepted >= sum(r.accepted for r in alone)
 
 
 def test_a_pipeline_beats_layer_sequential_on_a_deep_chain_at_large_batch():

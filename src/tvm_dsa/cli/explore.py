@@ -7,7 +7,8 @@
 Runs the simulated annealing three times on the model's layer graph — SET over all trees, LS
 (depth-one T-cuts) and LP (depth-one S-cuts) — with the same objective, β and seed (with
 ``--restarts N``, N times each from seeds seed .. seed + N - 1, as Ray tasks as in ``tvm-dsa sweep``
-or in this process, and keeps each scheme's best); prints the
+or in this process, and keeps each scheme's best; SET's search starts from LS's and LP's, so its
+iterations are three times theirs); prints the
 latency, energy and EDP of each best tree (the evaluator's, ``schedule.set.evaluate``) with SET's
 ratios to the others, SET's best tree as text, and optionally its S-T graph and JSON.
 """

@@ -53,6 +53,7 @@ class OffloadResult:
     stitched: dict = field(default_factory=dict)  # kernel name -> StitchInfo
     tuned: list = field(default_factory=list)  # PrimFunc names lowered with a tuning record
     trees: dict = field(default_factory=dict)  # kernel name -> (TreePlan, TreeProgram) of a SET kernel
+    finalists: dict = field(default_factory=dict)  # SET kernel name -> its finalists simulated (tree.Measured)
     unstitched: dict = field(default_factory=dict)  # sub-graph kernel run layer by layer -> why
     model_ddr_bytes: int | None = None  # the model's inputs, weights, outputs (None: dynamic)
     weight_bytes: int = 0  # of those, its weights (a dynamic model's bound adds a run's inputs, outputs)

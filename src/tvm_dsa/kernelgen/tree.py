@@ -42,7 +42,8 @@ later, across root T-cut children, through a reshape, or returned stays in DDR.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+import math
+from dataclasses import dataclass, field, replace
 
 import numpy as np
 import tvm_ffi
@@ -58,7 +59,7 @@ from tvm_dsa.kernel.analysis import Unsupported
 from tvm_dsa.kernel.ir import ALIGN, CodegenError, align
 from tvm_dsa.kernelgen.rewrite import DSACall
 from tvm_dsa.emit.footprint import footprints
-from tvm_dsa.runtime import timing_cycles
+from tvm_dsa.runtime import simulate, timing_cycles
 from tvm_dsa.runtime.timing import simulate_program
 from tvm_dsa.tiling import lower_in_parts, lower_kernel
 from tvm_dsa.tir_passes.tile import anchor_info
@@ -795,17 +796,63 @@ def _exchange_cycles(hw, shape, users) -> float:
     return hw.dma_latency_cycles * sum(_crossed(cuts, dim, boxes) / c for _, _, boxes, c in users)
 
 
+@dataclass(frozen=True)
+class Measured:
+    """A finalist of a SET kernel simulated in time: the scheme whose search found its tree, the
+    evaluator's latency for it, the kernel's simulated cycles (with its launch), DDR bytes and
+    joules; ``error``: why it did not lower (then no figures)."""
+
+    scheme: str
+    evaluated: float
+    cycles: int = 0
+    ddr_bytes: int = 0
+    joules: float = 0.0
+    error: str = ""
+
+
 class TreeKernels:
     """The generator of ``TreePlan`` kernels over a ``Lowered`` module: all of a SET program's
-    layers in one program."""
+    layers in one program. Where the plan has rivals, each of its schedules is lowered and
+    simulated in time, and the program of least ``E^n * D^m`` is kept (the evaluator ranks trees
+    within its error, 1-12 % on ResNet-50 and GoogLeNet, docs/set.md; the simulator ranks the
+    programs themselves); ``OffloadResult.finalists`` records the figures."""
 
     def __init__(self, ctx):
         self.ctx = ctx
 
     def __call__(self, spec) -> DSACall:
-        ctx = self.ctx
-        kernel = _tree_kernel(spec, ctx.nodes(spec), ctx)
-        lowered = build_tree_program(kernel, ctx.hw)
+        ctx, plan = self.ctx, spec.plan
+        if not plan.rivals:
+            kernel, lowered = self._lower(spec)
+        else:
+            own = plan.search.finalists[0]
+            candidates = [(spec, own.scheme, own.evaluation.latency)] + [
+                (replace(spec, plan=replace(plan, schedule=r.schedule, rivals=())), r.scheme, r.latency)
+                for r in plan.rivals]
+            n, m = plan.objective
+            measured, least = [], math.inf
+            for candidate, scheme, latency in candidates:
+                try:
+                    k, low = self._lower(candidate)
+                except (Unsupported, CodegenError) as e:
+                    if scheme == own.scheme:  # the search's own tree: as without rivals
+                        raise
+                    measured.append(Measured(scheme, latency, error=str(e)))
+                    continue
+                measured.append(self._measure(scheme, latency, low))
+                cost = measured[-1].joules ** n * measured[-1].cycles ** m
+                if cost < least:
+                    (spec, kernel, lowered), least = (candidate, k, low), cost
+            ctx.result.finalists[spec.name] = tuple(measured)
         ctx.result.dsa.append(spec.name)
         ctx.result.trees[spec.name] = (spec.plan, lowered)
         return DSACall(spec, lowered.program.serialize(), kernel.inputs, kernel.outputs)
+
+    def _lower(self, spec) -> tuple[TreeKernel, TreeProgram]:
+        kernel = _tree_kernel(spec, self.ctx.nodes(spec), self.ctx)
+        return kernel, build_tree_program(kernel, self.ctx.hw)
+
+    @staticmethod
+    def _measure(scheme: str, evaluated: float, lowered: TreeProgram) -> Measured:
+        report = simulate(lowered.program, None, mode="timing", check_hazards=False).report
+        return Measured(scheme, evaluated, report.cycles, report.ddr_read + report.ddr_write, report.energy_total)

@@ -42,14 +42,27 @@ class StitchPlan:
 
 
 @dataclass(frozen=True)
+class Rival:
+    """A schedule measured against a ``TreePlan``'s own: the best tree of another space's search
+    (``scheme``: ``ls`` or ``lp``) and the evaluator's latency for it (cycles)."""
+
+    scheme: str
+    schedule: Schedule
+    latency: float
+
+
+@dataclass(frozen=True)
 class TreePlan:
     """A SET program: the layer graph (layer ``i`` is the call ``graph.layers[i].node``), the
     tree's schedule (tile groups, batches, chunks, pinned weights) and the search that found the
-    tree (None for a given tree)."""
+    tree (None for a given tree). ``rivals``: schedules kernel generation lowers and simulates
+    too, keeping the program of least ``E^n * D^m`` (``objective``: ``(n, m)``) in the simulator."""
 
     graph: LayerGraph
     schedule: Schedule
     search: SearchResult | None
+    rivals: tuple[Rival, ...] = ()
+    objective: tuple[float, float] = (1, 1)
 
 
 Plan = LayerPlan | StitchPlan | TreePlan

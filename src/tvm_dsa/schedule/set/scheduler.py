@@ -4,7 +4,8 @@
 builds the layer graph of ``main`` (the batch is the leading dimension of its activation inputs),
 finds a resource allocation tree by simulated annealing (or takes the one given in ``SetOptions``)
 and hands kernel generation a kernel holding the layers the DSA runs; ``kernelgen.tree``
-lowers the tree. Pure reshapes between those layers are views inside the program. Layers the DSA
+lowers the tree. The search's best LS and LP trees go with it as rivals: kernel generation
+simulates the three programs and keeps the one of least cost (``search.Finalist``). Pure reshapes between those layers are views inside the program. Layers the DSA
 cannot run stay on the host; where one sits between layers, the layers after it form another
 program with a tree of its own (``program_groups``).
 """
@@ -15,11 +16,11 @@ from dataclasses import dataclass
 
 from tvm_dsa.schedule import register
 from tvm_dsa.schedule.graph import OpGraph
-from tvm_dsa.schedule.plan import KernelSpec, Lowering, TreePlan
+from tvm_dsa.schedule.plan import KernelSpec, Lowering, Rival, TreePlan
 from tvm_dsa.schedule.set.evaluate import Evaluator
 from tvm_dsa.schedule.set.intra import working_set_bytes
 from tvm_dsa.schedule.set.layers import LayerGraph
-from tvm_dsa.schedule.set.search import Anneal, anneal
+from tvm_dsa.schedule.set.search import OBJECTIVES, Anneal, SearchResult, anneal
 from tvm_dsa.schedule.set.tree import Tree, validate
 
 
@@ -101,5 +102,16 @@ def set_schedule(mod, hw, supported, options: SetOptions | None = None) -> list[
         else:
             search = anneal(lg, hw, batch, options.anneal, evaluator=ev)
             tree = search.tree
-        specs.append(KernelSpec(f"set{k}", tuple(n.name for n in nodes), TreePlan(lg, ev.schedule(tree), search)))
+        plan = TreePlan(lg, ev.schedule(tree), search, _rivals(search, lg, ev), OBJECTIVES[options.anneal.objective])
+        specs.append(KernelSpec(f"set{k}", tuple(n.name for n in nodes), plan))
     return specs
+
+
+def _rivals(search: SearchResult | None, lg: LayerGraph, ev: Evaluator) -> tuple[Rival, ...]:
+    """The search's other finalists, each tree once and none the same as its best."""
+    seen, rivals = {search.tree.text(lg)} if search else set(), []
+    for f in search.finalists if search else ():
+        if f.tree.text(lg) not in seen:
+            seen.add(f.tree.text(lg))
+            rivals.append(Rival(f.scheme, ev.schedule(f.tree), f.evaluation.latency))
+    return tuple(rivals)

@@ -11,14 +11,17 @@ beta = 100. LS and LP are the same search restricted to ``ops.LS`` / ``ops.LP`` 
 Deterministic for a given seed. Independent restarts from other seeds (``anneal_each``, in this
 process or as Ray tasks) and the best of them (``best``) widen the search.
 
-Warm start (``Anneal.warm``, not in the seed): SET's search first spends that share of its
-iterations in the LS and the LP space, half each, and goes on from the better of the two best trees
-(LS and LP trees are SET trees). From the seed's initial tree alone, large batches on many tiles got
-stuck in a root T-cut of 16 sub-batches over all layers (feature maps on chip, every weight
-reloaded 16 times), 1.4x slower than the LS search's segmentation at the same budget: reaching that
-from there takes a chain of group and sub-batch moves each of which costs more first. Warmed in LS
-alone, it could not reach LP's pipelines either (ResNet-50 on ``set-cloud144``, batch 64, EDP: 1.36x
-the LP search's cost).
+Warm start (``Anneal.warm``, not in the seed): SET's search first runs the LS and the LP search
+with its own configuration (the same trees as those searches alone, seed for seed), then its
+``n`` iterations in the SET space from the better of their best trees (LS and LP trees are SET
+trees), so its result never costs more than theirs. From the seed's initial tree alone, large
+batches on many tiles got stuck in a root T-cut of 16 sub-batches over all layers (feature maps on
+chip, every weight reloaded 16 times), 1.4x slower than the LS search's segmentation at the same
+budget: reaching that from there takes a chain of group and sub-batch moves each of which costs
+more first. Warmed in LS alone, it could not reach LP's pipelines either (ResNet-50 on
+``set-cloud144``, batch 64, EDP: 1.36x the LP search's cost). The three best trees are the
+search's ``finalists``: the evaluator is not exact (1-12 % on ResNet-50 and GoogLeNet), so the
+``set`` schedule has kernel generation measure those close in cost and keep the fastest program.
 """
 
 from __future__ import annotations
@@ -50,18 +53,26 @@ class Anneal:
     objective: str = "edp"
     seed: int = 0
     space: Space = SET
-    warm: float = 0.25  # share of a SET search's iterations spent first in the LS and LP spaces
+    warm: bool = True  # a SET search starts from the LS and LP searches' best trees
 
     def __post_init__(self) -> None:
         if self.objective not in OBJECTIVES:
             raise ValueError(f"unknown objective {self.objective!r}; known: {sorted(OBJECTIVES)}")
         if self.t0 < 0 or self.alpha <= 0 or self.beta <= 0:
             raise ValueError("t0 must be >= 0, alpha and beta > 0")
-        if not 0 <= self.warm < 1:
-            raise ValueError(f"warm is a share of the iterations in [0, 1), not {self.warm}")
 
     def temperature(self, i: int, n: int) -> float:
         return self.t0 * (1 - i / n) ** self.alpha
+
+
+@dataclass(frozen=True)
+class Finalist:
+    """The best tree a search found in one space (``scheme``: its name, ``set``, ``ls`` or ``lp``)."""
+
+    scheme: str
+    tree: Tree
+    evaluation: Evaluation
+    cost: float
 
 
 @dataclass
@@ -75,6 +86,7 @@ class SearchResult:
     cpu_seconds: float  # this process's CPU time (the wall clock less what other jobs took)
     history: list = field(default_factory=list)  # best cost after each iteration
     seed: int = 0  # the seed of the search that found it
+    finalists: tuple[Finalist, ...] = ()  # the best tree of each space searched (SET: SET, LS, LP)
 
 
 def anneal(graph: LayerGraph, hw: Hardware, batch: int, config: Anneal = Anneal(),
@@ -85,19 +97,17 @@ def anneal(graph: LayerGraph, hw: Hardware, batch: int, config: Anneal = Anneal(
     rng = random.Random(config.seed)
     iterations = max(1, round(config.beta * len(graph)))
     tree, history, accepted = initial_tree(graph, batch), [], 0
+    firsts = []
     # ==, not is: a config sent to another process (a Ray task) holds a copy of SET
-    warm = round(config.warm * iterations / 2) if config.space == SET else 0
-    if warm:
-        firsts = [anneal(graph, hw, batch, dataclasses.replace(config, space=space, warm=0.0, beta=warm / len(graph)),
-                         ev, progress) for space in (LS, LP)]
-        first = min(firsts, key=lambda r: r.cost)
-        tree = first.tree
+    if config.warm and config.space == SET:
+        firsts = [anneal(graph, hw, batch, dataclasses.replace(config, space=space), ev, progress) for space in (LS, LP)]
+        tree = min(firsts, key=lambda r: r.cost).tree
         history = firsts[0].history + [min(firsts[0].cost, c) for c in firsts[1].history]
         accepted = sum(r.accepted for r in firsts)
-        iterations -= len(history)
     best, accepted = _chain(tree, graph, hw, config, ev, rng, iterations, history, progress, accepted)
+    finalists = (Finalist(config.space.name, *best),) + tuple(f for r in firsts for f in r.finalists)
     return SearchResult(*best, len(history), accepted, time.perf_counter() - start, time.process_time() - cpu,
-                        history, config.seed)
+                        history, config.seed, finalists)
 
 
 def anneal_each(graph: LayerGraph, hw: Hardware, batch: int, configs: list[Anneal], on_ray: bool = False,
