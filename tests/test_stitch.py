@@ -132,6 +132,24 @@ def test_an_output_the_sub_graph_reads_has_boxes_only_where_each_instance_reads_
     assert Instances.of(layers, prints, [mid, last], whole, 1.0).boxes == [{mid: ((0, 0, 0, 0), (1, 8, 32, 32))}]
 
 
+def test_an_output_its_tiles_store_in_runs_shorter_than_a_burst_is_copied_out_of_the_gb():
+    """The second conv's output (1 x 8 x 32 x 32, fp16) leaves the sub-graph and nothing in it
+    reads it. Tiles of 4 x 4 pixels would store it in runs of 4 elements (8 bytes, an eighth of a
+    burst); an instance's box of whole rows lengthens them, so the instance keeps it in the GB and
+    copies it out. Tiles of whole rows, or instances no wider than the tiles, store as they are."""
+    _, graph, layers = _fused_layers(lambda: conv_chain(batch=1, k=3, hw_=32))
+    last = layers[1].args[layers[1].ir.params[-1][0]]
+    corners = np.array([(0, 0, r, c) for r in range(0, 32, 4) for c in range(0, 32, 4)])
+    narrow = (corners, corners + (1, 8, 4, 4))
+    whole = [{last: ((0, 0, 0, 0), (1, 8, 32, 32))}]
+    assert 4 * 2 < HW.ddr_burst_bytes <= 32 * 32 * 2
+    assert stitch._stored_short(layers[1], narrow, whole, last, HW)
+    assert not stitch._stored_short(layers[1], narrow, whole, last, None)  # no chip: no bursts
+    assert not stitch._stored_short(layers[1], narrow, [{last: ((0, 0, 0, 0), (1, 8, 4, 4))}], last, HW)
+    rows = np.array([(0, 0, r, 0) for r in range(0, 32, 4)])
+    assert not stitch._stored_short(layers[1], (rows, rows + (1, 8, 4, 32)), whole, last, HW)
+
+
 def test_a_single_sample_is_split_by_rows_when_its_channels_cannot_be():
     """At batch 1 the scheduler's split (channels, loop 1) gives one instance, and a channel split
     would have every instance compute all of its producer's channels. Given the chip, the batch
@@ -586,8 +604,10 @@ def residual_blocks(n: int):
 def test_a_block_like_the_one_before_is_replayed_or_copied_as_emitting_it_gives(monkeypatch, rng):
     """Eight residual blocks of one shape (two layers each) in one stitched kernel. A layer of a
     later block is the previous block's with other weights and intermediates. Block 1 reads the
-    input from DDR, so block 2 has nothing like it before, and block 8's last layer writes the
-    output there: these are emitted; every other layer is an earlier block's same layer again.
+    input from DDR, so block 2 has nothing like it before: these are emitted; every other layer
+    is an earlier block's same layer again, block 8's last one too (its tiles of a few rows would
+    store the output in runs of 16 bytes, so it is kept in the GB like the intermediates and
+    copied out: ``stitch._stored_short``).
     Some of the first later blocks find memory their predecessors found fresh (the intermediates'
     memory is reused from block to block), so those layers are pushed again (replayed) with
     dependencies worked out anew; where the dependency tracker holds for a layer's objects what
@@ -619,7 +639,7 @@ def test_a_block_like_the_one_before_is_replayed_or_copied_as_emitting_it_gives(
     names = [L.name for L in layers]
     assert len(names) == 16
     again = {names.index(r.layer): names.index(r.source) for r in replays + copies}
-    assert sorted(again) == list(range(4, 15))  # cluster 0's layers of blocks 3-8 but the last, each once
+    assert sorted(again) == list(range(4, 16))  # cluster 0's layers of blocks 3-8, each once
     assert all(a < b and a % 2 == b % 2 for b, a in again.items())  # from the same layer of an earlier block
     assert set(range(8, 15)) <= {names.index(r.layer) for r in copies}  # copies from block 5 on
     (a,), (b,) = emitted.expanded().kernels, compact.expanded().kernels
@@ -1198,7 +1218,7 @@ def test_a_pieced_weight_goes_after_the_promotions_of_its_step_and_its_tiles_in_
     loads = [((y.src.offset - w2.offset) // 2 % 256) // width for y in ins if isinstance(y, isa.Dma)
              and y.src.mem == "gb" and y.src.index == 0 and w2.offset <= y.src.offset < w2.offset + w2.nbytes]
     (layer,) = [L for L in sg.layers if name in L.args.values()]
-    inst, cores = stitch.read_instances(sub, sg, prints), stitch.read_cores(sub)
+    inst, cores = stitch.read_instances(sub, sg, prints, HW), stitch.read_cores(sub)
     runs = sum(1 for i, cs in enumerate(cores) if cs[0] < HW.cores_per_cluster and len(inst.rows[i][layer.name]))
     assert sum(b < a for a, b in zip(loads, loads[1:])) == runs - 1
     assert set(loads) == set(range(256 // width)) and len(set(loads)) >= 2

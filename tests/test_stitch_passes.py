@@ -69,15 +69,18 @@ def test_bind_cores_follows_algorithm_4():
 @pytest.mark.parametrize("gb, lb", [(True, False), (False, False), (True, True)])
 def test_assign_memory_scopes(gb, lb):
     """GB where the instance spans cores (or lb is off), DDR without the GB, LB for one-core
-    instances with the LB's rest below the layers' largest tile plan; weights promoted with the GB."""
+    instances with the LB's rest below the layers' largest tile plan; weights promoted with the GB.
+    At batch 4 the output too: its tiles of a few rows of 8 would store it in runs shorter than a
+    DDR burst, its instances' samples in whole planes (``stitch._stored_short``; without the GB
+    it is written in its own DDR region all the same)."""
     batch = 32 if lb else 4
     mod = run(sub_module(lambda: conv_chain(batch=batch, hw_=8), split=(0, batch)), StitchBuffers(HW), BindCores(HW),
               AssignMemoryScopes(HW, gb=gb, lb=lb))
     sg, _ = read_subgraph(mod, HW)
-    mid = sg.layers[0].args[sg.layers[0].ir.params[-1][0]]
+    mid, out = (L.args[L.ir.params[-1][0]] for L in sg.layers)
     attr = mod.attrs["dsa.scopes"]
     expected = LB_SCOPE if lb else GB_SCOPE if gb else DDR_SCOPE
-    assert [dict(m) for m in attr["instances"]] == [{mid: expected}] * batch
+    assert [dict(m) for m in attr["instances"]] == [{mid: expected} | ({} if lb else {out: expected})] * batch
     assert sorted(attr["promote"]) == (sorted(sg.inputs[1:]) if gb else [])
     assert int(attr["gb_bytes"]) == (HW.gb_bytes if gb else 0)
     top = max(L.plan.total_bytes for L in sg.layers)
@@ -136,7 +139,7 @@ def test_clusters_alike_but_for_their_rows_place_their_buffers_alike():
     mod = through(sub_module(lambda: conv_chain(batch=1, hw_=29), split=(2, 4)))
     buffers = read_allocation(mod)
     sg, prints = read_subgraph(mod, HW)
-    boxes = read_instances(mod, sg, prints).boxes
+    boxes = read_instances(mod, sg, prints, HW).boxes
     own = [math.prod(h - l for l, h in zip(*boxes[i]["lv"])) * sg.itemsize("lv") for i in range(4)]
     assert own == [9 * 29 * 8 * 2, 10 * 29 * 8 * 2, 10 * 29 * 8 * 2, 6 * 29 * 8 * 2]
     places = {}

@@ -46,12 +46,14 @@ class Instances:
     recompute: float  # work of all instances / work of the sub-graph
 
     @classmethod
-    def of(cls, layers, prints: dict, outputs, rows: list, recompute: float) -> "Instances":
+    def of(cls, layers, prints: dict, outputs, rows: list, recompute: float, hw=None) -> "Instances":
         """The instances computing ``rows``: the boxes they write. An output of the sub-graph gets
         boxes only where layers of it read it and each instance's reads fall inside its own box
         (``_reads_inside``): the instance keeps it on chip for them and copies it out, where its
         consumers' tiles would each load it from DDR again (ResNet-50's block outputs at batch 1,
-        read by the next block's first convolution, once per output-channel tile)."""
+        read by the next block's first convolution, once per output-channel tile); or where, on
+        ``hw``, its tiles would write it to DDR in runs shorter than a burst that its instances'
+        boxes lengthen (``_stored_short``)."""
         boxes = [{} for _ in rows]
         for L in reversed(layers):  # the order lifetimes are listed in (it breaks placement ties)
             out = L.args[L.ir.params[-1][0]]
@@ -66,7 +68,8 @@ class Instances:
             high = np.maximum.reduceat(write[1][at], starts, axis=0).tolist()
             for k, lo, hi in zip(which, low, high):
                 boxes[k][out] = (tuple(lo), tuple(hi))
-            if out in outputs and not _reads_inside(layers, prints, rows, boxes, out):
+            if out in outputs and not (_reads_inside(layers, prints, rows, boxes, out)
+                                       or _stored_short(L, write, boxes, out, hw)):
                 for b in boxes:
                     b.pop(out, None)
         return cls(rows, boxes, recompute)
@@ -74,6 +77,41 @@ class Instances:
     @property
     def count(self) -> int:
         return len(self.rows)
+
+
+def _contiguous(low: np.ndarray, high: np.ndarray, shape) -> np.ndarray:
+    """Per box (one row each of ``low`` and ``high``, high exclusive) of a row-major tensor of
+    ``shape``: the elements of each of its contiguous runs."""
+    run = np.ones(len(low), dtype=np.int64)
+    whole = np.ones(len(low), dtype=bool)  # the dims after this one span the tensor
+    for d in reversed(range(len(shape))):
+        extent = high[:, d] - low[:, d]
+        run = np.where(whole, run * extent, run)
+        whole &= extent == shape[d]
+    return run
+
+
+STAGE_GAIN = 1.5  # assumed: DDR bytes saved to pay for a copy through the GB
+
+
+def _stored_short(L: Layer, write: Boxes, boxes: list, tensor: str, hw) -> bool:
+    """Whether ``L``'s tiles would write ``tensor`` (their boxes ``write``) to DDR in runs so short
+    that their whole bursts move ``STAGE_GAIN`` times the bytes the instances' boxes of it
+    (``boxes``) move in theirs: kept in the GB, it is copied out in those. ResNet-50's stage-2
+    blocks at batch 1 stored the next block's first product in tiles of 7 × 7 pixels, 14-byte
+    rows in 64-byte bursts (4.6× the bytes), at the end of each kernel."""
+    mine = [b[tensor] for b in boxes if tensor in b]
+    if hw is None or not mine:
+        return False
+    name, shape, _ = L.ir.params[-1]
+    itemsize = np.dtype(L.ir.ddr_dtype(name, hw)).itemsize
+
+    def moved(run: int) -> float:  # DDR bytes per byte of a run of ``run`` elements
+        return -(-run * itemsize // hw.ddr_burst_bytes) * hw.ddr_burst_bytes / (run * itemsize)
+
+    tiles = moved(int(_contiguous(*write, shape).min()))
+    instances = moved(int(_contiguous(*(np.array(c, dtype=np.int64) for c in zip(*mine)), shape).min()))
+    return tiles >= STAGE_GAIN * instances
 
 
 def _reads_inside(layers, prints: dict, rows: list, boxes: list, tensor: str) -> bool:
@@ -490,20 +528,20 @@ def read_rows(runs) -> np.ndarray:
     return np.concatenate([np.arange(a, b) for a, b in pairs.tolist()]) if len(pairs) else np.zeros(0, np.int64)
 
 
-_READ: dict = {}  # (dsa.instances, layer PrimFuncs) -> Instances, for the passes that read them in turn
+_READ: dict = {}  # (dsa.instances, layer PrimFuncs, chip) -> Instances, for the passes that read them in turn
 _READ_LOCK = threading.Lock()  # compilations may run in several threads
 
 
-def read_instances(mod: tvm.IRModule, sg: SubGraphKernel, prints: dict) -> Instances:
+def read_instances(mod: tvm.IRModule, sg: SubGraphKernel, prints: dict, hw) -> Instances:
     attr = mod.attrs["dsa.instances"]
-    key = (attr, tuple(mod.functions.values()))  # both immutable
+    key = (attr, tuple(mod.functions.values()), hw)  # all immutable
     with _READ_LOCK:
         if key not in _READ:
             if len(_READ) >= 64:
                 _READ.pop(next(iter(_READ)))
             rows = [{str(name): read_rows(r) for name, r in chosen.items()}
                     for chosen in attr["rows"]]
-            _READ[key] = Instances.of(sg.layers, prints, sg.outputs, rows, float(attr["recompute"]))
+            _READ[key] = Instances.of(sg.layers, prints, sg.outputs, rows, float(attr["recompute"]), hw)
         return _READ[key]
 
 
@@ -774,7 +812,7 @@ def emit_stitched(mod: tvm.IRModule, hw, replicate: bool = True, replay: bool = 
     boxes that do not move with the clamped loop (``KernelEmitter``)."""
 
     sg, prints = read_subgraph(mod, hw)
-    inst = read_instances(mod, sg, prints)
+    inst = read_instances(mod, sg, prints, hw)
     cores = read_cores(mod)
     order = str(mod.attrs["dsa.order"])
     lb_bytes = int(mod.attrs["dsa.scopes"]["lb_bytes"])

@@ -67,7 +67,7 @@ class _Kernel:
 
     @functools.cached_property
     def inst(self):
-        return read_instances(self.mod, self.sg, self.prints)
+        return read_instances(self.mod, self.sg, self.prints, self.hw)
 
     @functools.cached_property
     def cores(self):
@@ -161,7 +161,7 @@ class _Kernel:
         for i in cr.members:
             for t in inst.boxes[i]:
                 x = Lifetime(("t", t, i), sizes[i][t],
-                             step(cr.rnd[i], produced[t]), max(step(cr.rnd[i], k) for k in readers[t]))
+                             step(cr.rnd[i], produced[t]), max(step(cr.rnd[i], k) for k in readers.get(t, [produced[t]])))
                 scope = instance_scopes[i][t]
                 if scope == LB_SCOPE:
                     in_lb.setdefault(self.cores[i][0], []).append(x)
