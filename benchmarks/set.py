@@ -191,18 +191,19 @@ def compile_searched(model: str, preset: str, graph: LayerGraph, search, config:
     from tvm_dsa.schedule.set.scheduler import SetOptions
 
     mod = import_onnx(get_model(model, batch=search.tree.batch))
-    tvm.compile(mod, target=f"dsa/{preset}", relax_pipeline=tvm_dsa.pipeline(schedule="set", options=SetOptions(config)))
+    pipeline = tvm_dsa.pipeline(schedule="set", options=SetOptions(config))
+    tvm.compile(mod, target=f"dsa/{preset}", relax_pipeline=pipeline)
     result = tvm_dsa.pipeline_result()
     plan, program = result.trees["set0"]
     if plan.search.tree.text(graph) != search.tree.text(graph):
         raise SystemExit(f"{model} on {preset}: the compiler's search found another tree than this script's")
-    if "set0" not in result.finalists:  # the three searches found one tree: nothing to measure
-        return "set", search.evaluation, simulate_tree(model, preset, search.tree, graph)
+    if "set0" not in result.finalists:  # the three searches found one tree: nothing measured
+        return "set", search.evaluation, figures(program, preset)
     launch = hardware.get(preset).kernel_launch_cycles
     kept = next(f for f in plan.search.finalists if f.tree == plan.schedule.tree)
     for m in result.finalists["set0"]:
-        print(f"  SET's finalist {m.scheme.upper():<3} evaluated {m.evaluated:>10.0f}  simulated {m.cycles - launch:>10} "
-              f"cycles {m.joules * 1e3:>7.3f} mJ{'  (kept)' if m.scheme == kept.scheme else ''}")
+        print(f"  SET's finalist {m.scheme.upper():<3} evaluated {m.evaluated:>10.0f}  simulated "
+              f"{m.cycles - launch:>10} cycles {m.joules * 1e3:>7.3f} mJ{'  (kept)' if m.scheme == kept.scheme else ''}")
     measured = next(m for m in result.finalists["set0"] if m.scheme == kept.scheme)
     scheme = "set" if kept.scheme == "set" else f"set/{kept.scheme}"
     return scheme, kept.evaluation, (measured.cycles - launch, measured.ddr_bytes, program.timeline(), measured.joules)
@@ -215,12 +216,16 @@ def _label(scheme: str) -> str:
 
 
 def simulate_tree(model: str, preset: str, tree: Tree, graph: LayerGraph) -> tuple[int, int, tuple, float]:
+    """``figures`` of ``tree`` lowered to a DSA program for ``model`` at the tree's batch."""
+    return figures(lower_tree(model, preset, tree, graph), preset)
+
+
+def figures(program, preset: str) -> tuple[int, int, tuple, float]:
     """(simulated cycles of the kernel, without its launch; DRAM payload bytes; S-T rectangles;
-    joules, the report's, with the pe_array's) of ``tree`` lowered to a DSA program for ``model``
-    at the tree's batch (timing only: the presets store int8)."""
+    joules, the report's, with the pe_array's) of a lowered tree (``TreeProgram``), timing only
+    (the presets store int8)."""
     from tvm_dsa.runtime.simulator import simulate
 
-    program = lower_tree(model, preset, tree, graph)
     report = simulate(program.program, mode="timing", check_hazards=False).report
     launch = hardware.get(preset).kernel_launch_cycles
     return report.cycles - launch, report.ddr_read + report.ddr_write, program.timeline(), report.energy_total

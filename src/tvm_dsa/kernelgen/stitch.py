@@ -52,8 +52,8 @@ class Instances:
         (``_reads_inside``): the instance keeps it on chip for them and copies it out, where its
         consumers' tiles would each load it from DDR again (ResNet-50's block outputs at batch 1,
         read by the next block's first convolution, once per output-channel tile); or where, on
-        ``hw``, its tiles would write it to DDR in runs shorter than a burst that its instances'
-        boxes lengthen (``_stored_short``)."""
+        ``hw``, its tiles would write it to DDR in runs whose bursts move much more than its
+        instances' boxes would (``_stored_short``)."""
         boxes = [{} for _ in rows]
         for L in reversed(layers):  # the order lifetimes are listed in (it breaks placement ties)
             out = L.args[L.ir.params[-1][0]]

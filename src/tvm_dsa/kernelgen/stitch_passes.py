@@ -160,8 +160,8 @@ class _Kernel:
         sizes = self._padded_sizes(c)
         for i in cr.members:
             for t in inst.boxes[i]:
-                x = Lifetime(("t", t, i), sizes[i][t],
-                             step(cr.rnd[i], produced[t]), max(step(cr.rnd[i], k) for k in readers.get(t, [produced[t]])))
+                last = max(step(cr.rnd[i], k) for k in readers.get(t, [produced[t]]))  # unread: copied out
+                x = Lifetime(("t", t, i), sizes[i][t], step(cr.rnd[i], produced[t]), last)
                 scope = instance_scopes[i][t]
                 if scope == LB_SCOPE:
                     in_lb.setdefault(self.cores[i][0], []).append(x)

@@ -814,8 +814,8 @@ class TreeKernels:
     """The generator of ``TreePlan`` kernels over a ``Lowered`` module: all of a SET program's
     layers in one program. Where the plan has rivals, each of its schedules is lowered and
     simulated in time, and the program of least ``E^n * D^m`` is kept (the evaluator ranks trees
-    within its error, 1-12 % on ResNet-50 and GoogLeNet, docs/set.md; the simulator ranks the
-    programs themselves); ``OffloadResult.finalists`` records the figures."""
+    within its error, up to 17 % on ResNet-50's and GoogLeNet's, docs/set.md; the simulator ranks
+    the programs themselves); ``OffloadResult.finalists`` records the figures."""
 
     def __init__(self, ctx):
         self.ctx = ctx

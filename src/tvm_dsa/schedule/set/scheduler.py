@@ -5,9 +5,10 @@ builds the layer graph of ``main`` (the batch is the leading dimension of its ac
 finds a resource allocation tree by simulated annealing (or takes the one given in ``SetOptions``)
 and hands kernel generation a kernel holding the layers the DSA runs; ``kernelgen.tree``
 lowers the tree. The search's best LS and LP trees go with it as rivals: kernel generation
-simulates the three programs and keeps the one of least cost (``search.Finalist``). Pure reshapes between those layers are views inside the program. Layers the DSA
-cannot run stay on the host; where one sits between layers, the layers after it form another
-program with a tree of its own (``program_groups``).
+simulates the programs of the three (``search.Finalist``) and keeps the one of least cost. Pure
+reshapes between those layers are views inside the program. Layers the DSA cannot run stay on the
+host; where one sits between layers, the layers after it form another program with a tree of its
+own (``program_groups``).
 """
 
 from __future__ import annotations

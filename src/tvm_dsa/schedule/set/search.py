@@ -20,8 +20,9 @@ chip, every weight reloaded 16 times), 1.4x slower than the LS search's segmenta
 budget: reaching that from there takes a chain of group and sub-batch moves each of which costs
 more first. Warmed in LS alone, it could not reach LP's pipelines either (ResNet-50 on
 ``set-cloud144``, batch 64, EDP: 1.36x the LP search's cost). The three best trees are the
-search's ``finalists``: the evaluator is not exact (1-12 % on ResNet-50 and GoogLeNet), so the
-``set`` schedule has kernel generation measure those close in cost and keep the fastest program.
+search's ``finalists``: the evaluator is not exact (up to 17 % on ResNet-50's and GoogLeNet's
+trees), so the ``set`` schedule has kernel generation simulate their programs and keep the
+cheapest.
 """
 
 from __future__ import annotations
@@ -100,7 +101,8 @@ def anneal(graph: LayerGraph, hw: Hardware, batch: int, config: Anneal = Anneal(
     firsts = []
     # ==, not is: a config sent to another process (a Ray task) holds a copy of SET
     if config.warm and config.space == SET:
-        firsts = [anneal(graph, hw, batch, dataclasses.replace(config, space=space), ev, progress) for space in (LS, LP)]
+        firsts = [anneal(graph, hw, batch, dataclasses.replace(config, space=space), ev, progress)
+                  for space in (LS, LP)]
         tree = min(firsts, key=lambda r: r.cost).tree
         history = firsts[0].history + [min(firsts[0].cost, c) for c in firsts[1].history]
         accepted = sum(r.accepted for r in firsts)
