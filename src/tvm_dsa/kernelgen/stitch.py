@@ -151,12 +151,12 @@ def plan_instances(layers: list[Layer], prints: dict, outputs: list[str], loop: 
     its channels: ResNet-50's first sub-graph at batch 1 ran on one cluster, now on two), and the
     split with the least is kept: ViT-B/16's MLP in overlapping 40- and 66-token tiles split
     into 3 token ranges a sample kept 24 of 32 cores busy and computed 34 % of its FFN1 twice,
-    where a split by samples, 4 cores each, does neither. With fewer samples than clusters, of the
-    splits whose busiest cores do alike (or no more than an even share) the one of fewest
-    instances on every cluster: ResNet-50's last stage at batch 1 split its 7 rows into 7
-    instances, writing its output out in rows of 7 values, where 4 of two rows balance the
-    clusters alike (a rule for all splits kept samples together on fewer cores at batch 8:
-    ResNet-50 2.4x the cycles).
+    where a split by samples, 4 cores each, does neither. With fewer tiles along the first loop
+    (the samples) than clusters, of the splits whose busiest cores do alike (or no more than an
+    even share) the one of fewest instances on every cluster: ResNet-50's last stage at batch 1
+    split its 7 rows into 7 instances, writing its output out in rows of 7 values, where 4 of two
+    rows balance the clusters alike (a rule for all splits kept samples together on fewer cores
+    at batch 8: ResNet-50 2.4x the cycles).
 
     Every coarser split's seeds are unions of a finer one's, so their instances' work is no less:
     once ``_hopeless`` has sampled a split's work per seed, a coarser split with so many seeds that
@@ -168,7 +168,9 @@ def plan_instances(layers: list[Layer], prints: dict, outputs: list[str], loop: 
     per_seed = 0.0  # the largest work per seed sampled, a share of the sub-graph's
     best = None  # (rank, instances) of the best split within the limit
     even = sum(len(prints[L.name].tiles) * prints[L.name].work for L in layers) / hw.cores if hw else math.inf
-    few = hw is not None and int(grid[:, 0].max()) + 1 < hw.clusters  # fewer samples than clusters
+    # fewer tiles along the first loop (the samples, where the layer has a batch) than clusters:
+    # a sample's rows are split over them
+    few = hw is not None and int(grid[:, 0].max()) + 1 < hw.clusters
     last = grid.shape[1] - 1
     # (the loops kept whole, the loop cut): the scheduler's loop and those outside it, then, given
     # the chip, the batch with one inner loop cut alone: the rows (the second-to-last loop: a
