@@ -34,7 +34,7 @@ def budget(label: str, batch: int, tiny: bool, target: str) -> list[str]:
     used, mme_used = core_cycles / r.cycles, r.busy.get("mme", 0) / core_cycles
     u = r.utilisation
     return [label, str(batch), compiled.offload.schedule, f"{r.cycles:,}", f"{r.roofline_fraction:.1%}", r.roofline_binds,
-            f"{r.kernels * hw.kernel_launch_cycles / r.cycles:.1%}",
+            f"{r.launches * hw.kernel_launch_cycles / r.cycles:.1%}",
             f"{r.ddr_burst_bytes / hw.ddr_bytes_per_cycle / r.cycles:.1%}",
             f"{r.ddr_burst_bytes / r.compulsory_ddr_bytes:.2f}", f"{u['mme']:.1%}", f"{mme_used:.1%}",
             f"{u['dma']:.1%}", f"{u['cdma']:.1%}", f"{used:.1f} of {hw.cores}"]

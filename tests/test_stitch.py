@@ -2,8 +2,9 @@
 whole sub-graphs on the simulator against llvm."""
 
 import dataclasses
-import json
+import importlib
 import itertools
+import json
 import math
 from types import SimpleNamespace
 
@@ -1428,9 +1429,12 @@ def test_copies_within_ddr_that_continue_each_other_are_one_dma_of_the_cluster()
     assert [i.core for i in em.instructions] == [0, 1]
 
 
-def _single_sample_block(rng, hw: str):
+def _single_sample_block(rng, hw: str, monkeypatch):
     """relu(conv1x1) -> relu(conv3x3) -> conv1x1 + x at batch 1 under graphturbo on ``hw``, checked
-    against llvm: its two kernels' runs and the pipeline's result."""
+    against llvm: its two kernels' runs, each launched alone (``kernelgen.launch`` would join them),
+    and the pipeline's result."""
+    monkeypatch.setattr(importlib.import_module("tvm_dsa.kernelgen.offload"), "launch_together",
+                        lambda calls, graph: (calls, []))
     op = relax.op
     mod = relax_graph([(1, 64, 32, 32), (64, 64, 1, 1), (64, 64, 3, 3), (64, 64, 1, 1)],
                       lambda x, w1, w2, w3: op.add(op.nn.conv2d(op.nn.relu(op.nn.conv2d(
@@ -1758,7 +1762,7 @@ def test_a_shared_input_read_once_stays_in_ddr_where_the_gb_is_short(monkeypatch
     for both inputs.)"""
     monkeypatch.setattr(stitched, "_faster_weights", lambda sub, streamed, hw: stitched._faster_loads(sub, hw))
     hardware.register(dataclasses.replace(HW, name="stcp920-gb256k", gb_bytes=256 * KB), override=True)
-    first, second, result = _single_sample_block(rng, "dsa/stcp920-gb256k")
+    first, second, result = _single_sample_block(rng, "dsa/stcp920-gb256k", monkeypatch)
     assert all(not info.spilled for info in result.stitched.values())
     program = second.program.expanded()
     (made,) = [a.name for a in first.program.args if a.role == "output"]
@@ -1779,13 +1783,13 @@ def test_ddr_bytes_of_boxes_count_whole_bursts_per_contiguous_run():
     assert _ddr_bytes(np.concatenate([boxes, boxes[:1]]), (2, 4, 8), "float16", HW) == 2 * 64 + 128 + 128 + 256
 
 
-def test_a_single_sample_is_cut_before_its_windows_and_its_input_promoted(rng):
+def test_a_single_sample_is_cut_before_its_windows_and_its_input_promoted(monkeypatch, rng):
     """At batch 1, relu(conv1x1) -> relu(conv3x3) -> conv1x1 + x: the sub-graph is cut before the
     3x3 window (within one kernel every row instance would compute the 1x1's rows of its halo
     again), each kernel's rows split over the four clusters, and the second kernel's input,
     which all clusters read rows of, promoted to their GBs: DDR gives each of its bytes once
     (a multicast to the four GBs), and no core loads it from DDR. The outputs are llvm's."""
-    first, second, result = _single_sample_block(rng, "dsa/stcp920")
+    first, second, result = _single_sample_block(rng, "dsa/stcp920", monkeypatch)
     assert [{m.name for m in run.program.kernels[0].layers} - {PROMOTE} for run in (first, second)] == \
         [{"lv"}, {"lv1", "gv"}]
     assert len(result.stitched) == 2 and all(info.instances >= HW.clusters for info in result.stitched.values())

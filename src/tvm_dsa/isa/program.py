@@ -22,11 +22,11 @@ from tvm_dsa.isa.instructions import (
     OPCODE_OF, OPCODES, Dma, Fill, Instruction, Mme, Operand, Reduce, Vector, moved, replaced
 )
 
-VERSION = 8  # 2: kernels may carry replicas; 3: a replica goes where it says, moved by ranges; 4: remaps deps;
+VERSION = 9  # 2: kernels may carry replicas; 3: a replica goes where it says, moved by ranges; 4: remaps deps;
 # 5: a dma may end with 1 (prefetch queue); 6: ... with its flags, 1 prefetch + 2 multicast; 7: vector op mac;
-# 8: a multicast dma's flags may be followed by its transfer group
-READS = (1, 3, 4, 5, 6, 7, 8)  # versions this runtime reads (3 is 4 without ``Replica.remap``, 4 is 5 without
-# prefetches, 5 is 6 without multicasts, 6 is 7 without ``mac``, 7 is 8 without groups)
+# 8: a multicast dma's flags may be followed by its transfer group; 9: a kernel may be chained to the one before
+READS = (1, 3, 4, 5, 6, 7, 8, 9)  # versions this runtime reads (3 is 4 without ``Replica.remap``, 4 is 5 without
+# prefetches, 5 is 6 without multicasts, 6 is 7 without ``mac``, 7 is 8 without groups, 8 is 9 without chains)
 MAGIC = "DSAP"
 
 
@@ -90,13 +90,16 @@ class Kernel:
     ``replicas`` are inserted among the ``instructions`` where they say: the kernel's stream is
     the instructions with the copies in place, and loading a program writes it out
     (``Program.expanded``). ``layers``: which layer each run of the stream computes (marks by
-    increasing ``first``, positions in the stream)."""
+    increasing ``first``, positions in the stream). A ``chained`` kernel is not launched: it starts
+    when the program's kernel before it has finished on all its cores (the kernels of one launch,
+    a barrier between them on the chip)."""
 
     name: str
     cores: tuple[int, ...]
     instructions: tuple[Instruction, ...]
     layers: tuple[LayerMark, ...] = field(default=(), compare=False)
     replicas: tuple[Replica, ...] = ()
+    chained: bool = False
 
     def layer_of_each(self) -> list[LayerMark | None]:
         """The mark of every instruction (None before the first mark); marks are stream
@@ -132,13 +135,16 @@ class Program:
                  "instructions": [ins_to_list(i) for i in k.instructions],
                  **({"replicas": [[r.start, r.stop, r.at, r.cores, [list(m) for m in r.moves]]
                                   + ([[list(d) for d in r.remap]] if r.remap else []) for r in k.replicas]}
-                    if k.replicas else {})}
+                    if k.replicas else {}),
+                 **({"chained": True} if k.chained else {})}
                 for k in self.kernels
             ],
         }
 
     @classmethod
-    def from_dict(cls, d: dict) -> "Program":
+    def from_dict(cls, d: dict, written_out: bool = True) -> "Program":
+        """The program of ``to_dict``'s form, its replicas written out (unless not ``written_out``:
+        as stored, for a tool that rewrites programs)."""
         if not isinstance(d, dict) or d.get("magic") != MAGIC:
             raise ProgramError("not a DSA program (missing magic 'DSAP')")
         if d.get("version") not in READS:
@@ -152,9 +158,10 @@ class Program:
                                          tuple((str(m[0]), *(int(x) for x in m[1:6])) for m in r[4]),
                                          tuple((int(a), int(b)) for a, b in (r[5] if len(r) > 5 else ())))
                                  for r in k.get("replicas", ()))
-                kernels.append(_written_out(Kernel(k["name"], tuple(int(c) for c in k["cores"]),
-                                                   tuple(_ins_from_list(i) for i in k["instructions"]),
-                                                   tuple(marks), replicas)))
+                kernel = Kernel(k["name"], tuple(int(c) for c in k["cores"]),
+                                tuple(_ins_from_list(i) for i in k["instructions"]), tuple(marks), replicas,
+                                bool(k.get("chained", False)))
+                kernels.append(_written_out(kernel) if written_out else kernel)
             return cls(d["hardware"], int(d["ddr_bytes"]), args, tuple(kernels), d.get("name", "program"), VERSION)
         except (KeyError, IndexError, TypeError, ValueError) as err:
             raise ProgramError(f"malformed program: {type(err).__name__}: {err}") from None
@@ -197,7 +204,7 @@ class Program:
         return MAGIC + base64.b64encode(zlib.compress(raw, 3)).decode("ascii")
 
     @classmethod
-    def deserialize(cls, text: str) -> "Program":
+    def deserialize(cls, text: str, written_out: bool = True) -> "Program":
         text = str(text)
         if not text.startswith(MAGIC):
             raise ProgramError("not a serialized DSA program (missing 'DSAP' prefix)")
@@ -206,7 +213,7 @@ class Program:
             d = json.loads(raw)
         except (ValueError, zlib.error) as err:
             raise ProgramError(f"corrupt serialized program: {err}") from None
-        return cls.from_dict(d)
+        return cls.from_dict(d, written_out)
 
     def save(self, path) -> None:
         with open(path, "w") as f:
@@ -231,7 +238,8 @@ def _written_out(k: Kernel) -> Kernel:
     """``k`` with its replicas written out as instructions, on the cores they reach (raises
     ``ValueError`` for a malformed replica)."""
     stream = _expand(k.instructions, k.replicas)
-    return Kernel(k.name, tuple(sorted(set(k.cores) | {i.core for i in stream})), tuple(stream), k.layers)
+    return Kernel(k.name, tuple(sorted(set(k.cores) | {i.core for i in stream})), tuple(stream), k.layers,
+                  chained=k.chained)
 
 
 def _expand(instructions, replicas) -> list:

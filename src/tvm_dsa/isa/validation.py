@@ -290,6 +290,8 @@ def validate(program: Program) -> None:
     program = program.expanded()
     _check_args(program)
     checker = _Checker(program)
+    if program.kernels and program.kernels[0].chained:
+        raise ProgramError(f"kernel {program.kernels[0].name}: the first kernel of a program is launched, not chained")
     for k in program.kernels:
         for c in k.cores:
             if not 0 <= c < checker.cores:

@@ -23,6 +23,7 @@ from tvm_dsa.kernel.analysis import INT_DTYPES, Unsupported, contraction_dtypes,
 from tvm_dsa.kernel.attrs import VECTOR_CONTRACTION
 from tvm_dsa.kernel.macs import kernel_macs
 from tvm_dsa.kernelgen.blocks import FuseSeparableBlocks
+from tvm_dsa.kernelgen.launch import launch_together
 from tvm_dsa.kernelgen.layer import LayerKernels
 from tvm_dsa.kernelgen.lowering import Lowered, lower_layer
 from tvm_dsa.kernelgen.rewrite import ReplaceWithDSACalls
@@ -55,6 +56,7 @@ class OffloadResult:
     trees: dict = field(default_factory=dict)  # kernel name -> (TreePlan, TreeProgram) of a SET kernel
     finalists: dict = field(default_factory=dict)  # SET kernel name -> its finalists simulated (tree.Measured)
     unstitched: dict = field(default_factory=dict)  # sub-graph kernel run layer by layer -> why
+    launches: list = field(default_factory=list)  # kernels launched as one (``kernelgen.launch``), their names
     model_ddr_bytes: int | None = None  # the model's inputs, weights, outputs (None: dynamic)
     weight_bytes: int = 0  # of those, its weights (a dynamic model's bound adds a run's inputs, outputs)
     schedule: str = ""  # the inter-layer schedule it was compiled with (the pipeline's choice)
@@ -115,6 +117,8 @@ def OffloadToDSA(hw: Hardware, schedule: str = "layerwise", options=None, tuned=
             except Exception as err:  # noqa: BLE001 - a kernel the DSA path cannot build runs otherwise
                 specs[:0] = _fall_back(ctx, spec, host_reason(err))
         _account(ctx, {c for call in calls for c in call.spec.calls})
+        if scheduler.launch_together:
+            calls, result.launches = launch_together(calls, ctx.graph)
         mod = ReplaceWithDSACalls(calls, ctx.graph, run_id)(mod)
         if on_result is not None:
             on_result(result)

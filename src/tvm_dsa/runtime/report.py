@@ -17,7 +17,7 @@ from tvm_dsa.runtime.timing import ProgramTiming
 
 UNIT_TYPES = ("dma", "pdma", "cdma", "mme", "vme", "vec")
 TRAFFIC = ("ddr_read", "ddr_write", "gb_read", "gb_write", "lb_read", "lb_write")
-_SUMMED = ("cycles", "kernels", "instructions", "macs", "vector_lane_ops", *TRAFFIC, "ddr_burst_bytes",
+_SUMMED = ("cycles", "kernels", "launches", "instructions", "macs", "vector_lane_ops", *TRAFFIC, "ddr_burst_bytes",
            "noc_bytes", "noc_hop_bytes", "pe_link_bytes", "pe_register_bytes", "bound_macs", "compulsory_ddr_bytes")
 
 
@@ -26,6 +26,7 @@ class Report:
     hardware: Hardware = field(repr=False)
     cycles: int = 0
     kernels: int = 0
+    launches: int = 0  # of the kernels, those launched (the others chained to the one before: ``Kernel.chained``)
     instructions: int = 0
     macs: int = 0
     vector_lane_ops: int = 0  # elements processed by VME / vector core
@@ -162,7 +163,7 @@ class Report:
             ("cycles", f"{self.cycles:,} ({self.seconds * 1e3:.4g} ms)"),
             ("roofline", f"{self.roofline_cycles:,.0f} cycles, {self.roofline_basis}: {self.roofline_fraction:.1%} "
                          "reached"),
-            ("kernels / instructions", f"{self.kernels:,} / {self.instructions:,}"),
+            ("kernels / launches / instructions", f"{self.kernels:,} / {self.launches:,} / {self.instructions:,}"),
             ("MACs", f"{self.macs:,} ({self.mme_mac_utilisation:.2%} of peak)"),
         ]
         for level in ("ddr", "gb", "lb"):
@@ -307,6 +308,7 @@ def build_report(program: Program, hw: Hardware, timing: ProgramTiming, numerics
     for (_, rider), (ins, count) in seen.items():
         for name, n in _counts(ins, hw, rider).items():
             c[name] += n * count
-    c.update(cycles=timing.cycles, kernels=len(program.kernels), instructions=program.num_instructions,
+    c.update(cycles=timing.cycles, kernels=len(program.kernels), launches=sum(not k.chained for k in program.kernels),
+             instructions=program.num_instructions,
              bound_macs=c["macs"], compulsory_ddr_bytes=sum(a.nbytes for a in program.args))
     return Report(hw, **c, busy=busy, lb_peak_bytes=peak["lb"], gb_peak_bytes=peak["gb"], numerics=numerics)

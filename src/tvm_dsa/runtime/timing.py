@@ -12,7 +12,8 @@ their queues' heads until all of them may start, then move as one transfer (the 
 each destination written) and finish together. On chips with ``dma_run_ahead`` a DMA queue starts
 its next transfer's latency once the current one moves its data; the next moves when the current
 has finished (a multicast when every queue it is on has), so data still moves in queue order.
-Kernels run one after another, each after ``kernel_launch_cycles``.
+Kernels run one after another: each starts once the one before has finished on all cores, after
+``kernel_launch_cycles`` unless it is chained to it (``Kernel.chained``: one launch, a barrier on the chip).
 """
 
 from __future__ import annotations
@@ -70,7 +71,7 @@ def simulate_program(program: Program, hw: Hardware, check_hazards: bool = True)
     costs = _Costs(hw)
     kernels, t = [], 0
     for k in program.kernels:
-        t += hw.kernel_launch_cycles
+        t += 0 if k.chained else hw.kernel_launch_cycles
         kernels.append(simulate_kernel(k, hw, tracker, t, costs))
         t += kernels[-1].cycles
     return ProgramTiming(kernels, t)

@@ -20,19 +20,21 @@ from tvm_dsa.schedule.plan import Lowering
 
 @dataclass(frozen=True)
 class Scheduler:
-    """A registered scheduler: the function giving a module's ``KernelSpec``s, and how its layers
-    are lowered before it is asked."""
+    """A registered scheduler: the function giving a module's ``KernelSpec``s, how its layers are
+    lowered before it is asked, and whether its consecutive kernels are launched together
+    (``kernelgen.launch``; not the baseline's, one launch per fused group)."""
 
     schedule: Callable
     lowering: Lowering
+    launch_together: bool = True
 
 
 SCHEDULERS: dict[str, Scheduler] = {}
 
 
-def register(name: str, lowering: Lowering = Lowering()):
+def register(name: str, lowering: Lowering = Lowering(), launch_together: bool = True):
     def wrap(fn):
-        SCHEDULERS[name] = Scheduler(fn, lowering)
+        SCHEDULERS[name] = Scheduler(fn, lowering, launch_together)
         return fn
 
     return wrap

@@ -50,6 +50,7 @@ class OpGraph:
     tensors: dict  # name -> Tensor
     outputs: tuple[str, ...]  # produced tensors used other than by a node (returned, host ops, tuples)
     names: dict = field(default_factory=dict, compare=False, repr=False)  # Relax variable -> tensor
+    params: tuple[str, ...] = ()  # the tensors ``main`` takes (the others no layer makes come from other bindings)
 
     def producers(self, i: int) -> set[int]:
         return {self.tensors[t].producer for t in self.nodes[i].inputs if self.tensors[t].producer is not None}
@@ -111,8 +112,7 @@ class OpGraph:
                 return name
             raise ValueError(f"argument {expr} is neither a variable nor a constant")
 
-        for p in f.params:
-            tensor_of(p)
+        params = tuple(tensor_of(p) for p in f.params)
         call_tir = tvm.ir.Op.get("relax.call_tir")
         nodes: list[Node] = []
         escaping: list = []
@@ -133,7 +133,7 @@ class OpGraph:
         escaping += list(relax.analysis.free_vars(f.body.body))
         outputs = list(dict.fromkeys(names[v] for v in escaping if v in names and names[v] in tensors
                                      and tensors[names[v]].producer is not None))
-        return cls(tuple(nodes), tensors, tuple(outputs), names)
+        return cls(tuple(nodes), tensors, tuple(outputs), names, params)
 
     @property
     def batch(self) -> int | None:

@@ -7,7 +7,7 @@ from tvm_dsa.schedule.graph import OpGraph
 from tvm_dsa.schedule.plan import KernelSpec
 
 
-@register("layerwise")
+@register("layerwise", launch_together=False)
 def layerwise(mod, hw, supported, options=None) -> list[KernelSpec]:  # noqa: ARG001 - same signature for every scheduler
     """One kernel per supported ``call_tir`` of ``main``, in program order, all tensors in DDR."""
     return [KernelSpec(n.func, (n.name,)) for n in OpGraph.from_relax(mod).nodes if n.func in supported]

@@ -1,0 +1,170 @@
+"""Kernels launched together: a run of DSA calls that nothing on the host separates is one launch.
+
+Each kernel launch costs the chip ``kernel_launch_cycles``. ``launch_together`` joins consecutive
+DSA calls of ``main`` into one call whose program holds their kernels in order, all but the first
+chained (``isa.Kernel.chained``): each starts once the one before has finished on all its cores,
+as after a launch, but without one. A tensor only the run itself reads stays in the program's
+DDR; the VM no longer sees it.
+
+A run is joined only where that keeps ``main`` a DAG of calls: no host kernel (or any binding that
+is not a layer) reads what one call of the run writes and writes what a later one reads.
+"""
+
+from __future__ import annotations
+
+import bisect
+from dataclasses import replace
+
+from tvm_dsa.isa import Dma, Operand, Program, TensorArg, moved
+from tvm_dsa.kernel.ir import align
+from tvm_dsa.kernelgen.rewrite import DSACall
+from tvm_dsa.schedule.graph import OpGraph
+from tvm_dsa.schedule.plan import KernelSpec
+
+
+def launch_together(calls: list[DSACall], graph: OpGraph) -> tuple[list[DSACall], list]:
+    """(the calls with runs of consecutive ones joined, the runs joined as tuples of their kernels'
+    names). ``calls`` in the order ``main`` runs them."""
+    parsed: dict = {}  # text -> its program (sub-graphs of one form share one)
+    programs = [_program(call, parsed) for call in calls]
+    runs: list[list[int]] = []
+    for k in range(len(calls)):
+        if runs and _joinable(calls, programs, runs[-1], k, graph):
+            runs[-1].append(k)
+        else:
+            runs.append([k])
+    out = [_joined([calls[k] for k in run], [programs[k] for k in run], graph) if len(run) > 1 else calls[run[0]]
+           for run in runs]
+    return out, [tuple(calls[k].spec.name for k in run) for run in runs if len(run) > 1]
+
+
+def _joinable(calls: list[DSACall], programs: list[Program], run: list[int], k: int, graph: OpGraph) -> bool:
+    """Whether call ``k`` may join ``run`` (the calls just before it): ``k`` reads no tensor some
+    other binding than a layer makes (it may depend on the run), and each tensor the run shares
+    with ``k`` is stored alike; no layer of the run reads what ``k`` writes, and no path leaves the
+    run's layers and comes back (a host kernel between two of its calls)."""
+    index = {n.name: n.index for n in graph.nodes}
+    mine = {index[c] for c in calls[k].spec.calls}
+    before = {index[c] for j in run for c in calls[j].spec.calls}
+    for i in mine:
+        for t in graph.nodes[i].inputs:
+            tensor = graph.tensors[t]
+            if tensor.producer is None and not tensor.constant and t not in graph.params:
+                return False
+    stored = {a.name: a.dtype for j in run for a in programs[j].args}
+    if any(stored.get(a.name, a.dtype) != a.dtype for a in programs[k].args):
+        return False
+    members = before | mine
+    if any(c in before for i in mine for c in graph.consumers(i)):
+        return False
+    seen, todo = set(), [c for i in members for c in graph.consumers(i) if c not in members]
+    while todo:
+        i = todo.pop()
+        if i not in seen:
+            seen.add(i)
+            if graph.consumers(i) & members:
+                return False
+            todo += graph.consumers(i)
+    return True
+
+
+def _program(call: DSACall, parsed: dict) -> Program:
+    """The call's program as stored (replicas kept), its kernels named after the call, its args
+    after the tensors the call passes in their place, its layers as at the call."""
+    if call.text not in parsed:
+        parsed[call.text] = Program.deserialize(call.text, written_out=False)
+    tensors = {"input": iter(call.inputs), "output": iter(call.outputs)}
+    program = parsed[call.text].renamed(call.spec.name, call.renames)
+    return replace(program, args=tuple(replace(a, name=next(tensors[a.role])) for a in program.args))
+
+
+def _joined(calls: list[DSACall], programs: list[Program], graph: OpGraph) -> DSACall:
+    """One call running ``calls`` (in order), one launch: it takes what they take from outside
+    the run and returns what is read outside it."""
+    index = {n.name: n for n in graph.nodes}
+    layers = [c for call in calls for c in call.spec.calls]
+    made = {t for call in calls for t in call.outputs}
+    _, read_outside = graph.boundary([index[c] for c in layers])
+    inputs = list(dict.fromkeys(t for call in calls for t in call.inputs if t not in made))
+    outputs = [t for call in calls for t in call.outputs if t in read_outside]
+    name = f"{calls[0].spec.name}..{calls[-1].spec.name}"
+    program = joined_program(programs, inputs, outputs, name)
+    return DSACall(KernelSpec(name, tuple(layers), calls[0].spec.plan), program.serialize(), tuple(inputs),
+                   tuple(outputs))
+
+
+def joined_program(programs: list[Program], inputs: list[str], outputs: list[str], name: str) -> Program:
+    """The kernels of ``programs`` (args named alike where they are one tensor) in one program,
+    all but the first chained: args ``inputs`` then ``outputs``, the other tensors and each
+    program's own DDR bytes after them."""
+    shapes = {a.name: a for p in programs for a in p.args}
+    args, offset = [], 0
+    for role, names in (("input", inputs), ("output", outputs)):
+        for t in names:
+            a = shapes[t]
+            args.append(TensorArg(t, role, a.shape, a.dtype, a.host_dtype, offset))
+            offset = align(offset + a.nbytes)
+    at = {a.name: a.offset for a in args}
+    for t, a in shapes.items():
+        if t not in at:
+            at[t] = offset
+            offset = align(offset + a.nbytes)
+    kernels = []
+    for p in programs:
+        end = max((a.offset + a.nbytes for a in p.args), default=0)
+        move = _Move([(a.offset, a.offset + a.nbytes, at[a.name]) for a in p.args], end, offset)
+        offset = align(offset + max(p.ddr_bytes - end, 0))
+        for k in p.kernels:
+            kernels.append(replace(k, instructions=tuple(moved(i, move.operand) if type(i) is Dma else i
+                                                         for i in k.instructions),
+                                   replicas=tuple(replace(r, moves=tuple(x for m in r.moves for x in move.ranges(m)))
+                                                  for r in k.replicas),
+                                   chained=bool(kernels)))
+    return Program(programs[0].hardware, max(offset, 1), tuple(args), tuple(kernels), name)
+
+
+class _Move:
+    """Where a program's DDR bytes go in the joined program: an arg's into its tensor's place
+    (``spans``: old start, old end, new start), the rest (from ``end`` of its args) from ``scratch``."""
+
+    def __init__(self, spans: list, end: int, scratch: int):
+        self.spans, self.end, self.scratch = sorted(spans), end, scratch
+        self.starts = [lo for lo, _, _ in self.spans]
+
+    def _span(self, o: int) -> tuple | None:
+        i = bisect.bisect_right(self.starts, o) - 1
+        return self.spans[i] if i >= 0 and o < self.spans[i][1] else None
+
+    def offset(self, o: int) -> int:
+        span = self._span(o)
+        if span is not None:
+            return o - span[0] + span[2]
+        if o < self.end:
+            raise ValueError(f"DDR offset {o} lies between the program's args")
+        return o - self.end + self.scratch
+
+    def operand(self, o):
+        if type(o) is not Operand or o.mem != "ddr":
+            return o
+        return replace(o, offset=self.offset(o.offset))
+
+    def ranges(self, m: tuple) -> list[tuple]:
+        """A replica's move of the DDR range ``[lo, hi)`` (``shift`` bytes on) as moves of the
+        joined program: one per piece that lies in one tensor (or the scratch) and goes to one."""
+        mem, index, lo, hi, to, shift = m
+        if mem != "ddr":
+            return [m]
+        cuts = {lo, hi}
+        for a, b, _ in self.spans:
+            cuts.update(c for c in (a, b, a - shift, b - shift) if lo < c < hi)
+        cuts.update(c for c in (self.end, self.end - shift) if lo < c < hi)
+        out = []
+        points = sorted(cuts)
+        for a, b in zip(points, points[1:]):
+            if self._placed(a) and self._placed(a + shift):  # else padding between args: no operand there
+                new = self.offset(a)
+                out.append((mem, index, new, new + b - a, to, self.offset(a + shift) - new))
+        return out
+
+    def _placed(self, o: int) -> bool:
+        return o >= self.end or self._span(o) is not None
