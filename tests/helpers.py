@@ -190,6 +190,17 @@ def residual_block():
                       op.add(op.nn.conv2d(op.nn.relu(op.nn.conv2d(x, w1, padding=1)), w2), b), x)))
 
 
+def single_sample_block(rng) -> tuple:
+    """(module, its input): relu(conv1x1) -> relu(conv3x3) -> conv1x1 + x at batch 1, 64 channels of
+    32 x 32, its weights bound (graphturbo cuts it before the 3 x 3 window into two kernels)."""
+    op = relax.op
+    mod = relax_graph([(1, 64, 32, 32), (64, 64, 1, 1), (64, 64, 3, 3), (64, 64, 1, 1)],
+                      lambda x, w1, w2, w3: op.add(op.nn.conv2d(op.nn.relu(op.nn.conv2d(
+                          op.nn.relu(op.nn.conv2d(x, w1)), w2, padding=1)), w3), x))
+    args = [rng.standard_normal([int(s) for s in p.ty.shape]).astype("float32") * 0.2 for p in mod["main"].params]
+    return relax.transform.BindParams("main", {f"a{i}": tvm.runtime.tensor(args[i]) for i in (1, 2, 3)})(mod), args[0]
+
+
 # -- stitched sub-graph modules (tvm_dsa.kernelgen.stitch_passes) ---------------------------------------
 
 def sub_module(build, split=(0, 1 << 30), budget=None):

@@ -7,7 +7,7 @@ from dataclasses import replace
 import numpy as np
 import pytest
 import tvm
-from helpers import chain, ddr, lb, make_program, relax_graph
+from helpers import chain, ddr, lb, make_program, single_sample_block
 from onnx import TensorProto as TP
 from onnx import helper as h
 from onnx import numpy_helper as nh
@@ -17,9 +17,12 @@ from tvm.relax.frontend import onnx as rx_onnx
 import tvm_dsa
 from tvm_dsa import hardware
 from tvm_dsa.isa import Dma, Program, ProgramError, Replica, TensorArg, validate
-from tvm_dsa.kernelgen.launch import joined_program
+from tvm_dsa.kernelgen.launch import joined_program, launch_together
+from tvm_dsa.kernelgen.rewrite import DSACall
 from tvm_dsa.runtime import simulate
 from tvm_dsa.runtime.timing import simulate_program
+from tvm_dsa.schedule.graph import Node, OpGraph, Tensor
+from tvm_dsa.schedule.plan import KernelSpec
 
 HW = hardware.get("stcp920")
 
@@ -81,6 +84,41 @@ def test_a_replicas_ddr_move_over_tensors_placed_apart_is_cut_into_pieces():
         np.testing.assert_array_equal(out[f"o{k}"], w[f"w{k}"])
 
 
+def _concat_calls(one_box: bool):
+    """Two DSA calls: ``a = x`` (through an LB), then ``out = concat(y, a)``, its inputs next to each
+    other in its program's DDR and read as one box (``one_box``) or as two. With their graph."""
+    n = 32  # float16 elements: 64 bytes, one alignment unit
+    f16 = lambda name, role, off, k=1: TensorArg(name, role, (k * n,), "float16", "float16", off)  # noqa: E731
+    copy = make_program([chain([Dma(0, (n,), lb(0, "float16", 1), ddr(0, "float16", 1)),
+                                Dma(0, (n,), ddr(64, "float16", 1), lb(0, "float16", 1))])],
+                        [f16("x", "input", 0), f16("a", "output", 64)], 128)
+    loads = [Dma(0, (2 * n,), lb(0, "float16", 1), ddr(0, "float16", 1))] if one_box else \
+        [Dma(0, (n,), lb(0, "float16", 1), ddr(0, "float16", 1)), Dma(0, (n,), lb(64, "float16", 1), ddr(64, "float16", 1))]
+    concat = make_program([chain([*loads, Dma(0, (2 * n,), ddr(128, "float16", 1), lb(0, "float16", 1))])],
+                          [f16("y", "input", 0), f16("a", "input", 64), f16("out", "output", 128, 2)], 256)
+    tensors = {t: Tensor(t, (k * n,), "float16", p) for t, k, p in (("x", 1, None), ("y", 1, None), ("a", 1, 0),
+                                                                      ("out", 2, 1))}
+    graph = OpGraph((Node(0, "a", "copy", ("x",), "a"), Node(1, "out", "concat", ("y", "a"), "out")), tensors,
+                    ("out",), params=("x", "y"))
+    calls = [DSACall(KernelSpec("copy", ("a",)), copy.serialize(), ("x",), ("a",)),
+             DSACall(KernelSpec("concat", ("out",)), concat.serialize(), ("y", "a"), ("out",))]
+    return calls, graph
+
+
+def test_a_call_reading_two_tensors_as_one_box_is_launched_alone():
+    """A concatenation whose program reads its two inputs, next to each other in its DDR, as one
+    box: joined, the tensors are placed apart and the box would read past the first. It stays a
+    call of its own; read as two boxes, the two calls are joined and give the same values."""
+    calls, graph = _concat_calls(one_box=True)
+    assert launch_together(calls, graph) == (calls, [])
+    calls, graph = _concat_calls(one_box=False)
+    (call,), runs = launch_together(calls, graph)
+    assert runs == [("copy", "concat")] and (call.inputs, call.outputs) == (("x", "y"), ("out",))
+    x, y = np.arange(32, dtype=np.float16), -np.arange(32, dtype=np.float16)
+    (out,) = simulate(Program.deserialize(call.text), [x, y]).outputs
+    np.testing.assert_array_equal(out, np.concatenate([y, x]))
+
+
 def _model(nodes, inputs, output, weights=()):
     graph = h.make_graph(nodes, "m", [h.make_tensor_value_info(n, TP.FLOAT, s) for n, s in inputs.items()],
                          [h.make_tensor_value_info(output, TP.FLOAT, None)], [nh.from_array(w, n) for n, w in weights])
@@ -104,13 +142,7 @@ def test_two_sub_graphs_run_in_one_launch(monkeypatch, rng):
     the cycles of the kernels launched apart less a launch. The tensor between them is no longer
     the VM's: the call takes the input, returns the output. Layerwise (the baseline) launches each
     of its kernels."""
-    op = relax.op
-    mod = relax_graph([(1, 64, 32, 32), (64, 64, 1, 1), (64, 64, 3, 3), (64, 64, 1, 1)],
-                      lambda x, w1, w2, w3: op.add(op.nn.conv2d(op.nn.relu(op.nn.conv2d(
-                          op.nn.relu(op.nn.conv2d(x, w1)), w2, padding=1)), w3), x))
-    args = [rng.standard_normal([int(s) for s in p.ty.shape]).astype("float32") * 0.2 for p in mod["main"].params]
-    mod = relax.transform.BindParams("main", {f"a{i}": tvm.runtime.tensor(args[i]) for i in (1, 2, 3)})(mod)
-    x = args[0]
+    mod, x = single_sample_block(rng)
     y = _run(mod, x, schedule="graphturbo")
     result, report, (call,) = tvm_dsa.pipeline_result(), tvm_dsa.last_report(), tvm_dsa.last_kernel_runs()
     ref = _llvm(mod, x)

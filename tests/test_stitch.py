@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 import tvm
 import tvm_ffi
-from helpers import HW, KB, conv_chain, fuse, relax_graph, residual_block
+from helpers import HW, KB, conv_chain, fuse, relax_graph, residual_block, single_sample_block
 from tvm import relax
 
 import tvm_dsa
@@ -1435,15 +1435,10 @@ def _single_sample_block(rng, hw: str, monkeypatch):
     and the pipeline's result."""
     monkeypatch.setattr(importlib.import_module("tvm_dsa.kernelgen.offload"), "launch_together",
                         lambda calls, graph: (calls, []))
-    op = relax.op
-    mod = relax_graph([(1, 64, 32, 32), (64, 64, 1, 1), (64, 64, 3, 3), (64, 64, 1, 1)],
-                      lambda x, w1, w2, w3: op.add(op.nn.conv2d(op.nn.relu(op.nn.conv2d(
-                          op.nn.relu(op.nn.conv2d(x, w1)), w2, padding=1)), w3), x))
-    args = [rng.standard_normal([int(s) for s in p.ty.shape]).astype("float32") * 0.2 for p in mod["main"].params]
-    mod = relax.transform.BindParams("main", {f"a{i}": tvm.runtime.tensor(args[i]) for i in (1, 2, 3)})(mod)
+    mod, x = single_sample_block(rng)
     vm, result = _run(mod, "graphturbo", hw=hw)
-    out = vm["main"](tvm.runtime.tensor(args[0])).numpy()
-    ref = _llvm(mod, args[:1])
+    out = vm["main"](tvm.runtime.tensor(x)).numpy()
+    ref = _llvm(mod, [x])
     np.testing.assert_allclose(out, ref, rtol=2e-2, atol=2e-2 * np.abs(ref).max())
     first, second = tvm_dsa.last_kernel_runs()
     return first, second, result

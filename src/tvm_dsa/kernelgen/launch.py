@@ -7,7 +7,8 @@ as after a launch, but without one. A tensor only the run itself reads stays in 
 DDR; the VM no longer sees it.
 
 A run is joined only where that keeps ``main`` a DAG of calls: no host kernel (or any binding that
-is not a layer) reads what one call of the run writes and writes what a later one reads.
+is not a layer) reads what one call of the run writes and writes what a later one reads; and only
+of calls whose DDR operands each lie in one tensor (``_confined``), as each tensor moves alone.
 """
 
 from __future__ import annotations
@@ -27,9 +28,17 @@ def launch_together(calls: list[DSACall], graph: OpGraph) -> tuple[list[DSACall]
     names). ``calls`` in the order ``main`` runs them."""
     parsed: dict = {}  # text -> its program (sub-graphs of one form share one)
     programs = [_program(call, parsed) for call in calls]
+    confined: dict = {}  # text -> whether its DDR operands move with its args (``_confined``)
+
+    def movable(k: int) -> bool:
+        text = calls[k].text
+        if text not in confined:
+            confined[text] = _confined(parsed[text])
+        return confined[text]
+
     runs: list[list[int]] = []
     for k in range(len(calls)):
-        if runs and _joinable(calls, programs, runs[-1], k, graph):
+        if runs and _joinable(calls, programs, runs[-1], k, graph) and all(map(movable, (*runs[-1], k))):
             runs[-1].append(k)
         else:
             runs.append([k])
@@ -76,6 +85,32 @@ def _program(call: DSACall, parsed: dict) -> Program:
     tensors = {"input": iter(call.inputs), "output": iter(call.outputs)}
     program = parsed[call.text].renamed(call.spec.name, call.renames)
     return replace(program, args=tuple(replace(a, name=next(tensors[a.role])) for a in program.args))
+
+
+def _confined(program: Program) -> bool:
+    """Whether the args of ``program`` are apart and each of its DDR operands (replicas written out)
+    lies in one arg, or in the DDR after them: the joined program places each tensor alone, so an
+    operand over two args next to each other (a concatenation's inputs read as one box) cannot
+    move with them."""
+    spans = sorted((a.offset, a.offset + a.nbytes) for a in program.args)
+    if any(lo < hi for (_, hi), (lo, _) in zip(spans, spans[1:])):
+        return False
+    end = max((hi for _, hi in spans), default=0)
+    starts = [lo for lo, _ in spans]
+    for k in program.expanded().kernels:
+        for ins in k.instructions:
+            if type(ins) is not Dma:
+                continue
+            for o in (ins.src, ins.dst):
+                if o.mem != "ddr":
+                    continue
+                steps = [(n - 1) * s for n, s in zip(ins.shape, o.strides)]
+                lo = o.offset + sum(d for d in steps if d < 0) * o.itemsize
+                hi = o.offset + (sum(d for d in steps if d > 0) + 1) * o.itemsize
+                i = bisect.bisect_right(starts, lo) - 1
+                if not (lo >= end or (i >= 0 and hi <= spans[i][1])):
+                    return False
+    return True
 
 
 def _joined(calls: list[DSACall], programs: list[Program], graph: OpGraph) -> DSACall:
