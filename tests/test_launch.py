@@ -18,6 +18,7 @@ import tvm_dsa
 from tvm_dsa import hardware
 from tvm_dsa.isa import Dma, Program, ProgramError, Replica, TensorArg, validate
 from tvm_dsa.kernelgen.launch import joined_program, launch_together
+from tvm_dsa.kernelgen.offload import VIEW
 from tvm_dsa.kernelgen.rewrite import DSACall
 from tvm_dsa.runtime import simulate
 from tvm_dsa.runtime.timing import simulate_program
@@ -154,7 +155,7 @@ def test_two_sub_graphs_run_in_one_launch(monkeypatch, rng):
     assert [a.name for a in call.program.args if not a.name.startswith("const")] == ["a0", "gv"]  # x, the output
 
     offload = importlib.import_module("tvm_dsa.kernelgen.offload")
-    monkeypatch.setattr(offload, "launch_together", lambda calls, graph: (calls, []))
+    monkeypatch.setattr(offload, "launch_together", lambda calls, graph, views: (calls, []))
     np.testing.assert_array_equal(_run(mod, x, schedule="graphturbo"), y)
     apart, runs = tvm_dsa.last_report(), tvm_dsa.last_kernel_runs()
     assert [r.name for r in runs] == list(run) and apart.launches == 2
@@ -163,6 +164,49 @@ def test_two_sub_graphs_run_in_one_launch(monkeypatch, rng):
     assert report.cycles == apart.cycles - HW.kernel_launch_cycles
     _run(mod, x, schedule="layerwise")
     assert tvm_dsa.pipeline_result().launches == [] and tvm_dsa.last_report().launches > 1
+
+
+def _flattened(rng, also_flat: bool):
+    """relu(conv(x)) flattened (a view on the host) into a matrix product; the flat tensor is also
+    returned where ``also_flat``."""
+    w = rng.standard_normal((8, 4, 3, 3)).astype("float32") * 0.3
+    wm = rng.standard_normal((512, 16)).astype("float32") * 0.1
+    nodes = [h.make_node("Conv", ["x", "w"], ["c"], pads=[1, 1, 1, 1]), h.make_node("Relu", ["c"], ["r"]),
+             h.make_node("Flatten", ["r"], ["flat"]), h.make_node("MatMul", ["flat", "wm"], ["y"])]
+    outputs = ["y", "flat"] if also_flat else ["y"]
+    graph = h.make_graph(nodes, "m", [h.make_tensor_value_info("x", TP.FLOAT, [1, 4, 8, 8])],
+                         [h.make_tensor_value_info(o, TP.FLOAT, None) for o in outputs],
+                         [nh.from_array(w, "w"), nh.from_array(wm, "wm")])
+    return rx_onnx.from_onnx(h.make_model(graph, opset_imports=[h.make_opsetid("", 18)], ir_version=10),
+                             keep_params_in_input=False)
+
+
+def test_a_view_only_the_next_call_reads_joins_the_run(monkeypatch, rng):
+    """A flatten (a pure reshape: a view on the host) between a convolution and the product reading
+    it: the run takes the view in, the product reads the convolution's output in its place. One
+    launch, llvm's values, the cycles apart less a launch. Returned as well, the flat tensor is
+    the host's: the two kernels are launched apart."""
+    x = rng.standard_normal((1, 4, 8, 8)).astype("float32")
+    mod = _flattened(rng, also_flat=False)
+    y = _run(mod, x, schedule="graphturbo")
+    result, report = tvm_dsa.pipeline_result(), tvm_dsa.last_report()
+    np.testing.assert_allclose(y, _llvm(mod, x), rtol=2e-2, atol=2e-2)
+    assert list(result.host.values()) == [VIEW]  # the flatten
+    (run,) = result.launches
+    assert run == tuple(result.dsa) and len(run) == 2 and report.launches == 1
+    offload = importlib.import_module("tvm_dsa.kernelgen.offload")
+    monkeypatch.setattr(offload, "launch_together", lambda calls, graph, views: (calls, []))
+    np.testing.assert_array_equal(_run(mod, x, schedule="graphturbo"), y)
+    assert report.cycles == tvm_dsa.last_report().cycles - HW.kernel_launch_cycles
+    monkeypatch.undo()
+
+    mod = _flattened(rng, also_flat=True)
+    ex = tvm.compile(mod, target="dsa/stcp920", relax_pipeline=tvm_dsa.pipeline(schedule="graphturbo"))
+    y, flat = relax.VirtualMachine(ex, tvm.cpu())["main"](tvm.runtime.tensor(x))
+    ref_y, ref_flat = relax.VirtualMachine(tvm.compile(mod, target="llvm"), tvm.cpu())["main"](tvm.runtime.tensor(x))
+    np.testing.assert_allclose(flat.numpy(), ref_flat.numpy(), rtol=2e-2, atol=2e-2)
+    np.testing.assert_allclose(y.numpy(), ref_y.numpy(), rtol=2e-2, atol=2e-2)
+    assert tvm_dsa.pipeline_result().launches == [] and tvm_dsa.last_report().launches == 2
 
 
 def test_a_host_kernel_between_two_dsa_kernels_keeps_them_apart(rng):

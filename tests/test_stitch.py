@@ -1434,7 +1434,7 @@ def _single_sample_block(rng, hw: str, monkeypatch):
     against llvm: its two kernels' runs, each launched alone (``kernelgen.launch`` would join them),
     and the pipeline's result."""
     monkeypatch.setattr(importlib.import_module("tvm_dsa.kernelgen.offload"), "launch_together",
-                        lambda calls, graph: (calls, []))
+                        lambda calls, graph, views: (calls, []))
     mod, x = single_sample_block(rng)
     vm, result = _run(mod, "graphturbo", hw=hw)
     out = vm["main"](tvm.runtime.tensor(x)).numpy()

@@ -23,9 +23,11 @@ from tvm_dsa.schedule.graph import OpGraph
 from tvm_dsa.schedule.plan import KernelSpec
 
 
-def launch_together(calls: list[DSACall], graph: OpGraph) -> tuple[list[DSACall], list]:
+def launch_together(calls: list[DSACall], graph: OpGraph, views: frozenset = frozenset()) -> tuple[list[DSACall], list]:
     """(the calls with runs of consecutive ones joined, the runs joined as tuples of their kernels'
-    names). ``calls`` in the order ``main`` runs them."""
+    names). ``calls`` in the order ``main`` runs them; ``views``: the layers that are pure reshapes
+    (the host's views), which a run takes in where only its next call reads them: the call reads
+    the view's input in its place."""
     parsed: dict = {}  # text -> its program (sub-graphs of one form share one)
     programs = [_program(call, parsed) for call in calls]
     confined: dict = {}  # text -> whether its DDR operands move with its args (``_confined``)
@@ -37,21 +39,37 @@ def launch_together(calls: list[DSACall], graph: OpGraph) -> tuple[list[DSACall]
         return confined[text]
 
     runs: list[list[int]] = []
+    taken: list[set] = []  # per run, the views it takes in
     for k in range(len(calls)):
-        if runs and _joinable(calls, programs, runs[-1], k, graph) and all(map(movable, (*runs[-1], k))):
+        inside = _taken_views(calls, runs[-1], k, graph, views) if runs else set()
+        if runs and _joinable(calls, programs, runs[-1], k, graph, taken[-1] | inside) and \
+                all(map(movable, (*runs[-1], k))):
             runs[-1].append(k)
+            taken[-1] |= inside
         else:
             runs.append([k])
-    out = [_joined([calls[k] for k in run], [programs[k] for k in run], graph) if len(run) > 1 else calls[run[0]]
-           for run in runs]
+            taken.append(set())
+    out = [_joined([calls[k] for k in run], [programs[k] for k in run], graph, seen) if len(run) > 1
+           else calls[run[0]] for run, seen in zip(runs, taken)]
     return out, [tuple(calls[k].spec.name for k in run) for run in runs if len(run) > 1]
 
 
-def _joinable(calls: list[DSACall], programs: list[Program], run: list[int], k: int, graph: OpGraph) -> bool:
+def _taken_views(calls: list[DSACall], run: list[int], k: int, graph: OpGraph, views: frozenset) -> set:
+    """The views between ``run`` and call ``k``: of a tensor the run makes, read only by ``k``."""
+    index = {n.name: n.index for n in graph.nodes}
+    made = {graph.nodes[index[c]].output for j in run for c in calls[j].spec.calls}
+    mine = {index[c] for c in calls[k].spec.calls}
+    return {v for v in views if graph.nodes[v].inputs[0] in made and graph.consumers(v)
+            and graph.consumers(v) <= mine and graph.nodes[v].output not in graph.outputs}
+
+
+def _joinable(calls: list[DSACall], programs: list[Program], run: list[int], k: int, graph: OpGraph,
+              inside: set) -> bool:
     """Whether call ``k`` may join ``run`` (the calls just before it): ``k`` reads no tensor some
     other binding than a layer makes (it may depend on the run), and each tensor the run shares
-    with ``k`` is stored alike; no layer of the run reads what ``k`` writes, and no path leaves the
-    run's layers and comes back (a host kernel between two of its calls)."""
+    with ``k`` is stored alike (a view as its input); no layer of the run reads what ``k`` writes, and no path leaves the
+    run's layers and comes back (a host kernel between two of its calls, but the views ``inside``
+    it)."""
     index = {n.name: n.index for n in graph.nodes}
     mine = {index[c] for c in calls[k].spec.calls}
     before = {index[c] for j in run for c in calls[j].spec.calls}
@@ -61,9 +79,10 @@ def _joinable(calls: list[DSACall], programs: list[Program], run: list[int], k: 
             if tensor.producer is None and not tensor.constant and t not in graph.params:
                 return False
     stored = {a.name: a.dtype for j in run for a in programs[j].args}
+    stored.update((graph.nodes[v].output, stored.get(graph.nodes[v].inputs[0])) for v in inside)
     if any(stored.get(a.name, a.dtype) != a.dtype for a in programs[k].args):
         return False
-    members = before | mine
+    members = before | mine | inside
     if any(c in before for i in mine for c in graph.consumers(i)):
         return False
     seen, todo = set(), [c for i in members for c in graph.consumers(i) if c not in members]
@@ -113,25 +132,29 @@ def _confined(program: Program) -> bool:
     return True
 
 
-def _joined(calls: list[DSACall], programs: list[Program], graph: OpGraph) -> DSACall:
-    """One call running ``calls`` (in order), one launch: it takes what they take from outside
-    the run and returns what is read outside it."""
+def _joined(calls: list[DSACall], programs: list[Program], graph: OpGraph, views: set) -> DSACall:
+    """One call running ``calls`` (in order), one launch, and the ``views`` between them: it takes
+    what they take from outside the run and returns what is read outside it."""
     index = {n.name: n for n in graph.nodes}
-    layers = [c for call in calls for c in call.spec.calls]
-    made = {t for call in calls for t in call.outputs}
+    layers = [c for call in calls for c in call.spec.calls] + [graph.nodes[v].name for v in sorted(views)]
+    made = {t for call in calls for t in call.outputs} | {graph.nodes[v].output for v in views}
     _, read_outside = graph.boundary([index[c] for c in layers])
     inputs = list(dict.fromkeys(t for call in calls for t in call.inputs if t not in made))
     outputs = [t for call in calls for t in call.outputs if t in read_outside]
     name = f"{calls[0].spec.name}..{calls[-1].spec.name}"
-    program = joined_program(programs, inputs, outputs, name)
+    aliases = {graph.nodes[v].output: graph.nodes[v].inputs[0] for v in views}
+    program = joined_program(programs, inputs, outputs, name, aliases)
     return DSACall(KernelSpec(name, tuple(layers), calls[0].spec.plan), program.serialize(), tuple(inputs),
                    tuple(outputs))
 
 
-def joined_program(programs: list[Program], inputs: list[str], outputs: list[str], name: str) -> Program:
+def joined_program(programs: list[Program], inputs: list[str], outputs: list[str], name: str,
+                   aliases: dict | None = None) -> Program:
     """The kernels of ``programs`` (args named alike where they are one tensor) in one program,
     all but the first chained: args ``inputs`` then ``outputs``, the other tensors and each
-    program's own DDR bytes after them."""
+    program's own DDR bytes after them; a tensor of ``aliases`` (view -> its input) in its
+    input's place."""
+    aliases = aliases or {}
     shapes = {a.name: a for p in programs for a in p.args}
     args, offset = [], 0
     for role, names in (("input", inputs), ("output", outputs)):
@@ -141,9 +164,10 @@ def joined_program(programs: list[Program], inputs: list[str], outputs: list[str
             offset = align(offset + a.nbytes)
     at = {a.name: a.offset for a in args}
     for t, a in shapes.items():
-        if t not in at:
+        if t not in at and t not in aliases:
             at[t] = offset
             offset = align(offset + a.nbytes)
+    at.update((v, at[t]) for v, t in aliases.items())
     kernels = []
     for p in programs:
         end = max((a.offset + a.nbytes for a in p.args), default=0)

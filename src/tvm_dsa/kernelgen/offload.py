@@ -118,7 +118,8 @@ def OffloadToDSA(hw: Hardware, schedule: str = "layerwise", options=None, tuned=
                 specs[:0] = _fall_back(ctx, spec, host_reason(err))
         _account(ctx, {c for call in calls for c in call.spec.calls})
         if scheduler.launch_together:
-            calls, result.launches = launch_together(calls, ctx.graph)
+            views = frozenset(n.index for n in ctx.graph.nodes if result.host.get(n.func) == VIEW)
+            calls, result.launches = launch_together(calls, ctx.graph, views)
         mod = ReplaceWithDSACalls(calls, ctx.graph, run_id)(mod)
         if on_result is not None:
             on_result(result)
