@@ -94,7 +94,7 @@ def _concat_calls(one_box: bool):
                                 Dma(0, (n,), ddr(64, "float16", 1), lb(0, "float16", 1))])],
                         [f16("x", "input", 0), f16("a", "output", 64)], 128)
     loads = [Dma(0, (2 * n,), lb(0, "float16", 1), ddr(0, "float16", 1))] if one_box else \
-        [Dma(0, (n,), lb(0, "float16", 1), ddr(0, "float16", 1)), Dma(0, (n,), lb(64, "float16", 1), ddr(64, "float16", 1))]
+        [Dma(0, (n,), lb(off, "float16", 1), ddr(off, "float16", 1)) for off in (0, 64)]
     concat = make_program([chain([*loads, Dma(0, (2 * n,), ddr(128, "float16", 1), lb(0, "float16", 1))])],
                           [f16("y", "input", 0), f16("a", "input", 64), f16("out", "output", 128, 2)], 256)
     tensors = {t: Tensor(t, (k * n,), "float16", p) for t, k, p in (("x", 1, None), ("y", 1, None), ("a", 1, 0),

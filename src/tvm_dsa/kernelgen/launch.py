@@ -7,8 +7,9 @@ as after a launch, but without one. A tensor only the run itself reads stays in 
 DDR; the VM no longer sees it.
 
 A run is joined only where that keeps ``main`` a DAG of calls: no host kernel (or any binding that
-is not a layer) reads what one call of the run writes and writes what a later one reads; and only
-of calls whose DDR operands each lie in one tensor (``_confined``), as each tensor moves alone.
+is not a layer) reads what one call of the run writes and writes what a later one reads (but a
+view that only the run's next call reads: the run takes it in); and only of calls whose DDR
+operands each lie in one tensor (``_confined``), as each tensor moves alone.
 """
 
 from __future__ import annotations
@@ -23,7 +24,8 @@ from tvm_dsa.schedule.graph import OpGraph
 from tvm_dsa.schedule.plan import KernelSpec
 
 
-def launch_together(calls: list[DSACall], graph: OpGraph, views: frozenset = frozenset()) -> tuple[list[DSACall], list]:
+def launch_together(calls: list[DSACall], graph: OpGraph,
+                    views: frozenset = frozenset()) -> tuple[list[DSACall], list]:
     """(the calls with runs of consecutive ones joined, the runs joined as tuples of their kernels'
     names). ``calls`` in the order ``main`` runs them; ``views``: the layers that are pure reshapes
     (the host's views), which a run takes in where only its next call reads them: the call reads
@@ -67,9 +69,9 @@ def _joinable(calls: list[DSACall], programs: list[Program], run: list[int], k: 
               inside: set) -> bool:
     """Whether call ``k`` may join ``run`` (the calls just before it): ``k`` reads no tensor some
     other binding than a layer makes (it may depend on the run), and each tensor the run shares
-    with ``k`` is stored alike (a view as its input); no layer of the run reads what ``k`` writes, and no path leaves the
-    run's layers and comes back (a host kernel between two of its calls, but the views ``inside``
-    it)."""
+    with ``k`` is stored alike (a view as its input); no layer of the run reads what ``k``
+    writes, and no path leaves the run's layers and comes back (a host kernel between two of its
+    calls, but the views ``inside`` it)."""
     index = {n.name: n.index for n in graph.nodes}
     mine = {index[c] for c in calls[k].spec.calls}
     before = {index[c] for j in run for c in calls[j].spec.calls}
