@@ -58,9 +58,8 @@ def launch_together(calls: list[DSACall], graph: OpGraph,
 
 def _taken_views(calls: list[DSACall], run: list[int], k: int, graph: OpGraph, views: frozenset) -> set:
     """The views between ``run`` and call ``k``: of a tensor the run makes, read only by ``k``."""
-    index = {n.name: n.index for n in graph.nodes}
-    made = {graph.nodes[index[c]].output for j in run for c in calls[j].spec.calls}
-    mine = {index[c] for c in calls[k].spec.calls}
+    made = {c for j in run for c in calls[j].spec.calls}  # a layer is named after its output
+    mine = _layers(graph, calls[k])
     return {v for v in views if graph.nodes[v].inputs[0] in made and graph.consumers(v)
             and graph.consumers(v) <= mine and graph.nodes[v].output not in graph.outputs}
 
@@ -72,9 +71,8 @@ def _joinable(calls: list[DSACall], programs: list[Program], run: list[int], k: 
     with ``k`` is stored alike (a view as its input); no layer of the run reads what ``k``
     writes, and no path leaves the run's layers and comes back (a host kernel between two of its
     calls, but the views ``inside`` it)."""
-    index = {n.name: n.index for n in graph.nodes}
-    mine = {index[c] for c in calls[k].spec.calls}
-    before = {index[c] for j in run for c in calls[j].spec.calls}
+    mine = _layers(graph, calls[k])
+    before = set().union(*(_layers(graph, calls[j]) for j in run))
     for i in mine:
         for t in graph.nodes[i].inputs:
             tensor = graph.tensors[t]
@@ -96,6 +94,11 @@ def _joinable(calls: list[DSACall], programs: list[Program], run: list[int], k: 
                 return False
             todo += graph.consumers(i)
     return True
+
+
+def _layers(graph: OpGraph, call: DSACall) -> set[int]:
+    """The graph's nodes the call runs (a layer is named after its output)."""
+    return {graph.tensors[c].producer for c in call.spec.calls}
 
 
 def _program(call: DSACall, parsed: dict) -> Program:
@@ -137,10 +140,9 @@ def _confined(program: Program) -> bool:
 def _joined(calls: list[DSACall], programs: list[Program], graph: OpGraph, views: set) -> DSACall:
     """One call running ``calls`` (in order), one launch, and the ``views`` between them: it takes
     what they take from outside the run and returns what is read outside it."""
-    index = {n.name: n for n in graph.nodes}
     layers = [c for call in calls for c in call.spec.calls] + [graph.nodes[v].name for v in sorted(views)]
     made = {t for call in calls for t in call.outputs} | {graph.nodes[v].output for v in views}
-    _, read_outside = graph.boundary([index[c] for c in layers])
+    _, read_outside = graph.boundary([graph.nodes[graph.tensors[c].producer] for c in layers])
     inputs = list(dict.fromkeys(t for call in calls for t in call.inputs if t not in made))
     outputs = [t for call in calls for t in call.outputs if t in read_outside]
     name = f"{calls[0].spec.name}..{calls[-1].spec.name}"
