@@ -303,7 +303,9 @@ def _faster_unit(func, hw, lb_bytes: int | None, gb: frozenset, baseline, caps: 
     return min((baseline, vector), key=lambda low: timed_cycles(low, hw, lb_bytes, gb, spread))
 
 
-TIMED_PLANS = 6  # plans ``lower_timed`` lowers and times besides the baseline
+TIMED_PLANS = 9  # plans ``lower_timed`` lowers and times besides the baseline: the estimate misranks, and
+# Conformer's 256 x 256 products after its 31-tap depthwise convolution (batch 1) found their fastest plan eighth
+# (51,414 -> 48,527 cycles); 16 doubled compile times for little more (docs/performance.md)
 TIMED_TILES = 24  # tiles a timing runs: three rounds of a cluster's eight cores
 
 
