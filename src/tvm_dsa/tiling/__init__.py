@@ -131,11 +131,12 @@ def _lower_aligned(func, hw, lb_bytes: int | None, parallel: bool, simplify: boo
 def lower_timed(func, hw, lb_bytes: int | None, gb: frozenset, baseline, caps: tuple[int, ...] = (),
                 plans: bool = True, spread: int = 1):
     """A stitched kernel's contraction tiled for its place: ``baseline`` (``lower_kernel``'s
-    lowering for it) or one of the ``TIMED_PLANS`` plans of ``_grid`` ``_estimate`` ranks first
-    that fit ``lb_bytes`` of the LB, whichever ``timed_cycles`` finds fastest with the parameters
-    at positions ``gb`` in the GB. The search's first fitting plan is the largest tile, which
-    leaves no room to load the next chunk during the product, and the estimate alone misranks
-    plans by up to 4x (epilogues, stores, strided rows): timing settles it. ResNet-50's 1 x 1
+    lowering for it) or one of the ``TIMED_PLANS`` plans (``TIMED_PLANS_SPREAD`` with ``spread``)
+    of ``_grid`` ``_estimate`` ranks first that fit ``lb_bytes`` of the LB, whichever
+    ``timed_cycles`` finds fastest with the parameters at positions ``gb`` in the GB. The search's
+    first fitting plan is the largest tile, which leaves no room to load the next chunk during
+    the product, and the estimate alone misranks plans by up to 4x (epilogues, stores, strided
+    rows): timing settles it. ResNet-50's 1 x 1
     convolution 256 -> 512 at 28 x 28 (batch 8): tiles of 512 channels x 1 row and the whole
     reduction, 1.57M cycles on a cluster; 256 channels x 1 row in chunks of 16, 0.53M. A layer
     whose anchor is off the MME (a pooling, a normalisation) is timed as ``baseline`` tiles it and
@@ -164,7 +165,7 @@ def lower_timed(func, hw, lb_bytes: int | None, gb: frozenset, baseline, caps: t
     simplified, timed = simplify_indices(func, gb), 0
     capacity = hw.lb_bytes if lb_bytes is None else lb_bytes
     for plan in sorted(_grid(info, hw, capacity, caps), key=lambda p: _estimate(info, p, hw, capacity)):
-        if timed == TIMED_PLANS:
+        if timed == (TIMED_PLANS if spread == 1 else TIMED_PLANS_SPREAD):
             break
         try:
             lowered = lower_with_plan(simplified, plan)
@@ -303,9 +304,11 @@ def _faster_unit(func, hw, lb_bytes: int | None, gb: frozenset, baseline, caps: 
     return min((baseline, vector), key=lambda low: timed_cycles(low, hw, lb_bytes, gb, spread))
 
 
-TIMED_PLANS = 9  # plans ``lower_timed`` lowers and times besides the baseline: the estimate misranks, and
-# Conformer's 256 x 256 products after its 31-tap depthwise convolution (batch 1) found their fastest plan eighth
-# (51,414 -> 48,527 cycles); 16 doubled compile times for little more (docs/performance.md)
+TIMED_PLANS = 6  # plans ``lower_timed`` lowers and times besides the baseline (16 doubled compile times for little)
+# and where the tiles are spread over the clusters (a sample's rows split, batch 1), whose cluster's share the estimate
+# ranks worse: Conformer's 256 x 256 products after its 31-tap depthwise convolution found their fastest plan eighth
+# (51,414 -> 48,527 cycles); nine everywhere took DenseNet-121 at batch 8 from 236.9 to 318.9 s, 1.2 % slower
+TIMED_PLANS_SPREAD = 9
 TIMED_TILES = 24  # tiles a timing runs: three rounds of a cluster's eight cores
 
 
