@@ -23,7 +23,8 @@ from tvm_dsa.emit.emitter import PROMOTE, build_program, place_arguments
 from tvm_dsa.emit.placement import Layer
 from tvm_dsa.isa import Program
 from tvm_dsa.kernelgen.stitch import (
-    RECOMPUTE_LIMIT, Instances, Lifetime, allocate, binding, cluster_rounds, emit_stitched, makespan, plan_instances
+    RECOMPUTE_LIMIT, SLAB_BYTES, Instances, Lifetime, allocate, binding, cluster_rounds, emit_stitched, makespan,
+    plan_instances, write_out_slabs
 )
 from tvm_dsa.emit.footprint import footprints
 from tvm_dsa.kernelgen.stitched import StitchOptions
@@ -1530,7 +1531,7 @@ def test_a_clamped_layers_loads_that_do_not_move_with_its_tokens_pair_at_batch_1
     once. The model computes what llvm does. (The timing search held to its first six plans, whose
     fastest tiles both layers by clamped token tiles; with nine the output layer takes all 197
     tokens a tile, in tiles of columns.)"""
-    monkeypatch.setattr(importlib.import_module("tvm_dsa.tiling"), "TIMED_PLANS", 6)
+    monkeypatch.setattr(importlib.import_module("tvm_dsa.tiling"), "TIMED_PLANS_SPREAD", 6)
     mod, seen = _mlp(monkeypatch, 1, 197, 512, timed=True)
     args = [rng.standard_normal([int(s) for s in p.ty.shape]).astype("float32") * 0.1 for p in mod["main"].params]
     vm, _ = _run(mod, "graphturbo")
@@ -1800,3 +1801,69 @@ def test_a_single_sample_is_cut_before_its_windows_and_its_input_promoted(monkey
         assert sum(math.prod(shape) for _, shape in {(i.src.offset, i.shape) for i in reads}) * 2 == arg.nbytes
         assert {i.dst.index for i in reads} == set(range(HW.clusters))
     assert made in {a.name for a in program.args}
+
+
+def test_write_out_slabs_follow_the_dim_the_tiles_finish_in_order():
+    """A (1, 256, 16, 64) box (512 kB of fp16) in 16 tiles of 64 channels x 4 rows. Tiles in row
+    order (rows outer) finish row slabs one after another: four slabs of 4 rows (128 kB), each
+    written once its four tiles have run. In channel order, the channel slabs instead. A box
+    of two rows in tiles of a row (8 kB each, under ``SLAB_BYTES``) is one slab, after both."""
+    def boxes(rows_outer: bool):
+        lo, hi = [], []
+        for a in range(4):
+            for b in range(4):
+                r, c = (a, b) if rows_outer else (b, a)
+                lo.append((0, 64 * c, 4 * r, 0))
+                hi.append((1, 64 * c + 64, 4 * r + 4, 64))
+        return np.array(lo), np.array(hi)
+
+    origin, extents = (0, 0, 0, 0), (1, 256, 16, 64)
+    assert write_out_slabs(boxes(True), origin, extents, 2) == [
+        (4 * (k + 1), (0, 0, 4 * k, 0), (1, 256, 4, 64)) for k in range(4)]
+    assert write_out_slabs(boxes(False), origin, extents, 2) == [
+        (4 * (k + 1), (0, 64 * k, 0, 0), (1, 64, 16, 64)) for k in range(4)]
+    small = (1, 64, 2, 64)
+    assert 64 * 64 * 2 < SLAB_BYTES <= 64 * 2 * 64 * 2
+    rows = np.array([(0, 0, 0, 0), (0, 0, 1, 0)]), np.array([(1, 64, 1, 64), (1, 64, 2, 64)])
+    assert write_out_slabs(rows, origin, small, 2) == [(2, origin, small)]
+
+
+def test_a_kept_output_is_written_out_slab_by_slab_as_its_tiles_finish(monkeypatch, rng):
+    """y = relu(conv1x1(x)) at batch 1 over 128 channels of 64 x 64, an output of the model that
+    the kernel also reads (z = conv1x1(y) + x): it is kept in each cluster's GB (256 kB a
+    cluster) and written out to DDR in slabs of rows, each copy waiting only for the stores of
+    the tiles that wrote its slab, so the first copies run while later tiles of y still
+    compute. The copies tile each cluster's box once; the model computes what llvm does (the
+    functional run checks every dependency)."""
+    def body(x, w1, w2):
+        op = relax.op
+        y = op.nn.relu(op.nn.conv2d(x, w1))
+        return relax.Tuple([y, op.add(op.nn.conv2d(y, w2), x)])
+
+    emitted = []
+    real = stitched.emit_stitched
+    monkeypatch.setattr(stitched, "emit_stitched", lambda mod, *a, **k: emitted.append(real(mod, *a, **k)) or emitted[-1])
+    mod = relax_graph([(1, 128, 64, 64), (128, 128, 1, 1), (128, 128, 1, 1)], body)
+    args = [rng.standard_normal([int(s) for s in p.ty.shape]).astype("float32") * 0.2 for p in mod["main"].params]
+    vm, result = _run(mod, "graphturbo")
+    assert len(result.stitched) == 1
+    y, z = vm["main"](*[tvm.runtime.tensor(a) for a in args])
+    ref = relax.VirtualMachine(tvm.compile(mod, target="llvm"), tvm.cpu())["main"](*[tvm.runtime.tensor(a) for a in args])
+    for got, want in zip((y, z), ref):
+        assert np.abs(got.numpy() - want.numpy()).max() / np.abs(want.numpy()).max() < 5e-3
+    program = emitted[0][0]
+    kernel = program.expanded().kernels[0]
+    timing = simulate_program(program, HW).kernels[0]
+    y_bytes = 128 * 64 * 64 * 2
+    for cluster in range(HW.clusters):
+        copies = [i for i, ins in enumerate(kernel.instructions) if type(ins) is isa.Dma
+                  and ins.src.mem == "gb" and ins.src.index == cluster and ins.dst.mem == "ddr"]
+        assert len(copies) >= 2
+        assert sum(math.prod(kernel.instructions[i].shape) * 2 for i in copies) == y_bytes // HW.clusters
+        waits = [kernel.instructions[i].deps for i in copies]
+        assert all(type(kernel.instructions[d]) is isa.Dma and kernel.instructions[d].src.mem == "lb"
+                   and (kernel.instructions[d].dst.mem, kernel.instructions[d].dst.index) == ("gb", cluster)
+                   for deps in waits for d in deps)  # the stores of y's tiles, no other write
+        last_store = max(timing.end[d] for deps in waits for d in deps)
+        assert max(timing.end[d] for d in waits[0]) < last_store  # the first slab's tiles finish earlier
+        assert timing.start[copies[0]] < last_store <= timing.start[copies[-1]]

@@ -83,6 +83,9 @@ class KernelEmitter:
         self.tile_round: tuple | None = None  # (layer call, the core's tile in it) being emitted
         self.rounds: dict[int, tuple] = {}  # stream position of a multicast from an LB -> its tile_round
         self.join_floor = 0  # stream positions below it are not extended (``_joined``)
+        # (memory object, tile loop values -> slabs its box touches, per slab {unit: its last write}):
+        # the writes of a kept output recorded slab by slab (``layer``'s ``slabs``)
+        self.watched: tuple | None = None
 
     def kernel(self) -> isa.Kernel:
         if self.hw.interconnect == "mesh":
@@ -147,14 +150,16 @@ class KernelEmitter:
         self.content = {k: c for k, c in self.content.items() if k[0] != core}
 
     def move(self, src: Region, dst: Region, core: int, prefetch: bool = False, box=None,
-             copies: bool = False) -> None:
+             copies: bool = False, after: set | None = None) -> None:
         """Copy ``box`` ((origin, extents); by default ``dst``'s box, which ``src``'s holds) from
         ``src`` to ``dst`` in another memory, e.g. a weight promotion DDR -> GB, or a kernel output
         kept in a GB written out to DDR; one transfer per piece, in order, where ``dst`` was
         claimed in pieces; with ``prefetch`` on ``core``'s prefetch queue (``isa.Dma.prefetch``).
         A promotion DDR -> GB on a chip with ``multicast_dma`` is a multicast (``isa.Dma.multicast``):
         the clusters that promote the same box to the same place read DDR for it once; so are
-        ``copies`` into LBs (a weight piece SET pins on each core reading it, at one place)."""
+        ``copies`` into LBs (a weight piece SET pins on each core reading it, at one place).
+        ``after``: the writes of ``src`` the copy waits for, instead of every unit's last
+        (``layer``'s ``slabs``)."""
         self.cores_used.add(core)
         self.mark(PROMOTE, ())
         boxes = [box or (dst.origin, dst.extents)]
@@ -167,7 +172,7 @@ class KernelEmitter:
         multicast = self.hw.multicast_dma and src.mem == "ddr" and (dst.mem == "gb" or copies)
         for origin, extents in boxes:
             self.push(isa.Dma(core, extents, _whole_operand(dst, origin), _whole_operand(src, origin),
-                              prefetch=prefetch, multicast=multicast), core)
+                              prefetch=prefetch, multicast=multicast), core, after=after)
 
     def replicate(self, start: int, stop: int, cores: int, cluster: int, ddr_shift: dict) -> bool:
         """Record that stream positions [start, stop) — one cluster's part of a kernel — run again
@@ -180,13 +185,27 @@ class KernelEmitter:
         between clusters' disjoint pieces of one DDR tensor."""
         return self.compression.replicate(start, stop, cores, cluster, ddr_shift)
 
-    def layer(self, layer: Layer, work, regions: dict, lb_base: int = 0) -> None:
+    def layer(self, layer: Layer, work, regions: dict, lb_base: int = 0, slabs: dict | None = None) -> list | None:
         """Emit ``layer``'s tiles: ``work`` is a list of (tile loop values, core); ``regions``
-        maps each parameter's tensor to where it lives for these tiles."""
+        maps each parameter's tensor to where it lives for these tiles. With ``slabs`` (tile loop
+        values -> the slabs of the output the tile's box touches) the call is emitted as it
+        comes (no copy of recorded instructions: each write is seen) and returns, per slab, the
+        writes that finish it ({unit: position}), for copies of the slabs that wait for their
+        own tiles only (``move``'s ``after``)."""
         self.mark(layer.name, layer.ir.params[-1][1])
+        target = regions.get(layer.args.get(layer.ir.params[-1][0]))
         if layer.ir.clamped:
-            self._written_twice(regions.get(layer.args.get(layer.ir.params[-1][0])))
-        self.compression.layer(layer, work, regions, lb_base)
+            self._written_twice(target)
+        if slabs is None:
+            self.compression.layer(layer, work, regions, lb_base)
+            return None
+        writers = [{} for _ in range(1 + max(j for touched in slabs.values() for j in touched))]
+        self.watched = (self.memory.owner(target), slabs, writers)
+        try:
+            self.emit(layer, work, regions, lb_base)
+        finally:
+            self.watched = None
+        return writers
 
     def _written_twice(self, target) -> None:
         """The objects holding ``target``, the output of a layer whose tiles overlap
@@ -381,21 +400,31 @@ class KernelEmitter:
         return isa.Operand("lb", core, offset, dtype, tuple(strides))
 
     # -- instructions ----------------------------------------------------------------------------
-    def push(self, ins, core: int, unit=None) -> None:
+    def push(self, ins, core: int, unit=None, after: set | None = None) -> None:
         """Append ``ins`` (an instruction of ``core``'s tile) to the kernel on ``unit`` (default: the
-        unit that runs it), waiting for what the memory objects it touches imply (``deps``)."""
+        unit that runs it), waiting for what the memory objects it touches imply (``deps``), or
+        for what it reads, only for ``after`` (positions)."""
         srcs, dst = isa.operands(ins)
         unit = unit or isa.unit_of(ins, self.hw.cores_per_cluster)
         memory = self.memory
         reads = [memory.key(o, ins) for o in srcs]
         writes = [memory.key(dst, ins)]
         idx = self.size
-        deps = tuple(sorted(memory.deps.deps(reads, writes, unit)))
+        deps = memory.deps.deps(reads if after is None else [], writes, unit)
+        deps = tuple(sorted(deps if after is None else deps | after))
+        if self.watched is not None and writes[0] == self.watched[0]:
+            values = tuple(self.env[lp.slot] for lp in self.cur.ir.tile_loops())
+            for j in self.watched[1].get(values, range(len(self.watched[2]))):  # not a tile's: every slab's
+                self.watched[2][j][unit] = idx
         joined = self._joined(ins, unit, deps)
         if joined is not None:  # the unit's last transfer extended by this one's box
             object.__setattr__(joined, "deps", self.instructions[-1].deps)
             self.instructions[-1] = joined
             memory.deps.record(idx - 1, reads, writes, unit)
+            if self.watched is not None and writes[0] == self.watched[0]:
+                for w in self.watched[2]:  # the extended transfer is the unit's write, where its parts were
+                    if w.get(unit) == idx:
+                        w[unit] = idx - 1
             return
         if self.compression.rec is not None:
             self.compression.rec.pushed(unit, reads, writes, deps, memory.deps)
