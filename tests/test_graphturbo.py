@@ -11,7 +11,7 @@ from tvm_dsa.kernel.macs import kernel_macs
 from tvm_dsa.schedule.graph import Node, OpGraph, SubGraphs, Tensor
 from tvm_dsa.schedule.graphturbo import (
     Split, best_split, bytes_in_flight, cut_before, group, group_two_levels, instance_graph, order_instances,
-    pair_product, peak_bytes, split_info, row_window_axis, window_cuts, all_rows_read,
+    pair_product, peak_bytes, split_info, row_window_axis, window_cuts, all_rows_read, paying_cuts,
 )
 
 LB = 64 * 1024
@@ -232,6 +232,22 @@ def test_all_rows_read_are_the_operands_a_row_of_the_output_needs_whole():
         == {1}
     assert all_rows_read(func([(1, 8, 8), (1, 8, 16)], lambda p, v: op.matmul(p, v))) == {1}
     assert all_rows_read(func([(1, 8, 16), (16, 4)], lambda x, w: op.matmul(x, w))) == {1}
+    assert all_rows_read(func([(1, 8, 16), (16, 4)], lambda x, w: op.matmul(x, w)), weights=frozenset({1})) == set()
+
+
+def test_all_rows_read_by_a_global_pooling_but_not_by_a_window_or_a_norm_over_channels():
+    """A mean over an image's rows and columns reads all its rows; a 3 x 3 pooling reads a window
+    of them, a mean over the channels (the second-to-last dim of ``(C, W)`` rows alone is
+    reduced, it is the rows) only its own."""
+    op = relax.op
+
+    def func(shape, f):
+        mod = relax.transform.LegalizeOps()(relax_graph([shape], f))
+        return next(f for gv, f in mod.functions.items() if gv.name_hint != "main")
+
+    assert all_rows_read(func((1, 8, 7, 7), lambda x: op.mean(x, axis=[2, 3], keepdims=True))) == {0}
+    assert all_rows_read(func((1, 8, 7, 7), lambda x: op.nn.max_pool2d(x, (3, 3), padding=(1, 1)))) == set()
+    assert all_rows_read(func((1, 8, 7, 7), lambda x: op.mean(x, axis=[1], keepdims=True))) == set()
 
 
 def test_row_window_axis_is_a_window_over_an_activations_rows():
@@ -282,3 +298,32 @@ def test_an_inverted_residual_block_is_cut_before_its_expansion_not_its_depthwis
     macs = {n.index: kernel_macs(mod[n.func]) for n in graph.nodes}
     cuts = window_cuts(SubGraphs(graph, [frozenset(range(len(graph.nodes)))]), mod, HW, frozenset(), macs)
     assert cuts == {1, 3, 6}
+
+
+def test_a_global_pooling_is_cut_from_the_rows_it_pools_before_a_cheaper_producer():
+    """At batch 1 a sample's rows are split over the clusters, and a pooling over all of them
+    leaves a row to no cluster: a 3 x 3 convolution, a 1 x 1 expansion to four times the channels
+    and a global average pooling, one sub-graph, are cut before the expansion, which reads a
+    quarter of the bytes the pooling does and no window. Added to a shortcut as large as its
+    output, computed in the sub-graph too, the expansion reads more than the pooling, and the cut
+    goes before the pooling."""
+    op = relax.op
+    rng = np.random.default_rng(0)
+    k = lambda *shape: relax.const((rng.standard_normal(shape) * 0.1).astype("float32"))  # noqa: E731
+    conv, expand, shortcut = k(128, 128, 3, 3), k(512, 128, 1, 1), k(512, 128, 1, 1)
+
+    def body(residual):
+        def f(x):
+            y = op.nn.conv2d(op.nn.relu(op.nn.conv2d(x, conv, padding=1)), expand)
+            return op.mean(op.add(y, op.nn.conv2d(x, shortcut)) if residual else y, axis=[2, 3], keepdims=True)
+        return f
+
+    for residual in (False, True):
+        mod = fuse(relax_graph([(1, 128, 14, 14)], body(residual)))
+        graph = OpGraph.from_relax(mod)
+        macs = {n.index: kernel_macs(mod[n.func]) for n in graph.nodes}
+        cuts = paying_cuts(SubGraphs(graph, [frozenset(range(len(graph.nodes)))]), mod, HW, frozenset(), macs)
+        pooling = next(n.index for n in graph.nodes if graph.tensors[n.output].shape[2:] == (1, 1))
+        expansion = graph.tensors[graph.nodes[pooling].inputs[0]].producer
+        assert graph.tensors[graph.nodes[expansion].output].shape[1] == 512
+        assert cuts == ({pooling} if residual else {expansion})

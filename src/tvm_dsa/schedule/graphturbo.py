@@ -51,7 +51,7 @@ import tvm_ffi
 from tvm import tirx
 from tvm.s_tir import SBlockRealize
 
-from tvm_dsa.kernel.analysis import Load, contraction, int_value, uses_var
+from tvm_dsa.kernel.analysis import REDUCE_ITER, Load, contraction, int_value, uses_var
 from tvm_dsa.kernel.macs import kernel_macs
 from tvm_dsa.schedule import register
 from tvm_dsa.schedule.graph import OpGraph, SubGraphs
@@ -365,29 +365,52 @@ def spreading_saves(members, macs: dict, hw) -> float:
 
 def paying_cuts(sgs: SubGraphs, mod, hw, host: frozenset, macs: dict) -> frozenset:
     """The nodes ``cut_before`` cuts a sub-graph before where a sample's rows are split over the
-    clusters: its contractions of two activations (``pair_product``) that read all rows of an
-    operand (``all_rows_read``) the piece since the last cut computes, where spreading it saves
-    more than the launches of the kernels the cuts add (``spreading_saves``: DLRM's feature
-    interaction, a few thousand MACs, is not cut into two kernels that each pay a launch), and
-    the windows ``window_cuts`` cuts before. An operand computed before the last cut is read
-    from DDR whole by every instance: ViT-B/16's ``P V``, its ``V`` computed before ``Q K^T``,
-    stays with the softmax (cut there too, ViT-B/16 took 2,790,875 cycles at batch 1, its
-    probabilities through DDR, against 2,485,307)."""
+    clusters: its reductions that read all rows of an operand (``all_rows_read``) the piece since
+    the last cut computes, where spreading it saves more than the launches of the kernels the cuts
+    add (``spreading_saves``: DLRM's feature interaction, a few thousand MACs, is not cut into two
+    kernels that each pay a launch), and the windows ``window_cuts`` cuts before. An operand
+    computed before the last cut is read from DDR whole by every instance: ViT-B/16's ``P V``,
+    its ``V`` computed before ``Q K^T``, stays with the softmax (cut there too, ViT-B/16 took
+    2,790,875 cycles at batch 1, its probabilities through DDR, against 2,485,307).
+
+    A contraction of two activations is cut before itself. A pooling over all rows (MobileNetV2's
+    global average pooling) leaves a row to no cluster: kept with what comes before it, the whole
+    sub-graph ran on one cluster. Its cut goes before the pooled tensor's producer where that
+    reads no window and fewer bytes cross there (``cut_back``): the producer and the pooling split
+    by channels, each cluster reading the producer's input whole (MobileNetV2 at batch 1: 186,946
+    cycles as one kernel, 182,129 cut before the pooling, 179,285 before the 1 x 1 convolution
+    whose 1,280 channels it pools)."""
     graph = sgs.graph
-    pairs = frozenset(n.index for n in graph.nodes if n.index not in host and pair_product(
-        mod[n.func], _weights(graph, n)))
+    windows = window_cuts(sgs, mod, hw, host, macs)
     cuts: set[int] = set()
     for members in sgs.groups:
         starts, run = set(), set()  # the cuts so far, the tensors the current piece computes
         for n in sorted(members):
             node = graph.nodes[n]
-            if n in pairs and any(node.inputs[i] in run for i in all_rows_read(mod[node.func]) if i < len(node.inputs)):
-                starts.add(n)
+            if n in windows:
+                run = set()
+            whole = [node.inputs[i] for i in all_rows_read(mod[node.func], _weights(graph, node))
+                     if i < len(node.inputs) and node.inputs[i] in run]
+            if whole:
+                pair = pair_product(mod[node.func], _weights(graph, node))
+                starts.add(n if pair or len(whole) > 1 else cut_back(graph, mod, n, whole[0], run))
                 run = set()
             run.add(node.output)
         if starts and spreading_saves(members, macs, hw) > len(starts) * hw.kernel_launch_cycles:
             cuts |= starts
-    return frozenset(cuts) | window_cuts(sgs, mod, hw, host, macs)
+    return frozenset(cuts) | windows
+
+
+def cut_back(graph: OpGraph, mod, n: int, t: str, run: set) -> int:
+    """Where a sub-graph is cut for node ``n``'s reduction over all rows of the tensor ``t``
+    (computed in the piece whose tensors are ``run``): before ``n``, or before ``t``'s producer
+    where that reads no window and the tensors it reads from the piece are smaller than ``t``."""
+    producer = graph.nodes[graph.tensors[t].producer]
+    size = lambda name: math.prod(graph.tensors[name].shape)  # noqa: E731
+    if (row_window_axis(mod[producer.func], _weights(graph, producer))[0] <= 1
+            and sum(size(i) for i in producer.inputs if i in run) < size(t)):
+        return producer.index
+    return n
 
 
 def window_cuts(sgs: SubGraphs, mod, hw, host: frozenset, macs: dict) -> frozenset:
@@ -502,21 +525,34 @@ def pair_product(func, weights: frozenset = frozenset()) -> bool:
     return bool(found)
 
 
-def all_rows_read(func) -> frozenset:
-    """The positions of ``func``'s parameters a contraction reads all the rows of, whatever rows
-    of its output it computes: a load of ``acc += a * b`` whose second-to-last index uses none of
-    the iterators of the store's (attention's keys ``K[j]`` in ``S[i, j]``, values ``V[j]`` in
-    ``O[i]``). A row split's instance needs all of such an operand."""
+def all_rows_read(func, weights: frozenset = frozenset()) -> frozenset:
+    """The positions of ``func``'s activation parameters (not at the positions ``weights``) a
+    reduction reads all the rows of, whatever rows of its output it computes. In a contraction
+    of two activations ``acc += a * b``, a load whose second-to-last index uses none of the
+    iterators of the store's (attention's keys ``K[j]`` in ``S[i, j]``, values ``V[j]`` in
+    ``O[i]``); in a reduction that is not a contraction, a load whose second-to-last index uses
+    reduced iterators alone (a global pooling's ``x[k2, k3]``). A row split's instance needs all
+    of such an operand."""
+    constant = {p for i, p in enumerate(func.params) if i in weights}
     found: set = set()
 
     def visit(realize):
-        pair = contraction(realize.block)
-        store = realize.block.body
-        if not pair or len(store.indices) < 2:
+        block = realize.block
+        store = block.body
+        reduced = {it.var for it in block.iter_vars if int(it.iter_type) == REDUCE_ITER}
+        if not isinstance(store, tirx.BufferStore) or len(store.indices) < 2 or not reduced:
             return
+        pair = contraction(block)
+        if pair and (any(ld.source in constant for ld in pair) or pair[0].source.same_as(pair[1].source)):
+            return  # a product with a weight (``x W``) or of a tensor with itself
+        loads = []
+        tvm_ffi.structural_walk(store.value, [(Load, loads.append)])
         rows = set(tirx.analysis.undefined_vars(store.indices[-2]))
-        for ld in pair:
-            if len(ld.indices) >= 2 and not set(tirx.analysis.undefined_vars(ld.indices[-2])) & rows:
+        for ld in pair or loads:
+            if len(ld.indices) < 2 or ld.source in constant:
+                continue
+            used = set(tirx.analysis.undefined_vars(ld.indices[-2]))
+            if not used & rows and (pair or used and used <= reduced):
                 found.update(i for i, p in enumerate(func.params) if ld.source.same_as(p))
 
     tvm_ffi.structural_walk(func.body, [(SBlockRealize, visit)])
