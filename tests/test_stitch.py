@@ -1290,6 +1290,30 @@ def test_layers_are_timed_within_a_clusters_share_of_the_rows(monkeypatch, batch
         assert calls == []
 
 
+def test_a_row_at_batch_1_deals_its_columns_over_the_clusters_and_times_plans_for_their_share(monkeypatch, rng):
+    """x @ w at batch 1, one row of 1024 columns, taken as tuned: there are no rows to split, the
+    kernel's instances take the columns, dealt over the clusters, so the layer's plans are timed
+    with a cluster's share of its tiles (``spread``, the four clusters) instead of the tuning
+    record's tiles being kept; the kernel computes what llvm does."""
+    import importlib
+
+    generator = importlib.import_module("tvm_dsa.kernelgen.stitched")
+    calls = []
+    timed = generator.lower_timed
+    monkeypatch.setattr(generator, "lower_timed", lambda *a, **k: calls.append(k["spread"]) or timed(*a, **k))
+    layer = generator.StitchedKernels.layer
+    monkeypatch.setattr(generator.StitchedKernels, "layer", lambda self, name, *a, **k: self.ctx.result.tuned.append(
+        name) or layer(self, name, *a, **k))
+    shapes = [(1, 512), (512, 1024)]
+    mod = relax_graph(shapes, lambda x, w: relax.op.matmul(x, w))
+    w = (rng.standard_normal(shapes[1]) * 0.05).astype("float32")
+    mod = relax.transform.BindParams("main", {"a1": tvm.runtime.tensor(w)})(mod)
+    vm, result = _run(mod, "graphturbo")
+    x = rng.standard_normal(shapes[0]).astype("float32")
+    assert calls and set(calls) == {HW.clusters}
+    np.testing.assert_allclose(vm["main"](tvm.runtime.tensor(x)).numpy(), _llvm(mod, [x]), rtol=2e-2, atol=2e-2)
+
+
 def test_plans_timed_for_a_clusters_tiles_give_way_where_they_halo_into_fewer_instances(monkeypatch, rng):
     """relu(x @ w1) @ w2 at batch 1 (128 rows, 1024 -> 256 -> 256), both layers taken as tuned: its
     layers are lowered both ways, timed with a cluster's share of the tiles, and as before (a
