@@ -97,8 +97,9 @@ class StitchedKernels:
         GB where another input comes from DDR (``lower_kernel``); a contraction that loads from
         the GB with its chunk loads overlapping the MME (``overlap``; from DDR, as layerwise
         loads, a smaller chunk costs bursts); then the fastest of that and other plans timed in
-        place for a contraction on the MME with ``TIMED_MACS`` or more, the faster unit for a
-        depthwise one, and tiles whose loads fit twice for a layer off the MME
+        place for a contraction on the MME with ``TIMED_MACS`` or more (``TIMED_MACS_SPREAD``
+        where ``spread``), the faster unit for a depthwise one, and tiles whose loads fit twice
+        for a layer off the MME
         (``tiling.lower_timed``). ``first_tile``: at most so many along the first loop (a
         micro-batch's samples, ``_micro_batched``) where the tiling holds more; ``shares``: at
         most so many along the leading loops (an instance's share of a sample's rows,
@@ -108,7 +109,7 @@ class StitchedKernels:
         with a cluster's share of them rather than a tuning record's tiles kept (a record tiles
         the whole layer: MobileNetV2's 1 x 1 convolution to 1,280 channels, pooled after it,
         kept the record's tiles on a cluster's cores, and the timed plans of 160 channels left
-        three clusters idle; timed for its share, 179,285 -> 177,595 cycles at batch 1)."""
+        three clusters idle; timed for its share, 179,285 -> 178,219 cycles at batch 1)."""
         ctx, stitch, hw = self.ctx, self.options, self.ctx.hw
         vector = name in ctx.on_vector
         low, budget = self.tiled_in_part(name) if part else ctx.lowered[name]
@@ -132,17 +133,21 @@ class StitchedKernels:
             if not keep:
                 low = lower_kernel(ctx.funcs[name], hw, budget, overlap=True, on_chip=ranked, caps=caps)[0]
             if stitch.gb and not vector and not record:
-                low = lower_timed(ctx.funcs[name], hw, budget, gb, low, caps, plans=macs * spread >= TIMED_MACS,
+                low = lower_timed(ctx.funcs[name], hw, budget, gb, low, caps, plans=macs >= (TIMED_MACS if spread == 1 else TIMED_MACS_SPREAD),
                                   spread=spread)
             self.overlapped[key] = (low, budget)
         return self.overlapped[key]
 
 
-# a smaller layer keeps the search's plan: timing others costs more compile time than it saves; a
-# layer whose tiles are shared out over the clusters (a sample's rows split) counts its MACs once
-# per cluster: its few tiles a cluster make the search's largest leave cores idle (Conformer at
-# batch 1: 63,165 -> 55,414 cycles, MobileNetV2 235,616 -> 228,163, its build 16 -> 27 s)
+# a smaller layer keeps the search's plan: timing others costs more compile time than it saves;
 TIMED_MACS = 1 << 24
+# not where its tiles are dealt over the clusters (fewer samples than clusters), whose few tiles a
+# cluster make the search's largest leave cores idle: there every contraction's plans are timed
+# (a layer's MACs counted once per cluster, Conformer at batch 1 went 63,165 -> 55,414 cycles,
+# MobileNetV2 235,616 -> 228,163; all of them, ResNet-50's classifier, 2 M MACs, loaded its
+# weights in chunks of the whole LB with the MME waiting for each: 805,686 -> 803,860, DenseNet-121
+# 677,638 -> 674,276, MobileNetV2 178,219 -> 176,572; DenseNet-121's build 67 -> 74 s)
+TIMED_MACS_SPREAD = 0
 
 
 def _first_tile(lowered) -> int:

@@ -390,7 +390,7 @@ def paying_cuts(sgs: SubGraphs, mod, hw, host: frozenset, macs: dict) -> frozens
             if n in windows:
                 run = set()
             whole = [node.inputs[i] for i in all_rows_read(mod[node.func], _weights(graph, node))
-                     if i < len(node.inputs) and node.inputs[i] in run]
+                     if i < len(node.inputs) and node.inputs[i] in run] if n not in host else []
             if whole:
                 pair = pair_product(mod[node.func], _weights(graph, node))
                 starts.add(n if pair or len(whole) > 1 else cut_back(graph, mod, n, whole[0], run))
