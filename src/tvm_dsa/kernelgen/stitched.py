@@ -133,8 +133,8 @@ class StitchedKernels:
             if not keep:
                 low = lower_kernel(ctx.funcs[name], hw, budget, overlap=True, on_chip=ranked, caps=caps)[0]
             if stitch.gb and not vector and not record:
-                low = lower_timed(ctx.funcs[name], hw, budget, gb, low, caps, plans=macs >= (TIMED_MACS if spread == 1 else TIMED_MACS_SPREAD),
-                                  spread=spread)
+                least = TIMED_MACS if spread == 1 else TIMED_MACS_SPREAD
+                low = lower_timed(ctx.funcs[name], hw, budget, gb, low, caps, plans=macs >= least, spread=spread)
             self.overlapped[key] = (low, budget)
         return self.overlapped[key]
 
