@@ -822,7 +822,8 @@ def write_out_slabs(write: Boxes, origin, extents, itemsize: int) -> list[tuple[
         if len(slabs) > 1 and early > score:
             score = early
             best = sorted((t, tuple(a if k == d else v for k, v in enumerate(origin)),
-                           tuple(b - a if k == d else v for k, v in enumerate(extents))) for t, (a, b) in zip(done, slabs))
+                           tuple(b - a if k == d else v for k, v in enumerate(extents)))
+                          for t, (a, b) in zip(done, slabs))
     return best
 
 

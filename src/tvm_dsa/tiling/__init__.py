@@ -147,7 +147,8 @@ def lower_timed(func, hw, lb_bytes: int | None, gb: frozenset, baseline, caps: t
     accumulator (``_strips_for_two_accumulators``), with its N tile rounded up to whole passes of
     the PE array's columns (``_full_columns``) and with the weights its tiles read alike held in
     the LB (``_resident``), each kept where faster. ``spread``: the clusters the layer's tiles are
-    shared out over (a sample's rows split over the clusters): each plan is timed with its share
+    shared out over (fewer samples than clusters: a sample's rows, or a kernel's channels, split
+    over them): each plan is timed with its share
     of the tiles on a cluster (``timed_cycles``)."""
     try:
         info = anchor_info(func)
@@ -305,8 +306,8 @@ def _faster_unit(func, hw, lb_bytes: int | None, gb: frozenset, baseline, caps: 
 
 
 TIMED_PLANS = 6  # plans ``lower_timed`` lowers and times besides the baseline (16 doubled compile times for little)
-# and where the tiles are spread over the clusters (a sample's rows split, batch 1), whose cluster's share the estimate
-# ranks worse: Conformer's 256 x 256 products after its 31-tap depthwise convolution found their fastest plan eighth
+# and where the tiles are spread over the clusters (fewer samples than clusters: a sample's rows or a kernel's channels
+# dealt over them), whose cluster's share the estimate ranks worse: Conformer's 256 x 256 products after its 31-tap depthwise convolution found their fastest plan eighth
 # (51,414 -> 48,527 cycles); nine everywhere took DenseNet-121 at batch 8 from 236.9 to 318.9 s, 1.2 % slower
 TIMED_PLANS_SPREAD = 9
 TIMED_TILES = 24  # tiles a timing runs: three rounds of a cluster's eight cores
