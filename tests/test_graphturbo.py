@@ -322,7 +322,8 @@ def test_a_global_pooling_is_cut_from_the_rows_it_pools_before_a_cheaper_produce
         mod = fuse(relax_graph([(1, 128, 14, 14)], body(residual)))
         graph = OpGraph.from_relax(mod)
         macs = {n.index: kernel_macs(mod[n.func]) for n in graph.nodes}
-        cuts = paying_cuts(SubGraphs(graph, [frozenset(range(len(graph.nodes)))]), mod, HW, frozenset(), macs)
+        cuts = paying_cuts(SubGraphs(graph, [frozenset(range(len(graph.nodes)))]), mod, HW, frozenset(), macs,
+                           frozenset())
         pooling = next(n.index for n in graph.nodes if graph.tensors[n.output].shape[2:] == (1, 1))
         expansion = graph.tensors[graph.nodes[pooling].inputs[0]].producer
         assert graph.tensors[graph.nodes[expansion].output].shape[1] == 512

@@ -1814,9 +1814,11 @@ def test_ddr_bytes_of_boxes_count_whole_bursts_per_contiguous_run():
 def test_a_single_sample_is_cut_before_its_windows_and_its_input_promoted(monkeypatch, rng):
     """At batch 1, relu(conv1x1) -> relu(conv3x3) -> conv1x1 + x: the sub-graph is cut before the
     3x3 window (within one kernel every row instance would compute the 1x1's rows of its halo
-    again), each kernel's rows split over the four clusters, and the second kernel's input,
-    which all clusters read rows of, promoted to their GBs: DDR gives each of its bytes once
-    (a multicast to the four GBs), and no core loads it from DDR. The outputs are llvm's."""
+    again, and the residual, read once at the end, does not pay for exchanging the halo rows
+    instead: ``graphturbo._exchange_pays``), each kernel's rows split over the four clusters, and
+    the second kernel's input, which all clusters read rows of, promoted to their GBs: DDR gives
+    each of its bytes once (a multicast to the four GBs), and no core loads it from DDR. The
+    outputs are llvm's."""
     first, second, result = _single_sample_block(rng, "dsa/stcp920", monkeypatch)
     assert [{m.name for m in run.program.kernels[0].layers} - {PROMOTE} for run in (first, second)] == \
         [{"lv"}, {"lv1", "gv"}]
@@ -1830,6 +1832,79 @@ def test_a_single_sample_is_cut_before_its_windows_and_its_input_promoted(monkey
         assert sum(math.prod(shape) for _, shape in {(i.src.offset, i.shape) for i in reads}) * 2 == arg.nbytes
         assert {i.dst.index for i in reads} == set(range(HW.clusters))
     assert made in {a.name for a in program.args}
+
+
+def _dense_block(rng, layers: int = 3):
+    """(module, input): a dense block at batch 1 over 32 x 32 pixels: a 1 x 1 stem from 16 to 32
+    channels, ``layers`` layers, each relu(conv3x3(relu(conv1x1(features)))) of 32 channels
+    concatenated to the features, then a 1 x 1 transition: every layer reads all the features
+    before it."""
+    op = relax.op
+    shapes = [(1, 16, 32, 32), (32, 16, 1, 1)]
+    for k in range(layers):
+        shapes += [(32, 32 * (k + 1), 1, 1), (32, 32, 3, 3)]
+    shapes.append((32, 32 * (layers + 1), 1, 1))
+
+    def body(x, stem, *ws):
+        features = [op.nn.relu(op.nn.conv2d(x, stem))]
+        for k in range(layers):
+            y = op.nn.relu(op.nn.conv2d(op.concat(features, axis=1) if k else features[0], ws[2 * k]))
+            features.append(op.nn.relu(op.nn.conv2d(y, ws[2 * k + 1], padding=1)))
+        return op.nn.conv2d(op.concat(features, axis=1), ws[-1])
+
+    mod = relax_graph(shapes, body)
+    args = [rng.standard_normal(s).astype("float32") * 0.2 for s in shapes]
+    bound = {f"a{i}": tvm.runtime.tensor(args[i]) for i in range(1, len(shapes))}
+    return relax.transform.BindParams("main", bound)(mod), args[0]
+
+
+def test_a_single_sample_exchanges_the_halo_rows_of_a_window_in_one_kernel(monkeypatch, rng):
+    """The dense block above at batch 1 (each kernel launched alone), each cluster a quarter of the
+    32 rows (8). Before the second 3 x 3 window the stem's and the first layer's features cross,
+    read again past the next window: there the sub-graph is not cut (before the first and the
+    last windows it is), and the 1 x 1's output, which the window reads one row past each side
+    of a cluster's share, is exchanged (``StitchPlan.exchange``): each cluster computes its own
+    rows only, into its GB, copies out to DDR the rows its neighbours' window reads, and copies
+    in the rows its own window reads of theirs: a row a boundary each way, 3 boundaries, 32
+    channels x 32 columns of fp16 a row, and nothing else of it through DDR. The functional run
+    checks every dependency (a copy in waits for the other clusters' copies out); the output is
+    llvm's."""
+    monkeypatch.setattr(importlib.import_module("tvm_dsa.kernelgen.offload"), "launch_together",
+                        lambda calls, graph, views: (calls, []))
+    mod, x = _dense_block(rng)
+    vm, result = _run(mod, "graphturbo")
+    out = vm["main"](tvm.runtime.tensor(x)).numpy()
+    ref = _llvm(mod, [x])
+    np.testing.assert_allclose(out, ref, rtol=2e-2, atol=2e-2 * np.abs(ref).max())
+    assert len(result.stitched) == 3 and all(not info.spilled for info in result.stitched.values())
+    _, middle, _ = tvm_dsa.last_kernel_runs()
+    program = middle.program.expanded()
+    args = [(a.offset, a.offset + a.nbytes) for a in program.args]
+    inside = lambda o: o.mem == "ddr" and not any(lo <= o.offset < hi for lo, hi in args)  # noqa: E731
+    dmas = [i for i in program.kernels[0].instructions if isinstance(i, isa.Dma)]
+    out_rows = [i for i in dmas if i.src.mem == "gb" and inside(i.dst)]
+    in_rows = [i for i in dmas if i.dst.mem == "gb" and inside(i.src)]
+    row = 32 * 32  # elements of a row of the exchanged tensor
+    for moved in (out_rows, in_rows):
+        assert sum(math.prod(i.shape) for i in moved) == 2 * (HW.clusters - 1) * row
+        assert all(math.prod(i.shape) == row for i in moved)  # one row a copy: one neighbour, one side
+    assert {i.core // HW.cores_per_cluster for i in in_rows} == set(range(HW.clusters))
+    assert not [i for i in dmas if i.dst.mem == "lb" and inside(i.src)]  # no core loads it from DDR
+
+
+def test_box_minus_and_halos_out_cut_an_instances_box_into_what_others_write():
+    """Rows 8-16 of a (1, 4, 32, 8) tensor written by instance 1 of three, whose box holds rows
+    7-17: the rows it copies in are 7 and 16 (two boxes of one row); the rows it copies out are
+    those the others' boxes hold of its own, row 8 for instance 0 (rows 0-9) and 15 for
+    instance 2 (rows 15-32)."""
+    written = ((0, 0, 8, 0), (1, 4, 16, 8))
+    box = ((0, 0, 7, 0), (1, 4, 17, 8))
+    assert stitch._box_minus(box, written) == [((0, 0, 7, 0), (1, 4, 1, 8)), ((0, 0, 16, 0), (1, 4, 1, 8))]
+    assert stitch._box_minus(box, None) == [((0, 0, 7, 0), (1, 4, 10, 8))]
+    inst = Instances([{}, {}, {}], [{"t": ((0, 0, 0, 0), (1, 4, 9, 8))}, {"t": box},
+                                    {"t": ((0, 0, 15, 0), (1, 4, 32, 8))}], 1.0,
+                     [{}, {"t": tuple(np.array(c) for c in written)}, {}])
+    assert stitch._halos_out(inst, 1, "t") == [((0, 0, 8, 0), (1, 4, 1, 8)), ((0, 0, 15, 0), (1, 4, 1, 8))]
 
 
 def test_write_out_slabs_follow_the_dim_the_tiles_finish_in_order():

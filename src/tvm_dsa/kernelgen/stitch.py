@@ -44,17 +44,22 @@ class Instances:
     rows: list
     boxes: list
     recompute: float  # work of all instances / work of the sub-graph
+    written: list = field(default_factory=list)  # per instance, the box it writes of each exchanged tensor
 
     @classmethod
-    def of(cls, layers, prints: dict, outputs, rows: list, recompute: float, hw=None) -> "Instances":
+    def of(cls, layers, prints: dict, outputs, rows: list, recompute: float, hw=None,
+           exchange: frozenset = frozenset()) -> "Instances":
         """The instances computing ``rows``: the boxes they write. An output of the sub-graph gets
         boxes only where layers of it read it and each instance's reads fall inside its own box
         (``_reads_inside``): the instance keeps it on chip for them and copies it out, where its
         consumers' tiles would each load it from DDR again (ResNet-50's block outputs at batch 1,
         read by the next block's first convolution, once per output-channel tile); or where, on
         ``hw``, its tiles would write it to DDR in runs whose bursts move much more than its
-        instances' boxes would (``_stored_short``)."""
+        instances' boxes would (``_stored_short``). A tensor the instances ``exchange`` gets a box
+        holding what the instance writes and reads of it (``written``: what it writes): the rows
+        of its halo the instances that write them copy out to DDR, and it copies them in."""
         boxes = [{} for _ in rows]
+        written = [{} for _ in rows]
         for L in reversed(layers):  # the order lifetimes are listed in (it breaks placement ties)
             out = L.args[L.ir.params[-1][0]]
             which = [k for k, chosen in enumerate(rows) if len(chosen[L.name])]
@@ -68,11 +73,18 @@ class Instances:
             high = np.maximum.reduceat(write[1][at], starts, axis=0).tolist()
             for k, lo, hi in zip(which, low, high):
                 boxes[k][out] = (tuple(lo), tuple(hi))
+            if out in exchange:
+                for k, (lo, hi) in _read_hulls(layers, prints, rows, out).items():
+                    if out in boxes[k]:
+                        written[k][out] = boxes[k][out]
+                        lo, hi = np.minimum(lo, boxes[k][out][0]), np.maximum(hi, boxes[k][out][1])
+                    boxes[k][out] = (tuple(lo.tolist()), tuple(hi.tolist()))
+                continue
             if out in outputs and not (_reads_inside(layers, prints, rows, boxes, out)
                                        or _stored_short(L, write, boxes, out, hw)):
                 for b in boxes:
                     b.pop(out, None)
-        return cls(rows, boxes, recompute)
+        return cls(rows, boxes, recompute, written)
 
     @property
     def count(self) -> int:
@@ -114,6 +126,24 @@ def _stored_short(L: Layer, write: Boxes, boxes: list, tensor: str, hw) -> bool:
     return tiles >= STAGE_GAIN * instances
 
 
+def _read_hulls(layers, prints: dict, rows: list, tensor: str) -> dict:
+    """Per instance reading ``tensor``, the hull of its tiles' reads of it (low, high corners)."""
+    out: dict = {}
+    for L in layers:
+        for param, t in L.args.items():
+            if t != tensor or param == L.ir.params[-1][0] or param not in prints[L.name].reads:
+                continue
+            lo, hi = prints[L.name].reads[param]
+            for k, chosen in enumerate(rows):
+                at = chosen[L.name]
+                if len(at):
+                    low, high = lo[at].min(axis=0), hi[at].max(axis=0)
+                    if k in out:
+                        low, high = np.minimum(low, out[k][0]), np.maximum(high, out[k][1])
+                    out[k] = (low, high)
+    return out
+
+
 def _reads_inside(layers, prints: dict, rows: list, boxes: list, tensor: str) -> bool:
     """Whether layers read ``tensor`` and every instance's reads of it (the hull of its tiles'
     boxes) fall inside the box it writes of it (``boxes[k][tensor]``)."""
@@ -139,7 +169,7 @@ def _reads_inside(layers, prints: dict, rows: list, boxes: list, tensor: str) ->
 
 
 def plan_instances(layers: list[Layer], prints: dict, outputs: list[str], loop: int, groups: int,
-                   hw=None) -> Instances:
+                   hw=None, exchange: frozenset = frozenset()) -> Instances:
     """Instances of a sub-graph (``layers`` in topological order, ``prints`` their footprints,
     ``outputs`` the tensors leaving it): the tiles of the last output layer grouped by their tile-loop
     values up to ``loop``, loop ``loop`` itself cut into at most ``groups`` ranges. Coarsened (fewer
@@ -161,7 +191,9 @@ def plan_instances(layers: list[Layer], prints: dict, outputs: list[str], loop: 
     Every coarser split's seeds are unions of a finer one's, so their instances' work is no less:
     once ``_hopeless`` has sampled a split's work per seed, a coarser split with so many seeds that
     they would do over twice ``RECOMPUTE_LIMIT`` at that rate is ruled out unsampled (ViT-B/16's
-    attention: six of the eight sampled splits, each 0.05 s)."""
+    attention: six of the eight sampled splits, each 0.05 s). The tensors instances ``exchange`` (among
+    ``outputs``) are computed by one instance each and read by the others from DDR: the tiles that
+    read them need no more of their producers."""
     primary = [L for L in layers if L.args[L.ir.params[-1][0]] in outputs][-1]
     grid = np.asarray(prints[primary.name].tiles).reshape(len(prints[primary.name].tiles), -1)
     tried = set()
@@ -196,11 +228,12 @@ def plan_instances(layers: list[Layer], prints: dict, outputs: list[str], loop: 
             order, starts = np.argsort(seed_of, kind="stable"), np.cumsum(counts) - counts
             if len(counts) > 2 * SAMPLE_SEEDS and len(counts) * per_seed > 2 * RECOMPUTE_LIMIT:
                 continue
-            hopeless, sampled = _hopeless(layers, prints, outputs, primary, order, starts, counts)
+            hopeless, sampled = _hopeless(layers, prints, outputs, primary, order, starts, counts, exchange)
             per_seed = max(per_seed, sampled)
             if hopeless:
                 continue
-            inst = _propagate(layers, prints, outputs, primary, np.split(order, starts[1:]), RECOMPUTE_LIMIT)
+            inst = _propagate(layers, prints, outputs, primary, np.split(order, starts[1:]), RECOMPUTE_LIMIT,
+                              exchange=exchange)
             if inst is not None and inst.recompute <= RECOMPUTE_LIMIT:
                 if hw is None:
                     return inst
@@ -215,7 +248,8 @@ def plan_instances(layers: list[Layer], prints: dict, outputs: list[str], loop: 
                 if span <= even and not few:
                     return inst
         start = 1 << 30
-    return best[1] if best else _propagate(layers, prints, outputs, primary, [np.arange(len(grid))])
+    return best[1] if best else _propagate(layers, prints, outputs, primary, [np.arange(len(grid))],
+                                           exchange=exchange)
 
 
 def makespan(layers, prints: dict, inst: Instances, cores: list) -> int:
@@ -232,7 +266,7 @@ def makespan(layers, prints: dict, inst: Instances, cores: list) -> int:
 SAMPLE_SEEDS = 64  # instances ``_hopeless`` propagates to judge a split into many more
 
 
-def _hopeless(layers, prints, outputs, primary, order, starts, counts) -> tuple[bool, float]:
+def _hopeless(layers, prints, outputs, primary, order, starts, counts, exchange) -> tuple[bool, float]:
     """Whether evenly spaced ``SAMPLE_SEEDS`` of the seeds (``order[starts[i]:][:counts[i]]``:
     rows of ``primary``'s tiles) already rule the split out: one of
     them reads past what it computes (so would the whole split), or their work, scaled to all the
@@ -244,7 +278,7 @@ def _hopeless(layers, prints, outputs, primary, order, starts, counts) -> tuple[
         return False, 0.0
     sample = [order[starts[i]:starts[i] + counts[i]]
               for i in np.linspace(0, len(counts) - 1, SAMPLE_SEEDS).round().astype(int)]
-    inst = _propagate(layers, prints, outputs, primary, sample, owned=False)
+    inst = _propagate(layers, prints, outputs, primary, sample, owned=False, exchange=exchange)
     if inst is None:
         return True, 0.0
     per_seed = inst.recompute / len(sample)
@@ -256,7 +290,7 @@ FIRST_SEEDS = 8  # instances ``_propagate`` works out first under a recomputatio
 
 
 def _propagate(layers, prints, outputs, primary, seeds, limit: float = math.inf,
-               owned: bool = True) -> Instances | None:
+               owned: bool = True, exchange: frozenset = frozenset()) -> Instances | None:
     """Instances from the ``seeds`` (rows of ``primary``'s tiles): every other layer's tiles whose
     output meets what the instance's later layers read, and each tile of the sub-graph's other
     outputs computed by one instance (``_owners``; without ``owned``, only the tiles instances
@@ -274,7 +308,7 @@ def _propagate(layers, prints, outputs, primary, seeds, limit: float = math.inf,
     if len(seeds) == 1:
         fixed = {name: ~mask for name, mask in fixed.items()}  # one instance computes them all
     elif others and owned:
-        fixed = _owners(layers, prints, outputs, primary, seeds, fixed, batch)
+        fixed = _owners(layers, prints, outputs, primary, seeds, fixed, batch, exchange)
         if fixed is None:
             return None
     # under a limit, a few instances first: their work alone often exceeds it (BERT's encoder
@@ -283,7 +317,8 @@ def _propagate(layers, prints, outputs, primary, seeds, limit: float = math.inf,
     parts, work = [], 0
     writers = {name: 0 for name in fixed}  # instances computing each tile of the other outputs
     for lo, hi in itertools.pairwise(cuts):
-        part = _chosen(layers, prints, outputs, primary, seeds[lo:hi], {k: m[lo:hi] for k, m in fixed.items()})
+        part = _chosen(layers, prints, outputs, primary, seeds[lo:hi], {k: m[lo:hi] for k, m in fixed.items()},
+                       exchange)
         if part is None:
             return None
         parts.append(part[0])
@@ -297,26 +332,29 @@ def _propagate(layers, prints, outputs, primary, seeds, limit: float = math.inf,
     recompute = work / total
     rows = [{name: np.flatnonzero(m[k]) for name, m in chosen.items()}
             for chosen in parts for k in range(len(next(iter(chosen.values()))))]
-    return Instances.of(layers, prints, outputs, rows, recompute)
+    return Instances.of(layers, prints, outputs, rows, recompute, exchange=exchange)
 
 
 OWNED_ELEMENTS = 1 << 24  # instances x tiles of a sub-graph's layers ``_owners`` holds at once
 
 
-def _owners(layers, prints, outputs, primary, seeds, unread: dict, batch: int) -> dict | None:
+def _owners(layers, prints, outputs, primary, seeds, unread: dict, batch: int, exchange) -> dict | None:
     """Which instance computes each tile of the sub-graph's outputs other than ``primary``'s, as a
     (seed x tile) mask per layer: the tiles its instances read where they read them (``unread``:
     none fixed), each other tile by the instance that computes most of the tiles it reads of
     the sub-graph's layers (ViT's query, key and value beside the residual stream they are
     computed from: the instance of those tokens), or, reading none, by its place in the layer's
-    tiles (the n-th of k instances the n-th k-th). None where the masks would be too large."""
+    tiles (the n-th of k instances the n-th k-th). A tile of a tensor the instances ``exchange``
+    goes by its rows: the k-th share of them to the k-th instance, whose window reads them and
+    its neighbours' halo rows (a vote by what it reads gave a row split's first instances the
+    whole of DenseNet-121's first blocks). None where the masks would be too large."""
     n = len(seeds)
     if n * sum(len(prints[L.name].tiles) for L in layers) > OWNED_ELEMENTS:
         return None
     read = {}  # layer name -> (seed x tile) tiles the instances compute, from the outputs they read
     for lo in range(0, n, batch):
         part = _chosen(layers, prints, outputs, primary, seeds[lo:lo + batch],
-                       {k: m[lo:lo + batch] for k, m in unread.items()})
+                       {k: m[lo:lo + batch] for k, m in unread.items()}, exchange)
         if part is None:
             return None
         for name, mask in part[0].items():
@@ -325,6 +363,11 @@ def _owners(layers, prints, outputs, primary, seeds, unread: dict, batch: int) -
     owner: dict = {}  # layer name -> instance computing each tile (-1: none; the first where several)
     for L in layers:
         fp, mask = prints[L.name], read[L.name]
+        shape = L.ir.params[-1][1]
+        if L.args[L.ir.params[-1][0]] in exchange and len(shape) >= 2 and shape[-2] >= n:
+            # exchanged: the k-th instance computes the k-th share of its rows (``stitched._row_shares``)
+            owner[L.name] = np.minimum(fp.write[0][:, -2] // -(-shape[-2] // n), n - 1)
+            continue
         own = np.where(mask.any(axis=0), mask.argmax(axis=0), -1)
         free = np.flatnonzero(own < 0)
         if len(free):
@@ -348,7 +391,7 @@ def _owners(layers, prints, outputs, primary, seeds, unread: dict, batch: int) -
     return {name: read[name] | (owner[name][None] == np.arange(n)[:, None]) for name in unread}
 
 
-def _chosen(layers, prints, outputs, primary, seeds, fixed: dict):
+def _chosen(layers, prints, outputs, primary, seeds, fixed: dict, exchange=frozenset()):
     """(each layer's tiles per seed, their work) for ``_propagate``, all seeds at once: a boolean
     matrix (seed x tile) per layer, boxes as (seed x dim) corners; the tiles of the other
     outputs ``fixed`` (seed x tile masks) and those the instances read; None where an instance
@@ -383,7 +426,7 @@ def _chosen(layers, prints, outputs, primary, seeds, fixed: dict):
             boxes[out] = _hulls(fp.write, mask, boxes.get(out))
         for param, reads in fp.reads.items():
             tensor = L.args[param]
-            if tensor in out_of:
+            if tensor in out_of and tensor not in exchange:
                 need[tensor] = _hulls(reads, mask, need.get(tensor))
         work += int(mask.sum()) * fp.work
     for t, (lo, hi, some) in need.items():
@@ -477,6 +520,7 @@ class SubGraphKernel:
     split_loop: int = 0  # tile loop the instances split (Algorithm 1's best split)
     groups: int = 1 << 30  # at most this many ranges of that loop
     stored: dict = field(default_factory=dict)  # tensor -> the type it is placed in (``stored_dtypes``)
+    exchange: tuple[str, ...] = ()  # intermediates the instances pass each other through DDR (``StitchPlan``)
 
     def itemsize(self, tensor: str) -> int:
         """Bytes of one element of ``tensor`` where the kernel places it."""
@@ -484,7 +528,7 @@ class SubGraphKernel:
 
 
 def subgraph_module(name: str, layers, inputs, outputs, tensors: dict, weights, split_loop: int = 0,
-                    groups: int = 1 << 30) -> tvm.IRModule:
+                    groups: int = 1 << 30, exchange=()) -> tvm.IRModule:
     """The module kernel generation's passes (``kernelgen.stitch_passes``) transform: one lowered PrimFunc
     per layer (``layers``: (call-site name, PrimFunc, tensor of each parameter, LB budget it was
     tiled to or None), topological order), the tensors behind its parameters in ``dsa.args``, and
@@ -496,7 +540,7 @@ def subgraph_module(name: str, layers, inputs, outputs, tensors: dict, weights, 
     return tvm.IRModule(funcs).with_attr("dsa.subgraph", {
         "name": name, "inputs": list(inputs), "outputs": list(outputs), "weights": sorted(weights),
         "tensors": {t: [list(shape), dtype] for t, (shape, dtype) in tensors.items()},
-        "split_loop": split_loop, "groups": groups})
+        "split_loop": split_loop, "groups": groups, "exchange": list(exchange)})
 
 
 @functools.lru_cache(maxsize=4096)
@@ -515,7 +559,8 @@ def read_subgraph(mod: tvm.IRModule, hw) -> tuple[SubGraphKernel, dict]:
     sg = SubGraphKernel(str(attrs["name"]), layers, tuple(attrs["inputs"]), tuple(attrs["outputs"]),
                         {str(t): (tuple(v[0]), str(v[1])) for t, v in attrs["tensors"].items()},
                         frozenset(attrs["weights"]), int(attrs["split_loop"]), int(attrs["groups"]),
-                        stored_dtypes([(L.name, L.ir, L.args) for L in layers], hw))
+                        stored_dtypes([(L.name, L.ir, L.args) for L in layers], hw),
+                        tuple(str(t) for t in attrs.get("exchange", ())))
     return sg, {L.name: fp for L, fp in read}
 
 
@@ -547,14 +592,15 @@ _READ_LOCK = threading.Lock()  # compilations may run in several threads
 
 def read_instances(mod: tvm.IRModule, sg: SubGraphKernel, prints: dict, hw) -> Instances:
     attr = mod.attrs["dsa.instances"]
-    key = (attr, tuple(mod.functions.values()), hw)  # all immutable
+    key = (attr, tuple(mod.functions.values()), hw, sg.exchange)  # all immutable
     with _READ_LOCK:
         if key not in _READ:
             if len(_READ) >= 64:
                 _READ.pop(next(iter(_READ)))
             rows = [{str(name): read_rows(r) for name, r in chosen.items()}
                     for chosen in attr["rows"]]
-            _READ[key] = Instances.of(sg.layers, prints, sg.outputs, rows, float(attr["recompute"]), hw)
+            _READ[key] = Instances.of(sg.layers, prints, sg.outputs + sg.exchange, rows, float(attr["recompute"]),
+                                      hw, frozenset(sg.exchange))
         return _READ[key]
 
 
@@ -797,6 +843,36 @@ def promotion_pieces(sg: SubGraphKernel, prints: dict, tensor: str, hw) -> tuple
     return None
 
 
+def _halos_out(inst: Instances, i: int, tensor: str) -> list[tuple[tuple, tuple]]:
+    """(origin, extents) of each part of exchanged ``tensor`` that instance ``i`` writes and
+    another instance's box holds: what ``i`` copies out to DDR for the others."""
+    lo, hi = inst.written[i][tensor]
+    out = []
+    for k, boxes in enumerate(inst.boxes):
+        if k != i and tensor in boxes:
+            a, b = np.maximum(lo, boxes[tensor][0]), np.minimum(hi, boxes[tensor][1])
+            if (a < b).all():
+                out.append((tuple(a.tolist()), tuple((b - a).tolist())))
+    return out
+
+
+def _box_minus(box, part) -> list[tuple[tuple, tuple]]:
+    """(origin, extents) of disjoint boxes covering ``box`` less ``part`` (both (low, high), ``part``
+    inside ``box`` or None)."""
+    lo, hi = list(box[0]), list(box[1])
+    if part is None:
+        return [(tuple(lo), tuple(h - l for l, h in zip(lo, hi)))]
+    out = []
+    for d, (a, b) in enumerate(zip(*part)):
+        for start, stop in ((lo[d], a), (b, hi[d])):
+            if start < stop:
+                o, e = list(lo), [h - l for l, h in zip(lo, hi)]
+                o[d], e[d] = start, stop - start
+                out.append((tuple(o), tuple(e)))
+        lo[d], hi[d] = a, b
+    return out
+
+
 def write_out_slabs(write: Boxes, origin, extents, itemsize: int) -> list[tuple[int, tuple, tuple]]:
     """(tiles, slab origin, slab extents): the slabs of an output box (``origin``, ``extents``) kept
     in a GB and written out to DDR, in the order its tiles (``write``: their boxes, in the order
@@ -854,7 +930,15 @@ def emit_stitched(mod: tvm.IRModule, hw, replicate: bool = True, replay: bool = 
     an earlier one is replayed from it (``replay``, ``KernelEmitter``). The tiles' loads from DDR
     into the LBs are multicasts (``KernelEmitter(ddr_multicasts=True)``); ``gb_multicasts=False``:
     the tiles load from the GBs by plain DMAs; ``steady_multicasts``: in a clamped layer too, the
-    boxes that do not move with the clamped loop (``KernelEmitter``)."""
+    boxes that do not move with the clamped loop (``KernelEmitter``).
+
+    A tensor the instances exchange (``SubGraphKernel.exchange``: a sample's rows split over the
+    clusters, a window reading rows of its neighbours' shares) lives in each instance's box, which
+    holds its own rows and its halo: after the step that computes it the instance copies out to
+    the tensor's DDR region the rows the others' boxes hold, and before its first reader copies
+    in the rest of its box from there. The clusters are then emitted step by step, not one after
+    the other, and none is a copy of another: every cluster's copies out come before any copy in
+    (whose dependencies wait for all of them)."""
 
     sg, prints = read_subgraph(mod, hw)
     inst = read_instances(mod, sg, prints, hw)
@@ -873,20 +957,18 @@ def emit_stitched(mod: tvm.IRModule, hw, replicate: bool = True, replay: bool = 
         base = scratch + b.offset if b.level == "ddr" else b.offset
         return Region(b.level, b.unit, base, box[0], extents, sg.stored[b.tensor])
 
+    for t in sg.exchange:  # in the kernel's DDR, before its scratch: every instance writes its part
+        regions[t] = Region.whole("ddr", 0, scratch, sg.tensors[t][0], sg.stored[t])
+        scratch = align(scratch + regions[t].nbytes)
+
     emitter = KernelEmitter(hw, sg.name, replay, gb_multicasts=gb_multicasts, ddr_multicasts=True,
                             steady_multicasts=steady_multicasts)
     for t, r in regions.items():
         emitter.claim(r, ("ddr", t))
-    reference, span = None, [0, 0]  # the first cluster's part, and [first, end) of its instructions
-    for c, cr in sorted(cluster_rounds(cores, cpc).items()):
-        mine = [b for b in buffers if b.cluster == c]
-        part = _Part(c, cr, mine, {b.key: region(b) for b in mine if b.offset >= 0})
-        if reference is None:
-            reference, span[0] = part, emitter.size
-        elif replicate:
-            shift = _cluster_shift(sg, prints, inst, cores, cpc, reference, part, regions)
-            if shift is not None and emitter.replicate(*span, (c - reference.cluster) * cpc, c, shift):
-                continue
+
+    def steps_of(part: _Part):
+        """Emit cluster ``part``'s steps, yielding each step's number before emitting it."""
+        c, cr, mine = part.cluster, part.rounds, part.buffers
         step = cr.step(order, nl)
         pieced: dict = {}  # weight -> (dim, width) of its pieces, as promoted to this cluster's GB
         starts: dict = {}
@@ -895,11 +977,15 @@ def emit_stitched(mod: tvm.IRModule, hw, replicate: bool = True, replay: bool = 
                 starts.setdefault(b.first, []).append(b)
         steps = sorted({step(cr.rnd[i], k) for i in cr.members for k in range(nl)} | set(starts))
         use: dict = {}  # tensor -> the first step a layer reads it at
+        fill_at: dict = {}  # (instance, exchanged tensor) -> the first step a layer of it reads the tensor at
         for i in cr.members:
             for k, L in enumerate(sg.layers):
-                for t in L.args.values() if len(inst.rows[i][L.name]) else ():
+                for p, t in L.args.items() if len(inst.rows[i][L.name]) else ():
                     use[t] = min(use.get(t, math.inf), step(cr.rnd[i], k))
+                    if t in sg.exchange and p != L.ir.params[-1][0]:
+                        fill_at[i, t] = min(fill_at.get((i, t), math.inf), step(cr.rnd[i], k))
         for s in steps:
+            yield s
             for b in starts.get(s, []):
                 if b.kind == "w":
                     pieced[b.tensor] = promotion_pieces(sg, prints, b.tensor, hw)
@@ -910,6 +996,12 @@ def emit_stitched(mod: tvm.IRModule, hw, replicate: bool = True, replay: bool = 
                     emitter.move(regions[b.tensor], part.place[b.key], c * cpc)
                 else:
                     emitter.claim(part.place[b.key], b.key)
+            for i in cr.members:  # the rows of exchanged tensors others wrote, in from DDR before the first reader
+                for t in sg.exchange:
+                    if fill_at.get((i, t)) == s and ("t", t, i) in part.place:
+                        dst = part.place[("t", t, i)]
+                        for box in _box_minus(inst.boxes[i][t], inst.written[i].get(t)):
+                            emitter.move(regions[t], dst, dst.index if dst.mem == "lb" else c * cpc, box=box)
             pending = None  # (layer, work, regions): calls of one layer in the same regions go as one
             copies = []  # (on-chip box, DDR region) of the outputs computed in this step
             for i in cr.members:
@@ -918,12 +1010,15 @@ def emit_stitched(mod: tvm.IRModule, hw, replicate: bool = True, replay: bool = 
                     if step(cr.rnd[i], k) != s or not len(rows):
                         continue
                     local = dict(regions)
+                    out = L.args[L.ir.params[-1][0]]
                     for t in L.args.values():
                         key = ("t", t, i) if t in produced else ("w", t, weight_owner(order, c, cr.rnd[i], hw.clusters))
                         if key in part.place:
                             local[t] = part.place[key]
-                    out = L.args[L.ir.params[-1][0]]
-                    kept = part.place.get(("t", out, i)) if out in sg.outputs else None
+                    kept = part.place.get(("t", out, i)) if out in sg.outputs or out in sg.exchange else None
+                    if out in sg.exchange and kept is not None:  # the rows the others read, out to DDR
+                        copies += [(kept, regions[out], box, None) for box in _halos_out(inst, i, out)]
+                        kept = None
                     rows = piece_order(L, rows, prints[L.name], pieced)
                     tiles = [prints[L.name].tiles[r] for r in rows.tolist()]
                     work = [(t, cores[i][k % len(cores[i])]) for k, t in enumerate(tiles)]  # in turn
@@ -953,8 +1048,31 @@ def emit_stitched(mod: tvm.IRModule, hw, replicate: bool = True, replay: bool = 
                 emitter.layer(*pending, lb_bytes)
             for src, dst, box, after in copies:  # outputs kept on chip for the kernel's own reads, written out
                 emitter.move(src, dst, src.index if src.mem == "lb" else c * cpc, box=box, after=after)
+
+    # each cluster's steps in turn; where the instances exchange tensors, step by step over the
+    # clusters, so that every part of an exchanged tensor is written before any instance reads it
+    reference, span = None, [0, 0]  # the first cluster's part, and [first, end) of its instructions
+    parts = []
+    for c, cr in sorted(cluster_rounds(cores, cpc).items()):
+        mine = [b for b in buffers if b.cluster == c]
+        part = _Part(c, cr, mine, {b.key: region(b) for b in mine if b.offset >= 0})
+        if reference is None:
+            reference, span[0] = part, emitter.size
+        elif replicate and not sg.exchange:
+            shift = _cluster_shift(sg, prints, inst, cores, cpc, reference, part, regions)
+            if shift is not None and emitter.replicate(*span, (c - reference.cluster) * cpc, c, shift):
+                continue
+        if sg.exchange:
+            parts.append(part)
+            continue
+        for _ in steps_of(part):
+            pass
         if reference is part:
             span[1] = emitter.size
+    pending = [(next(g, None), k, g) for k, g in enumerate(map(steps_of, parts))]
+    while pending := [p for p in pending if p[0] is not None]:
+        _, k, g = min(pending, key=lambda p: p[:2])
+        pending = [(next(g, None), j, h) if j == k else (s, j, h) for s, j, h in pending]
     top = max((scratch + b.offset + align(b.nbytes) for b in buffers if b.level == "ddr" and b.offset >= 0),
               default=scratch)
     program = isa.Program(hw.to_dict(), max(top, ALIGN), tuple(args), (emitter.kernel(),), sg.name)

@@ -187,7 +187,8 @@ class _Kernel:
             lives.append(Lifetime(("w", w, owner), sg.itemsize(w) * math.prod(sg.tensors[w][0]),
                                   max(0, min(u) - ahead.get(w, 0)), max(u)))
         offsets, _ = allocate([x for x in lives if x.key not in ddr_scoped], gb_bytes, spill)
-        lives = [x for x in lives if x.key in offsets or x.key[1] not in sg.outputs]  # else written in DDR
+        leave = (*sg.outputs, *sg.exchange)
+        lives = [x for x in lives if x.key in offsets or x.key[1] not in leave]  # else written in DDR
         in_ddr = [x for x in lives if x.key not in offsets and x.key[0] == "t"]
         ddr_offsets, _ = allocate(in_ddr, 1 << 62, spill)
 
@@ -307,7 +308,8 @@ def StitchBuffers(hw):  # noqa: N802 - TVM pass naming
 
     def decide(k):
         k.read(hw)
-        inst = plan_instances(list(k.sg.layers), k.prints, list(k.sg.outputs), k.sg.split_loop, k.sg.groups, hw)
+        inst = plan_instances(list(k.sg.layers), k.prints, [*k.sg.outputs, *k.sg.exchange], k.sg.split_loop,
+                              k.sg.groups, hw, frozenset(k.sg.exchange))
         return {"dsa.instances": instances_attr(inst)}
 
     return _annotating("dsa.StitchBuffers", decide)

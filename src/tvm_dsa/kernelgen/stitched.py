@@ -182,7 +182,7 @@ def _stitched(spec, nodes, graph, layer, hw, stitch) -> tuple:
         return min(ways, key=lambda way: timing_cycles(way[0]))
     inputs, outputs = graph.boundary(nodes)
     batch = graph.tensors[outputs[0]].shape[0]  # the first dim of the layers that have it (§2.1)
-    shares = _row_shares(nodes, graph, outputs[0], hw) if spec.plan.rows else {}
+    shares = _row_shares(nodes, graph, outputs[0], hw, bool(spec.plan.exchange)) if spec.plan.rows else {}
 
     def lowered(part: bool, first_tile: int | None, stream: bool = False, spread: bool = True) -> dict:
         """Each node's layer; ``stream``: its weights ranked as loaded from DDR (the streamed
@@ -278,7 +278,7 @@ def _faster_loads(sub, hw) -> tuple:
     return plain if timing_cycles(plain[0]) < timing_cycles(program) else (program, info)
 
 
-def _row_shares(nodes, graph, output: str, hw) -> dict:
+def _row_shares(nodes, graph, output: str, hw, own: bool = False) -> dict:
     """Per node, caps on the tiles of its output's leading dims: at most a cluster's share of a
     sample's rows (the sub-graph output's second-to-last dim: a sequence's tokens, an image's
     rows) along the first dim of that extent (in row-major order the rows come before the
@@ -288,21 +288,29 @@ def _row_shares(nodes, graph, output: str, hw) -> dict:
     at batch 1 took tiles of 64 or 128 tokens, which no split into four cuts between. A layer
     with a whole multiple of those rows (before a pooling of stride 2: a transition) is capped
     at as many times the share: DenseNet-121's first transition at batch 1 tiled its batch norm
-    and ReLU by channels, all 56 rows a tile, and ran on one cluster (124,372 -> 43,787 cycles)."""
+    and ReLU by channels, all 56 rows a tile, and ran on one cluster (124,372 -> 43,787 cycles).
+    With ``own`` (instances that exchange tensors: a kernel over several resolutions, each
+    layer's rows split four ways), an image layer's cap is its own rows' share."""
     shape = graph.tensors[output].shape
     rows = shape[-2] if len(shape) >= 2 else 0
     if rows < hw.clusters:
         return {}
-    share = -(-rows // hw.clusters)
-    # where the share does not divide the rows (ViT's 197 tokens: 50), the last tile is clamped to
-    # end with them: it must start in the last share, or it overlaps the share before (tokens
-    # 147-196) and a four-way split computes 42 % more; the largest divisor of the share that
-    # does (25, the rows' tiles still meeting at the multiples of 50)
-    cap = max(d for d in range(1, share + 1) if share % d == 0 and rows - d >= (hw.clusters - 1) * share)
+
+    def cap_of(rows: int) -> int:
+        # where the share does not divide the rows (ViT's 197 tokens: 50), the last tile is clamped
+        # to end with them: it must start in the last share, or it overlaps the share before (tokens
+        # 147-196) and a four-way split computes 42 % more; the largest divisor of the share that
+        # does (25, the rows' tiles still meeting at the multiples of 50)
+        share = -(-rows // hw.clusters)
+        return max(d for d in range(1, share + 1) if share % d == 0 and rows - d >= (hw.clusters - 1) * share)
+
+    cap = cap_of(rows)
     out = {}
     for n in nodes:
         dims = graph.tensors[n.output].shape
-        if rows in dims[1:]:
+        if own and len(dims) >= 3 and dims[-2] >= hw.clusters:
+            out[n.name] = (*dims[:-2], cap_of(dims[-2]))
+        elif rows in dims[1:]:
             at = dims.index(rows, 1)
             out[n.name] = (*dims[:at], cap)
         elif len(dims) >= 3 and dims[-2] % rows == 0:
@@ -376,4 +384,5 @@ def _subgraph(spec, nodes, graph, lowered) -> tvm.IRModule:
     layers = [(n.name, lowered[n.name][0], (*n.inputs, n.output), lowered[n.name][1]) for n in nodes]
     weights = frozenset(t for t in inputs if graph.tensors[t].constant)
     split_loop, groups = spec.plan.split
-    return subgraph_module(spec.name, layers, inputs, outputs, tensors, weights, split_loop, groups)
+    exchange = [nodes[k].output for k in spec.plan.exchange if nodes[k].output not in outputs] if spec.plan.rows else []
+    return subgraph_module(spec.name, layers, inputs, outputs, tensors, weights, split_loop, groups, exchange)

@@ -305,7 +305,10 @@ def graphturbo(mod, hw, supported, options=None) -> list[KernelSpec]:
     (batch) dimension is then made at least as fine as the number of cores (as far as the batch
     goes), so every cluster gets samples and, with a core per instance (Algorithm 4's factor 1),
     an instance's intermediates can stay in its core's LB; without a fitting split, the batch
-    alone is split that way."""
+    alone is split that way. With fewer samples than clusters (a sample's rows split over them),
+    a sub-graph is cut before its windows (``window_cuts``) and reductions over all rows
+    (``paying_cuts``); at a window over an image's rows whose exchange pays (``_exchange_pays``)
+    it is not cut, and its instances exchange the halo rows instead (``StitchPlan.exchange``)."""
     whole = OpGraph.from_relax(mod)
     graph, share = whole.per_cluster(hw.clusters)
     esize = tvm_dtype_bytes(hw.storage_dtype)
@@ -316,8 +319,13 @@ def graphturbo(mod, hw, supported, options=None) -> list[KernelSpec]:
     spread = whole.batch is not None and whole.batch < hw.clusters  # a sample's rows split over the clusters
     macs = {n.index: kernel_macs(mod[n.func]) for n in graph.nodes if n.index not in host} if spread else {}
     whole_groups = frozenset(sgs.groups)
+    syncs = frozenset()
     if spread:
-        sgs = cut_before(sgs, paying_cuts(sgs, mod, hw, host, macs))
+        windows = window_cuts(sgs, mod, hw, host, macs)
+        syncs = frozenset(n for n in windows if _image_window(graph, mod, n)
+                          and _exchange_pays(graph, mod, sorted(sgs.groups[sgs.owner[n]]), n))
+        cuts = windows - syncs
+        sgs = cut_before(sgs, paying_cuts(sgs, mod, hw, host, macs, cuts) | cuts)
     specs = []
     for g, members in enumerate(sgs.groups):
         if members & host:
@@ -333,8 +341,69 @@ def graphturbo(mod, hw, supported, options=None) -> list[KernelSpec]:
         calls = tuple(graph.nodes[n].name for n in sorted(members))
         rows = spread and spreading_saves(members, macs, hw) > hw.kernel_launch_cycles
         piece = spread and not rows and members not in whole_groups  # its launch is paid either way
-        specs.append(KernelSpec(f"sg{len(specs)}_{calls[0]}", calls, StitchPlan((d, f), rows, piece)))
+        swap = exchanged(graph, mod, sorted(members), syncs) if rows or piece else ()
+        specs.append(KernelSpec(f"sg{len(specs)}_{calls[0]}", calls, StitchPlan((d, f), rows, piece, swap)))
     return specs
+
+
+
+def _image_window(graph: OpGraph, mod, n: int) -> bool:
+    """Whether the first window from node ``n`` on (along its outputs' first readers) slides
+    along an image's rows (the second-to-last dim of a 4-d tensor), the rows the instances
+    exchange (``stitch.plan_instances``): not a 1-d signal's last dim (Conformer's tokens)."""
+    while True:
+        node = graph.nodes[n]
+        k, axis = row_window_axis(mod[node.func], _weights(graph, node))
+        if k > 1:
+            return axis == -2 and len(graph.tensors[node.output].shape) == 4
+        readers = sorted(graph.consumers(n))
+        if not readers:
+            return False
+        n = readers[0]
+
+
+def exchanged(graph: OpGraph, mod, order: list[int], syncs: frozenset) -> tuple[int, ...]:
+    """Positions in ``order`` (a sub-graph's nodes) of the nodes whose outputs its row instances
+    exchange through DDR at the ``syncs`` (the nodes ``window_cuts`` would cut before)."""
+    at = {n: k for k, n in enumerate(order)}
+    return tuple(sorted(at[p] for s in syncs if s in at for p in _halo_producers(graph, mod, order, s)))
+
+
+def _halo_producers(graph: OpGraph, mod, order: list[int], s: int) -> set[int]:
+    """The nodes of ``order`` before ``s`` whose outputs a node from ``s`` up to the first window
+    at or after it reads: each instance would compute their rows of its halo again."""
+    out: set[int] = set()
+    before = set(order[:order.index(s)])
+    for n in order[order.index(s):]:
+        node = graph.nodes[n]
+        out |= {graph.tensors[t].producer for t in node.inputs} & before
+        if row_window_axis(mod[node.func], _weights(graph, node))[0] > 1:
+            return out
+    return out
+
+
+def _exchange_pays(graph: OpGraph, mod, order: list[int], s: int) -> bool:
+    """Whether the instances exchange halo rows at ``s`` rather than the sub-graph being cut there:
+    where the tensors crossing ``s`` (computed before it, read at or after it) that no halo needs
+    and that two or more of those nodes read (each cut would send them through DDR again:
+    DenseNet-121's concatenated features, read by every later layer of a dense block) are at
+    least as large as those exchanged (DenseNet-121 at batch 1: 674,276 -> 629,347 cycles). A
+    residual read once at the end of its block (ResNet-50) is not: one kernel for the whole
+    network then streams or promotes every weight alike, where kernels cut at each block choose
+    each their own (ResNet-50 at batch 1: 803,860 -> 882,168 cycles exchanging wherever the
+    tensors crossing are as large; the features DenseNet-121's last dense layer of a block reads
+    once, exchanged, 609,563)."""
+    at = order.index(s)
+    before = set(order[:at])
+    readers: dict = {}
+    for n in order[at:]:
+        for t in set(graph.nodes[n].inputs):
+            if graph.tensors[t].producer in before:
+                readers[t] = readers.get(t, 0) + 1
+    halos = {graph.nodes[p].output for p in _halo_producers(graph, mod, order, s)}
+    kept = {t for t, count in readers.items() if count > 1} - halos
+    size = lambda names: sum(math.prod(graph.tensors[t].shape) for t in names)  # noqa: E731
+    return size(kept) >= size(halos) > 0
 
 
 def cut_before(sgs: SubGraphs, starts: frozenset) -> SubGraphs:
@@ -363,7 +432,7 @@ def spreading_saves(members, macs: dict, hw) -> float:
     return sum(macs.get(n, 0) for n in members) / (hw.peak_macs_per_cycle / hw.clusters) * (1 - 1 / hw.clusters)
 
 
-def paying_cuts(sgs: SubGraphs, mod, hw, host: frozenset, macs: dict) -> frozenset:
+def paying_cuts(sgs: SubGraphs, mod, hw, host: frozenset, macs: dict, windows: frozenset) -> frozenset:
     """The nodes ``cut_before`` cuts a sub-graph before where a sample's rows are split over the
     clusters: its reductions that read all rows of an operand (``all_rows_read``) the piece since
     the last cut computes, where spreading it saves more than the launches of the kernels the cuts
@@ -381,7 +450,6 @@ def paying_cuts(sgs: SubGraphs, mod, hw, host: frozenset, macs: dict) -> frozens
     cycles as one kernel, 182,129 cut before the pooling, 179,285 before the 1 x 1 convolution
     whose 1,280 channels it pools)."""
     graph = sgs.graph
-    windows = window_cuts(sgs, mod, hw, host, macs)
     cuts: set[int] = set()
     for members in sgs.groups:
         starts, run = set(), set()  # the cuts so far, the tensors the current piece computes
@@ -398,7 +466,7 @@ def paying_cuts(sgs: SubGraphs, mod, hw, host: frozenset, macs: dict) -> frozens
             run.add(node.output)
         if starts and spreading_saves(members, macs, hw) > len(starts) * hw.kernel_launch_cycles:
             cuts |= starts
-    return frozenset(cuts) | windows
+    return frozenset(cuts)
 
 
 def cut_back(graph: OpGraph, mod, n: int, t: str, run: set) -> int:

@@ -34,11 +34,15 @@ class StitchPlan:
     factor) that cuts it into instances; ``rows``: its instances may split a sample's rows over
     the clusters (fewer samples than clusters, and MACs enough to pay for spreading them);
     ``rows_if_faster``: with or without, whichever program runs faster (a piece of a sub-graph
-    cut to split rows, which pays its launch either way)."""
+    cut to split rows, which pays its launch either way); ``exchange``: where the rows are split,
+    the positions (among its calls) of the layers whose outputs the instances pass each other
+    through DDR, each computing its own rows and reading the others' halo rows from there, where
+    a window would otherwise make every instance compute its halo again in all the layers before."""
 
     split: tuple[int, int]
     rows: bool = False
     rows_if_faster: bool = False
+    exchange: tuple[int, ...] = ()
 
 
 @dataclass(frozen=True)
