@@ -147,25 +147,9 @@ def _read_hulls(layers, prints: dict, rows: list, tensor: str) -> dict:
 def _reads_inside(layers, prints: dict, rows: list, boxes: list, tensor: str) -> bool:
     """Whether layers read ``tensor`` and every instance's reads of it (the hull of its tiles'
     boxes) fall inside the box it writes of it (``boxes[k][tensor]``)."""
-    read = False
-    for L in layers:
-        for param, t in L.args.items():
-            if t != tensor or param == L.ir.params[-1][0]:
-                continue
-            if param not in prints[L.name].reads:
-                continue
-            lo, hi = prints[L.name].reads[param]
-            for k, chosen in enumerate(rows):
-                at = chosen[L.name]
-                if not len(at):
-                    continue
-                if tensor not in boxes[k]:
-                    return False
-                low, high = boxes[k][tensor]
-                if (lo[at].min(axis=0) < low).any() or (hi[at].max(axis=0) > high).any():
-                    return False
-                read = True
-    return read
+    hulls = _read_hulls(layers, prints, rows, tensor)
+    return bool(hulls) and all(tensor in boxes[k] and (lo >= boxes[k][tensor][0]).all()
+                               and (hi <= boxes[k][tensor][1]).all() for k, (lo, hi) in hulls.items())
 
 
 def plan_instances(layers: list[Layer], prints: dict, outputs: list[str], loop: int, groups: int,
