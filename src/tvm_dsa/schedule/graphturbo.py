@@ -346,7 +346,6 @@ def graphturbo(mod, hw, supported, options=None) -> list[KernelSpec]:
     return specs
 
 
-
 def _image_window(graph: OpGraph, mod, n: int) -> bool:
     """Whether the first window from node ``n`` on (along its outputs' first readers) slides
     along an image's rows (the second-to-last dim of a 4-d tensor), the rows the instances
@@ -437,7 +436,8 @@ def paying_cuts(sgs: SubGraphs, mod, hw, host: frozenset, macs: dict, windows: f
     clusters: its reductions that read all rows of an operand (``all_rows_read``) the piece since
     the last cut computes, where spreading it saves more than the launches of the kernels the cuts
     add (``spreading_saves``: DLRM's feature interaction, a few thousand MACs, is not cut into two
-    kernels that each pay a launch), and the windows ``window_cuts`` cuts before. An operand
+    kernels that each pay a launch); a piece starts at each of the ``windows`` (the window cuts,
+    made first: a residual read across one is not counted). An operand
     computed before the last cut is read from DDR whole by every instance: ViT-B/16's ``P V``,
     its ``V`` computed before ``Q K^T``, stays with the softmax (cut there too, ViT-B/16 took
     2,790,875 cycles at batch 1, its probabilities through DDR, against 2,485,307).
