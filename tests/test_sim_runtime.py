@@ -11,6 +11,8 @@ import numpy as np
 import pytest
 from helpers import chain, ddr, f16, lb, make_program, mme_tile, preset, run_lb
 
+from tvm_dsa import isa
+from tvm_dsa.emit.emitter import KernelEmitter
 from tvm_dsa.hardware.model import Hardware
 from tvm_dsa.isa.instructions import multicast_groups
 from tvm_dsa.isa import (
@@ -678,6 +680,34 @@ def test_multicast_dmas_that_cannot_meet_move_alone_and_each_reads_ddr():
         validate(make_program([[a0]], (), 4 * n, dict(hw, multicast_dma=False)))
     with pytest.raises(ProgramError, match="copies DDR or a GB to the GBs or LBs below, or an LB to LBs, not lb to ddr"):
         validate(make_program([[replace(a0, src=lb(0, "float16", 1), dst=ddr(0, "float16", 1))]], (), 4 * n, hw))
+
+
+def test_transfers_that_wait_on_each_other_are_stuck_and_the_emitter_makes_them_plain():
+    """``isa.stuck_multicasts``: cores 0 and 1 load GB boxes X and Y to the same LB places, core 0
+    X then Y, core 1 Y then X. Inferred (the n-th load of a box into each LB), X's transfer waits
+    for core 1's X, behind its Y, whose transfer waits for core 0's Y, behind its X: all four
+    are stuck. In the same order on both cores none is, and a third pair behind them moves as
+    one. The emitter (``KernelEmitter.kernel``) makes the stuck loads plain, also one that a
+    replica copies (core 1's X here is a copy of core 0's, moved one core on), and every copy
+    with it; the pair that can meet stays a multicast."""
+    def load(core, offset, place):
+        return Dma(core, (4096,), lb(place, "float16", 1, core=core), Operand("gb", 0, offset, "float16", (1,)),
+                   multicast=True)
+
+    x0, y0, x1, y1, z0, z1 = load(0, 0, 0), load(0, 1 << 14, 1 << 13), load(1, 0, 0), load(1, 1 << 14, 1 << 13), \
+        load(0, 1 << 15, 1 << 14), load(1, 1 << 15, 1 << 14)
+    assert isa.stuck_multicasts([x0, y0, y1, x1, z0, z1], HW.cores_per_cluster) == {0, 1, 2, 3}
+    assert isa.stuck_multicasts([x0, y0, x1, y1, z0, z1], HW.cores_per_cluster) == set()
+
+    emitter = KernelEmitter(HW, "crossed")
+    emitter.instructions = [x0, y0, y1, z0, z1]
+    emitter.cores_used = {0, 1}
+    emitter.compression.replicas = [isa.Replica(0, 1, 3, 1, ())]  # core 0's X again on core 1, after its Y
+    kernel = emitter.kernel()
+    assert [i.multicast for i in kernel.instructions] == [False, False, False, True, True]
+    stream, origins = isa.expanded_stream(kernel.instructions, kernel.replicas)
+    assert origins == [0, 1, 2, 0, 3, 4] and stream[3].core == 1 and not stream[3].multicast
+    assert isa.stuck_multicasts(stream, HW.cores_per_cluster) == set()
 
 
 def test_loads_of_one_gb_box_pair_only_while_its_bytes_are_unwritten():

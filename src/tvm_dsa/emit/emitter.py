@@ -90,6 +90,7 @@ class KernelEmitter:
     def kernel(self) -> isa.Kernel:
         if self.hw.interconnect == "mesh":
             self._group_multicasts()
+        self._unstick_multicasts()
         return isa.Kernel(self.name, tuple(sorted(self.cores_used)), tuple(self.instructions), tuple(self.marks),
                           tuple(self.compression.replicas))
 
@@ -116,6 +117,23 @@ class KernelEmitter:
                 ins = self.instructions[i]
                 self.instructions[i] = (isa.replaced(ins, group=members[0] + 1) if len(cores) == len(members) > 1
                                         else isa.replaced(ins, multicast=False))
+
+    def _unstick_multicasts(self) -> None:
+        """Multicast DMAs whose transfer would never start (``isa.stuck_multicasts``) made plain,
+        and every copy the replicas make of them, until no transfer is stuck. The n-th loads of a
+        box by a cluster's cores are one transfer, and a core's load in its first tile can pair
+        with another core's in its second, whose queue waits on the first core's: DenseNet-121's
+        dense blocks at batch 1 (a sample's rows over the clusters, 12 tiles on 8 cores) had such
+        cycles, which the simulator breaks only when nothing else can run."""
+        if not any(type(ins) is isa.Dma and ins.multicast for ins in self.instructions):
+            return
+        while True:
+            stream, origins = isa.expanded_stream(self.instructions, self.compression.replicas)
+            stuck = isa.stuck_multicasts(stream, self.hw.cores_per_cluster)
+            if not stuck:
+                return
+            for i in {origins[j] for j in stuck}:
+                self.instructions[i] = isa.replaced(self.instructions[i], multicast=False, group=0)
 
     def mark(self, name: str, shape) -> None:
         """The instructions from here on compute layer ``name`` (for reports and traces)."""

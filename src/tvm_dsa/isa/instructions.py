@@ -316,6 +316,67 @@ def multicast_groups(instructions, chains: dict[int, tuple] | None = None) -> di
     return {i: tuple(members) for members in groups.values() for i in members}
 
 
+def stuck_multicasts(instructions, cores_per_cluster: int) -> set[int]:
+    """The multicast DMAs of a kernel's stream (written out) whose transfer never starts: each DMA
+    of a transfer (``multicast_groups``) waits at the head of its queue for the others, and one
+    of them is behind a DMA of another transfer in its queue that waits likewise (a core's n-th
+    load of a box paired with another core's load of a later round). Run in queue order, every
+    instruction done once it may start; where nothing else can, the transfers left waiting are
+    stuck (a machine would hang; the simulator then moves them alone, each reading its source)
+    and their DMAs count as plain from there on."""
+    groups = {i: g for i, g in multicast_groups(instructions).items() if len(g) > 1}
+    if not groups:
+        return set()
+    index: dict = {}
+    queues: list[list[int]] = []
+    queue_of = []
+    pending = []
+    dependents: list[list[int]] = [[] for _ in instructions]
+    for i, ins in enumerate(instructions):
+        q = index.setdefault(unit_of(ins, cores_per_cluster), len(index))
+        if q == len(queues):
+            queues.append([])
+        queues[q].append(i)
+        queue_of.append(q)
+        deps = set(ins.deps)
+        pending.append(len(deps))
+        for d in deps:
+            dependents[d].append(i)
+    pos = [0] * len(queues)
+    ready = list(range(len(queues)))
+    waiting: set[int] = set()
+    stuck: set[int] = set()
+    while True:
+        while ready:
+            q = ready.pop()
+            if pos[q] == len(queues[q]):
+                continue
+            i = queues[q][pos[q]]
+            if pending[i] or i in waiting:
+                continue
+            members = groups.get(i, (i,))
+            if len(members) > 1:
+                waiting.add(i)
+                if not waiting.issuperset(members):
+                    continue
+                waiting.difference_update(members)
+            for m in members:
+                pos[queue_of[m]] += 1
+                ready.append(queue_of[m])
+                for d in dependents[m]:
+                    pending[d] -= 1
+                    if not pending[d]:
+                        ready.append(queue_of[d])
+        if not waiting:
+            return stuck
+        for i in waiting:
+            for m in groups.pop(i, ()):
+                groups.pop(m, None)
+                stuck.add(m)
+        ready.extend(queue_of[i] for i in waiting)
+        waiting.clear()
+
+
 def macs(ins: Instruction) -> int:
     """Multiply-accumulates an MME instruction performs (0 for the others)."""
     if not isinstance(ins, Mme):

@@ -242,10 +242,19 @@ def _written_out(k: Kernel) -> Kernel:
                   chained=k.chained)
 
 
-def _expand(instructions, replicas) -> list:
+def expanded_stream(instructions, replicas) -> tuple[list, list[int]]:
+    """(stream, origins): a kernel's instructions with its replicas written out (as loading the
+    program gives), and per instruction of the stream the position in ``instructions`` of the
+    one it is or copies (raises ``ValueError`` for a malformed replica)."""
+    origins: list[int] = []
+    return _expand(instructions, replicas, origins), origins
+
+
+def _expand(instructions, replicas, origins: list | None = None) -> list:
     """A kernel's stream: its instructions with each replica's copy inserted. A copy shares what
     it does not move with the instruction it copies (shapes, strides, unmoved operands), so a
-    stream of millions of copies stays small."""
+    stream of millions of copies stays small. ``origins``, where given, gets the position in
+    ``instructions`` each instruction of the stream is or copies."""
     out, taken = [], 0
     for r in replicas:
         start, stop, at, cores = r.start, r.stop, r.at, r.cores
@@ -260,6 +269,9 @@ def _expand(instructions, replicas) -> list:
         if need > len(instructions) - taken:
             raise ValueError(f"replica at {at} lies beyond the kernel's stream")
         out += instructions[taken:taken + need]
+        if origins is not None:
+            origins += range(taken, taken + need)
+            origins += origins[start:stop]
         taken += need
         table: dict = {}
         for mem, index, lo, hi, to, shift in sorted(r.moves):
@@ -289,6 +301,8 @@ def _expand(instructions, replicas) -> list:
         for ins in out[start:stop]:
             deps = [remap.get(d, d + dep) if d < start else d + dep for d in ins.deps]
             out.append(moved(ins, move, core=ins.core + cores, deps=tuple(sorted(set(deps)) if remap else deps)))
+    if origins is not None:
+        origins += range(taken, len(instructions))
     return out + list(instructions[taken:])
 
 
