@@ -1291,6 +1291,32 @@ def test_layers_are_timed_within_a_clusters_share_of_the_rows(monkeypatch, batch
         assert calls == []
 
 
+def test_plans_for_a_clusters_share_of_the_tiles_are_ranked_for_that_share(monkeypatch):
+    """A 3 x 3 convolution of 128 -> 32 channels at 14 x 14, batch 1, its rows dealt over the four
+    clusters (``spread``) and at most 2 rows a tile (a cluster's share of an exchange's rows, as
+    in DenseNet-121's third dense block). The plans ``_estimate`` ranks first for the whole layer
+    are tiles of 2 rows: 4 a cluster, half its cores idle. Ranked for a cluster's share of the
+    tiles too (``TIMED_PLANS_SHARE``), ``lower_timed`` takes more tiles a cluster, timed faster
+    than the best of the first ranking alone."""
+    from tvm_dsa import tiling
+    from tvm_dsa.kernel.ir import read_kernel
+
+    mod = fuse(relax_graph([(1, 128, 14, 14), (32, 128, 3, 3)], lambda x, w: relax.op.nn.conv2d(x, w, padding=1)))
+    (func,) = [f for _, f in mod.functions.items() if isinstance(f, tvm.tirx.PrimFunc)]
+    caps, gb = (1, 32, 2), frozenset({0, 1})
+    baseline = lower_kernel(func, HW, None, caps=caps)[0]
+
+    def tiles(lowered):
+        return math.prod(lp.extent for lp in read_kernel(lowered).tile_loops())
+
+    shared = tiling.lower_timed(func, HW, None, gb, baseline, caps, spread=HW.clusters)
+    monkeypatch.setattr(tiling, "TIMED_PLANS_SHARE", 0)
+    whole = tiling.lower_timed(func, HW, None, gb, baseline, caps, spread=HW.clusters)
+    assert -(-tiles(whole) // HW.clusters) <= HW.cores_per_cluster // 2 < -(-tiles(shared) // HW.clusters)
+    cycles = [tiling.timed_cycles(low, HW, None, gb, HW.clusters) for low in (shared, whole)]
+    assert cycles[0] < cycles[1]
+
+
 def test_a_row_at_batch_1_deals_its_columns_over_the_clusters_and_times_plans_for_their_share(monkeypatch, rng):
     """x @ w at batch 1, one row of 1024 columns, taken as tuned: there are no rows to split, the
     kernel's instances take the columns, dealt over the clusters, so the layer's plans are timed

@@ -131,7 +131,8 @@ def _lower_aligned(func, hw, lb_bytes: int | None, parallel: bool, simplify: boo
 def lower_timed(func, hw, lb_bytes: int | None, gb: frozenset, baseline, caps: tuple[int, ...] = (),
                 plans: bool = True, spread: int = 1):
     """A stitched kernel's contraction tiled for its place: ``baseline`` (``lower_kernel``'s
-    lowering for it) or one of the ``TIMED_PLANS`` plans (``TIMED_PLANS_SPREAD`` with ``spread``)
+    lowering for it) or one of the ``TIMED_PLANS`` plans (``TIMED_PLANS_SPREAD`` with ``spread``,
+    and the ``TIMED_PLANS_SHARE`` it ranks first for a cluster's share of the tiles)
     of ``_grid`` ``_estimate`` ranks first that fit ``lb_bytes`` of the LB, whichever
     ``timed_cycles`` finds fastest with the parameters at positions ``gb`` in the GB. The search's
     first fitting plan is the largest tile, which leaves no room to load the next chunk during
@@ -163,20 +164,32 @@ def lower_timed(func, hw, lb_bytes: int | None, gb: frozenset, baseline, caps: t
     best = (timed_cycles(baseline, hw, lb_bytes, gb, spread), baseline, None)
     first = -(-info.spatial[0] // read_kernel(baseline).tile_loops()[0].extent)
     caps = (min((first, *caps[:1])), *caps[1:])  # the first loop splits the batch over instances: no coarser
-    simplified, timed = simplify_indices(func, gb), 0
+    simplified = simplify_indices(func, gb)
     capacity = hw.lb_bytes if lb_bytes is None else lb_bytes
-    for plan in sorted(_grid(info, hw, capacity, caps), key=lambda p: _estimate(info, p, hw, capacity)):
-        if timed == (TIMED_PLANS if spread == 1 else TIMED_PLANS_SPREAD):
-            break
-        try:
-            lowered = lower_with_plan(simplified, plan)
-            plan_lb(read_kernel(lowered), hw, lb_bytes)
-            timed += 1
-            cycles = timed_cycles(lowered, hw, lb_bytes, gb, spread)
-        except (Unsupported, CodegenError):  # not affine, too big, or a tile the emitter cannot place
-            continue
-        if cycles < best[0]:
-            best = (cycles, lowered, plan)
+    grid = list(_grid(info, hw, capacity, caps))
+    rankings = [(sorted(grid, key=lambda p: _estimate(info, p, hw, capacity)),
+                 TIMED_PLANS if spread == 1 else TIMED_PLANS_SPREAD)]
+    if spread > 1:
+        rankings.append((sorted(grid, key=lambda p: _estimate(info, p, hw, capacity, spread)), TIMED_PLANS_SHARE))
+    tried: set = set()
+    for ranking, limit in rankings:
+        timed = 0
+        for plan in ranking:
+            if timed == limit:
+                break
+            if plan in tried:
+                timed += 1
+                continue
+            try:
+                lowered = lower_with_plan(simplified, plan)
+                plan_lb(read_kernel(lowered), hw, lb_bytes)
+                timed += 1
+                tried.add(plan)
+                cycles = timed_cycles(lowered, hw, lb_bytes, gb, spread)
+            except (Unsupported, CodegenError):  # not affine, too big, or a tile the emitter cannot place
+                continue
+            if cycles < best[0]:
+                best = (cycles, lowered, plan)
     if best[2] is None:  # the baseline is fastest: only its weights may move
         plan = plan_of(best[1])
         if plan is None:
@@ -310,6 +323,11 @@ TIMED_PLANS = 6  # plans ``lower_timed`` lowers and times besides the baseline (
 # dealt over them), whose cluster's share the estimate ranks worse: Conformer's 256 x 256 products after its 31-tap depthwise convolution found their fastest plan eighth
 # (51,414 -> 48,527 cycles); nine everywhere took DenseNet-121 at batch 8 from 236.9 to 318.9 s, 1.2 % slower
 TIMED_PLANS_SPREAD = 9
+# and there, those the estimate ranks first for a cluster's share of the tiles: ranked for the whole layer,
+# DenseNet-121's 3 x 3 convolutions at 14 x 14 (batch 1, 4 of the 14 rows a cluster) took tiles of 2 rows x 16
+# channels, 4 on a cluster's 8 cores; of a row, all 8 (timed 2,524 -> 1,405 cycles). Ranked so alone, ResNet-50 lost
+# 2 % at batch 1.
+TIMED_PLANS_SHARE = 4
 TIMED_TILES = 24  # tiles a timing runs: three rounds of a cluster's eight cores
 
 
@@ -351,12 +369,13 @@ def _grid(info, hw, capacity: int, caps: tuple[int, ...]):
                 yield plan
 
 
-def _estimate(info, plan: TilePlan, hw, capacity: int) -> float:
+def _estimate(info, plan: TilePlan, hw, capacity: int, spread: int = 1) -> float:
     """Rough cycles of a contraction plan on a cluster loading from the GB, to rank plans for
     timing: per tile, each chunk's operand boxes (B·M and N rows by the chunk, the weights by the
     rest of the reduction too) at a core's share of the GB and the MME's product, overlapped
     where two copies of the boxes and the accumulator fit ``capacity`` bytes, then the epilogue's pass and
-    store; tiles dealt over the cluster's cores."""
+    store; tiles dealt over the cluster's cores (with ``spread``, its share of the tiles dealt over so many
+    clusters)."""
     size = {"M": 1, "N": 1, "B": 1, "": 1}
     for t, r in zip(plan.tiles, info.roles):
         size[r] *= t
@@ -369,8 +388,8 @@ def _estimate(info, plan: TilePlan, hw, capacity: int) -> float:
     doubled = 2 * boxes + m * n * hw.accum_bytes <= capacity
     body = chunks * max(load, product) + load if doubled else chunks * (load + product)
     epilogue = m * n / hw.vme_lanes + m * n * hw.storage_bytes / share + hw.dma_latency_cycles
-    tiles = math.prod(-(-e // t) for e, t in zip(info.spatial, plan.tiles))
-    return -(-tiles // hw.cores_per_cluster) * (body + epilogue)
+    share = -(-math.prod(-(-e // t) for e, t in zip(info.spatial, plan.tiles)) // spread)  # a cluster's tiles
+    return -(-share // hw.cores_per_cluster) * (body + epilogue)
 
 
 def lower_in_parts(func, hw, lb_bytes: int | None, parts: dict[str, int], cores: int):
