@@ -687,7 +687,7 @@ def test_transfers_that_wait_on_each_other_are_stuck_and_the_emitter_makes_them_
     X then Y, core 1 Y then X. Inferred (the n-th load of a box into each LB), X's transfer waits
     for core 1's X, behind its Y, whose transfer waits for core 0's Y, behind its X: all four
     are stuck. In the same order on both cores none is, and a third pair behind them moves as
-    one. The emitter (``KernelEmitter.kernel``) makes the stuck loads plain, also one that a
+    one. The emitter (``KernelEmitter.kernel``, ``unstick``) makes the stuck loads plain, also one that a
     replica copies (core 1's X here is a copy of core 0's, moved one core on), and every copy
     with it; the pair that can meet stays a multicast."""
     def load(core, offset, place):
@@ -699,7 +699,7 @@ def test_transfers_that_wait_on_each_other_are_stuck_and_the_emitter_makes_them_
     assert isa.stuck_multicasts([x0, y0, y1, x1, z0, z1], HW.cores_per_cluster) == {0, 1, 2, 3}
     assert isa.stuck_multicasts([x0, y0, x1, y1, z0, z1], HW.cores_per_cluster) == set()
 
-    emitter = KernelEmitter(HW, "crossed")
+    emitter = KernelEmitter(HW, "crossed", unstick=True)
     emitter.instructions = [x0, y0, y1, z0, z1]
     emitter.cores_used = {0, 1}
     emitter.compression.replicas = [isa.Replica(0, 1, 3, 1, ())]  # core 0's X again on core 1, after its Y

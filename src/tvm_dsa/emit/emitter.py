@@ -53,12 +53,13 @@ class KernelEmitter:
     ``gb_multicasts=False``: the tiles' loads from a GB are plain DMAs; ``ddr_multicasts``: their
     loads from DDR into the LBs may be multicasts on a chip without a mesh too;
     ``steady_multicasts``: in a clamped layer, so are its boxes that do not move with the clamped
-    loop (``_dma``)."""
+    loop (``_dma``); ``unstick``: none of its multicasts waits for ever (``_unstick_multicasts``)."""
 
     def __init__(self, hw: Hardware, name: str, replay: bool = True, hold_stores: bool = True,
                  store_queue: bool = True, gb_multicasts: bool = True, ddr_multicasts: bool = False,
-                 steady_multicasts: bool = False):
+                 steady_multicasts: bool = False, unstick: bool = False):
         self.hw, self.name, self.hold_stores = hw, name, hold_stores
+        self.unstick = unstick  # multicasts whose transfer would never start made plain (``kernel``)
         self.gb_multicasts = gb_multicasts  # loads from a GB may be multicasts (``_dma``)
         self.steady_multicasts = steady_multicasts  # and in a clamped layer those not moving with it
         self.ddr_multicasts = ddr_multicasts  # and loads from DDR, on a bus
@@ -90,7 +91,8 @@ class KernelEmitter:
     def kernel(self) -> isa.Kernel:
         if self.hw.interconnect == "mesh":
             self._group_multicasts()
-        self._unstick_multicasts()
+        if self.unstick:
+            self._unstick_multicasts()
         return isa.Kernel(self.name, tuple(sorted(self.cores_used)), tuple(self.instructions), tuple(self.marks),
                           tuple(self.compression.replicas))
 
@@ -124,7 +126,9 @@ class KernelEmitter:
         box by a cluster's cores are one transfer, and a core's load in its first tile can pair
         with another core's in its second, whose queue waits on the first core's: DenseNet-121's
         dense blocks at batch 1 (a sample's rows over the clusters, 12 tiles on 8 cores) had such
-        cycles, which the simulator breaks only when nothing else can run."""
+        cycles, which the simulator breaks only when nothing else can run. Only where asked
+        (``unstick``): over a written-out stream it costs about 2 us an instruction, half of
+        BERT-128's batch-8 build, whose kernels had none."""
         if not any(type(ins) is isa.Dma and ins.multicast for ins in self.instructions):
             return
         while True:

@@ -269,12 +269,14 @@ def _faster_loads(sub, hw) -> tuple:
     (``steady_multicasts``): ViT-B/16's 197 tokens, a cluster's two tiles of them loading each
     weight chunk at once (3,482,132 -> 2,858,927 cycles; at batch 8, where the cores' tiles of
     the tokens do not line up, 16.2M against 12.7M, so only here, where the plain loads are
-    timed too)."""
-    program, info = emit_stitched(sub, hw, steady_multicasts=True)
+    timed too). Both ways no multicast is left waiting for ever (``unstick``): pairings across
+    rounds made transfers wait on each other in DenseNet-121's kernels at batch 1; at batch 8 the
+    seven models' kernels had none, and the check took half of BERT-128's build there."""
+    program, info = emit_stitched(sub, hw, steady_multicasts=True, unstick=True)
     if not hw.multicast_dma or not any(type(i) is isa.Dma and i.multicast and i.src.mem == "gb"
                                        for k in program.kernels for i in k.instructions):
         return program, info
-    plain = emit_stitched(sub, hw, gb_multicasts=False)
+    plain = emit_stitched(sub, hw, gb_multicasts=False, unstick=True)
     return plain if timing_cycles(plain[0]) < timing_cycles(program) else (program, info)
 
 
