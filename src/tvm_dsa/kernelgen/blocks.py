@@ -217,8 +217,6 @@ def FuseSeparableBlocks(hw: Hardware, stitched: bool, decided: list | None = Non
                 first, consumer = (b.value.args[0].name_hint for b in pair)
                 if (pair[0].var, consumer) in seen or pair[1].var in chosen:
                     continue  # decided in an earlier round, or its consumer fuses another this round
-                if stitched and _kind(mod[first]) == "elementwise" and _samples(pair[1]) < hw.clusters:
-                    continue  # measured slower there (``_samples``)
                 seen.add((pair[0].var, consumer))
                 try:
                     fused = fused_function(mod, pair, hw, _name(pair))
@@ -237,15 +235,6 @@ def FuseSeparableBlocks(hw: Hardware, stitched: bool, decided: list | None = Non
             mod = _rewrite(mod, chosen)
 
     return fuse_blocks
-
-
-def _samples(binding: relax.VarBinding) -> int:
-    """The first dim of a binding's result: the samples a stitched kernel deals over the clusters.
-    With fewer samples than clusters an elementwise layer is not fused into its convolution: the
-    stitched kernel splits a sample's rows over the clusters there, which the timing (on the
-    search's tiles, ``_cycles``) does not follow, and DenseNet-121's norms fused so took it at
-    batch 1 from 1,525,629 to 1,766,758 cycles (to 2,343,902 timed on ``lower_timed``'s tiles)."""
-    return int(binding.var.ty.shape[0])
 
 
 def _name(pair) -> str:
