@@ -120,6 +120,9 @@ class Dma:
     was last written, are one transfer (``multicast_groups``), which starts when each of them may,
     reads the source once and writes every destination; or, where the compiler names it, the
     multicast DMAs of the kernel with the same nonzero ``group`` (one box, one destination each).
+    A transfer one of whose DMAs waits in its queue behind a DMA of another transfer that waits
+    for it never starts (``stuck_multicasts``): the simulator moves such transfers alone, each
+    reading its source, once nothing else can run.
     Each still copies the box: the values are a plain DMA's. (The JSON form ends with their flags,
     1 prefetch, 2 multicast, then the group where there is one.)"""
 
