@@ -171,20 +171,21 @@ def lower_timed(func, hw, lb_bytes: int | None, gb: frozenset, baseline, caps: t
                  TIMED_PLANS if spread == 1 else TIMED_PLANS_SPREAD)]
     if spread > 1:
         rankings.append((sorted(grid, key=lambda p: _estimate(info, p, hw, capacity, spread)), TIMED_PLANS_SHARE))
-    tried: set = set()
+    lowers: dict = {}  # plan -> whether it lowers and fits (then it is timed)
     for ranking, limit in rankings:
         timed = 0
         for plan in ranking:
             if timed == limit:
                 break
-            if plan in tried:
-                timed += 1
+            if plan in lowers:  # tried in a ranking before
+                timed += lowers[plan]
                 continue
+            lowers[plan] = False
             try:
                 lowered = lower_with_plan(simplified, plan)
                 plan_lb(read_kernel(lowered), hw, lb_bytes)
                 timed += 1
-                tried.add(plan)
+                lowers[plan] = True
                 cycles = timed_cycles(lowered, hw, lb_bytes, gb, spread)
             except (Unsupported, CodegenError):  # not affine, too big, or a tile the emitter cannot place
                 continue
@@ -373,9 +374,9 @@ def _estimate(info, plan: TilePlan, hw, capacity: int, spread: int = 1) -> float
     """Rough cycles of a contraction plan on a cluster loading from the GB, to rank plans for
     timing: per tile, each chunk's operand boxes (B·M and N rows by the chunk, the weights by the
     rest of the reduction too) at a core's share of the GB and the MME's product, overlapped
-    where two copies of the boxes and the accumulator fit ``capacity`` bytes, then the epilogue's pass and
-    store; tiles dealt over the cluster's cores (with ``spread``, its share of the tiles dealt over so many
-    clusters)."""
+    where two copies of the boxes and the accumulator fit ``capacity`` bytes, then the epilogue's
+    pass and store; tiles dealt over the cluster's cores (with ``spread``, the cluster's share of
+    the tiles dealt over so many clusters)."""
     size = {"M": 1, "N": 1, "B": 1, "": 1}
     for t, r in zip(plan.tiles, info.roles):
         size[r] *= t
@@ -388,8 +389,8 @@ def _estimate(info, plan: TilePlan, hw, capacity: int, spread: int = 1) -> float
     doubled = 2 * boxes + m * n * hw.accum_bytes <= capacity
     body = chunks * max(load, product) + load if doubled else chunks * (load + product)
     epilogue = m * n / hw.vme_lanes + m * n * hw.storage_bytes / share + hw.dma_latency_cycles
-    share = -(-math.prod(-(-e // t) for e, t in zip(info.spatial, plan.tiles)) // spread)  # a cluster's tiles
-    return -(-share // hw.cores_per_cluster) * (body + epilogue)
+    tiles = -(-math.prod(-(-e // t) for e, t in zip(info.spatial, plan.tiles)) // spread)  # a cluster's
+    return -(-tiles // hw.cores_per_cluster) * (body + epilogue)
 
 
 def lower_in_parts(func, hw, lb_bytes: int | None, parts: dict[str, int], cores: int):
