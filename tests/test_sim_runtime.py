@@ -689,7 +689,8 @@ def test_transfers_that_wait_on_each_other_are_stuck_and_the_emitter_makes_them_
     are stuck. In the same order on both cores none is, and a third pair behind them moves as
     one. The emitter (``KernelEmitter.kernel``, ``unstick``) makes the stuck loads plain, also one that a
     replica copies (core 1's X here is a copy of core 0's, moved one core on), and every copy
-    with it; the pair that can meet stays a multicast."""
+    with it; the pair that can meet stays a multicast. Where a transfer from DDR is in the cycle,
+    the loads from the GB go plain first."""
     def load(core, offset, place):
         return Dma(core, (4096,), lb(place, "float16", 1, core=core), Operand("gb", 0, offset, "float16", (1,)),
                    multicast=True)
@@ -708,6 +709,14 @@ def test_transfers_that_wait_on_each_other_are_stuck_and_the_emitter_makes_them_
     stream, origins = isa.expanded_stream(kernel.instructions, kernel.replicas)
     assert origins == [0, 1, 2, 0, 3, 4] and stream[3].core == 1 and not stream[3].multicast
     assert isa.stuck_multicasts(stream, HW.cores_per_cluster) == set()
+    # crossed with a pair of loads from DDR, only the loads from the GB go plain: re-reading a GB
+    # box costs its port, a DDR box the chip's DDR, every core's copy
+    d0, d1 = (replace(x, src=ddr(0, "float16", 1)) for x in (y0, y1))
+    emitter = KernelEmitter(HW, "crossed", unstick=True)
+    emitter.instructions, emitter.cores_used = [x0, d0, d1, x1], {0, 1}
+    kernel = emitter.kernel()
+    assert [i.multicast for i in kernel.instructions] == [False, True, True, False]
+    assert isa.stuck_multicasts(list(kernel.instructions), HW.cores_per_cluster) == set()
 
 
 def test_loads_of_one_gb_box_pair_only_while_its_bytes_are_unwritten():
