@@ -687,10 +687,10 @@ def test_transfers_that_wait_on_each_other_are_stuck_and_the_emitter_makes_them_
     X then Y, core 1 Y then X. Inferred (the n-th load of a box into each LB), X's transfer waits
     for core 1's X, behind its Y, whose transfer waits for core 0's Y, behind its X: all four
     are stuck. In the same order on both cores none is, and a third pair behind them moves as
-    one. The emitter (``KernelEmitter.kernel``, ``unstick``) makes the stuck loads plain, also one that a
-    replica copies (core 1's X here is a copy of core 0's, moved one core on), and every copy
-    with it; the pair that can meet stays a multicast. Where a transfer from DDR is in the cycle,
-    the loads from the GB go plain first."""
+    one. The emitter (``KernelEmitter.kernel`` with ``unstick``) makes the stuck loads plain,
+    also one that a replica copies (core 1's X here is a copy of core 0's, moved one core on),
+    and every copy with it; the pair that can meet stays a multicast. Where a transfer from DDR
+    is in the cycle, the loads from the GB go plain first."""
     def load(core, offset, place):
         return Dma(core, (4096,), lb(place, "float16", 1, core=core), Operand("gb", 0, offset, "float16", (1,)),
                    multicast=True)

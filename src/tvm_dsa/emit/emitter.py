@@ -130,9 +130,9 @@ class KernelEmitter:
         or an LB go plain first, and one from DDR only where no other is stuck: a DDR box each core
         reads again costs the chip's DDR (ResNet-50's last 3 x 3 convolution at batch 1, its
         weights' DDR multicasts made plain, took 265,455 cycles against 48,596 with plain GB loads;
-        the model 799,947 -> 779,851 once they stayed). Only where asked
-        (``unstick``): over a written-out stream it costs about 2 us an instruction, half of
-        BERT-128's batch-8 build, whose kernels had none."""
+        the model 799,947 -> 779,851 once they stayed). Only where asked (``unstick``): over a
+        written-out stream it costs about 2 us an instruction, half of BERT-128's batch-8 build,
+        whose kernels had none."""
         if not any(type(ins) is isa.Dma and ins.multicast for ins in self.instructions):
             return
         while True:
