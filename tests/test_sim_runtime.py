@@ -435,6 +435,15 @@ def test_bus_transfer_between_cores_goes_through_the_gb():
     assert dma_demand(far, HW) == {("lb", 0): 1024, ("lb", 9): 1024, ("gb", 0): 1024, ("gb", 1): 1024}
 
 
+def test_a_load_from_another_clusters_gb_goes_through_both_gbs():
+    own = Dma(9, (512,), lb(0, "float16", 1, core=9), Operand("gb", 1, 0, "float16", (1,)))
+    assert dma_demand(own, HW) == {("gb", 1): 1024, ("lb", 9): 1024}
+    far = replace(own, src=replace(own.src, index=0))
+    assert dma_demand(far, HW) == {("gb", 0): 1024, ("lb", 9): 1024, ("gb", 1): 1024}
+    store = Dma(9, (512,), Operand("gb", 0, 0, "float16", (1,)), lb(0, "float16", 1, core=9))
+    assert dma_demand(store, HW) == {("gb", 0): 1024, ("lb", 9): 1024, ("gb", 1): 1024}
+
+
 def test_mesh_transfer_between_cores_uses_the_noc():
     hw = preset("set-edge16-fp16")
     x = f16(512)

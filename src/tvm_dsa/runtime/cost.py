@@ -182,6 +182,10 @@ def dma_demand(ins: Dma | Fill, hw: Hardware) -> dict[Resource, int]:
         else:  # a bus goes through the GB of each cluster on the way
             for c in {ins.src.index // cpc, ins.dst.index // cpc}:
                 use(("gb", c), payload)
+    elif {ins.src.mem, ins.dst.mem} == {"gb", "lb"} and hw.interconnect != "mesh":
+        gb, lb = (ins.src, ins.dst) if ins.src.mem == "gb" else (ins.dst, ins.src)
+        if lb.index // cpc != gb.index:  # another cluster's GB: the bus goes through the LB's GB too
+            use(("gb", lb.index // cpc), payload)
     return demand
 
 

@@ -1,0 +1,88 @@
+"""Weights loaded ahead (``kernelgen.ahead``): a chained kernel's weight loads from DDR move into
+the GB during an earlier kernel's idle DDR time, with the same values and fewer cycles."""
+
+from dataclasses import replace
+
+import numpy as np
+from helpers import ddr, lb, make_program
+
+from tvm_dsa import hardware
+from tvm_dsa.isa import Dma, TensorArg, Vector, validate
+from tvm_dsa.kernelgen.ahead import IDLE_SHARE, loaded_ahead
+from tvm_dsa.runtime import simulate
+from tvm_dsa.runtime.timing import simulate_program
+
+HW = hardware.get("stcp920")
+N = 16384  # float16 elements of the weight: 32 KiB
+X, W, T, Y = 0, 4096, 4096 + 2 * N, 8192 + 2 * N  # DDR offsets of x, w, the kernels' scratch, y
+
+
+def _program(busy_ops: int, writes_weight: bool = False):
+    """Kernel 0: core 0 loads ``x`` (256 values), runs ``busy_ops`` additions over 8192 values of
+    its LB (DDR idle) and stores ``x`` to the scratch ``t``. Kernel 1 (chained): cores 0 and 8 (two clusters)
+    each load the weight ``w`` from DDR, add ``t`` to its first 256 values and store them into
+    their half of ``y``. With ``writes_weight`` kernel 0 also overwrites ``w``'s first values."""
+    f16 = "float16"
+    first = [Dma(0, (256,), lb(0, f16, 1), ddr(X, f16, 1))]
+    for n in range(busy_ops):
+        first.append(Vector(0, "vme", "add", (8192,), lb(4096, f16, 1), (lb(4096, f16, 1), 1.0),
+                            deps=(len(first) - 1,)))
+    first.append(Dma(0, (256,), ddr(T, f16, 1), lb(0, f16, 1), deps=(len(first) - 1,)))
+    if writes_weight:
+        first.append(Dma(0, (256,), ddr(W, f16, 1), lb(0, f16, 1), deps=(len(first) - 1,)))
+    second = []
+    for half, core in enumerate((0, 8)):
+        at = len(second)
+        second += [Dma(core, (N,), lb(0, f16, 1, core=core), ddr(W, f16, 1), multicast=True),
+                   Dma(core, (256,), lb(2 * N, f16, 1, core=core), ddr(T, f16, 1)),
+                   Vector(core, "vme", "add", (256,), lb(0, f16, 1, core=core),
+                          (lb(0, f16, 1, core=core), lb(2 * N, f16, 1, core=core)), deps=(at, at + 1)),
+                   Dma(core, (256,), ddr(Y + 512 * half, f16, 1), lb(0, f16, 1, core=core), deps=(at + 2,))]
+    args = [TensorArg("x", "input", (256,), f16, f16, X), TensorArg("w", "input", (N,), f16, f16, W),
+            TensorArg("y", "output", (512,), f16, f16, Y)]
+    program = make_program([first, second], args, Y + 1024)
+    return replace(program, kernels=(program.kernels[0], replace(program.kernels[1], chained=True)))
+
+
+def _inputs():
+    rng = np.random.default_rng(0)
+    return [rng.standard_normal(256).astype(np.float16), rng.standard_normal(N).astype(np.float16)]
+
+
+def test_a_weight_is_copied_into_a_gb_while_the_kernel_before_computes():
+    program = _program(busy_ops=40)
+    ahead = loaded_ahead(program)
+    validate(ahead)
+    before, after = simulate_program(program, HW), simulate_program(ahead, HW)  # dependency tokens checked
+    copies = [i for i in ahead.kernels[0].instructions if type(i) is Dma and i.dst.mem == "gb"]
+    assert sum(i.shape[0] for i in copies) * 2 == 2 * N  # the weight's bytes, into one GB
+    assert {(i.src.mem, i.dst.index) for i in copies} == {("ddr", copies[0].dst.index)}
+    loads = [i for i in ahead.kernels[1].instructions if type(i) is Dma and i.shape == (N,)]
+    assert [(i.src.mem, i.src.index, i.src.offset) for i in loads] == [("gb", copies[0].dst.index,
+                                                                       copies[0].dst.offset)] * 2
+    # the second kernel reads the weight at the GB port's rate, not DDR's; the first is no longer
+    assert after.kernels[1].cycles < before.kernels[1].cycles
+    assert after.kernels[0].cycles == before.kernels[0].cycles
+    assert after.cycles < before.cycles
+    x, w = _inputs()
+    expected = simulate(program, [x, w]).outputs[0]
+    np.testing.assert_array_equal(simulate(ahead, [x, w]).outputs[0], expected)
+    np.testing.assert_array_equal(expected[:256], (w[:256].astype(np.float32) + x).astype(np.float16))
+
+
+def test_a_copy_waits_for_the_instruction_that_ends_as_ddr_goes_idle():
+    ahead = loaded_ahead(_program(busy_ops=40))
+    first = ahead.kernels[0].instructions
+    copy = next(n for n, i in enumerate(first) if type(i) is Dma and i.dst.mem == "gb")
+    (dep,) = first[copy].deps
+    assert first[dep] == _program(busy_ops=40).kernels[0].instructions[0]  # the load of x: DDR idles after it
+    assert [m.name for m in ahead.kernels[0].layers] == ["promote"]
+
+
+def test_no_copy_where_ddr_has_no_time_to_spare_or_the_weight_is_written():
+    short = _program(busy_ops=1)  # DDR idles fewer cycles than a copy of the weight takes
+    timing = simulate_program(short, HW).kernels[0]
+    assert timing.cycles < 2 * N / HW.ddr_bytes_per_cycle / IDLE_SHARE
+    assert loaded_ahead(short) is short
+    written = _program(busy_ops=40, writes_weight=True)
+    assert loaded_ahead(written) is written
