@@ -26,7 +26,6 @@ from dataclasses import dataclass, replace
 from tvm_dsa.emit.emitter import PROMOTE
 from tvm_dsa.hardware.model import Hardware
 from tvm_dsa.isa import Dma, Kernel, LayerMark, Operand, Program
-from tvm_dsa.isa.instructions import DTYPES
 from tvm_dsa.runtime.cost import dma_demand
 from tvm_dsa.runtime.timing import KernelTiming, simulate_program
 
@@ -44,7 +43,6 @@ class _Weight:
     reader: int
     lo: int
     hi: int
-    dtype: str
     clusters: tuple[int, ...]
     loads: tuple[tuple[int, int, int], ...]
 
@@ -112,9 +110,9 @@ def _round(program: Program, timing, places: list, hw: Hardware) -> Program:
         for k, s, lo, hi in pieces:
             s.start += math.ceil((hi - lo) / s.rate[owner] / IDLE_SHARE)
             inserts[k].append((s.at[owner][0], Dma(core=owner * hw.cores_per_cluster,
-                                                   shape=((hi - lo) // DTYPES[w.dtype],), deps=(s.at[owner][1],),
-                                                   dst=Operand("gb", owner, at + lo - w.lo, w.dtype, (1,)),
-                                                   src=Operand("ddr", 0, lo, w.dtype, (1,)))))
+                                                   shape=(hi - lo,), deps=(s.at[owner][1],),
+                                                   dst=Operand("gb", owner, at + lo - w.lo, "int8", (1,)),
+                                                   src=Operand("ddr", 0, lo, "int8", (1,)))))
         reader = program.kernels[w.reader]
         for i in loads:
             src = reader.instructions[i].src
@@ -150,9 +148,9 @@ def _weights(program: Program, hw: Hardware) -> list[_Weight]:
             if a is None or a.role != "input" or a in written:
                 continue
             lo, hi = ins.src.extent_bytes(ins.shape)
-            found.setdefault(a.name, []).append((i, lo, hi, ins.core // hw.cores_per_cluster, a.dtype))
+            found.setdefault(a.name, []).append((i, lo, hi, ins.core // hw.cores_per_cluster))
         for loads in found.values():
-            out.append(_Weight(n, min(x[1] for x in loads), max(x[2] for x in loads), loads[0][4],
+            out.append(_Weight(n, min(x[1] for x in loads), max(x[2] for x in loads),
                                tuple(sorted({x[3] for x in loads})), tuple(x[:3] for x in loads)))
     return out
 
@@ -253,7 +251,7 @@ def _gb_high_water(kernel: Kernel) -> int:
 
 
 def _pieces(w: _Weight, stretches: list[list[_Stretch]], owner: int) -> list:
-    """The weight's bytes cut into copies into GB ``owner`` over idle stretches of the kernels
+    """The weight's bytes cut into copies (of bytes: ``int8``) into GB ``owner`` over idle stretches of the kernels
     before its reader, earliest first, as far as they go: (kernel, stretch, lo, hi)."""
     out, lo = [], w.lo
     for k in range(w.reader):
