@@ -92,6 +92,8 @@ def test_compute_on_its_own_lb_is_valid():
     Dma(0, (64,), gb(0), ddr(0)),  # cdma: DDR -> the cluster's GB
     Dma(9, (64,), ddr(0), gb(0, cluster=1)),  # cdma: the cluster's GB -> DDR (core 9 is in cluster 1)
     Dma(0, (64,), ddr(4096), ddr(0)),  # cdma: DDR -> DDR
+    Dma(0, (64,), gb(0), gb(4096, cluster=1)),  # cdma: another cluster's GB -> its own, across the bus
+    Dma(9, (64,), gb(0, cluster=3), gb(0, cluster=1)),  # cdma: its own GB -> another cluster's
     Fill(0, (64,), lb(0), 1.0),
 ])
 def test_dma_and_fill_moves_allowed(ins):
@@ -105,8 +107,8 @@ def test_dma_and_fill_moves_allowed(ins):
      r"DMA gb\[0\] <- lb\[2\] touches an LB but not the issuing core's own \(lb\[0\]\)"),
     (Dma(0, (64,), lb(0, core=1), lb(0, core=2)),
      r"DMA lb\[1\] <- lb\[2\] touches an LB but not the issuing core's own"),
-    (Dma(0, (64,), gb(0), gb(4096, cluster=1)),
-     r"DMA gb\[0\] <- gb\[1\]: core 0 is in cluster 0, and a cluster DMA only reaches its own cluster's GB"),
+    (Dma(0, (64,), gb(0, cluster=2), gb(4096, cluster=1)),
+     r"DMA gb\[2\] <- gb\[1\]: core 0 is in cluster 0, and a cluster DMA only reaches its own cluster's GB"),
     (Dma(0, (64,), gb(0, cluster=1), ddr(0)),
      r"DMA gb\[1\] <- ddr: core 0 is in cluster 0, and a cluster DMA only reaches its own cluster's GB \(gb\[0\]\)"),
     (Dma(9, (64,), ddr(0), gb(0, cluster=0)),

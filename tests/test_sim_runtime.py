@@ -687,7 +687,7 @@ def test_multicast_dmas_that_cannot_meet_move_alone_and_each_reads_ddr():
     assert (crossed.cycles, crossed.ddr_read) == (alone.cycles, alone.ddr_read) == (crossed.cycles, 4 * 2 * n)
     with pytest.raises(ProgramError, match="multicast_dma"):
         validate(make_program([[a0]], (), 4 * n, dict(hw, multicast_dma=False)))
-    with pytest.raises(ProgramError, match="copies DDR or a GB to the GBs or LBs below, or an LB to LBs, not lb to ddr"):
+    with pytest.raises(ProgramError, match="copies DDR or a GB to GBs or LBs, or an LB to LBs, not lb to ddr"):
         validate(make_program([[replace(a0, src=lb(0, "float16", 1), dst=ddr(0, "float16", 1))]], (), 4 * n, hw))
 
 

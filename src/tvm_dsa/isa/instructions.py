@@ -112,9 +112,10 @@ Scalar = float  # an immediate source of a vector instruction
 class Dma:
     """dst[p] = src[p] for p in shape (same dtype, no conversion). Unit: the core's ``dma`` when a
     side is in an LB, and then one side is the core's own LB; else the cluster's ``cdma``, between
-    DDR and the cluster's GB, within DDR or within the cluster's GB. With ``prefetch`` (an LB side;
+    DDR and the cluster's GB, within DDR or within the cluster's GB, or (on a bus) between the
+    cluster's GB and another cluster's, through both GBs' ports. With ``prefetch`` (an LB side;
     chips with ``prefetch_dma``) the core's second queue ``pdma`` runs it, beside the transfers of
-    its ``dma``. With ``multicast`` (DDR -> GB, GB -> LB, DDR -> LB or LB -> LB; chips with
+    its ``dma``. With ``multicast`` (DDR -> GB, GB -> GB, GB -> LB, DDR -> LB or LB -> LB; chips with
     ``multicast_dma``) it is one destination's share of a transfer to several: the multicast DMAs
     of one source box to one place in several GBs (or LBs), the n-th into each since the source
     was last written, are one transfer (``multicast_groups``), which starts when each of them may,

@@ -10,7 +10,8 @@
   reduction dims, on which it has stride 0);
 * where data may live (see the unit table in ``instructions``): MME, vector and reduce instructions
   touch only the issuing core's own LB; a fill writes only that LB; a DMA has one side in that LB,
-  or is a cluster DMA (both sides outside any LB): DDR <-> GB of the core's cluster, or DDR <-> DDR;
+  or is a cluster DMA (both sides outside any LB): DDR <-> GB of the core's cluster, DDR <-> DDR,
+  or, on a bus, the GB of the core's cluster <-> any GB;
 * per class: DMA without conversion; MME operands in ``mme.dtype``, accumulator in
   ``mme.accum_dtype``; vector / reduce operands float16 or float32, an op the unit runs with its
   number of sources (immediates are numbers).
@@ -76,6 +77,7 @@ class _Checker:
         self.mme_dtype = hw["mme"]["dtype"]
         self.prefetch = bool(hw.get("prefetch_dma", False))
         self.multicast = bool(hw.get("multicast_dma", False))
+        self.bus = hw.get("interconnect", "bus") != "mesh"
         self.accum_dtype = hw["mme"]["accum_dtype"]
         self.last: dict = {}  # (strides, shape) -> _last_element
         self.dst_ok: dict = {}  # (strides, shape, reduce mask) -> _dst_problem is None
@@ -203,8 +205,9 @@ class _Checker:
             return f"a DMA names a transfer group ({ins.group}) only as a multicast"
         if ins.group < 0:
             return f"a multicast's transfer group is a positive number, not {ins.group}"
-        if ins.multicast and (src.mem, dst.mem) not in (("ddr", "gb"), ("gb", "lb"), ("ddr", "lb"), ("lb", "lb")):
-            return f"a multicast DMA copies DDR or a GB to the GBs or LBs below, or an LB to LBs, not {src.mem} to {dst.mem}"
+        if ins.multicast and (src.mem, dst.mem) not in (("ddr", "gb"), ("gb", "gb"), ("gb", "lb"), ("ddr", "lb"),
+                                                         ("lb", "lb")):
+            return f"a multicast DMA copies DDR or a GB to GBs or LBs, or an LB to LBs, not {src.mem} to {dst.mem}"
         own = (dst.mem == "lb" and dst.index == core) or (src.mem == "lb" and src.index == core)
         if own:
             return None
@@ -213,6 +216,8 @@ class _Checker:
             return (f"DMA {move} touches an LB but not the issuing core's own (lb[{core}]): a core's DMA "
                     f"moves data to or from its own LB")
         cluster = core // self.cpc
+        if self.bus and dst.mem == src.mem == "gb" and cluster in (dst.index, src.index):
+            return None  # between its cluster's GB and another's (or its own), across the bus
         for o in (dst, src):
             if o.mem == "gb" and o.index != cluster:
                 return (f"DMA {move}: core {core} is in cluster {cluster}, and a cluster DMA only "
