@@ -51,7 +51,7 @@ def _inputs():
 
 def test_a_weight_is_copied_into_a_gb_while_the_kernel_before_computes():
     program = _program(busy_ops=40)
-    ahead = loaded_ahead(program)
+    ahead = loaded_ahead(program, [])
     validate(ahead)
     before, after = simulate_program(program, HW), simulate_program(ahead, HW)  # dependency tokens checked
     copies = [i for i in ahead.kernels[0].instructions if type(i) is Dma and i.dst.mem == "gb"]
@@ -71,7 +71,7 @@ def test_a_weight_is_copied_into_a_gb_while_the_kernel_before_computes():
 
 
 def test_a_copy_waits_for_the_instruction_that_ends_as_ddr_goes_idle():
-    ahead = loaded_ahead(_program(busy_ops=40))
+    ahead = loaded_ahead(_program(busy_ops=40), [])
     first = ahead.kernels[0].instructions
     copy = next(n for n, i in enumerate(first) if type(i) is Dma and i.dst.mem == "gb")
     (dep,) = first[copy].deps
@@ -83,6 +83,6 @@ def test_no_copy_where_ddr_has_no_time_to_spare_or_the_weight_is_written():
     short = _program(busy_ops=1)  # DDR idles fewer cycles than a copy of the weight takes
     timing = simulate_program(short, HW).kernels[0]
     assert timing.cycles < 2 * N / HW.ddr_bytes_per_cycle / IDLE_SHARE
-    assert loaded_ahead(short) is short
+    assert loaded_ahead(short, []) is short
     written = _program(busy_ops=40, writes_weight=True)
-    assert loaded_ahead(written) is written
+    assert loaded_ahead(written, []) is written

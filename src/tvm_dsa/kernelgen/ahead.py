@@ -59,13 +59,14 @@ class _Stretch:
     rate: dict[int, float]  # per GB, bytes per cycle a copy into it may move: DDR's, or what its port has left
 
 
-def loaded_ahead(program: Program) -> Program:
+def loaded_ahead(program: Program, taken: list) -> Program:
     """``program`` with its chained kernels' weights loaded ahead into the GBs (module docstring),
-    or ``program`` itself where none is or that is not faster."""
+    or ``program`` itself where none is or that is not faster; ``taken``: the GB places (first
+    kernel, last kernel, lo, hi) other passes keep, which the copies avoid."""
     hw = Hardware.from_dict(program.hardware)
     if len(program.kernels) < 2 or not hw.multicast_dma:
         return program
-    places: list[tuple[int, int, int, int]] = []  # (first kernel, reader, lo, hi) of the GB places taken
+    places = list(taken)  # (first kernel, last kernel, lo, hi) of the GB places taken
     written_out = out = program.expanded()
     best = simulate_program(written_out, hw, check_hazards=False)
     for _ in range(ROUNDS):
@@ -90,7 +91,7 @@ def _round(program: Program, timing, places: list, hw: Hardware) -> Program:
     if not weights:
         return program
     stretches = [_stretches(k, t, hw) for k, t in zip(program.kernels, timing.kernels)]
-    high = [_gb_high_water(k) for k in program.kernels]
+    high = [gb_high_water(k) for k in program.kernels]
     inserts: list[list[tuple[int, Dma]]] = [[] for _ in program.kernels]
     sources: dict[int, dict[int, Operand]] = {}  # reader -> load position -> its new source
     held = [0] * hw.clusters  # bytes of the copies each GB holds
@@ -102,7 +103,7 @@ def _round(program: Program, timing, places: list, hw: Hardware) -> Program:
         if not loads:
             continue
         first = pieces[0][0]
-        at = _place(end - w.lo, max(high[first:w.reader + 1]), first, w.reader, places, hw.gb_bytes)
+        at = gb_place(end - w.lo, max(high[first:w.reader + 1]), first, w.reader, places, hw.gb_bytes)
         if at is None:
             continue
         places.append((first, w.reader, at, at + end - w.lo))
@@ -239,7 +240,7 @@ def _gb_bytes(kernel: Kernel, timing: KernelTiming, stretches: list, hw: Hardwar
     return out
 
 
-def _gb_high_water(kernel: Kernel) -> int:
+def gb_high_water(kernel: Kernel) -> int:
     """The end of the highest GB bytes a kernel (written out) touches, in any GB."""
     top = 0
     for ins in kernel.instructions:
@@ -267,7 +268,7 @@ def _pieces(w: _Weight, stretches: list[list[_Stretch]], owner: int) -> list:
     return out
 
 
-def _place(size: int, floor: int, first: int, last: int, places: list, gb_bytes: int) -> int | None:
+def gb_place(size: int, floor: int, first: int, last: int, places: list, gb_bytes: int) -> int | None:
     """The lowest GB offset (64-byte aligned) from ``floor`` where ``size`` bytes overlap no place
     taken over kernels ``first``..``last``, or None where none fits."""
     at = math.ceil(floor / 64) * 64

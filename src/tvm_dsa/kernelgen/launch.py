@@ -20,6 +20,7 @@ from dataclasses import replace
 from tvm_dsa.isa import Dma, Operand, Program, TensorArg, moved
 from tvm_dsa.kernel.ir import align
 from tvm_dsa.kernelgen.ahead import loaded_ahead
+from tvm_dsa.kernelgen.resident import kept_in_gbs
 from tvm_dsa.kernelgen.rewrite import DSACall
 from tvm_dsa.schedule.graph import OpGraph
 from tvm_dsa.schedule.plan import KernelSpec
@@ -148,7 +149,9 @@ def _joined(calls: list[DSACall], programs: list[Program], graph: OpGraph, views
     outputs = [t for call in calls for t in call.outputs if t in read_outside]
     name = f"{calls[0].spec.name}..{calls[-1].spec.name}"
     aliases = {graph.nodes[v].output: graph.nodes[v].inputs[0] for v in views}
-    program = loaded_ahead(joined_program(programs, inputs, outputs, name, aliases))
+    places: list = []  # the GB places the regions kept there take
+    program = kept_in_gbs(joined_program(programs, inputs, outputs, name, aliases), places)
+    program = loaded_ahead(program, places)
     return DSACall(KernelSpec(name, tuple(layers), calls[0].spec.plan), program.serialize(), tuple(inputs),
                    tuple(outputs))
 

@@ -1,0 +1,101 @@
+"""Scratch kept in the GBs (``kernelgen.resident``): the DDR bytes a launch's kernels write and read
+back move into one GB place, every transfer of them rewritten alike, with the same values and
+fewer cycles; bytes read before any transfer writes them stay in DDR."""
+
+from dataclasses import replace
+
+import numpy as np
+from helpers import ddr, lb, make_program
+
+from tvm_dsa import hardware
+from tvm_dsa.isa import Dma, Operand, TensorArg, Vector, validate
+from tvm_dsa.kernelgen.resident import kept_in_gbs
+from tvm_dsa.runtime import simulate
+from tvm_dsa.runtime.timing import simulate_program
+
+HW = hardware.get("stcp920")
+N = 8192  # float16 values each of two cores writes of the scratch t
+F16 = "float16"
+X, Y, COPY, T, U = 0, 4 * N, 8 * N, 12 * N, 16 * N  # DDR offsets: x, y, the copy of t, t, u
+
+
+def gb(off: int, cluster: int, *strides: int) -> Operand:
+    return Operand("gb", cluster, off, F16, strides)
+
+
+def _program(unwritten: bool = False, copied_by: int | None = None):
+    """Kernel 0: cores 0 and 8 (clusters 0 and 1) load their halves of ``x`` and store them into
+    the scratch ``t``. Kernel 1 (chained): each cluster's DMA promotes ``t`` into its GB (one
+    multicast), core 0 adds its GB copy's first half to its LB and core 8 loads the second half
+    of ``t`` straight from DDR; both store into ``y``. With ``unwritten``, core 0 also adds bytes
+    ``u`` of the scratch nobody writes (zeros in DDR); with ``copied_by`` a core, its cluster's DMA
+    copies ``t`` to the output ``copy`` in DDR."""
+    first = []
+    for half, core in enumerate((0, 8)):
+        first += [Dma(core, (N,), lb(0, F16, 1, core=core), ddr(X + 2 * N * half, F16, 1)),
+                  Dma(core, (N,), ddr(T + 2 * N * half, F16, 1), lb(0, F16, 1, core=core), deps=(len(first),))]
+    second = [Dma(core, (2 * N,), gb(0, core // 8, 1), ddr(T, F16, 1), multicast=True) for core in (0, 8)]
+    second += [Dma(0, (N,), lb(2 * N, F16, 1), gb(0, 0, 1), deps=(0,)),
+               Vector(0, "vme", "add", (N,), lb(0, F16, 1), (lb(0, F16, 1), lb(2 * N, F16, 1)), deps=(2,))]
+    if unwritten:
+        second += [Dma(0, (N,), lb(2 * N, F16, 1), ddr(U, F16, 1), deps=(3,)),
+                   Vector(0, "vme", "add", (N,), lb(0, F16, 1), (lb(0, F16, 1), lb(2 * N, F16, 1)),
+                          deps=(len(second),))]
+    second.append(Dma(0, (N,), ddr(Y, F16, 1), lb(0, F16, 1), deps=(len(second) - 1,)))
+    second += [Dma(8, (N,), lb(0, F16, 1, core=8), ddr(T + 2 * N, F16, 1)),
+               Dma(8, (N,), ddr(Y + 2 * N, F16, 1), lb(0, F16, 1, core=8), deps=(len(second),))]
+    args = [TensorArg("x", "input", (2 * N,), F16, F16, X), TensorArg("y", "output", (2 * N,), F16, F16, Y)]
+    if copied_by is not None:
+        second.append(Dma(copied_by, (2 * N,), ddr(COPY, F16, 1), ddr(T, F16, 1)))
+        args.append(TensorArg("copy", "output", (2 * N,), F16, F16, COPY))
+    program = make_program([first, second], args, U + 2 * N)
+    return replace(program, kernels=(program.kernels[0], replace(program.kernels[1], chained=True)))
+
+
+def _outputs(program):
+    x = np.random.default_rng(0).standard_normal(2 * N).astype(np.float16)
+    return simulate(program, [x]).outputs, x
+
+
+def _scratch_operands(program) -> list:
+    return [o for k in program.kernels for i in k.instructions if type(i) is Dma for o in (i.src, i.dst)
+            if o.mem == "ddr" and o.offset >= T]
+
+
+def test_a_tensor_between_two_kernels_stays_in_one_gb():
+    program = _program()
+    places: list = []
+    kept = kept_in_gbs(program, places)
+    validate(kept)
+    assert _scratch_operands(kept) == []  # no transfer of t touches DDR
+    stores = [i for i in kept.kernels[0].instructions if i.dst.mem == "gb"]
+    ((owner, at),) = {(i.dst.index, i.dst.offset - 2 * N * n) for n, i in enumerate(stores)}
+    assert places == [(0, 1, at, at + 4 * N)] and at >= 2 * N * 2  # above the GB bytes the kernels use
+    promotions = [i for i in kept.kernels[1].instructions if i.dst.mem == "gb"]
+    assert [(i.src.mem, i.src.index, i.src.offset, i.dst.index, i.multicast) for i in promotions] == \
+        [("gb", owner, at, 0, True), ("gb", owner, at, 1, True)]  # a multicast from that GB to both
+    direct = kept.kernels[1].instructions[-2]
+    assert (direct.src.mem, direct.src.index, direct.src.offset) == ("gb", owner, at + 2 * N)
+    assert simulate_program(kept, HW).cycles < simulate_program(program, HW).cycles  # dependency tokens checked
+    (y,), x = _outputs(kept)
+    np.testing.assert_array_equal(y, _outputs(program)[0][0])
+    np.testing.assert_array_equal(y[:N], (x[:N].astype(np.float32) * 2).astype(np.float16))
+
+
+def test_bytes_read_before_they_are_written_stay_in_ddr():
+    program = _program(unwritten=True)
+    kept = kept_in_gbs(program, [])
+    assert [o.offset for o in _scratch_operands(kept)] == [U]  # t moved, u (never written) did not
+    np.testing.assert_array_equal(_outputs(kept)[0][0], _outputs(program)[0][0])
+
+
+def test_a_cluster_dma_copying_the_tensor_to_ddr_keeps_it_in_its_own_gb():
+    program = _program(copied_by=8)
+    kept = kept_in_gbs(program, [])
+    validate(kept)
+    copy = kept.kernels[1].instructions[-1]
+    assert (copy.src.mem, copy.src.index, copy.dst.mem) == ("gb", 1, "ddr")  # cluster 1's DMA: its GB
+    assert {i.dst.index for i in kept.kernels[0].instructions if i.dst.mem == "gb"} == {1}
+    y, copied = _outputs(kept)[0]
+    np.testing.assert_array_equal(copied, _outputs(program)[0][1])
+    np.testing.assert_array_equal(y, _outputs(program)[0][0])
