@@ -249,3 +249,12 @@ def with_gate_outputs(model):
     copy.CopyFrom(model)
     copy.graph.output.extend(helper.make_tensor_value_info(c, TensorProto.BOOL, []) for c in conds)
     return copy
+
+
+def scratch_in_ddr(monkeypatch) -> None:
+    """Joined launches keep their scratch in DDR (``kernelgen.resident`` off): what joining alone
+    changes, one launch fewer, is then exactly what a test sees."""
+    import tvm_dsa.kernelgen.launch as launch
+
+    monkeypatch.setattr(launch, "kept_in_gbs", lambda program, places: program)
+

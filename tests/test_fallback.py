@@ -7,6 +7,7 @@ import re
 import numpy as np
 import pytest
 import tvm
+from helpers import scratch_in_ddr
 from onnx import TensorProto as TP
 from onnx import helper as h
 from onnx import numpy_helper as nh
@@ -128,12 +129,13 @@ def test_a_set_tree_that_does_not_build_runs_its_layers_one_kernel_each(monkeypa
 def test_an_unstitched_sub_graph_runs_its_layers_as_layerwise_does(monkeypatch, rng):
     """A sub-graph that does not build (two convolutions) runs its layers one kernel each, as
     layerwise runs them: the same kernels and values, and the cycles but a launch (graphturbo
-    launches the two together, ``kernelgen.launch``). The Flatten after them is no layer of the
-    sub-graph: a view on the host under both schedules."""
+    launches the two together, ``kernelgen.launch``, its scratch in DDR). The Flatten after them
+    is no layer of the sub-graph: a view on the host under both schedules."""
     def broken(*_args, **_kwargs):
         raise IndexError("tuple index out of range")
 
     monkeypatch.setattr(importlib.import_module("tvm_dsa.kernelgen.stitched"), "emit_stitched", broken)
+    scratch_in_ddr(monkeypatch)
     w = rng.standard_normal((8, 4, 3, 3)).astype("float32")
     w2 = rng.standard_normal((8, 8, 3, 3)).astype("float32")
     graph = h.make_graph(
