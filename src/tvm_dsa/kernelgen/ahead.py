@@ -27,7 +27,7 @@ from tvm_dsa.emit.emitter import PROMOTE
 from tvm_dsa.hardware.model import Hardware
 from tvm_dsa.isa import Dma, Kernel, LayerMark, Operand, Program
 from tvm_dsa.runtime.cost import dma_demand
-from tvm_dsa.runtime.timing import KernelTiming, simulate_program
+from tvm_dsa.runtime.timing import KernelTiming, ProgramTiming, simulate_program
 
 IDLE_SHARE = 0.75  # of an idle stretch of DDR, what a copy may take (the kernel's own transfers shift)
 MIN_STRETCH = 256  # cycles: shorter idle stretches take no copy
@@ -59,16 +59,17 @@ class _Stretch:
     rate: dict[int, float]  # per GB, bytes per cycle a copy into it may move: DDR's, or what its port has left
 
 
-def loaded_ahead(program: Program, taken: list) -> Program:
+def loaded_ahead(program: Program, taken: list, timing: ProgramTiming | None = None) -> Program:
     """``program`` with its chained kernels' weights loaded ahead into the GBs (module docstring),
     or ``program`` itself where none is or that is not faster; ``taken``: the GB places (first
-    kernel, last kernel, lo, hi) other passes keep, which the copies avoid."""
+    kernel, last kernel, lo, hi) other passes keep, which the copies avoid; ``timing``: the
+    program's, written out, where a pass before has it."""
     hw = Hardware.from_dict(program.hardware)
     if len(program.kernels) < 2 or not hw.multicast_dma:
         return program
     places = list(taken)  # (first kernel, last kernel, lo, hi) of the GB places taken
     written_out = out = program.expanded()
-    best = simulate_program(written_out, hw, check_hazards=False)
+    best = timing or simulate_program(written_out, hw, check_hazards=False)
     for _ in range(ROUNDS):
         changed = _round(out, best, places, hw)
         if changed is out:

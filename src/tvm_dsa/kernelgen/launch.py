@@ -150,8 +150,8 @@ def _joined(calls: list[DSACall], programs: list[Program], graph: OpGraph, views
     name = f"{calls[0].spec.name}..{calls[-1].spec.name}"
     aliases = {graph.nodes[v].output: graph.nodes[v].inputs[0] for v in views}
     places: list = []  # the GB places the regions kept there take
-    program = kept_in_gbs(joined_program(programs, inputs, outputs, name, aliases), places)
-    program = loaded_ahead(program, places)
+    program, timing = kept_in_gbs(joined_program(programs, inputs, outputs, name, aliases), places)
+    program = loaded_ahead(program, places, timing)
     return DSACall(KernelSpec(name, tuple(layers), calls[0].spec.plan), program.serialize(), tuple(inputs),
                    tuple(outputs))
 

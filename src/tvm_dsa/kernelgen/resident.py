@@ -23,7 +23,7 @@ import numpy as np
 from tvm_dsa.hardware.model import Hardware
 from tvm_dsa.isa import Dma, Operand, Program
 from tvm_dsa.kernelgen.ahead import gb_high_water, gb_place
-from tvm_dsa.runtime.timing import simulate_program
+from tvm_dsa.runtime.timing import ProgramTiming, simulate_program
 
 
 @dataclass
@@ -36,13 +36,14 @@ class _Region:
     last: int
 
 
-def kept_in_gbs(program: Program, places: list) -> Program:
-    """``program`` with its DDR scratch regions kept in the GBs (module docstring), or ``program``
-    itself where none moves or that is not faster; ``places`` grows by the GB places (first
-    kernel, last kernel, lo, hi) the regions take."""
+def kept_in_gbs(program: Program, places: list) -> tuple[Program, ProgramTiming | None]:
+    """(``program`` with its DDR scratch regions kept in the GBs (module docstring), or ``program``
+    itself where none moves or that is not faster; its timing, written out, where it was timed:
+    ``loaded_ahead`` starts from it). ``places`` grows by the GB places (first kernel, last
+    kernel, lo, hi) the regions take."""
     hw = Hardware.from_dict(program.hardware)
     if hw.interconnect == "mesh" or not hw.multicast_dma:
-        return program
+        return program, None
     written_out = program.expanded()
     regions = [r for r in _regions(written_out) if _written_first(written_out, r)]
     high = [gb_high_water(k) for k in written_out.kernels]
@@ -59,15 +60,15 @@ def kept_in_gbs(program: Program, places: list) -> Program:
             held[owner] += r.hi - r.lo
             moves.append((r.lo, r.hi, owner, at))
     if not moves:
-        return program
+        return program, None
     out = _moved(written_out, moves)
-    if simulate_program(out, hw, check_hazards=False).cycles >= \
-            simulate_program(written_out, hw, check_hazards=False).cycles:
-        return program
+    before, after = (simulate_program(p, hw, check_hazards=False) for p in (written_out, out))
+    if after.cycles >= before.cycles:
+        return program, before
     places += taken
     # the kernels left as they were keep their replicas
-    return replace(out, kernels=tuple(k if new is old else new
-                                      for k, old, new in zip(program.kernels, written_out.kernels, out.kernels)))
+    return replace(out, kernels=tuple(k if new is old else new for k, old, new in
+                                      zip(program.kernels, written_out.kernels, out.kernels))), after
 
 
 def _regions(program: Program) -> list[_Region]:
