@@ -4,7 +4,8 @@ Each kernel launch costs the chip ``kernel_launch_cycles``. ``launch_together`` 
 DSA calls of ``main`` into one call whose program holds their kernels in order, all but the first
 chained (``isa.Kernel.chained``): each starts once the one before has finished on all its cores,
 as after a launch, but without one. A tensor only the run itself reads stays in the program's
-DDR; the VM no longer sees it.
+DDR, or in a GB where that times faster (``resident.kept_in_gbs``); the VM no longer sees it. The
+joined program's later kernels then load their weights ahead (``ahead.loaded_ahead``).
 
 A run is joined only where that keeps ``main`` a DAG of calls: no host kernel (or any binding that
 is not a layer) reads what one call of the run writes and writes what a later one reads (but a
@@ -141,7 +142,8 @@ def _confined(program: Program) -> bool:
 
 def _joined(calls: list[DSACall], programs: list[Program], graph: OpGraph, views: set) -> DSACall:
     """One call running ``calls`` (in order), one launch, and the ``views`` between them: it takes
-    what they take from outside the run and returns what is read outside it."""
+    what they take from outside the run and returns what is read outside it; its scratch kept in
+    the GBs and its weights loaded ahead where faster."""
     layers = [c for call in calls for c in call.spec.calls] + [graph.nodes[v].name for v in sorted(views)]
     made = {t for call in calls for t in call.outputs} | {graph.nodes[v].output for v in views}
     _, read_outside = graph.boundary([graph.nodes[graph.tensors[c].producer] for c in layers])
