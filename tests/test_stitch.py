@@ -495,6 +495,24 @@ def test_a_single_sample_attention_splits_its_rows_over_the_clusters(rng):
     assert info.instances % HW.clusters == 0 and info.recompute == 1.0
 
 
+def test_a_single_samples_classifier_splits_its_columns_over_the_clusters(rng):
+    """A classifier at batch 1 (ReLU, then 1 x 1280 @ 1280 x 1000 + bias) has one row to split:
+    its columns are cut instead, one range a cluster (``stitch.plan_instances``: the instances
+    tried include one a cluster), each cluster reading its own quarter of the weight where one
+    cluster read all of it through its GB's port. The values are llvm's."""
+    op = relax.op
+    w = relax.const((rng.standard_normal((1280, 1000)) * 0.05).astype("float32"))
+    b = relax.const(rng.standard_normal(1000).astype("float32"))
+    mod = relax_graph([(1, 1280)], lambda x: op.add(op.matmul(op.nn.relu(x), w), b))
+    arg = rng.standard_normal((1, 1280)).astype("float32")
+    ref = _llvm(mod, [arg])
+    vm, result = _run(mod, "graphturbo")
+    out = vm["main"](tvm.runtime.tensor(arg)).numpy()
+    assert np.abs(out - ref).max() / np.abs(ref).max() < 5e-3
+    (info,) = result.stitched.values()
+    assert info.instances == HW.clusters and info.recompute <= RECOMPUTE_LIMIT
+
+
 def _transition(rng, c: int = 128, rows: int = 56):
     """relu(x * s + b) -> a 1 x 1 convolution to c / 2 channels -> 2 x 2 average pooling -> a
     1 x 1 convolution to c / 4 and relu (a DenseNet transition and the next block's first

@@ -191,17 +191,24 @@ def plan_instances(layers: list[Layer], prints: dict, outputs: list[str], loop: 
     # (the loops kept whole, the loop cut): the scheduler's loop and those outside it, then, given
     # the chip, the batch with one inner loop cut alone: the rows (the second-to-last loop: a
     # sequence's tokens, an image's rows) and those after the second (not an image's channels: a
-    # channel split makes every instance compute all its producers' channels)
+    # channel split makes every instance compute all its producers' channels), and a 2-d output's
+    # columns (a classifier at batch 1, one row: MobileNetV2's read its 2.56 MB of weights on one
+    # cluster, through one GB's port)
     cuts = [(tuple(range(lp)), lp) for lp in range(min(loop, last), -1, -1)]
     if hw is not None:
-        cuts += [((0,), lp) for lp in sorted({last - 1, *range(2, last + 1)}) if lp > 0 and ((0,), lp) not in cuts]
+        cuts += [((0,), lp) for lp in sorted({last - 1, last, *range(2, last)}) if lp > 0 and ((0,), lp) not in cuts]
     start = groups
     for whole, loop in cuts:
         extent = int(grid[:, loop].max()) + 1
         groups = min(start if whole == tuple(range(loop)) else hw.clusters * hw.cores_per_cluster, extent)
+        tries = []  # the groups tried: halved each time, and with a sample's rows split, one a cluster
         while groups > 1:
-            size = -(-extent // groups)
+            tries.append(groups)
             groups = (groups + 1) // 2
+        if few and tries and tries[0] > hw.clusters:
+            tries = sorted({*tries, hw.clusters}, reverse=True)
+        for groups in tries:
+            size = -(-extent // groups)
             if (whole, loop, size) in tried:
                 continue
             tried.add((whole, loop, size))
