@@ -15,30 +15,39 @@ from tvm_dsa.runtime.timing import simulate_program
 HW = hardware.get("stcp920")
 N = 16384  # float16 elements of the weight: 32 KiB
 X, W, T, Y = 0, 4096, 4096 + 2 * N, 8192 + 2 * N  # DDR offsets of x, w, the kernels' scratch, y
+ROWS, COLUMNS = 64, N // 64  # the weight's shape where each core loads half of its columns
 
 
-def _program(busy_ops: int, writes_weight: bool = False):
+def _program(busy_ops: int, writes_weight: bool = False, columns: bool = False, halves=(0, 1)):
     """Kernel 0: core 0 loads ``x`` (256 values), runs ``busy_ops`` additions over 8192 values of
     its LB (DDR idle) and stores ``x`` to the scratch ``t``. Kernel 1 (chained): cores 0 and 8 (two clusters)
     each load the weight ``w`` from DDR, add ``t`` to its first 256 values and store them into
-    their half of ``y``. With ``writes_weight`` kernel 0 also overwrites ``w``'s first values."""
+    their half of ``y``. With ``writes_weight`` kernel 0 also overwrites ``w``'s first values; with
+    ``columns`` the weight is ``ROWS`` x ``COLUMNS`` and each core loads half of its columns (of
+    ``halves``: which cores take part)."""
     f16 = "float16"
     first = [Dma(0, (256,), lb(0, f16, 1), ddr(X, f16, 1))]
     for n in range(busy_ops):
         first.append(Vector(0, "vme", "add", (8192,), lb(4096, f16, 1), (lb(4096, f16, 1), 1.0),
                             deps=(len(first) - 1,)))
     first.append(Dma(0, (256,), ddr(T, f16, 1), lb(0, f16, 1), deps=(len(first) - 1,)))
+    if columns:  # a core of the second cluster busy too: its DMA queue may copy into its GB
+        first += [Vector(8, "vme", "add", (8192,), lb(4096, f16, 1, core=8), (lb(4096, f16, 1, core=8), 1.0))]
     if writes_weight:
         first.append(Dma(0, (256,), ddr(W, f16, 1), lb(0, f16, 1), deps=(len(first) - 1,)))
     second = []
-    for half, core in enumerate((0, 8)):
+    for half, core in [(h, 8 * h) for h in halves]:
         at = len(second)
-        second += [Dma(core, (N,), lb(0, f16, 1, core=core), ddr(W, f16, 1), multicast=True),
+        load = (Dma(core, (ROWS, COLUMNS // 2), lb(0, f16, COLUMNS // 2, 1, core=core),
+                    ddr(W + half * COLUMNS, f16, COLUMNS, 1)) if columns else
+                Dma(core, (N,), lb(0, f16, 1, core=core), ddr(W, f16, 1), multicast=True))
+        second += [load,
                    Dma(core, (256,), lb(2 * N, f16, 1, core=core), ddr(T, f16, 1)),
                    Vector(core, "vme", "add", (256,), lb(0, f16, 1, core=core),
                           (lb(0, f16, 1, core=core), lb(2 * N, f16, 1, core=core)), deps=(at, at + 1)),
                    Dma(core, (256,), ddr(Y + 512 * half, f16, 1), lb(0, f16, 1, core=core), deps=(at + 2,))]
-    args = [TensorArg("x", "input", (256,), f16, f16, X), TensorArg("w", "input", (N,), f16, f16, W),
+    args = [TensorArg("x", "input", (256,), f16, f16, X),
+            TensorArg("w", "input", (ROWS, COLUMNS) if columns else (N,), f16, f16, W),
             TensorArg("y", "output", (512,), f16, f16, Y)]
     program = make_program([first, second], args, Y + 1024)
     return replace(program, kernels=(program.kernels[0], replace(program.kernels[1], chained=True)))
@@ -86,3 +95,34 @@ def test_no_copy_where_ddr_has_no_time_to_spare_or_the_weight_is_written():
     assert loaded_ahead(short, []) is short
     written = _program(busy_ops=40, writes_weight=True)
     assert loaded_ahead(written, []) is written
+
+
+def test_the_columns_each_cluster_reads_are_copied_into_its_own_gb():
+    program = _program(busy_ops=40, columns=True)
+    ahead = loaded_ahead(program, [])
+    validate(ahead)
+    before, after = simulate_program(program, HW), simulate_program(ahead, HW)
+    copies = [i for i in ahead.kernels[0].instructions if type(i) is Dma and i.dst.mem == "gb"]
+    # one box a cluster: its columns of every row, packed in its own GB
+    assert sorted((i.dst.index, i.src.offset % (2 * COLUMNS), i.src.strides, i.dst.strides) for i in copies) == sorted(
+        {(c, W % (2 * COLUMNS) + c * COLUMNS, (COLUMNS, 1), (COLUMNS // 2, 1)) for c in (0, 1)})
+    assert sum(np.prod(i.shape) for i in copies) == N
+    loads = [i for i in ahead.kernels[1].instructions if type(i) is Dma and i.shape == (ROWS, COLUMNS // 2)]
+    assert [(i.src.mem, i.src.index, i.src.strides) for i in loads] == [("gb", 0, (COLUMNS // 2, 1)),
+                                                                       ("gb", 1, (COLUMNS // 2, 1))]
+    assert after.kernels[1].cycles < before.kernels[1].cycles
+    x, w = _inputs()
+    expected = simulate(program, [x, w.reshape(ROWS, COLUMNS)]).outputs[0]
+    np.testing.assert_array_equal(simulate(ahead, [x, w.reshape(ROWS, COLUMNS)]).outputs[0], expected)
+    halves = w.reshape(ROWS, COLUMNS)[:2].reshape(2, 2, COLUMNS // 2).transpose(1, 0, 2).reshape(2, 256)
+    np.testing.assert_array_equal(expected, (halves.astype(np.float32) + x).astype(np.float16).reshape(-1))
+
+
+def test_the_columns_one_cluster_reads_are_copied_without_the_others():
+    program = _program(busy_ops=40, columns=True, halves=(1,))
+    ahead = loaded_ahead(program, [])
+    (copy,) = [i for i in ahead.kernels[0].instructions if type(i) is Dma and i.dst.mem == "gb"]
+    assert (copy.dst.index, copy.src.offset, copy.shape) == (1, W + COLUMNS, (ROWS, COLUMNS // 2))
+    x, w = _inputs()
+    np.testing.assert_array_equal(simulate(ahead, [x, w.reshape(ROWS, COLUMNS)]).outputs[0],
+                                  simulate(program, [x, w.reshape(ROWS, COLUMNS)]).outputs[0])

@@ -70,7 +70,7 @@ def test_a_tensor_between_two_kernels_stays_in_one_gb():
     assert _scratch_operands(kept) == []  # no transfer of t touches DDR
     stores = [i for i in kept.kernels[0].instructions if i.dst.mem == "gb"]
     ((owner, at),) = {(i.dst.index, i.dst.offset - 2 * N * n) for n, i in enumerate(stores)}
-    assert places == [(0, 1, at, at + 4 * N)] and at >= 2 * N * 2  # above the GB bytes the kernels use
+    assert places == [(0, 1, at, at + 4 * N, owner)] and at >= 2 * N * 2  # above the GB bytes the kernels use
     promotions = [i for i in kept.kernels[1].instructions if i.dst.mem == "gb"]
     assert [(i.src.mem, i.src.index, i.src.offset, i.dst.index, i.multicast) for i in promotions] == \
         [("gb", owner, at, 0, True), ("gb", owner, at, 1, True)]  # a multicast from that GB to both

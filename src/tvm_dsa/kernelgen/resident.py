@@ -40,7 +40,7 @@ def kept_in_gbs(program: Program, places: list) -> tuple[Program, ProgramTiming 
     """(``program`` with its DDR scratch regions kept in the GBs (module docstring), or ``program``
     itself where none moves or that is not faster; its timing, written out, where it was timed:
     ``loaded_ahead`` starts from it). ``places`` grows by the GB places (first kernel, last
-    kernel, lo, hi) the regions take."""
+    kernel, lo, hi, GB) the regions take."""
     hw = Hardware.from_dict(program.hardware)
     if hw.interconnect == "mesh" or not hw.multicast_dma:
         return program, None
@@ -54,9 +54,10 @@ def kept_in_gbs(program: Program, places: list) -> tuple[Program, ProgramTiming 
         if len(need) > 1:
             continue
         owner = need.pop() if need else min(range(hw.clusters), key=lambda c: (held[c], c))
-        at = gb_place(r.hi - r.lo, max(high[r.first:r.last + 1]), r.first, r.last, places + taken, hw.gb_bytes)
+        at = gb_place(r.hi - r.lo, max(high[r.first:r.last + 1]), r.first, r.last, places + taken, owner,
+                      hw.gb_bytes)
         if at is not None:
-            taken.append((r.first, r.last, at, at + r.hi - r.lo))
+            taken.append((r.first, r.last, at, at + r.hi - r.lo, owner))
             held[owner] += r.hi - r.lo
             moves.append((r.lo, r.hi, owner, at))
     if not moves:
