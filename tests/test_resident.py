@@ -23,11 +23,12 @@ def gb(off: int, cluster: int, *strides: int) -> Operand:
     return Operand("gb", cluster, off, F16, strides)
 
 
-def _program(unwritten: bool = False, copied_by: int | None = None):
+def _program(unwritten: bool = False, copied_by: int | None = None, promoted_by: int | None = None):
     """Kernel 0: cores 0 and 8 (clusters 0 and 1) load their halves of ``x`` and store them into
     the scratch ``t``. Kernel 1 (chained): each cluster's DMA promotes ``t`` into its GB (one
     multicast), core 0 adds its GB copy's first half to its LB and core 8 loads the second half
-    of ``t`` straight from DDR; both store into ``y``. With ``unwritten``, core 0 also adds bytes
+    of ``t`` straight from DDR; both store into ``y``. With ``promoted_by`` a core, its cluster's
+    DMA also copies its GB copy of ``t`` to the output ``copy``. With ``unwritten``, core 0 also adds bytes
     ``u`` of the scratch nobody writes (zeros in DDR); with ``copied_by`` a core, its cluster's DMA
     copies ``t`` to the output ``copy`` in DDR."""
     first = []
@@ -47,6 +48,10 @@ def _program(unwritten: bool = False, copied_by: int | None = None):
     args = [TensorArg("x", "input", (2 * N,), F16, F16, X), TensorArg("y", "output", (2 * N,), F16, F16, Y)]
     if copied_by is not None:
         second.append(Dma(copied_by, (2 * N,), ddr(COPY, F16, 1), ddr(T, F16, 1)))
+        args.append(TensorArg("copy", "output", (2 * N,), F16, F16, COPY))
+    if promoted_by is not None:
+        second.append(Dma(promoted_by, (2 * N,), ddr(COPY, F16, 1), gb(0, promoted_by // 8, 1),
+                          deps=(promoted_by // 8,)))
         args.append(TensorArg("copy", "output", (2 * N,), F16, F16, COPY))
     program = make_program([first, second], args, U + 2 * N)
     return replace(program, kernels=(program.kernels[0], replace(program.kernels[1], chained=True)))
@@ -71,10 +76,10 @@ def test_a_tensor_between_two_kernels_stays_in_one_gb():
     stores = [i for i in kept.kernels[0].instructions if i.dst.mem == "gb"]
     ((owner, at),) = {(i.dst.index, i.dst.offset - 2 * N * n) for n, i in enumerate(stores)}
     assert places == [(0, 1, at, at + 4 * N, owner)] and at >= 2 * N * 2  # above the GB bytes the kernels use
-    promotions = [i for i in kept.kernels[1].instructions if i.dst.mem == "gb"]
-    assert [(i.src.mem, i.src.index, i.src.offset, i.dst.index, i.multicast) for i in promotions] == \
-        [("gb", owner, at, 0, True), ("gb", owner, at, 1, True)]  # a multicast from that GB to both
-    direct = kept.kernels[1].instructions[-2]
+    # the promotions into each cluster's GB are dropped: core 0 loads the region itself, at once
+    assert [i for i in kept.kernels[1].instructions if i.dst.mem == "gb"] == []
+    load, direct = kept.kernels[1].instructions[0], kept.kernels[1].instructions[-2]
+    assert (load.src.mem, load.src.index, load.src.offset, load.deps) == ("gb", owner, at, ())
     assert (direct.src.mem, direct.src.index, direct.src.offset) == ("gb", owner, at + 2 * N)
     after = simulate_program(kept, HW)  # dependency tokens checked
     assert after.cycles < simulate_program(program, HW).cycles
@@ -98,6 +103,21 @@ def test_a_cluster_dma_copying_the_tensor_to_ddr_keeps_it_in_its_own_gb():
     copy = kept.kernels[1].instructions[-1]
     assert (copy.src.mem, copy.src.index, copy.dst.mem) == ("gb", 1, "ddr")  # cluster 1's DMA: its GB
     assert {i.dst.index for i in kept.kernels[0].instructions if i.dst.mem == "gb"} == {1}
+    y, copied = _outputs(kept)[0]
+    np.testing.assert_array_equal(copied, _outputs(program)[0][1])
+    np.testing.assert_array_equal(y, _outputs(program)[0][0])
+
+
+def test_a_promotion_a_cluster_dma_copies_on_to_ddr_stays():
+    """A cluster DMA reaches DDR from its own GB only: the copy it makes out of its GB copy of the
+    region cannot read the region in another GB, so that cluster's promotion stays; the other
+    cluster's, read only by a core's load, goes."""
+    program = _program(promoted_by=8)
+    kept, _ = kept_in_gbs(program, [])
+    validate(kept)
+    promotions = [i for i in kept.kernels[1].instructions if i.dst.mem == "gb"]
+    assert [(i.src.mem, i.dst.index) for i in promotions] == [("gb", 1)]
+    assert kept.kernels[1].instructions[-1].src == gb(0, 1, 1)  # the copy out reads the promotion's copy
     y, copied = _outputs(kept)[0]
     np.testing.assert_array_equal(copied, _outputs(program)[0][1])
     np.testing.assert_array_equal(y, _outputs(program)[0][0])

@@ -9,8 +9,11 @@ GB that no kernel from its first writer to its last reader uses, every transfer 
 alike: a store from an LB goes to the GB, a copy out of a cluster's GB or a promotion into it
 becomes a copy between two GBs across the bus, a multicast from DDR one from the GB. The GB is
 the one holding least of such regions so far. A region is moved only where every byte a transfer
-reads of it was written before (DDR starts zeroed, a GB place holds what was there), and kept
-only where the program times faster.
+reads of it was written before (DDR starts zeroed, a GB place holds what was there). Its
+promotions are then dropped where every transfer reading the copy can read the region instead
+(``_read_in_place``): a reader kernel's tiles load their rows from the region's GB across the bus
+as soon as they start, where each cluster first copied the whole tensor into its own GB. Kept only
+where the program times faster, with the promotions or without.
 """
 
 from __future__ import annotations
@@ -21,7 +24,7 @@ from dataclasses import dataclass, replace
 import numpy as np
 
 from tvm_dsa.hardware.model import Hardware
-from tvm_dsa.isa import Dma, Operand, Program
+from tvm_dsa.isa import Dma, Kernel, Operand, Program
 from tvm_dsa.kernelgen.ahead import gb_high_water, gb_place
 from tvm_dsa.runtime.timing import ProgramTiming, simulate_program
 
@@ -62,8 +65,11 @@ def kept_in_gbs(program: Program, places: list) -> tuple[Program, ProgramTiming 
             moves.append((r.lo, r.hi, owner, at))
     if not moves:
         return program, None
-    out = _moved(written_out, moves)
-    before, after = (simulate_program(p, hw, check_hazards=False) for p in (written_out, out))
+    moved = _moved(written_out, moves)
+    ways = [(p, simulate_program(p, hw, check_hazards=False))
+            for p in (written_out, moved, _read_in_place(moved, moves, hw.cores_per_cluster))]
+    out, after = min(ways[1:], key=lambda way: way[1].cycles)
+    before = ways[0][1]
     if after.cycles >= before.cycles:
         return program, before
     places += taken
@@ -156,3 +162,79 @@ def _moved(program: Program, moves: list) -> Program:
         changed = any(new is not old for new, old in zip(stream, k.instructions))
         kernels.append(replace(k, instructions=tuple(stream)) if changed else k)
     return replace(program, kernels=tuple(kernels))
+
+
+def _read_in_place(program: Program, moves: list, cores_per_cluster: int) -> Program:
+    """``program`` (written out, the regions of ``moves`` in their GBs) with each copy of a region
+    into a GB (a promotion) dropped where every transfer that reads the copy before it is written
+    again can read the region instead: a core's load (from any GB, across the bus) or a cluster
+    DMA's copy into its own GB. The kernel's first tiles then wait for no copy of its whole input,
+    and the region's GB port moves each byte once instead of copying it into every GB first."""
+    places = [(gb, at, at + hi - lo) for lo, hi, gb, at in moves]
+
+    def in_region(o: Operand, shape) -> bool:
+        a, b = o.extent_bytes(shape)
+        return o.mem == "gb" and any(o.index == gb and lo <= a and b <= hi for gb, lo, hi in places)
+
+    kernels = []
+    for k in program.kernels:
+        stream, drop, sources = k.instructions, set(), {}
+        for n, ins in enumerate(stream):
+            if not (type(ins) is Dma and ins.dst.mem == "gb" and in_region(ins.src, ins.shape)
+                    and ins.src.strides == ins.dst.strides):
+                continue
+            readers = _readers(stream, n, cores_per_cluster)
+            if readers is not None and not readers.keys() & sources.keys():
+                drop.add(n)
+                sources.update(readers)
+        kernels.append(_without(k, drop, sources) if drop else k)
+    return replace(program, kernels=tuple(kernels))
+
+
+def _readers(stream, n: int, cores_per_cluster: int) -> dict | None:
+    """The transfers after copy ``n`` (GB to GB, one layout) that read what it wrote, before a
+    transfer writes there again, each reading the copy's source instead; None where one cannot."""
+    copy = stream[n]
+    gb, (lo, hi) = copy.dst.index, copy.dst.extent_bytes(copy.shape)
+    out = {}
+    for m in range(n + 1, len(stream)):
+        x = stream[m]
+        if type(x) is not Dma:
+            continue
+        a, b = x.dst.extent_bytes(x.shape)
+        if x.dst.mem == "gb" and x.dst.index == gb and a < hi and lo < b:
+            break
+        a, b = x.src.extent_bytes(x.shape)
+        if x.src.mem != "gb" or x.src.index != gb or b <= lo or hi <= a:
+            continue
+        own = x.dst.mem == "lb" or x.dst.mem == "gb" and x.dst.index == x.core // cores_per_cluster
+        if a < lo or hi < b or not own:
+            return None
+        out[m] = replace(x.src, index=copy.src.index, offset=x.src.offset + copy.src.offset - copy.dst.offset)
+    return out
+
+
+def _without(kernel: Kernel, drop: set, sources: dict) -> Kernel:
+    """``kernel`` (written out) with the instructions at ``drop`` taken out (what waited for one
+    waits for what it waited for; a layer mark moves to the next instruction left) and the
+    transfers at ``sources`` reading there."""
+    old = list(kernel.instructions)
+    for i, src in sources.items():
+        old[i] = replace(old[i], src=src)
+    new_of, stream = {}, []
+
+    def deps(d: int) -> tuple:
+        return (new_of[d],) if d in new_of else tuple(x for e in old[d].deps for x in deps(e))
+
+    for i, ins in enumerate(old):
+        if i in drop:
+            continue
+        new_of[i] = len(stream)
+        stream.append(replace(ins, deps=tuple(dict.fromkeys(x for d in ins.deps for x in deps(d)))) if ins.deps
+                      else ins)
+    marks = {}
+    for m in kernel.layers:
+        at = next((new_of[i] for i in range(m.first, len(old)) if i in new_of), None)
+        if at is not None:
+            marks[at] = replace(m, first=at)
+    return replace(kernel, instructions=tuple(stream), layers=tuple(marks.values()))
