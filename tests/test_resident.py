@@ -121,3 +121,26 @@ def test_a_promotion_a_cluster_dma_copies_on_to_ddr_stays():
     y, copied = _outputs(kept)[0]
     np.testing.assert_array_equal(copied, _outputs(program)[0][1])
     np.testing.assert_array_equal(y, _outputs(program)[0][0])
+
+
+def test_a_promotion_with_gaps_stays_where_a_read_within_its_extent_reads_them():
+    """Copied into the GB with gaps (every other run of 64 values: an exchange's halo rows), a
+    region's copy is read by a load spanning the gaps, which the core filled itself: that load
+    cannot read the region instead, and the copy stays (values as the original program's)."""
+    program = _program()
+    second = list(program.kernels[1].instructions)
+    runs = (N // 64, 64)  # the first half of t as runs of 64 values, every other one copied
+    second[0] = replace(second[0], shape=runs, src=Operand("ddr", 0, T, F16, (128, 1)),
+                        dst=gb(0, 0, 128, 1), multicast=False)
+    second[1] = replace(second[1], shape=runs, src=Operand("ddr", 0, T, F16, (128, 1)),
+                        dst=gb(0, 1, 128, 1), multicast=False)
+    fill = Dma(0, runs, gb(128, 0, 128, 1), lb(4 * N, F16, 64, 1), deps=(0,))  # the gaps, from core 0's LB
+    second = [second[0], second[1], fill] + [
+        replace(i, deps=tuple(d + 1 if d >= 2 else d for d in i.deps) + ((2,) if n == 0 else ()))
+        for n, i in enumerate(second[2:])]
+    program = replace(program, kernels=(program.kernels[0], replace(program.kernels[1], instructions=tuple(second))))
+    kept, _ = kept_in_gbs(program, [])
+    validate(kept)
+    assert [(i.src.mem, i.dst.index) for i in kept.kernels[1].instructions
+            if i.dst.mem == "gb" and i.src.mem == "gb"] == [("gb", 0), ("gb", 1)]
+    np.testing.assert_array_equal(_outputs(kept)[0][0], _outputs(program)[0][0])

@@ -19,6 +19,7 @@ where the program times faster, with the promotions or without.
 from __future__ import annotations
 
 import bisect
+import math
 from dataclasses import dataclass, replace
 
 import numpy as np
@@ -166,10 +167,11 @@ def _moved(program: Program, moves: list) -> Program:
 
 def _read_in_place(program: Program, moves: list, cores_per_cluster: int) -> Program:
     """``program`` (written out, the regions of ``moves`` in their GBs) with each copy of a region
-    into a GB (a promotion) dropped where every transfer that reads the copy before it is written
-    again can read the region instead: a core's load (from any GB, across the bus) or a cluster
-    DMA's copy into its own GB. The kernel's first tiles then wait for no copy of its whole input,
-    and the region's GB port moves each byte once instead of copying it into every GB first."""
+    into a kernel's own GB space (a promotion; not into a region, which later kernels read) dropped
+    where every transfer that reads the copy before it is written again can read the region
+    instead: a core's load (from any GB, across the bus) or a cluster DMA's copy into its own GB.
+    The kernel's first tiles then wait for no copy of its whole input, and the region's GB port
+    moves each byte once instead of copying it into every GB first."""
     places = [(gb, at, at + hi - lo) for lo, hi, gb, at in moves]
 
     def in_region(o: Operand, shape) -> bool:
@@ -181,7 +183,7 @@ def _read_in_place(program: Program, moves: list, cores_per_cluster: int) -> Pro
         stream, drop, sources = k.instructions, set(), {}
         for n, ins in enumerate(stream):
             if not (type(ins) is Dma and ins.dst.mem == "gb" and in_region(ins.src, ins.shape)
-                    and ins.src.strides == ins.dst.strides):
+                    and not in_region(ins.dst, ins.shape) and ins.src.strides == ins.dst.strides):
                 continue
             readers = _readers(stream, n, cores_per_cluster)
             if readers is not None and not readers.keys() & sources.keys():
@@ -192,16 +194,24 @@ def _read_in_place(program: Program, moves: list, cores_per_cluster: int) -> Pro
 
 
 def _readers(stream, n: int, cores_per_cluster: int) -> dict | None:
-    """The transfers after copy ``n`` (GB to GB, one layout) that read what it wrote, before a
-    transfer writes there again, each reading the copy's source instead; None where one cannot."""
+    """The transfers after copy ``n`` (GB to GB, one layout, no gaps) that read what it wrote,
+    before a transfer writes there again, each reading the copy's source instead; None where one
+    cannot, or where a transfer after it writes the source (which waited for the copy, not the
+    reads)."""
     copy = stream[n]
     gb, (lo, hi) = copy.dst.index, copy.dst.extent_bytes(copy.shape)
+    source, (first, end) = copy.src.index, copy.src.extent_bytes(copy.shape)
+    if math.prod(copy.shape) * copy.dst.itemsize != hi - lo or any(
+            s == 0 for s, e in zip(copy.dst.strides, copy.shape) if e > 1):
+        return None  # with gaps (an exchange's halo rows), a read within its extent may read them
     out = {}
     for m in range(n + 1, len(stream)):
         x = stream[m]
         if type(x) is not Dma:
             continue
         a, b = x.dst.extent_bytes(x.shape)
+        if x.dst.mem == "gb" and x.dst.index == source and a < end and first < b:
+            return None  # the source is written again in the kernel: the copy kept what it held
         if x.dst.mem == "gb" and x.dst.index == gb and a < hi and lo < b:
             break
         a, b = x.src.extent_bytes(x.shape)
