@@ -30,6 +30,7 @@ from tvm_dsa.emit.footprint import footprints
 from tvm_dsa.kernelgen.stitched import StitchOptions
 from tvm_dsa.packed import EXECUTE
 from tvm_dsa.runtime import simulate, timing_cycles
+from tvm_dsa.runtime.cost import ddr_effective_bytes
 from tvm_dsa.runtime.timing import simulate_program
 from tvm_dsa.schedule import graphturbo
 from tvm_dsa.schedule.graph import OpGraph, SubGraphs
@@ -1364,13 +1365,11 @@ def test_a_classifier_at_batch_1_ranks_its_tiles_with_its_weights_read_from_ddr(
     read once, so it stays in DDR (``AssignMemoryScopes``), and its tiles are ranked loading it
     from there. Ranked as if it were in the GB, tiles of 25 columns loaded it in 50-byte runs, DDR
     moving 1.28x its bytes (17,991 cycles against 15,028). The kernel computes what llvm does."""
-    import tvm_dsa.runtime.cost as cost
-
     shapes = [(1, 768), (768, 1000), (1000,)]
     mod = relax_graph(shapes, lambda x, w, b: relax.op.add(relax.op.matmul(x, w), b))
     w, b = (rng.standard_normal(shapes[1]) * 0.05).astype("float32"), rng.standard_normal(shapes[2]).astype("float32")
     mod = relax.transform.BindParams("main", {"a1": tvm.runtime.tensor(w), "a2": tvm.runtime.tensor(b)})(mod)
-    vm, result = _run(mod, "graphturbo")
+    vm, _ = _run(mod, "graphturbo")
     x = rng.standard_normal(shapes[0]).astype("float32")
     np.testing.assert_allclose(vm["main"](tvm.runtime.tensor(x)).numpy(), _llvm(mod, [x]), rtol=2e-2, atol=2e-2)
     (run,) = tvm_dsa.last_kernel_runs()
@@ -1380,7 +1379,7 @@ def test_a_classifier_at_batch_1_ranks_its_tiles_with_its_weights_read_from_ddr(
              and weight.offset <= i.src.offset < weight.offset + weight.nbytes]
     payload = sum(math.prod(i.shape) * i.src.itemsize for i in loads)
     assert payload >= weight.nbytes  # every weight loaded from DDR, none promoted
-    assert sum(cost.ddr_effective_bytes(i.src, i.shape, HW) for i in loads) <= 1.05 * payload
+    assert sum(ddr_effective_bytes(i.src, i.shape, HW) for i in loads) <= 1.05 * payload
 
 
 def test_plans_timed_for_a_clusters_tiles_give_way_where_they_halo_into_fewer_instances(monkeypatch, rng):
