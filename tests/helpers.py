@@ -256,5 +256,5 @@ def scratch_in_ddr(monkeypatch) -> None:
     changes, one launch fewer, is then exactly what a test sees."""
     import tvm_dsa.kernelgen.launch as launch
 
-    monkeypatch.setattr(launch, "kept_in_gbs", lambda program, places: (program, None))
+    monkeypatch.setattr(launch, "kept_in_gbs", lambda program, places, tensors=(): (program, None))
 

@@ -73,7 +73,7 @@ def test_a_replicas_ddr_move_over_tensors_placed_apart_is_cut_into_pieces():
                                 ("ddr", 0, at["o1"], at["o3"], 0, 2 * size), ("lb", 0, 0, 2 * size, 0, 2 * size)))
     program = make_program([body], args, len(names) * size)
     program = replace(program, kernels=(replace(program.kernels[0], replicas=(copy,)),))
-    joined = joined_program([program], ["w4", "w2", "w3", "w1"], ["o3", "o1", "o4", "o2"], "scrambled")
+    joined, _ = joined_program([program], ["w4", "w2", "w3", "w1"], ["o3", "o1", "o4", "o2"], "scrambled")
     assert [a.name for a in joined.args] == ["w4", "w2", "w3", "w1", "o3", "o1", "o4", "o2"]
     new = {a.name: a.offset for a in joined.args}
     moves = [m for m in joined.kernels[0].replicas[0].moves if m[0] == "ddr"]
@@ -141,7 +141,7 @@ def test_two_sub_graphs_run_in_one_launch(monkeypatch, rng):
     """relu(conv1x1) -> relu(conv3x3) -> conv1x1 + x at batch 1: graphturbo cuts it before the
     window into two stitched kernels, one DSA call: one launch instead of two, llvm's values, and
     the cycles of the kernels launched apart less a launch, and fewer with the tensor between them
-    kept in a GB (``kernelgen.resident``): it no longer moves through DDR. The tensor is no longer
+    kept in the GBs (``kernelgen.resident``): it no longer moves through DDR. The tensor is no longer
     the VM's: the call takes the input, returns the output. Layerwise (the baseline) launches each
     of its kernels."""
     mod, x = single_sample_block(rng)
@@ -163,7 +163,10 @@ def test_two_sub_graphs_run_in_one_launch(monkeypatch, rng):
     (between,) = [a.name for a in runs[0].program.args if a.role == "output"]
     assert between not in {a.name for a in call.program.args}
     assert report.cycles < apart.cycles - HW.kernel_launch_cycles
-    assert report.ddr_read == report.compulsory_ddr_bytes < apart.ddr_read
+    end = max(a.offset + a.nbytes for a in call.program.args)  # the tensor between: in no DDR byte past them
+    assert all(o.extent_bytes(i.shape)[1] <= end for k in call.program.expanded().kernels for i in k.instructions
+               if type(i) is Dma for o in (i.src, i.dst) if o.mem == "ddr")
+    assert report.ddr_write == 64 * 32 * 32 * 2 and report.ddr_read < apart.ddr_read
     monkeypatch.undo()
     scratch_in_ddr(monkeypatch)
     np.testing.assert_array_equal(_run(mod, x, schedule="graphturbo"), y)

@@ -152,18 +152,20 @@ def _joined(calls: list[DSACall], programs: list[Program], graph: OpGraph, views
     name = f"{calls[0].spec.name}..{calls[-1].spec.name}"
     aliases = {graph.nodes[v].output: graph.nodes[v].inputs[0] for v in views}
     places: list = []  # the GB places the regions kept there take
-    program, timing = kept_in_gbs(joined_program(programs, inputs, outputs, name, aliases), places)
+    program, tensors = joined_program(programs, inputs, outputs, name, aliases)
+    program, timing = kept_in_gbs(program, places, tensors)
     program = loaded_ahead(program, places, timing)
     return DSACall(KernelSpec(name, tuple(layers), calls[0].spec.plan), program.serialize(), tuple(inputs),
                    tuple(outputs))
 
 
 def joined_program(programs: list[Program], inputs: list[str], outputs: list[str], name: str,
-                   aliases: dict | None = None) -> Program:
+                   aliases: dict | None = None) -> tuple[Program, tuple[TensorArg, ...]]:
     """The kernels of ``programs`` (args named alike where they are one tensor) in one program,
     all but the first chained: args ``inputs`` then ``outputs``, the other tensors and each
     program's own DDR bytes after them; a tensor of ``aliases`` (view -> its input) in its
-    input's place."""
+    input's place. With it, the other tensors as placed (their role ``output``: the kernels write
+    them)."""
     aliases = aliases or {}
     shapes = {a.name: a for p in programs for a in p.args}
     args, offset = [], 0
@@ -173,9 +175,11 @@ def joined_program(programs: list[Program], inputs: list[str], outputs: list[str
             args.append(TensorArg(t, role, a.shape, a.dtype, a.host_dtype, offset))
             offset = align(offset + a.nbytes)
     at = {a.name: a.offset for a in args}
+    kept = []
     for t, a in shapes.items():
         if t not in at and t not in aliases:
             at[t] = offset
+            kept.append(TensorArg(t, "output", a.shape, a.dtype, a.host_dtype, offset))
             offset = align(offset + a.nbytes)
     at.update((v, at[t]) for v, t in aliases.items())
     kernels = []
@@ -189,7 +193,7 @@ def joined_program(programs: list[Program], inputs: list[str], outputs: list[str
                                    replicas=tuple(replace(r, moves=tuple(x for m in r.moves for x in move.ranges(m)))
                                                   for r in k.replicas),
                                    chained=bool(kernels)))
-    return Program(programs[0].hardware, max(offset, 1), tuple(args), tuple(kernels), name)
+    return Program(programs[0].hardware, max(offset, 1), tuple(args), tuple(kernels), name), tuple(kept)
 
 
 class _Move:

@@ -12,8 +12,10 @@ the one holding least of such regions so far. A region is moved only where every
 reads of it was written before (DDR starts zeroed, a GB place holds what was there). Its
 promotions are then dropped where every transfer reading the copy can read the region instead
 (``_read_in_place``): a reader kernel's tiles load their rows from the region's GB across the bus
-as soon as they start, where each cluster first copied the whole tensor into its own GB. Kept only
-where the program times faster, with the promotions or without.
+as soon as they start, where each cluster first copied the whole tensor into its own GB. A region
+that is one of the run's tensors may then be split in bands over the GBs, each cluster's rows in
+its own (``banded.banded``). Kept only where the program times faster, with the promotions or
+without, whole or in bands.
 """
 
 from __future__ import annotations
@@ -25,8 +27,9 @@ from dataclasses import dataclass, replace
 import numpy as np
 
 from tvm_dsa.hardware.model import Hardware
-from tvm_dsa.isa import Dma, Kernel, Operand, Program
+from tvm_dsa.isa import Dma, Kernel, Operand, Program, TensorArg
 from tvm_dsa.kernelgen.ahead import gb_high_water, gb_place
+from tvm_dsa.kernelgen.banded import banded
 from tvm_dsa.runtime.timing import ProgramTiming, simulate_program
 
 
@@ -40,11 +43,13 @@ class _Region:
     last: int
 
 
-def kept_in_gbs(program: Program, places: list) -> tuple[Program, ProgramTiming | None]:
+def kept_in_gbs(program: Program, places: list,
+                tensors: tuple[TensorArg, ...] = ()) -> tuple[Program, ProgramTiming | None]:
     """(``program`` with its DDR scratch regions kept in the GBs (module docstring), or ``program``
     itself where none moves or that is not faster; its timing, written out, where it was timed:
     ``loaded_ahead`` starts from it). ``places`` grows by the GB places (first kernel, last
-    kernel, lo, hi, GB) the regions take."""
+    kernel, lo, hi, GB) the regions take. ``tensors``: the run's own tensors in its DDR, which
+    may be kept in bands over the GBs (``banded``)."""
     hw = Hardware.from_dict(program.hardware)
     if hw.interconnect == "mesh" or not hw.multicast_dma:
         return program, None
@@ -52,7 +57,7 @@ def kept_in_gbs(program: Program, places: list) -> tuple[Program, ProgramTiming 
     regions = [r for r in _regions(written_out) if _written_first(written_out, r)]
     high = [gb_high_water(k) for k in written_out.kernels]
     held = [0] * hw.clusters
-    moves, taken = [], []  # (lo, hi, GB, offset) per region moved; their places
+    moves, spans, taken = [], [], []  # (lo, hi, GB, offset) per region moved; its kernels; their places
     for r in regions:
         need = _owners(written_out, r, hw.cores_per_cluster)
         if len(need) > 1:
@@ -64,16 +69,19 @@ def kept_in_gbs(program: Program, places: list) -> tuple[Program, ProgramTiming 
             taken.append((r.first, r.last, at, at + r.hi - r.lo, owner))
             held[owner] += r.hi - r.lo
             moves.append((r.lo, r.hi, owner, at))
+            spans.append((r.first, r.last))
     if not moves:
         return program, None
     moved = _moved(written_out, moves)
-    ways = [(p, simulate_program(p, hw, check_hazards=False))
-            for p in (written_out, moved, _read_in_place(moved, moves, hw.cores_per_cluster))]
-    out, after = min(ways[1:], key=lambda way: way[1].cycles)
-    before = ways[0][1]
+    kept = [(moved, places + taken), (_read_in_place(moved, moves, hw.cores_per_cluster), places + taken)]
+    if tensors:
+        kept += [banded(p, moves, tensors, spans, places + taken, high, hw) for p, _ in kept]
+    ways = [(p, t, simulate_program(p, hw, check_hazards=False)) for p, t in [(written_out, [])] + kept]
+    out, mine, after = min(ways[1:], key=lambda way: way[2].cycles)
+    before = ways[0][2]
     if after.cycles >= before.cycles:
         return program, before
-    places += taken
+    places[:] = mine
     # the kernels left as they were keep their replicas
     return replace(out, kernels=tuple(k if new is old else new for k, old, new in
                                       zip(program.kernels, written_out.kernels, out.kernels))), after
