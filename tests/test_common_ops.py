@@ -1,7 +1,7 @@
 """Common patterns that used to leave kernels on the host run on the DSA under every schedule:
 selects by the data (LeakyRelu, PRelu, Sign, Where of a comparison: compare ops give 1.0 / 0.0
 masks, ``select`` picks by them, ``isa.VEC_OPS``; a fused kernel's bool mask is inlined,
-``tir_passes.masks``), an average pooling that excludes the padding (``relax_passes.pool_divisor``),
+``tir_passes.inline``), an average pooling that excludes the padding (``relax_passes.pool_divisor``),
 a residual over the convolution that reads it and a concat of two functions of one tensor
 (``tir_passes.scopes``' ``COPY_EACH``)."""
 

@@ -7,8 +7,11 @@ import tvm_ffi
 from helpers import relax_graph
 from tvm import relax
 
+import tvm_dsa
 from tvm_dsa.harness import import_onnx, load_model
+from tvm_dsa.isa import Vector
 from tvm_dsa.relax_passes.fold import EVALUATORS, FoldConstantsLeft, FoldWeights, _left_to_fold
+from tvm_dsa.relax_passes.simplify import SimplifyInference
 
 PREPARE = tvm.transform.Sequential([relax.transform.FoldBatchnormToConv2D(),
                                     relax.transform.DecomposeOpsForInference(),
@@ -158,3 +161,48 @@ def test_a_gather_at_a_range_becomes_a_slice(start, step, sliced):
     rows = (start + step * np.arange(5)) % 64
     np.testing.assert_allclose(run(out), xs + table[rows], rtol=1e-6)
     np.testing.assert_allclose(run(mod), xs + table[rows], rtol=1e-6)
+
+
+def _calls(mod) -> list[str]:
+    names = []
+    tvm_ffi.structural_walk(mod["main"].body, [(relax.Call, lambda c: names.append(c.op.name)
+                                                if isinstance(c.op, tvm.ir.Op) else None)])
+    return names
+
+
+def _llvm(mod, *arrays):
+    ex = tvm.compile(mod, target="llvm")
+    return relax.VirtualMachine(ex, tvm.cpu())["main"](*(tvm.runtime.tensor(a) for a in arrays)).numpy()
+
+
+def test_a_batch_norm_no_convolution_takes_becomes_one_multiply_and_one_add():
+    """A batch norm after a concatenation (DenseNet's pre-activation) cannot fold into a
+    convolution; decomposed, it is (x - mean) / std * gamma + beta: four passes over x and four
+    parameter vectors. ``SimplifyInference`` leaves x * scale + shift (llvm's values to rounding);
+    where a step of the chain is read elsewhere too, the chain is folded only from there on. On the
+    DSA the product is then inlined into the sum: one multiply-accumulate pass (``mac``)."""
+    rng = np.random.default_rng(0)
+    values = [v.astype("float32") for v in (rng.standard_normal(6), rng.standard_normal(6), rng.standard_normal(6),
+                                            rng.uniform(0.5, 2, 6))]  # gamma, beta, mean, variance
+    params = [relax.const(v) for v in values]
+    op = relax.op
+    mod = relax_graph([(1, 2, 5, 5), (1, 4, 5, 5)], lambda x, y: op.nn.relu(
+        op.nn.batch_norm(op.concat([x, y], axis=1), *params, axis=1, training=False)[0]))
+    simple = SimplifyInference()(mod)
+    assert sorted(_calls(simple)) == ["relax.add", "relax.concat", "relax.multiply", "relax.nn.relu"]
+    x, y = rng.standard_normal((1, 2, 5, 5)).astype("float32"), rng.standard_normal((1, 4, 5, 5)).astype("float32")
+    ref = _llvm(mod, x, y)
+    np.testing.assert_allclose(_llvm(simple, x, y), ref, rtol=1e-5, atol=1e-5)
+    # on the DSA the product is inlined into the sum (``tir_passes.inline``): one mac pass, then relu
+    ex = tvm.compile(mod, target="dsa/stcp920", relax_pipeline=tvm_dsa.pipeline(schedule="graphturbo"))
+    out = relax.VirtualMachine(ex, tvm.cpu())["main"](tvm.runtime.tensor(x), tvm.runtime.tensor(y)).numpy()
+    np.testing.assert_allclose(out, ref, rtol=2e-3, atol=2e-3 * np.abs(ref).max())
+    ops = [(i.op, i.shape) for r in tvm_dsa.last_kernel_runs() for k in r.program.expanded().kernels
+           for i in k.instructions if type(i) is Vector]
+    assert {op for op, _ in ops} == {"mac", "relu"}
+    assert sum(np.prod(shape) for op, shape in ops if op == "mac") == ref.size  # each element once
+
+    m, s, g = (relax.const(values[n].reshape(1, 6, 1, 1)) for n in (2, 3, 0))
+    shared = relax_graph([(1, 6, 5, 5)], lambda x: op.add(op.divide(op.subtract(x, m), s),
+                                                          op.multiply(op.subtract(x, m), g)))
+    assert sorted(_calls(SimplifyInference()(shared))) == sorted(_calls(shared))  # chains of two: left as they are

@@ -471,6 +471,9 @@ class _Reader:
             vals = tuple(value(k) for k in kids)
             if name == "max" and Const(0.0) in vals and len([v for v in vals if v != Const(0.0)]) == 1:
                 name, vals = "relu", tuple(v for v in vals if v != Const(0.0))
+            products = [v for v in vals if isinstance(v, Op) and v.name == "mul"]
+            if name == "add" and products:  # a * b + c: one multiply-accumulate pass, not two
+                name, vals = "mac", (*products[0].kids, next(v for v in vals if v is not products[0]))
             dims = frozenset().union(*[_dims(v) for v in vals])
             return Op(name, vals, dims)
 

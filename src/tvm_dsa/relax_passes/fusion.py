@@ -19,7 +19,7 @@ from tvm_dsa.relax_passes.scale_apart import ScaleApart
 from tvm_dsa.relax_passes.simplify import SimplifyInference
 from tvm_dsa.relax_passes.transpose import CancelTransposePairs
 from tvm_dsa.relax_passes.wide import KeepWide
-from tvm_dsa.tir_passes.masks import InlineMasks
+from tvm_dsa.tir_passes.inline import InlineMasks, InlineProducts
 from tvm_dsa.tir_passes.names import UniqueBufferNames
 
 
@@ -32,8 +32,9 @@ def fuse(mod: tvm.IRModule, rdp_fusion: bool = True) -> tvm.IRModule:
     convolution whose stride is its kernel a matmul of patches: ``PatchConvAsMatmul``),
     legalized and fused (a concatenation of two values of one tensor left unfused:
     ``ConcatApart``; a per-channel vector of a run-time scalar too: ``ScaleApart``), each
-    PrimFunc's buffers named uniquely (``UniqueBufferNames``) and its bool masks inlined into
-    their readers (``InlineMasks``), the tensors whose values can leave the
+    PrimFunc's buffers named uniquely (``UniqueBufferNames``), its bool masks inlined into
+    their readers (``InlineMasks``) and its products into the sums that alone read them
+    (``InlineProducts``), the tensors whose values can leave the
     chip's storage type marked to stay wide (``KeepWide``); a dynamic model with RDP's shapes
     applied, and fused across its dynamic shapes unless ``rdp_fusion`` is False."""
     host = tvm.target.Target.current(allow_none=True) or tvm.target.Target("llvm")
@@ -53,5 +54,5 @@ def fuse(mod: tvm.IRModule, rdp_fusion: bool = True) -> tvm.IRModule:
            ScaleApart]
         + ([AnnotateSymbolicReshapes] if across else [])
         + [relax.transform.FoldConstant(), relax.transform.FuseOps(), relax.transform.FuseTIR(), UniqueBufferNames,
-           InlineMasks, KeepWide]
+           InlineMasks, InlineProducts, KeepWide]
     )(mod)
