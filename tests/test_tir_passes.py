@@ -25,6 +25,7 @@ from tvm_dsa.tir_passes.tile import TilePlan, anchor_info, candidate_plans, work
 from tvm_dsa.tiling import _fitting, _gallop, chunk_cycles, load_cycles, loads, lower_kernel
 from tvm_dsa.tir_passes import PLAN_ATTR, lower_with_plan, plan_of
 from tvm_dsa.tir_passes.tile import clampable, smaller_tile
+from tvm_dsa.tir_passes.inline import inline_products
 
 
 def fused_kernel(build):
@@ -889,3 +890,28 @@ def test_a_tile_spread_over_many_cores_steps_through_the_whole_tiles_divisors():
     hw = hardware.get("set-cloud144")
     channels = max(t for t in range(1, 833) if 832 % t == 0 and 832 // t >= hw.cores)
     assert channels == 4 and lower_kernel(func, hw)[1].tiles == (1, channels, 7, 7)
+
+
+def test_a_product_only_a_sum_reads_is_inlined_into_it_and_one_a_reduction_reads_is_not(rng):
+    """x * s + t fuses into two blocks; ``inline_products`` leaves one, whose stage is one ``mac``
+    (values as llvm's). A sum of squares (a reduction reading x * x) keeps its product block: the
+    tiling places stages under a reduction's tile loop only as separate blocks."""
+    op = relax.op
+    affine = fused_kernel(lambda: relax_graph([(8, 64), (64,), (64,)], lambda x, s, t: op.add(op.multiply(x, s), t)))
+    inlined = inline_products(affine)
+    assert len(_block_names(affine)) == 2 and len(_block_names(inlined)) == 1
+    hw = hardware.get("stcp920")
+    lowered, _ = lower_kernel(inlined, hw)
+    program = build_program(lowered, hw, "affine")
+    ops = {i.op for k in program.kernels for i in k.instructions if type(i) is isa.Vector}
+    assert ops == {"mac"}
+    args = random_args(inlined, rng)
+    np.testing.assert_allclose(simulate(program, args[:-1]).outputs[0], run_llvm(affine, args), rtol=1e-2, atol=1e-2)
+    squares = fused_kernel(lambda: relax_graph([(8, 64)], lambda x: op.sum(op.multiply(x, x), axis=1)))
+    assert _block_names(inline_products(squares)) == _block_names(squares)
+
+
+def _block_names(func) -> list[str]:
+    names = []
+    tvm_ffi.structural_walk(func.body, [(tvm.s_tir.SBlock, lambda b: names.append(b.name_hint))])
+    return [n for n in names if n != "root"]

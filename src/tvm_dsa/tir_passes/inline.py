@@ -47,8 +47,10 @@ def _product_into_a_sum(sch, block, store) -> bool:
     readers = sch.get_consumers(block)
     if len(readers) != 1:
         return False
-    after = sch_get(sch, readers[0]).body
-    return isinstance(after, tirx.BufferStore) and isinstance(strip_cast(after.value), tirx.Add)
+    reader = sch_get(sch, readers[0])
+    after = reader.body
+    return isinstance(after, tirx.BufferStore) and isinstance(strip_cast(after.value), tirx.Add) and \
+        all(v.iter_type == tirx.IterVar.DataPar for v in reader.iter_vars)  # a sum of terms, not a reduction
 
 
 def inline_products(func: tirx.PrimFunc) -> tirx.PrimFunc:
