@@ -7,7 +7,7 @@ import numpy as np
 from helpers import ddr, lb, make_program
 
 from tvm_dsa import hardware
-from tvm_dsa.isa import Dma, TensorArg, Vector, validate
+from tvm_dsa.isa import Dma, Operand, TensorArg, Vector, validate
 from tvm_dsa.kernelgen.ahead import IDLE_SHARE, loaded_ahead
 from tvm_dsa.runtime import simulate
 from tvm_dsa.runtime.timing import simulate_program
@@ -16,22 +16,25 @@ HW = hardware.get("stcp920")
 N = 16384  # float16 elements of the weight: 32 KiB
 X, W, T, Y = 0, 4096, 4096 + 2 * N, 8192 + 2 * N  # DDR offsets of x, w, the kernels' scratch, y
 ROWS, COLUMNS = 64, N // 64  # the weight's shape where each core loads half of its columns
+G = 1 << 20  # where kernel 1 promotes the weight in each GB
 
 
-def _program(busy_ops: int, writes_weight: bool = False, columns: bool = False, halves=(0, 1)):
+def _program(busy_ops: int, writes_weight: bool = False, columns: bool = False, halves=(0, 1),
+             promoted: bool = False):
     """Kernel 0: core 0 loads ``x`` (256 values), runs ``busy_ops`` additions over 8192 values of
     its LB (DDR idle) and stores ``x`` to the scratch ``t``. Kernel 1 (chained): cores 0 and 8 (two clusters)
     each load the weight ``w`` from DDR, add ``t`` to its first 256 values and store them into
     their half of ``y``. With ``writes_weight`` kernel 0 also overwrites ``w``'s first values; with
     ``columns`` the weight is ``ROWS`` x ``COLUMNS`` and each core loads half of its columns (of
-    ``halves``: which cores take part)."""
+    ``halves``: which cores take part); with ``promoted`` each cluster's DMA promotes the weight
+    into its GB (one multicast) and the cores load it from there."""
     f16 = "float16"
     first = [Dma(0, (256,), lb(0, f16, 1), ddr(X, f16, 1))]
     for n in range(busy_ops):
         first.append(Vector(0, "vme", "add", (8192,), lb(4096, f16, 1), (lb(4096, f16, 1), 1.0),
                             deps=(len(first) - 1,)))
     first.append(Dma(0, (256,), ddr(T, f16, 1), lb(0, f16, 1), deps=(len(first) - 1,)))
-    if columns:  # a core of the second cluster busy too: its DMA queue may copy into its GB
+    if columns or promoted:  # a core of the second cluster busy too: its DMA queue may copy into its GB
         first += [Vector(8, "vme", "add", (8192,), lb(4096, f16, 1, core=8), (lb(4096, f16, 1, core=8), 1.0))]
     if writes_weight:
         first.append(Dma(0, (256,), ddr(W, f16, 1), lb(0, f16, 1), deps=(len(first) - 1,)))
@@ -41,6 +44,9 @@ def _program(busy_ops: int, writes_weight: bool = False, columns: bool = False, 
         load = (Dma(core, (ROWS, COLUMNS // 2), lb(0, f16, COLUMNS // 2, 1, core=core),
                     ddr(W + half * COLUMNS, f16, COLUMNS, 1)) if columns else
                 Dma(core, (N,), lb(0, f16, 1, core=core), ddr(W, f16, 1), multicast=True))
+        if promoted:
+            second.append(Dma(core, (N,), Operand("gb", half, G, f16, (1,)), ddr(W, f16, 1), multicast=True))
+            load, at = replace(load, src=Operand("gb", half, G, f16, (1,)), deps=(at,), multicast=False), at + 1
         second += [load,
                    Dma(core, (256,), lb(2 * N, f16, 1, core=core), ddr(T, f16, 1)),
                    Vector(core, "vme", "add", (256,), lb(0, f16, 1, core=core),
@@ -126,3 +132,26 @@ def test_the_columns_one_cluster_reads_are_copied_without_the_others():
     x, w = _inputs()
     np.testing.assert_array_equal(simulate(ahead, [x, w.reshape(ROWS, COLUMNS)]).outputs[0],
                                   simulate(program, [x, w.reshape(ROWS, COLUMNS)]).outputs[0])
+
+
+def test_a_weight_promoted_into_the_gbs_is_copied_there_while_the_kernel_before_computes():
+    program = _program(busy_ops=40, promoted=True)
+    ahead = loaded_ahead(program, [])
+    validate(ahead)
+    before, after = simulate_program(program, HW), simulate_program(ahead, HW)  # dependency tokens checked
+    copies = [i for i in ahead.kernels[0].instructions if type(i) is Dma and i.dst.mem == "gb"]
+    # the weight's bytes into both GBs, one place, read from DDR once (a multicast)
+    assert {(i.src.mem, i.dst.index, i.multicast) for i in copies} == {("ddr", 0, True), ("ddr", 1, True)}
+    assert sum(i.shape[0] for i in copies) == 2 * 2 * N
+    assert len({i.dst.offset for i in copies if i.src.offset == W}) == 1
+    place = next(i.dst.offset for i in copies if i.src.offset == W)
+    second = ahead.kernels[1].instructions
+    assert not [i for i in second if type(i) is Dma and i.dst.mem == "gb"]  # the promotions are gone
+    loads = [i for i in second if type(i) is Dma and i.shape == (N,)]
+    assert [(i.src.mem, i.src.index, i.src.offset) for i in loads] == [("gb", 0, place), ("gb", 1, place)]
+    assert after.kernels[1].cycles < before.kernels[1].cycles
+    assert after.cycles < before.cycles
+    x, w = _inputs()
+    expected = simulate(program, [x, w]).outputs[0]
+    np.testing.assert_array_equal(simulate(ahead, [x, w]).outputs[0], expected)
+    np.testing.assert_array_equal(expected[:256], (w[:256].astype(np.float32) + x).astype(np.float16))

@@ -10,13 +10,20 @@ clusters whose cores read it, the one whose GB holds least of such copies. Every
 loads from there (one in another cluster across the bus, through both GBs); one GB is written,
 not one per cluster, as the early kernels' own loads keep the GB ports busy. Where the clusters
 read apart boxes of the weight (a classifier's columns dealt over them at batch 1), each
-cluster's box is copied packed into its own GB instead, and its cores read it at their own port. The copies are cut
-into pieces, each filling a stretch of an earlier kernel where DDR idled (``IDLE_SHARE`` of it,
-at the rate the GB's port had left then): it waits for the instruction that ended last as the
-stretch began and sits in the cluster DMA queue before the transfers that started after. The
-barrier between chained kernels orders the copies before the reads. A weight the stretches
-cannot hold moves in part (the loads within the bytes copied). Repeated while the program times
-faster (a reader whose loads moved leaves DDR idle for the next); kept only where it does.
+cluster's box is copied packed into its own GB instead, and its cores read it at their own port.
+A kernel's promotion of a weight into the GBs (``emit.emitter``'s, a multicast DDR -> GBs) is
+copied likewise, whole, into one place of the same GBs (a multicast too), and taken out: what
+read the promoted bytes reads the copy. The copies are cut into pieces, each filling a stretch
+of an earlier kernel where DDR and the cluster DMA queues idled (``IDLE_SHARE`` of it, at the
+rate the GB's port had left then), the latest stretches first: it waits for the instruction that
+ended last as the stretch began and sits in the cluster DMA queue before the transfers that
+started after. The barrier between chained kernels orders the copies before the reads. A weight
+the stretches cannot hold moves in part (the loads within the bytes copied). The kernels are
+taken reader by reader, last first, each reader's copies kept only where the kernels they change
+(timed alone: kernels run one after another) take fewer cycles; repeated while one is kept (a
+reader whose loads moved leaves DDR idle for the next). At batch 1 DenseNet-121 promotes every
+weight, none loaded into the LBs from DDR: its block 4 (60 k cycles, 33 k of them DDR for its
+weights) had nothing loaded ahead.
 """
 
 from __future__ import annotations
@@ -26,12 +33,12 @@ import itertools
 import math
 from dataclasses import dataclass, replace
 
-from tvm_dsa.emit.emitter import PROMOTE
 from tvm_dsa.hardware.model import Hardware
-from tvm_dsa.isa import Dma, Kernel, LayerMark, Operand, Program
-from tvm_dsa.isa.instructions import DTYPES
+from tvm_dsa.isa import Dma, Kernel, Operand, Program
+from tvm_dsa.isa.instructions import DTYPES, multicast_groups
+from tvm_dsa.kernelgen.edits import GbTraffic, copy_readers, edited
 from tvm_dsa.runtime.cost import dma_demand
-from tvm_dsa.runtime.timing import KernelTiming, ProgramTiming, simulate_program
+from tvm_dsa.runtime.timing import KernelTiming, ProgramTiming, simulate_kernel, simulate_program
 
 IDLE_SHARE = 0.75  # of an idle stretch of DDR, what a copy may take (the kernel's own transfers shift)
 MIN_STRETCH = 256  # cycles: shorter idle stretches take no copy
@@ -95,13 +102,14 @@ class _Weight:
 
 @dataclass
 class _Stretch:
-    """Cycles ``[start, end)`` of a kernel where DDR idled; ``at``: per cluster, where its copies
-    go (the position of its DMA queue's first transfer from then on) and the instruction they
-    wait for (of those before, the one that ended last by ``start``)."""
+    """Cycles ``[start, end)`` of a kernel where DDR and the cluster DMA queues idled; ``at``: per
+    cluster, where its copies go (the position of its DMA queue's first transfer from then on)
+    and the instruction they wait for (of those before, the one that ended last by ``start``;
+    None where none had)."""
 
     start: int
     end: int
-    at: dict[int, tuple[int, int]]
+    at: dict[int, tuple[int, int | None]]
     rate: dict[int, float]  # per GB, bytes per cycle a copy into it may move: DDR's, or what its port has left
 
 
@@ -113,66 +121,128 @@ def loaded_ahead(program: Program, taken: list, timing: ProgramTiming | None = N
     hw = Hardware.from_dict(program.hardware)
     if len(program.kernels) < 2 or not hw.multicast_dma:
         return program
-    places = list(taken)  # (first kernel, last kernel, lo, hi, GB) of the GB places taken
-    written_out = out = program.expanded()
-    best = timing or simulate_program(written_out, hw, check_hazards=False)
+    written_out = program.expanded()
+    kernels = list(written_out.kernels)
+    timings = list((timing or simulate_program(written_out, hw, check_hazards=False)).kernels)
+    state = _State(list(taken), [0] * hw.clusters, gb_used(kernels), {})
+    weight = _weight_args(written_out)
     for _ in range(ROUNDS):
-        changed = _round(out, best, places, hw)
-        if changed is out:
+        moved = False
+        for reader in reversed(range(1, len(kernels))):
+            trial = _trial(kernels, timings, reader, weight, state, hw)
+            if trial is None:
+                continue
+            edits, places = trial
+            after = {n: simulate_kernel(k, hw, None, timings[n].start_cycle) for n, k in edits.items()}
+            if sum(t.cycles for t in after.values()) >= sum(timings[n].cycles for n in edits):
+                continue
+            for n, k in edits.items():
+                kernels[n], timings[n] = k, after[n]
+                state.stretches.pop(n, None)
+            for place in places:
+                state.places.append(place)
+                state.held[place[4]] += place[3] - place[2]
+            moved = True
+        if not moved:
             break
-        timing = simulate_program(changed, hw, check_hazards=False)
-        if timing.cycles >= best.cycles:
-            break
-        out, best = changed, timing
-    if out is written_out:
+    if all(new is old for new, old in zip(kernels, written_out.kernels)):
         return program
     # the kernels left as they were keep their replicas
-    return replace(out, kernels=tuple(k if new is old else new
-                                      for k, old, new in zip(program.kernels, written_out.kernels, out.kernels)))
+    return replace(program, kernels=tuple(k if new is old else new
+                                          for k, old, new in zip(program.kernels, written_out.kernels, kernels)))
 
 
-def _round(program: Program, timing, places: list, hw: Hardware) -> Program:
-    """One pass of ``loaded_ahead`` over the weights still loaded from DDR, with the stretches of
-    ``timing`` (the program's, written out); ``places`` grows by the GB places it takes."""
-    weights = _weights(program, hw)
-    if not weights:
-        return program
-    stretches = [_stretches(k, t, hw) for k, t in zip(program.kernels, timing.kernels)]
-    high = [gb_high_water(k) for k in program.kernels]
-    inserts: list[list[tuple[int, Dma]]] = [[] for _ in program.kernels]
-    sources: dict[int, dict[int, Operand]] = {}  # reader -> load position -> its new source
-    held = [0] * hw.clusters  # bytes of the copies each GB holds
+@dataclass
+class _State:
+    """What ``loaded_ahead``'s trials share: the GB places taken (first kernel, last kernel, lo,
+    hi, GB), the bytes of copies each GB holds, the GB bytes each kernel used before any copy
+    (``gb_used``), and the idle stretches of the kernels as they stand (computed when first asked
+    for)."""
+
+    places: list
+    held: list[int]
+    used: list
+    stretches: dict[int, list[_Stretch]]
+
+
+def _trial(kernels: list[Kernel], timings: list[KernelTiming], reader: int, weight, state: _State,
+           hw: Hardware) -> tuple[dict[int, Kernel], list] | None:
+    """The kernels changed (index -> kernel) where kernel ``reader``'s weights still loaded or
+    promoted from DDR (the read-only args of ``weight``) are copied into the GBs over idle
+    stretches of the kernels before it, latest first, and the GB places the copies take; None
+    where none is."""
+    weights = _weights(kernels[reader], reader, weight, hw)
+    promotions = _promotions(kernels[reader], reader, weight, hw)
+    if not weights and not promotions:
+        return None
+    for n in range(reader):
+        if n not in state.stretches:
+            state.stretches[n] = _stretches(kernels[n], timings[n], hw)
+    stretches = [[replace(s) for s in state.stretches[n]] for n in range(reader)]
+    inserts: list[list[tuple[int, int, Dma]]] = [[] for _ in range(reader)]  # (position, stretch end, copy)
+    sources: dict[int, Operand] = {}  # the reader's transfers' new sources, by position
+    drops: set[int] = set()  # the promotions copied ahead
+    places: list = []
+    traffic = GbTraffic(kernels[reader].instructions) if promotions else None
+
+    def copy(pieces: list, w: _Weight, owners: tuple[int, ...], at: int) -> None:
+        first, end = min(k for k, *_ in pieces), max(hi for *_, hi in pieces)
+        for k, s, lo, hi in pieces:
+            s.start += math.ceil(w.nbytes(lo, hi) / min(s.rate[c] for c in owners) / IDLE_SHARE)
+            for c in owners:
+                src, dst, shape = w.copy(lo, hi, c, at)
+                wait = s.at[c][1]
+                inserts[k].append((s.at[c][0], s.end, Dma(core=c * hw.cores_per_cluster, shape=shape, dst=dst,
+                                                          src=src, deps=() if wait is None else (wait,),
+                                                          multicast=len(owners) > 1)))
+        places.extend((first, reader, at, at + w.nbytes(w.lo[0], end), c) for c in owners)
+
     for w in weights:
+        held = list(state.held)
+        for place in places:
+            held[place[4]] += place[3] - place[2]
         owner = min(w.clusters, key=lambda c: (held[c], c))  # a reader's GB, the one holding least
-        pieces = _pieces(w, stretches, owner)
-        end = pieces[-1][3] if pieces else w.lo[0]  # the copies end here: the loads within move
+        pieces = _pieces(w, stretches, (owner,))
+        end = max((hi for *_, hi in pieces), default=w.lo[0])  # the copies end here: the loads within move
         loads = [(i, low) for i, low, high in w.loads if high[0] <= end]
         if not loads:
             continue
-        first, size = pieces[0][0], w.nbytes(w.lo[0], end)
-        at = gb_place(size, max(high[first:w.reader + 1]), first, w.reader, places, owner, hw.gb_bytes)
+        first = min(k for k, *_ in pieces)
+        at = gb_place(w.nbytes(w.lo[0], end), 0, first, reader, state.places + state.used + places, owner,
+                      hw.gb_bytes)
         if at is None:
             continue
-        places.append((first, w.reader, at, at + size, owner))
-        held[owner] += size
-        for k, s, lo, hi in pieces:
-            s.start += math.ceil(w.nbytes(lo, hi) / s.rate[owner] / IDLE_SHARE)
-            src, dst, shape = w.copy(lo, hi, owner, at)
-            inserts[k].append((s.at[owner][0], Dma(core=owner * hw.cores_per_cluster, shape=shape,
-                                                   deps=(s.at[owner][1],), dst=dst, src=src)))
-        reader = program.kernels[w.reader]
+        copy(pieces, w, (owner,), at)
         for i, low in loads:
-            load = reader.instructions[i]
-            sources.setdefault(w.reader, {})[i] = w.moved(load.src, load.shape, low, owner, at)
+            load = kernels[reader].instructions[i]
+            sources[i] = w.moved(load.src, load.shape, low, owner, at)
+    for p in promotions:
+        w = _Weight(reader, (p.lo,), (p.hi,), p.clusters, ())
+        pieces = _pieces(w, stretches, p.clusters)
+        if max((hi for *_, hi in pieces), default=p.lo) < p.hi:
+            continue  # copied whole or not at all
+        first = min(k for k, *_ in pieces)
+        at = _place_in_all(p.hi - p.lo, first, reader, state.places + state.used + places, p.clusters,
+                           hw.gb_bytes)
+        readers = _promotion_readers(kernels[reader], p, at, hw.cores_per_cluster, traffic)
+        if at is None or readers is None or readers.keys() & sources.keys():
+            continue
+        copy(pieces, w, p.clusters, at)
+        sources.update(readers)
+        drops.update(p.positions)
     if not sources:
-        return program
-    return replace(program, kernels=tuple(_rewritten(k, inserts[n], sources.get(n, {}))
-                                          for n, k in enumerate(program.kernels)))
+        return None
+    # at one queue position, the copies in stretch order: each cluster's queue takes a multicast's
+    # pieces in one order (else each waits at its queue's head for another's)
+    edits = {n: edited(kernels[n], [(at, d) for at, _, d in sorted(inserts[n], key=lambda x: x[:2])])
+             for n in range(reader) if inserts[n]}
+    edits[reader] = edited(kernels[reader], (), sources, drops)
+    return edits, places
 
 
-def _weights(program: Program, hw: Hardware) -> list[_Weight]:
-    """The weights each chained kernel (written out) loads from DDR into the LBs, in kernel order:
-    per kernel and read-only arg, the bytes its loads span."""
+def _weight_args(program: Program):
+    """A function of a DDR operand and its box: the read-only arg (an input no transfer of
+    ``program``, written out, writes) holding the box, or None."""
     spans = sorted((a.offset, a.offset + a.nbytes, a) for a in program.args)
     starts = [lo for lo, _, _ in spans]
 
@@ -183,24 +253,98 @@ def _weights(program: Program, hw: Hardware) -> list[_Weight]:
 
     written = {arg_of(ins.dst, ins.shape) for k in program.kernels for ins in k.instructions
                if type(ins) is Dma and ins.dst.mem == "ddr"}
-    out = []
-    for n, k in enumerate(program.kernels):
-        if n == 0:
+
+    def weight(o: Operand, shape: tuple[int, ...]):
+        a = arg_of(o, shape) if o.mem == "ddr" else None
+        return a if a is not None and a.role == "input" and a not in written else None
+
+    return weight
+
+
+def _weights(kernel: Kernel, n: int, weight, hw: Hardware) -> list[_Weight]:
+    """The weights chained kernel ``n`` (written out) loads from DDR into the LBs (the read-only
+    args of ``weight``): per arg, the bytes its loads span, or per cluster its box."""
+    found: dict[str, list] = {}
+    for i, ins in enumerate(kernel.instructions):
+        if type(ins) is not Dma or ins.dst.mem != "lb":
             continue
-        found: dict[str, list] = {}
-        for i, ins in enumerate(k.instructions):
-            if type(ins) is not Dma or ins.src.mem != "ddr" or ins.dst.mem != "lb":
-                continue
-            a = arg_of(ins.src, ins.shape)
-            if a is None or a.role != "input" or a in written:
-                continue
+        a = weight(ins.src, ins.shape)
+        if a is not None:
             found.setdefault(a, []).append((i, ins, ins.core // hw.cores_per_cluster))
-        for a, loads in found.items():
-            extents = [(i, *ins.src.extent_bytes(ins.shape)) for i, ins, _ in loads]
-            span = _Weight(n, (min(x[1] for x in extents),), (max(x[2] for x in extents),),
-                           tuple(sorted({c for _, _, c in loads})), tuple((i, (lo,), (hi,)) for i, lo, hi in extents))
-            out += _boxes(n, a, loads, span.hi[0] - span.lo[0]) or [span]
+    out = []
+    for a, loads in found.items():
+        extents = [(i, *ins.src.extent_bytes(ins.shape)) for i, ins, _ in loads]
+        span = _Weight(n, (min(x[1] for x in extents),), (max(x[2] for x in extents),),
+                       tuple(sorted({c for _, _, c in loads})), tuple((i, (lo,), (hi,)) for i, lo, hi in extents))
+        out += _boxes(n, a, loads, span.hi[0] - span.lo[0]) or [span]
     return out
+
+
+@dataclass(frozen=True)
+class _Promotion:
+    """A chained kernel ``reader``'s copy of a weight's DDR bytes ``[lo, hi)``, in one layout with
+    no gaps, to offset ``to`` of the GBs of ``clusters``: its DMAs at ``positions``, one per GB
+    (a multicast where several)."""
+
+    reader: int
+    lo: int
+    hi: int
+    to: int
+    clusters: tuple[int, ...]
+    positions: tuple[int, ...]
+
+
+def _promotions(kernel: Kernel, n: int, weight, hw: Hardware) -> list[_Promotion]:
+    """The promotions of weights (the read-only args of ``weight``) into the GBs of chained kernel
+    ``n`` (written out), in stream order."""
+    groups = multicast_groups(kernel.instructions)
+    out, seen = [], set()
+    for i, ins in enumerate(kernel.instructions):
+        if type(ins) is not Dma or ins.dst.mem != "gb" or i in seen or weight(ins.src, ins.shape) is None:
+            continue
+        members = groups.get(i, (i,))
+        seen.update(members)
+        dmas = [kernel.instructions[m] for m in members]
+        lo, hi = ins.src.extent_bytes(ins.shape)
+        if any(d.src != ins.src or d.shape != ins.shape or d.dst.offset != ins.dst.offset
+               or d.dst.strides != ins.src.strides or d.dst.index != d.core // hw.cores_per_cluster
+               for d in dmas) or math.prod(ins.shape) * ins.src.itemsize != hi - lo:
+            continue
+        out.append(_Promotion(n, lo, hi, ins.dst.offset, tuple(d.dst.index for d in dmas), tuple(members)))
+    return out
+
+
+def _promotion_readers(kernel: Kernel, p: _Promotion, at: int | None, cores_per_cluster: int,
+                       traffic: GbTraffic) -> dict | None:
+    """The transfers of ``kernel`` (written out; ``traffic``: its GB traffic) reading what
+    promotion ``p`` wrote, each reading its copy at ``at`` of the same GB instead
+    (``edits.copy_readers``); None where one cannot."""
+    if at is None:
+        return None
+    stream, out = list(kernel.instructions), {}
+    for m in p.positions:
+        promotion = stream[m]
+        stream[m] = replace(promotion, src=replace(promotion.dst, offset=at))
+        readers = copy_readers(stream, m, cores_per_cluster, traffic)
+        stream[m] = promotion
+        if readers is None:
+            return None
+        out.update(readers)
+    return out
+
+
+def _place_in_all(size: int, first: int, last: int, places: list, gbs: tuple[int, ...],
+                  gb_bytes: int) -> int | None:
+    """The lowest offset where ``size`` bytes fit in each of GBs ``gbs`` over kernels
+    ``first``..``last`` (``gb_place``), or None."""
+    at = 0
+    while True:
+        spots = [gb_place(size, at, first, last, places, g, gb_bytes) for g in gbs]
+        if None in spots:
+            return None
+        if min(spots) == max(spots):
+            return spots[0]
+        at = max(spots)
 
 
 def _boxes(reader: int, arg, loads: list, span: int) -> list[_Weight] | None:
@@ -241,11 +385,11 @@ def _boxes(reader: int, arg, loads: list, span: int) -> list[_Weight] | None:
 
 def _stretches(kernel: Kernel, timing: KernelTiming, hw: Hardware) -> list[_Stretch]:
     """The stretches of at least ``MIN_STRETCH`` cycles where no transfer of ``kernel`` (written
-    out) used DDR, in time order, each with the clusters of the kernel's cores whose DMA queues
-    may take a copy then."""
+    out) used DDR or a cluster's DMA queue (which a copy would hold up), in time order, each with
+    the clusters of the kernel's cores whose DMA queues may take a copy then."""
     ins = kernel.instructions
     busy = sorted((timing.start[i], timing.end[i]) for i, x in enumerate(ins)
-                  if type(x) is Dma and "ddr" in (x.src.mem, x.dst.mem))
+                  if type(x) is Dma and ("ddr" in (x.src.mem, x.dst.mem) or timing.units[i][0] == "cdma"))
     idle, t = [], 0
     for a, b in busy + [(timing.cycles, timing.cycles)]:
         if a - t >= MIN_STRETCH:
@@ -272,9 +416,7 @@ def _stretches(kernel: Kernel, timing: KernelTiming, hw: Hardware) -> list[_Stre
             q = queues.get(c, [])
             k = bisect.bisect_left(starts.get(c, []), a)
             nxt = q[k] if k < len(q) else len(ins)
-            after = latest.before(nxt)
-            if after is not None:
-                at[c] = (nxt, after)
+            at[c] = (nxt, latest.before(nxt))
         if at:
             rate = {c: min(hw.ddr_bytes_per_cycle, hw.gb_bytes_per_cycle - gb.get(c, 0) / (b - a)) for c in at}
             out.append(_Stretch(a, b, at, rate))
@@ -323,6 +465,28 @@ def _gb_bytes(kernel: Kernel, timing: KernelTiming, stretches: list, hw: Hardwar
     return out
 
 
+def gb_used(kernels: list[Kernel]) -> list[tuple[int, int, int, int, int]]:
+    """The GB bytes each kernel (written out) touches, as places (kernel, kernel, lo, hi, GB): per
+    GB, the ranges its transfers touch, joined where they overlap."""
+    out = []
+    for n, k in enumerate(kernels):
+        ranges: dict[int, list] = {}
+        for ins in k.instructions:
+            if type(ins) is Dma:
+                for o in (ins.src, ins.dst):
+                    if o.mem == "gb":
+                        ranges.setdefault(o.index, []).append(o.extent_bytes(ins.shape))
+        for gb, spans in ranges.items():
+            joined: list[list[int]] = []
+            for lo, hi in sorted(spans):
+                if joined and lo <= joined[-1][1]:
+                    joined[-1][1] = max(joined[-1][1], hi)
+                else:
+                    joined.append([lo, hi])
+            out += [(n, n, lo, hi, gb) for lo, hi in joined]
+    return out
+
+
 def gb_high_water(kernel: Kernel) -> int:
     """The end of the highest GB bytes a kernel (written out) touches, in any GB."""
     top = 0
@@ -334,18 +498,19 @@ def gb_high_water(kernel: Kernel) -> int:
     return top
 
 
-def _pieces(w: _Weight, stretches: list[list[_Stretch]], owner: int) -> list:
-    """The weight's box cut along its first dim into copies into GB ``owner`` over idle stretches of
-    the kernels before its reader, earliest first, as far as they go: (kernel, stretch, lo, hi); a
-    span of bytes at multiples of ``PIECE_BYTES``, a box at whole slices."""
+def _pieces(w: _Weight, stretches: list[list[_Stretch]], owners: tuple[int, ...]) -> list:
+    """The weight's box cut along its first dim into copies into GBs ``owners`` over idle stretches
+    of the kernels before its reader, latest first (the GB places then held for the shortest
+    time), as far as they go: (kernel, stretch, lo, hi); a span of bytes at multiples of
+    ``PIECE_BYTES``, a box at whole slices."""
     out, lo, end = [], w.lo[0], w.hi[0]
     unit = w.nbytes(0, 1)
     step = 1 if w.boxed else PIECE_BYTES
-    for k in range(w.reader):
-        for s in stretches[k]:
-            if owner not in s.at:
+    for k in reversed(range(w.reader)):
+        for s in reversed(stretches[k]):
+            if any(c not in s.at for c in owners):
                 continue
-            room = int((s.end - s.start) * IDLE_SHARE * s.rate[owner] / unit) // step * step
+            room = int((s.end - s.start) * IDLE_SHARE * min(s.rate[c] for c in owners) / unit) // step * step
             if room <= 0:
                 continue
             hi = min(end, lo + room)
@@ -367,45 +532,3 @@ def gb_place(size: int, floor: int, first: int, last: int, places: list, gb: int
             break
         at = math.ceil(hi / 64) * 64
     return at if at + size <= gb_bytes else None
-
-
-def _rewritten(kernel: Kernel, inserts: list[tuple[int, Dma]], sources: dict[int, Operand]) -> Kernel:
-    """``kernel`` (written out) with each copy of ``inserts`` placed before the instruction at its
-    position (its deps, and every other, renumbered; marked as promotions) and its loads at
-    ``sources`` reading there."""
-    if not inserts and not sources:
-        return kernel
-    old = list(kernel.instructions)
-    for i, src in sources.items():
-        old[i] = replace(old[i], src=src)
-    if not inserts:
-        return replace(kernel, instructions=tuple(old))
-    before: dict[int, list[Dma]] = {}
-    for p, d in sorted(inserts, key=lambda x: x[0]):
-        before.setdefault(p, []).append(d)
-    new_of, stream, runs = [], [], []
-    for i in range(len(old) + 1):
-        if i in before:
-            runs.append((len(stream), len(before[i]), i))
-            stream += before[i]
-        if i < len(old):
-            new_of.append(len(stream))
-            stream.append(old[i])
-    stream = [replace(x, deps=tuple(new_of[d] for d in x.deps)) if x.deps else x for x in stream]
-    marks = list(kernel.layers)
-    for first, n, i in runs:
-        mark = next((m for m in reversed(kernel.layers) if m.first <= i), None)
-        marks.append(LayerMark(first, PROMOTE, ()))
-        if i < len(old) and mark is not None:
-            marks.append(LayerMark(first + n, mark.name, mark.shape))
-    moved = [replace(m, first=new_of[m.first]) if m.first < len(old) else m for m in kernel.layers]
-    marks = sorted(moved + marks[len(kernel.layers):], key=lambda m: m.first)
-    return replace(kernel, instructions=tuple(stream), layers=tuple(_unique(marks)))
-
-
-def _unique(marks: list[LayerMark]) -> list[LayerMark]:
-    """Marks by position, the last of several at one position kept."""
-    out: dict[int, LayerMark] = {}
-    for m in marks:
-        out[m.first] = m
-    return list(out.values())

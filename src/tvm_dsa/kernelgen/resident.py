@@ -11,25 +11,25 @@ becomes a copy between two GBs across the bus, a multicast from DDR one from the
 the one holding least of such regions so far. A region is moved only where every byte a transfer
 reads of it was written before (DDR starts zeroed, a GB place holds what was there). Its
 promotions are then dropped where every transfer reading the copy can read the region instead
-(``_read_in_place``): a reader kernel's tiles load their rows from the region's GB across the bus
-as soon as they start, where each cluster first copied the whole tensor into its own GB. A region
-that is one of the run's tensors may then be split in bands over the GBs, each cluster's rows in
-its own (``banded.banded``). Kept only where the program times faster, with the promotions or
-without, whole or in bands.
+(``_read_in_place``, ``edits.copy_readers``): a reader kernel's tiles load their rows from the
+region's GB across the bus as soon as they start, where each cluster first copied the whole
+tensor into its own GB. A region that is one of the run's tensors may then be split in bands
+over the GBs, each cluster's rows in its own (``banded.banded``). Kept only where the program
+times faster, with the promotions or without, whole or in bands.
 """
 
 from __future__ import annotations
 
 import bisect
-import math
 from dataclasses import dataclass, replace
 
 import numpy as np
 
 from tvm_dsa.hardware.model import Hardware
-from tvm_dsa.isa import Dma, Kernel, Operand, Program, TensorArg
+from tvm_dsa.isa import Dma, Operand, Program, TensorArg
 from tvm_dsa.kernelgen.ahead import gb_high_water, gb_place
 from tvm_dsa.kernelgen.banded import banded
+from tvm_dsa.kernelgen.edits import GbTraffic, copy_readers, edited
 from tvm_dsa.runtime.timing import ProgramTiming, simulate_program
 
 
@@ -188,71 +188,15 @@ def _read_in_place(program: Program, moves: list, cores_per_cluster: int) -> Pro
 
     kernels = []
     for k in program.kernels:
-        stream, drop, sources = k.instructions, set(), {}
+        stream, drop, sources, traffic = k.instructions, set(), {}, None
         for n, ins in enumerate(stream):
             if not (type(ins) is Dma and ins.dst.mem == "gb" and in_region(ins.src, ins.shape)
                     and not in_region(ins.dst, ins.shape) and ins.src.strides == ins.dst.strides):
                 continue
-            readers = _readers(stream, n, cores_per_cluster)
+            traffic = traffic or GbTraffic(stream)
+            readers = copy_readers(stream, n, cores_per_cluster, traffic)
             if readers is not None and not readers.keys() & sources.keys():
                 drop.add(n)
                 sources.update(readers)
-        kernels.append(_without(k, drop, sources) if drop else k)
+        kernels.append(edited(k, sources=sources, drop=drop) if drop else k)
     return replace(program, kernels=tuple(kernels))
-
-
-def _readers(stream, n: int, cores_per_cluster: int) -> dict | None:
-    """The transfers after copy ``n`` (GB to GB, one layout, no gaps) that read what it wrote,
-    before a transfer writes there again, each reading the copy's source instead; None where one
-    cannot, or where a transfer after it writes the source (which waited for the copy, not the
-    reads)."""
-    copy = stream[n]
-    gb, (lo, hi) = copy.dst.index, copy.dst.extent_bytes(copy.shape)
-    source, (first, end) = copy.src.index, copy.src.extent_bytes(copy.shape)
-    if math.prod(copy.shape) * copy.dst.itemsize != hi - lo or any(
-            s == 0 for s, e in zip(copy.dst.strides, copy.shape) if e > 1):
-        return None  # with gaps (an exchange's halo rows), a read within its extent may read them
-    out = {}
-    for m in range(n + 1, len(stream)):
-        x = stream[m]
-        if type(x) is not Dma:
-            continue
-        a, b = x.dst.extent_bytes(x.shape)
-        if x.dst.mem == "gb" and x.dst.index == source and a < end and first < b:
-            return None  # the source is written again in the kernel: the copy kept what it held
-        if x.dst.mem == "gb" and x.dst.index == gb and a < hi and lo < b:
-            break
-        a, b = x.src.extent_bytes(x.shape)
-        if x.src.mem != "gb" or x.src.index != gb or b <= lo or hi <= a:
-            continue
-        own = x.dst.mem == "lb" or x.dst.mem == "gb" and x.dst.index == x.core // cores_per_cluster
-        if a < lo or hi < b or not own:
-            return None
-        out[m] = replace(x.src, index=copy.src.index, offset=x.src.offset + copy.src.offset - copy.dst.offset)
-    return out
-
-
-def _without(kernel: Kernel, drop: set, sources: dict) -> Kernel:
-    """``kernel`` (written out) with the instructions at ``drop`` taken out (what waited for one
-    waits for what it waited for; a layer mark moves to the next instruction left) and the
-    transfers at ``sources`` reading there."""
-    old = list(kernel.instructions)
-    for i, src in sources.items():
-        old[i] = replace(old[i], src=src)
-    new_of, stream = {}, []
-
-    def deps(d: int) -> tuple:
-        return (new_of[d],) if d in new_of else tuple(x for e in old[d].deps for x in deps(e))
-
-    for i, ins in enumerate(old):
-        if i in drop:
-            continue
-        new_of[i] = len(stream)
-        stream.append(replace(ins, deps=tuple(dict.fromkeys(x for d in ins.deps for x in deps(d)))) if ins.deps
-                      else ins)
-    marks = {}
-    for m in kernel.layers:
-        at = next((new_of[i] for i in range(m.first, len(old)) if i in new_of), None)
-        if at is not None:
-            marks[at] = replace(m, first=at)
-    return replace(kernel, instructions=tuple(stream), layers=tuple(marks.values()))
