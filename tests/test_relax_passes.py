@@ -175,6 +175,26 @@ def _llvm(mod, *arrays):
     return relax.VirtualMachine(ex, tvm.cpu())["main"](*(tvm.runtime.tensor(a) for a in arrays)).numpy()
 
 
+
+@pytest.mark.parametrize("low, high, ops", [(0.0, 6.0, {"add", "clip"}), (1.0, -1.0, {"add", "max", "min"})])
+def test_a_clamp_runs_as_one_clip_pass(low, high, ops):
+    """A ReLU6 (ONNX's Clip, TVM's ``clip``: ``max(min(x, 6), 0)`` in one stage) runs on the DSA
+    as one ``clip`` pass over the elements, not a ``min`` and a ``max``. Bounds crossed, ``max(min(x,
+    -1), 1)`` is 1 everywhere, where ``clip(x, 1, -1)`` would give -1: it stays two passes."""
+    rng = np.random.default_rng(1)
+    mod = relax_graph([(1, 4, 6, 6), (1, 4, 6, 6)], lambda x, y: relax.op.clip(relax.op.add(x, y), low, high))
+    x, y = (rng.standard_normal((1, 4, 6, 6)).astype("float32") * 5 for _ in range(2))
+    ref = _llvm(mod, x, y)
+    ex = tvm.compile(mod, target="dsa/stcp920", relax_pipeline=tvm_dsa.pipeline(schedule="graphturbo"))
+    out = relax.VirtualMachine(ex, tvm.cpu())["main"](tvm.runtime.tensor(x), tvm.runtime.tensor(y)).numpy()
+    np.testing.assert_allclose(out, ref, rtol=2e-3, atol=2e-3 * np.abs(ref).max())
+    vector = [i for r in tvm_dsa.last_kernel_runs() for k in r.program.expanded().kernels
+              for i in k.instructions if type(i) is Vector]
+    assert {i.op for i in vector} == ops
+    if "clip" in ops:
+        assert sum(np.prod(i.shape) for i in vector if i.op == "clip") == ref.size  # each element once
+
+
 def test_a_batch_norm_no_convolution_takes_becomes_one_multiply_and_one_add():
     """A batch norm after a concatenation (DenseNet's pre-activation) cannot fold into a
     convolution; decomposed, it is (x - mean) / std * gamma + beta: four passes over x and four

@@ -145,6 +145,23 @@ def test_mac_multiplies_and_accumulates_in_place_at_two_lane_ops_an_element():
     assert compute_cycles(body[0], HW) == compute_cycles(Vector(0, "vme", "mul", (n,), src(512), (src(0), src(256))), HW)
 
 
+
+def test_clip_clamps_in_one_pass_at_two_lane_ops_an_element():
+    """``clip(a, lo, hi) = min(max(a, lo), hi)`` (a ReLU6 with immediates 0 and 6, or bounds
+    read from the LB) in one pass over the lanes: a ``max``'s cycles, two lane operations."""
+    n = 64
+    rng = np.random.default_rng(4)
+    a, lo, hi = rng.standard_normal(n).astype(np.float32) * 8, rng.standard_normal(n).astype(np.float32), \
+        rng.standard_normal(n).astype(np.float32) + 1
+    src = lambda off: lb(off, "float32", 1)  # noqa: E731
+    body = [Vector(0, "vme", "clip", (n,), src(768), (src(0), 0.0, 6.0)),
+            Vector(0, "vme", "clip", (n,), src(1024), (src(0), src(256), src(512)))]
+    r = run_lb(body, [(0, a), (256, lo), (512, hi)], [(768, (n,), "float32"), (1024, (n,), "float32")])
+    np.testing.assert_array_equal(r.outputs[0], np.minimum(np.maximum(a, 0), 6))
+    np.testing.assert_array_equal(r.outputs[1], np.minimum(np.maximum(a, lo), hi))
+    assert r.report.vector_lane_ops == 2 * 2 * n
+    assert compute_cycles(body[0], HW) == compute_cycles(Vector(0, "vme", "max", (n,), src(768), (src(0), 0.0)), HW)
+
 def test_erf_accuracy():
     x = np.linspace(-6, 6, 24001)
     assert np.max(np.abs(erf(x) - np.array([math.erf(v) for v in x]))) < 2e-7

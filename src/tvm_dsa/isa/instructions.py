@@ -51,7 +51,9 @@ and saturated to the type's range (how an int8 datapath requantises int32 accumu
 immediates are numbers. Comparisons give 1.0 or 0.0, ``select(c, a, b)`` takes ``a``
 where ``c != 0``, ``round`` rounds half to even (as ONNX Round and numpy's ``rint``), ``floor`` and
 ``ceil`` as usual; ``mac(a, b, c)`` is ``a * b + c`` (the product rounded to float32, then the sum:
-a multiply-accumulate, as a ``mul`` then an ``add``, in one pass over the lanes); IEEE rules for infinities and NaN (division by zero gives inf, not an error).
+a multiply-accumulate, as a ``mul`` then an ``add``, in one pass over the lanes); ``clip(a, lo, hi)``
+is ``min(max(a, lo), hi)`` in one pass (a ReLU6); IEEE rules for infinities and NaN (division by
+zero gives inf, not an error).
 """
 
 from __future__ import annotations
@@ -64,7 +66,7 @@ MEMORIES = ("ddr", "gb", "lb")
 DTYPES = {"float16": 2, "float32": 4, "int8": 1, "int32": 4}
 
 # Vector operations. The VME runs cheap arithmetic; the vector core runs everything.
-VME_OPS = frozenset({"copy", "neg", "abs", "relu", "add", "sub", "mul", "div", "max", "min", "mac"})
+VME_OPS = frozenset({"copy", "neg", "abs", "relu", "add", "sub", "mul", "div", "max", "min", "mac", "clip"})
 VEC_OPS = VME_OPS | frozenset({
     "exp", "log", "sqrt", "rsqrt", "tanh", "sigmoid", "erf", "floor", "ceil", "round", "sin", "cos",
     "pow", "eq", "ne", "lt", "le", "gt", "ge", "select",
@@ -76,9 +78,11 @@ OP_ARITY = {
                         "eq", "ne", "lt", "le", "gt", "ge")},
     "select": 3,
     "mac": 3,
+    "clip": 3,
 }
-# Lane operations an element of an op costs (energy): a multiply-accumulate is a multiply and an add.
-LANE_OPS = {"mac": 2}
+# Lane operations an element of an op costs (energy): a multiply-accumulate is a multiply and an add,
+# a clip a max and a min.
+LANE_OPS = {"mac": 2, "clip": 2}
 REDUCE_OPS = frozenset({"sum", "max", "min"})
 
 

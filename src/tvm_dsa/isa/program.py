@@ -22,11 +22,13 @@ from tvm_dsa.isa.instructions import (
     OPCODE_OF, OPCODES, Dma, Fill, Instruction, Mme, Operand, Reduce, Vector, moved, replaced
 )
 
-VERSION = 9  # 2: kernels may carry replicas; 3: a replica goes where it says, moved by ranges; 4: remaps deps;
+VERSION = 10  # 2: kernels may carry replicas; 3: a replica goes where it says, moved by ranges; 4: remaps deps;
 # 5: a dma may end with 1 (prefetch queue); 6: ... with its flags, 1 prefetch + 2 multicast; 7: vector op mac;
-# 8: a multicast dma's flags may be followed by its transfer group; 9: a kernel may be chained to the one before
-READS = (1, 3, 4, 5, 6, 7, 8, 9)  # versions this runtime reads (3 is 4 without ``Replica.remap``, 4 is 5 without
-# prefetches, 5 is 6 without multicasts, 6 is 7 without ``mac``, 7 is 8 without groups, 8 is 9 without chains)
+# 8: a multicast dma's flags may be followed by its transfer group; 9: a kernel may be chained to the one before;
+# 10: vector op clip
+READS = (1, 3, 4, 5, 6, 7, 8, 9, 10)  # versions this runtime reads (3 is 4 without ``Replica.remap``, 4 is 5
+# without prefetches, 5 is 6 without multicasts, 6 is 7 without ``mac``, 7 is 8 without groups, 8 is 9 without
+# chains, 9 is 10 without ``clip``)
 MAGIC = "DSAP"
 
 

@@ -474,6 +474,8 @@ class _Reader:
             products = [v for v in vals if isinstance(v, Op) and v.name == "mul"]
             if name == "add" and products:  # a * b + c: one multiply-accumulate pass, not two
                 name, vals = "mac", (*products[0].kids, next(v for v in vals if v is not products[0]))
+            if name in ("min", "max", "relu"):  # a clamp (ReLU6): one clip pass, not two
+                name, vals = _clip(name, vals)
             dims = frozenset().union(*[_dims(v) for v in vals])
             return Op(name, vals, dims)
 
@@ -604,6 +606,27 @@ def _int(e) -> int:
     if not isinstance(e, tirx.IntImm):
         raise CodegenError(f"loop bound {e} is not a constant")
     return int(e.value)
+
+
+def _clip(name: str, vals: tuple) -> tuple[str, tuple]:
+    """(name, operands) of a stage value ``name(*vals)`` made one ``clip(x, lo, hi)`` (=
+    ``min(max(x, lo), hi)``) where it is a clamp: ``min(max(x, lo), hi)`` (``max(x, 0)`` read as
+    ``relu(x)``), or ``max(min(x, hi), lo)`` with constants ``lo <= hi`` (TVM's ``clip``, where
+    the two orders agree); else as it was."""
+    if name == "min":
+        inner = [v for v in vals if isinstance(v, Op) and v.name in ("max", "relu")]
+        if inner:
+            low = inner[0].kids if inner[0].name == "max" else (*inner[0].kids, Const(0.0))
+            return "clip", (*low, next(v for v in vals if v is not inner[0]))
+        return name, vals
+    inner = [v for v in vals if isinstance(v, Op) and v.name == "min"]
+    if not inner:
+        return name, vals
+    low = Const(0.0) if name == "relu" else next((v for v in vals if v is not inner[0]), None)
+    x, high = inner[0].kids if isinstance(inner[0].kids[1], Const) else inner[0].kids[::-1]
+    if isinstance(low, Const) and isinstance(high, Const) and low.value <= high.value:
+        return "clip", (x, low, high)
+    return name, vals
 
 
 def _dims(v) -> frozenset:

@@ -72,6 +72,7 @@ VECTOR_OPS = {
     "ge": _compare(np.greater_equal),
     "select": lambda c, a, b: np.where(c != 0, a, b),
     "mac": lambda a, b, c: a * b + c,
+    "clip": lambda a, lo, hi: np.minimum(np.maximum(a, lo), hi),
 }
 REDUCE_UFUNCS = {"sum": np.add, "max": np.maximum, "min": np.minimum}
 _NP_DTYPES = {name: np.dtype(name) for name in ("float16", "float32", "int8", "int32")}
