@@ -155,3 +155,39 @@ def test_a_weight_promoted_into_the_gbs_is_copied_there_while_the_kernel_before_
     expected = simulate(program, [x, w]).outputs[0]
     np.testing.assert_array_equal(simulate(ahead, [x, w]).outputs[0], expected)
     np.testing.assert_array_equal(expected[:256], (w[:256].astype(np.float32) + x).astype(np.float16))
+
+
+def test_a_copy_for_a_later_kernel_is_not_taken_for_a_promotion_of_the_kernel_it_sits_in():
+    """Three kernels, each computing while DDR idles; kernel 1 and kernel 2 each load a weight of
+    their own. Kernel 2's weight is copied ahead first (the readers are taken last first), into
+    kernel 1's idle stretch; kernel 1's weight then goes into kernel 0's. The copy in kernel 1 is
+    no promotion of kernel 1 (nothing there reads it): taken out, kernel 2 read a GB place never
+    written (a random graph's attention block, seed 1108, went wrong so)."""
+    f16, n = "float16", 4096
+    w1, w2, y = 8192, 8192 + 2 * n, 8192 + 4 * n
+
+    def busy(core: int, ops: int) -> list:
+        return [Vector(core, "vme", "add", (8192,), lb(40960, f16, 1, core=core), (lb(40960, f16, 1, core=core), 1.0))
+                for _ in range(ops)]
+
+    first = busy(0, 40) + busy(8, 40)
+    waits = busy(0, 40)  # for kernel 1's weight: its load is worth moving
+    second = [Dma(0, (n,), lb(0, f16, 1), ddr(w1, f16, 1)), replace(waits[0], deps=(0,))] + waits[1:] + busy(8, 40)
+    second.append(Dma(0, (256,), ddr(y, f16, 1), lb(0, f16, 1), deps=(0,)))
+    third = [Dma(8, (n,), lb(0, f16, 1, core=8), ddr(w2, f16, 1)),
+             Dma(8, (256,), ddr(y + 512, f16, 1), lb(0, f16, 1, core=8), deps=(0,))]
+    args = [TensorArg("w1", "input", (n,), f16, f16, w1), TensorArg("w2", "input", (n,), f16, f16, w2),
+            TensorArg("y", "output", (512,), f16, f16, y)]
+    program = make_program([first, second, third], args, y + 1024)
+    program = replace(program, kernels=(program.kernels[0], *(replace(k, chained=True) for k in program.kernels[1:])))
+    ahead = loaded_ahead(program, [])
+    validate(ahead)
+    simulate_program(ahead, HW)  # dependency tokens checked
+    rng = np.random.default_rng(2)
+    weights = [rng.standard_normal(n).astype(np.float16) for _ in range(2)]
+    out = simulate(ahead, weights).outputs[0]
+    np.testing.assert_array_equal(out, simulate(program, weights).outputs[0])
+    np.testing.assert_array_equal(out, np.concatenate([weights[0][:256], weights[1][:256]]))
+    copies = [(k, i) for k, kernel in enumerate(ahead.kernels) for i in kernel.instructions
+              if type(i) is Dma and i.dst.mem == "gb"]
+    assert sorted((k, i.src.offset) for k, i in copies) == [(0, w1), (1, w2)]

@@ -172,7 +172,7 @@ def _trial(kernels: list[Kernel], timings: list[KernelTiming], reader: int, weig
     stretches of the kernels before it, latest first, and the GB places the copies take; None
     where none is."""
     weights = _weights(kernels[reader], reader, weight, hw)
-    promotions = _promotions(kernels[reader], reader, weight, hw)
+    promotions = _promotions(kernels[reader], reader, weight, state.places, hw)
     if not weights and not promotions:
         return None
     for n in range(reader):
@@ -294,9 +294,10 @@ class _Promotion:
     positions: tuple[int, ...]
 
 
-def _promotions(kernel: Kernel, n: int, weight, hw: Hardware) -> list[_Promotion]:
+def _promotions(kernel: Kernel, n: int, weight, places: list, hw: Hardware) -> list[_Promotion]:
     """The promotions of weights (the read-only args of ``weight``) into the GBs of chained kernel
-    ``n`` (written out), in stream order."""
+    ``n`` (written out), in stream order: not a copy into one of the GB ``places`` held across
+    kernels (a later kernel's weight copied ahead: its readers are not this kernel's)."""
     groups = multicast_groups(kernel.instructions)
     out, seen = [], set()
     for i, ins in enumerate(kernel.instructions):
@@ -310,7 +311,10 @@ def _promotions(kernel: Kernel, n: int, weight, hw: Hardware) -> list[_Promotion
                or d.dst.strides != ins.src.strides or d.dst.index != d.core // hw.cores_per_cluster
                for d in dmas) or math.prod(ins.shape) * ins.src.itemsize != hi - lo:
             continue
-        out.append(_Promotion(n, lo, hi, ins.dst.offset, tuple(d.dst.index for d in dmas), tuple(members)))
+        to, gbs = ins.dst.offset, tuple(d.dst.index for d in dmas)
+        if any(first <= n <= last and gb in gbs and a < to + hi - lo and to < b for first, last, a, b, gb in places):
+            continue
+        out.append(_Promotion(n, lo, hi, to, gbs, tuple(members)))
     return out
 
 
@@ -327,7 +331,7 @@ def _promotion_readers(kernel: Kernel, p: _Promotion, at: int | None, cores_per_
         stream[m] = replace(promotion, src=replace(promotion.dst, offset=at))
         readers = copy_readers(stream, m, cores_per_cluster, traffic)
         stream[m] = promotion
-        if readers is None:
+        if not readers:  # none in the kernel: what the promotion wrote may be read later
             return None
         out.update(readers)
     return out
