@@ -16,7 +16,7 @@ from tvm.relax.frontend import onnx as rx_onnx
 
 import tvm_dsa
 from tvm_dsa import hardware
-from tvm_dsa.isa import Dma, Program, ProgramError, Replica, TensorArg, validate
+from tvm_dsa.isa import VERSION, Dma, Program, ProgramError, Replica, TensorArg, validate
 from tvm_dsa.kernelgen.launch import joined_program, launch_together
 from tvm_dsa.kernelgen.offload import VIEW
 from tvm_dsa.kernelgen.rewrite import DSACall
@@ -51,7 +51,7 @@ def test_a_chained_kernel_starts_when_the_one_before_ends_without_a_launch():
     assert second.start_cycle == first.start_cycle + first.cycles
     assert (one.report.kernels, one.report.launches) == (2, 1) and both.report.launches == 2
     again = Program.deserialize(chained.serialize())
-    assert [k.chained for k in again.kernels] == [False, True] and again.to_dict()["version"] == 9
+    assert [k.chained for k in again.kernels] == [False, True] and again.to_dict()["version"] == VERSION
     with pytest.raises(ProgramError, match="kernel k0: the first kernel of a program is launched, not chained"):
         validate(replace(chained, kernels=(replace(launched.kernels[0], chained=True),)))
 
