@@ -12,7 +12,6 @@ import itertools
 import math
 from dataclasses import replace
 
-import numpy as np
 import tvm
 import tvm_ffi
 
@@ -373,32 +372,24 @@ def _grid(info, hw, capacity: int, caps: tuple[int, ...]):
 
 def _estimate(info, plan: TilePlan, hw, capacity: int, spread: int = 1) -> float:
     """Rough cycles of a contraction plan on a cluster loading from the GB, to rank plans for
-    timing: per round of tiles (one a core, dealt in loop order over the cluster's cores), each
-    chunk's operand boxes (B·M and N rows by the chunk, the weights by the rest of the reduction
-    too) through the GB's port, a box the round's tiles share moved once (a multicast), and the
-    MME's product, overlapped where two copies of the boxes and the accumulator fit ``capacity``
-    bytes, then the epilogue's pass and store (with ``spread``, the cluster's share of the tiles
-    dealt over so many clusters). Charged a box a core, a 3 x 3 convolution's 32 output channels
-    over 14 x 14 pixels (DenseNet-121's block 3 at batch 1) took tiles of 16 channels, half the PE
-    array's columns, where all 32 over half the pixels, their weights multicast, run 1.6x faster."""
+    timing: per tile, each chunk's operand boxes (B·M and N rows by the chunk, the weights by the
+    rest of the reduction too) at a core's share of the GB and the MME's product, overlapped
+    where two copies of the boxes and the accumulator fit ``capacity`` bytes, then the epilogue's
+    pass and store; tiles dealt over the cluster's cores (with ``spread``, the cluster's share of
+    the tiles dealt over so many clusters)."""
     size = {"M": 1, "N": 1, "B": 1, "": 1}
     for t, r in zip(plan.tiles, info.roles):
         size[r] *= t
     m, n, rest = size["M"] * size["B"], size["N"], math.prod(info.reduction[1:])
-    counts = [-(-e // t) for e, t in zip(info.spatial, plan.tiles)]
-    tiles = -(-math.prod(counts) // spread)  # a cluster's
-    cores = min(tiles, hw.cores_per_cluster)
-    ones = [tuple(np.unravel_index(i, counts)) for i in range(cores)]  # a round's tiles, in loop order
-    rows = len({tuple(c for c, r in zip(t, info.roles) if r != "N") for t in ones})
-    columns = len({tuple(c for c, r in zip(t, info.roles) if r == "N") for t in ones})
-    port = (rows * m + columns * n * rest) * plan.chunk * hw.storage_bytes
-    load = port / hw.gb_bytes_per_cycle + 2 * hw.dma_latency_cycles
+    share = hw.gb_bytes_per_cycle / hw.cores_per_cluster
+    boxes = (m + n * rest) * plan.chunk * hw.storage_bytes
+    load = boxes / share + 2 * hw.dma_latency_cycles
     product = mme_cycles(1, m, n, plan.chunk * rest, hw)
     chunks = info.reduction[0] // plan.chunk
-    boxes = (m + n * rest) * plan.chunk * hw.storage_bytes
     doubled = 2 * boxes + m * n * hw.accum_bytes <= capacity
     body = chunks * max(load, product) + load if doubled else chunks * (load + product)
-    epilogue = m * n / hw.vme_lanes + cores * m * n * hw.storage_bytes / hw.gb_bytes_per_cycle + hw.dma_latency_cycles
+    epilogue = m * n / hw.vme_lanes + m * n * hw.storage_bytes / share + hw.dma_latency_cycles
+    tiles = -(-math.prod(-(-e // t) for e, t in zip(info.spatial, plan.tiles)) // spread)  # a cluster's
     return -(-tiles // hw.cores_per_cluster) * (body + epilogue)
 
 
@@ -465,6 +456,9 @@ def loads(lowered, hw, lb_bytes: int | None = None, on_chip=frozenset()) -> tupl
     (``runtime.cost.ddr_effective_bytes``), except where the tile before it on the same core
     (tiles dealt as ``emit.emitter.deal`` deals them) read the same box and the kernel has no
     chunk loop, so the LB still holds it (a weight tile)."""
+    import numpy as np
+
+
     layer = Layer.of(lowered, hw, "estimate", None, lb_bytes)
     fp = footprints(layer)
     shapes = {name: shape for name, shape, _ in layer.ir.params}
