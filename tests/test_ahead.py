@@ -64,6 +64,14 @@ def _inputs():
     return [rng.standard_normal(256).astype(np.float16), rng.standard_normal(N).astype(np.float16)]
 
 
+
+def _assert_same_values(program, ahead):
+    """``ahead`` computes what ``program`` does (one weight, not in columns): w[:256] + x."""
+    x, w = _inputs()
+    expected = simulate(program, [x, w]).outputs[0]
+    np.testing.assert_array_equal(simulate(ahead, [x, w]).outputs[0], expected)
+    np.testing.assert_array_equal(expected[:256], (w[:256].astype(np.float32) + x).astype(np.float16))
+
 def test_a_weight_is_copied_into_a_gb_while_the_kernel_before_computes():
     program = _program(busy_ops=40)
     ahead = loaded_ahead(program, [])
@@ -79,10 +87,7 @@ def test_a_weight_is_copied_into_a_gb_while_the_kernel_before_computes():
     assert after.kernels[1].cycles < before.kernels[1].cycles
     assert after.kernels[0].cycles == before.kernels[0].cycles
     assert after.cycles < before.cycles
-    x, w = _inputs()
-    expected = simulate(program, [x, w]).outputs[0]
-    np.testing.assert_array_equal(simulate(ahead, [x, w]).outputs[0], expected)
-    np.testing.assert_array_equal(expected[:256], (w[:256].astype(np.float32) + x).astype(np.float16))
+    _assert_same_values(program, ahead)
 
 
 def test_a_copy_waits_for_the_instruction_that_ends_as_ddr_goes_idle():
@@ -151,10 +156,7 @@ def test_a_weight_promoted_into_the_gbs_is_copied_there_while_the_kernel_before_
     assert [(i.src.mem, i.src.index, i.src.offset) for i in loads] == [("gb", 0, place), ("gb", 1, place)]
     assert after.kernels[1].cycles < before.kernels[1].cycles
     assert after.cycles < before.cycles
-    x, w = _inputs()
-    expected = simulate(program, [x, w]).outputs[0]
-    np.testing.assert_array_equal(simulate(ahead, [x, w]).outputs[0], expected)
-    np.testing.assert_array_equal(expected[:256], (w[:256].astype(np.float32) + x).astype(np.float16))
+    _assert_same_values(program, ahead)
 
 
 def test_a_copy_for_a_later_kernel_is_not_taken_for_a_promotion_of_the_kernel_it_sits_in():
