@@ -1,6 +1,8 @@
 """Relax passes of the pipeline, each against what TVM's own passes make of the same module."""
 
 import numpy as np
+import onnx
+import onnx.numpy_helper
 import pytest
 import tvm
 import tvm_ffi
@@ -11,7 +13,7 @@ import tvm_dsa
 from tvm_dsa.harness import import_onnx, load_model
 from tvm_dsa.isa import Vector
 from tvm_dsa.relax_passes.fold import EVALUATORS, FoldConstantsLeft, FoldWeights, _left_to_fold
-from tvm_dsa.relax_passes.simplify import SimplifyInference
+from tvm_dsa.relax_passes.simplify import ClampAsClip, SimplifyInference
 
 PREPARE = tvm.transform.Sequential([relax.transform.FoldBatchnormToConv2D(),
                                     relax.transform.DecomposeOpsForInference(),
@@ -176,15 +178,35 @@ def _llvm(mod, *arrays):
 
 
 
+def _clamped(form: str, low: float, high: float):
+    """``x + y`` clamped to [low, high], as TVM's ``clip`` or as ONNX's Clip with its bounds as
+    inputs (ReLU6 as PyTorch exports it), which imports as ``minimum(maximum(., low), high)``."""
+    shape = (1, 4, 6, 6)
+    if form == "clip":
+        return relax_graph([shape, shape], lambda x, y: relax.op.clip(relax.op.add(x, y), low, high))
+    io = [onnx.helper.make_tensor_value_info(n, onnx.TensorProto.FLOAT, shape) for n in "xyz"]
+    bounds = [onnx.numpy_helper.from_array(np.float32(v), n) for v, n in ((low, "low"), (high, "high"))]
+    nodes = [onnx.helper.make_node("Add", ["x", "y"], ["s"]),
+             onnx.helper.make_node("Clip", ["s", "low", "high"], ["z"])]
+    model = onnx.helper.make_model(onnx.helper.make_graph(nodes, "clamp", io[:2], io[2:], bounds),
+                                   opset_imports=[onnx.helper.make_opsetid("", 17)], ir_version=10)
+    return import_onnx(model)
+
+
+@pytest.mark.parametrize("form", ["clip", "onnx"])
 @pytest.mark.parametrize("low, high, ops", [(0.0, 6.0, {"add", "clip"}), (1.0, -1.0, {"add", "max", "min"})])
-def test_a_clamp_runs_as_one_clip_pass(low, high, ops):
-    """A ReLU6 (ONNX's Clip, TVM's ``clip``: ``max(min(x, 6), 0)`` in one stage) runs on the DSA
-    as one ``clip`` pass over the elements, not a ``min`` and a ``max``. Bounds crossed, ``max(min(x,
-    -1), 1)`` is 1 everywhere, where ``clip(x, 1, -1)`` would give -1: it stays two passes."""
+def test_a_clamp_runs_as_one_clip_pass(form, low, high, ops):
+    """A ReLU6 runs on the DSA as one ``clip`` pass over the elements, not a ``min`` and a ``max``:
+    as TVM's ``clip`` (``max(min(x, 6), 0)`` in one stage) and as ONNX's Clip with its bounds as
+    inputs, whose ``minimum(maximum(x, 0), 6)`` of constant tensors ``ClampAsClip`` makes a clip
+    (before it, the kernel read the bounds as buffers and took two passes). Bounds crossed,
+    ``max(min(x, -1), 1)`` is 1 everywhere and ``min(max(x, 1), -1)`` -1, where ``clip(x, 1, -1)``
+    would give -1 and 1: they stay two passes."""
     rng = np.random.default_rng(1)
-    mod = relax_graph([(1, 4, 6, 6), (1, 4, 6, 6)], lambda x, y: relax.op.clip(relax.op.add(x, y), low, high))
+    mod = _clamped(form, low, high)
     x, y = (rng.standard_normal((1, 4, 6, 6)).astype("float32") * 5 for _ in range(2))
     ref = _llvm(mod, x, y)
+    assert np.all(ref == (high if form == "onnx" else low)) if low > high else np.all((ref >= low) & (ref <= high))
     ex = tvm.compile(mod, target="dsa/stcp920", relax_pipeline=tvm_dsa.pipeline(schedule="graphturbo"))
     out = relax.VirtualMachine(ex, tvm.cpu())["main"](tvm.runtime.tensor(x), tvm.runtime.tensor(y)).numpy()
     np.testing.assert_allclose(out, ref, rtol=2e-3, atol=2e-3 * np.abs(ref).max())
@@ -193,6 +215,23 @@ def test_a_clamp_runs_as_one_clip_pass(low, high, ops):
     assert {i.op for i in vector} == ops
     if "clip" in ops:
         assert sum(np.prod(i.shape) for i in vector if i.op == "clip") == ref.size  # each element once
+
+
+def test_a_clamps_inner_half_read_elsewhere_is_kept():
+    """``minimum(maximum(x, 0), 6)`` where the maximum is also an output: the clip would compute the
+    maximum a second time, so ``ClampAsClip`` leaves the pair (and a lone maximum) as they are."""
+    bb = relax.BlockBuilder()
+    x = relax.Var("x", relax.TensorType((4, 8), "float32"))
+    with bb.function("main", [x]):
+        with bb.dataflow():
+            low = bb.emit(relax.op.maximum(x, relax.const(0.0, "float32")))
+            both = bb.emit(relax.op.minimum(low, relax.const(6.0, "float32")))
+            out = bb.emit_output(relax.Tuple([low, both]))
+        bb.emit_func_output(out)
+    mod = bb.get()
+    kept = ClampAsClip(mod)
+    assert sorted(_calls(kept)) == ["relax.maximum", "relax.minimum"]
+    tvm.ir.assert_structural_equal(kept, mod)
 
 
 def test_a_batch_norm_no_convolution_takes_becomes_one_multiply_and_one_add():

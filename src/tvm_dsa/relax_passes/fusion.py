@@ -16,7 +16,7 @@ from tvm_dsa.relax_passes.quantized import IntegerQDQ
 from tvm_dsa.relax_passes.rdp_apply import ApplyRDP
 from tvm_dsa.relax_passes.rdp_fusion import AnnotateSymbolicReshapes
 from tvm_dsa.relax_passes.scale_apart import ScaleApart
-from tvm_dsa.relax_passes.simplify import SimplifyInference
+from tvm_dsa.relax_passes.simplify import ClampAsClip, SimplifyInference
 from tvm_dsa.relax_passes.transpose import CancelTransposePairs
 from tvm_dsa.relax_passes.wide import KeepWide
 from tvm_dsa.tir_passes.inline import InlineMasks, InlineProducts
@@ -26,7 +26,7 @@ from tvm_dsa.tir_passes.names import UniqueBufferNames
 def fuse(mod: tvm.IRModule, rdp_fusion: bool = True) -> tvm.IRModule:
     """The module as the offload sees it (in the current target's scope): a QDQ model's quantized
     layers made integer computations (``IntegerQDQ``), simplified (with
-    transposes around a softmax cancelled, gathers at a range of indices sliced, an average
+    clamps between constants made clips: ``ClampAsClip``, transposes around a softmax cancelled, gathers at a range of indices sliced, an average
     pooling that excludes the padding made one that counts it, times a constant:
     ``ExactPoolDivisor``, a transposed convolution a convolution: ``ConvTransposeAsConv``, a
     convolution whose stride is its kernel a matmul of patches: ``PatchConvAsMatmul``),
@@ -42,8 +42,8 @@ def fuse(mod: tvm.IRModule, rdp_fusion: bool = True) -> tvm.IRModule:
     across = dynamic and rdp_fusion
     return tvm.transform.Sequential(
         ([ApplyRDP()] if dynamic else [])
-        + [IntegerQDQ, SimplifyInference(), PatchConvAsMatmul, CancelTransposePairs, GatherOfRangeAsSlice, ExactPoolDivisor,
-           ConvTransposeAsConv]
+        + [IntegerQDQ, SimplifyInference(), ClampAsClip, PatchConvAsMatmul, CancelTransposePairs, GatherOfRangeAsSlice,
+           ExactPoolDivisor, ConvTransposeAsConv]
         # dataflow blocks (an importer gives none to a function with an If) for FuseOps, and RDP
         # again: FoldBatchnormToConv2D and ConvertToDataflow lose the shapes of If results,
         # CanonicalizeBindings drops casts that only assert dims (docs/sod2.md)
