@@ -25,9 +25,10 @@ from tvm_dsa.tir_passes.names import UniqueBufferNames
 
 def fuse(mod: tvm.IRModule, rdp_fusion: bool = True) -> tvm.IRModule:
     """The module as the offload sees it (in the current target's scope): a QDQ model's quantized
-    layers made integer computations (``IntegerQDQ``), simplified (with
-    clamps between constants made clips: ``ClampAsClip``, transposes around a softmax cancelled, gathers at a range of indices sliced, an average
-    pooling that excludes the padding made one that counts it, times a constant:
+    layers made integer computations (``IntegerQDQ``), simplified (with clamps between
+    constants made clips: ``ClampAsClip``, transposes around a softmax cancelled, gathers at a
+    range of indices sliced, an average pooling that excludes the padding made one that counts
+    it, times a constant:
     ``ExactPoolDivisor``, a transposed convolution a convolution: ``ConvTransposeAsConv``, a
     convolution whose stride is its kernel a matmul of patches: ``PatchConvAsMatmul``),
     legalized and fused (a concatenation of two values of one tensor left unfused:

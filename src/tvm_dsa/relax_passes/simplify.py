@@ -134,7 +134,8 @@ def _extremum(func: tirx.PrimFunc) -> str | None:
     while isinstance(node, tirx.For):
         node = node.body
     store = node.block.body if isinstance(node, SBlockRealize) else None
-    if not isinstance(store, tirx.BufferStore) or type(store.value) not in (tirx.Max, tirx.Min):
+    if not isinstance(store, tirx.BufferStore) or type(store.value) not in (tirx.Max, tirx.Min) or \
+            len(func.params) != 3:
         return None
     a, b = store.value.a, store.value.b
     x, c = func.params[:2]
