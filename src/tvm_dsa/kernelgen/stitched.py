@@ -13,6 +13,7 @@ import math
 from dataclasses import dataclass, replace
 
 import tvm
+import tvm_ffi
 
 from tvm_dsa import isa
 from tvm_dsa.emit.placement import stored_dtypes
@@ -186,8 +187,8 @@ def _stitched(spec, nodes, graph, layer, hw, stitch) -> tuple:
     shares = _row_shares(nodes, graph, outputs[0], hw, bool(spec.plan.exchange)) if spec.plan.rows else {}
 
     def lowered(part: bool, first_tile: int | None, stream: bool = False, spread: bool = True) -> dict:
-        """Each node's layer; ``stream``: its weights ranked as loaded from DDR (the streamed
-        variant leaves those each cluster reads about once there), as are those of a first layer
+        """Each node's layer; ``stream``: its weights ranked as loaded from DDR (where the streamed
+        variant leaves those each cluster reads about once, ``planned``), as are those of a first layer
         of one output row (a classifier at batch 1: every plan reads each weight once, so they
         stay there either way; ranked as in the GB, ViT-B/16's took tiles of 25 columns, loads of
         50-byte runs, 17,991 cycles against 15,028); ``spread``: its plans timed
@@ -208,32 +209,35 @@ def _stitched(spec, nodes, graph, layer, hw, stitch) -> tuple:
         stored_dtypes(read, hw)  # each tensor at one type, or the sub-graph runs layer by layer
         return out
 
-    def planned(rounds: int, stream: bool = False):
+    def planned(rounds: int, stream: bool = False, ranked: bool | None = None):
         """The sub-graph through the stitch passes, each cluster's instances in ``rounds`` rounds,
         its layers' tiles holding no more than a round's share of the samples (``stream``:
-        ``AssignMemoryScopes``')."""
+        ``AssignMemoryScopes``'; ``ranked``: the layers' weights ranked as loaded from DDR,
+        ``lowered``'s ``stream``, by default where they stream)."""
+        ranked = stream if ranked is None else ranked
         share, rest = divmod(batch, hw.clusters * rounds)
         first_tile = share if rounds > 1 and share and not rest else None
         bind = tvm.transform.Sequential([StitchBuffers(hw), BindCores(hw, rounds)])
-        sub = bind(_subgraph(spec, nodes, graph, lowered(False, first_tile, stream)))
+        sub = bind(_subgraph(spec, nodes, graph, lowered(False, first_tile, ranked)))
         spread = True
         if shares:  # plans for a cluster's share of the tiles may halo into fewer instances
-            alone = bind(_subgraph(spec, nodes, graph, lowered(False, first_tile, stream, False)))
+            alone = bind(_subgraph(spec, nodes, graph, lowered(False, first_tile, ranked, False)))
             if _instances(alone) > _instances(sub):
                 sub, spread = alone, False
         # the LB level (Fig. 15's "L1") pays only where Algorithm 4 gives every instance one
         # core (it keeps the intermediates in that core's LB); elsewhere the tiles keep the LB
         lb = stitch.lb_keep > 0 and all(len(c) == 1 for c in sub.attrs["dsa.cores"])
         if lb:
-            sub = bind(_subgraph(spec, nodes, graph, lowered(True, first_tile, stream, spread)))
+            sub = bind(_subgraph(spec, nodes, graph, lowered(True, first_tile, ranked, spread)))
         later = stitch_passes(hw, stitch.order, stitch.spill, stitch.gb, stitch.prefetch, lb, stream).passes[2:]
         return tvm.transform.Sequential(list(later))(sub)  # the passes after BindCores
 
     samples = batch // hw.clusters  # a cluster's
     if samples:
         return emit_stitched(_micro_batched(planned, hw, samples), hw)
-    return _faster_weights(*(_micro_batched(functools.partial(planned, stream=s), hw, samples)
-                             for s in (False, True)), hw)
+    return _faster_weights(_micro_batched(planned, hw, samples),
+                           [_micro_batched(functools.partial(planned, stream=True, ranked=r), hw, samples)
+                            for r in (True, False)], hw)
 
 
 def _instances(sub) -> int:
@@ -241,21 +245,30 @@ def _instances(sub) -> int:
     return len(sub.attrs["dsa.instances"]["rows"])
 
 
-def _faster_weights(sub, streamed, hw) -> tuple:
-    """(Program, StitchInfo) of the faster (``_faster_loads``) of two annotated sub-graph modules,
-    ``streamed`` keeping in DDR the weights each cluster reads about once (``AssignMemoryScopes(...,
-    stream=True)``), or of ``sub`` where both promote the same. Promoted, a weight is copied DDR ->
-    GB before its layer's tiles load it, ahead of the layer as far as the GB has room; streamed,
-    the clusters' tiles load its boxes from DDR as multicasts, read once, with no copy to wait
-    for. BERT-128 at batch 1 (its 128 tokens split over the clusters, every weight read once by
-    each): 2,759,499 -> 2,463,095 cycles, DLRM 15,591 -> 13,622; ResNet-50 1,075,856 -> 1,005,924
-    (its last stage's 2 MB weights, which a cluster's cores load alike; 1,022,775 of that with the
-    streamed variant's layers tiled as for weights in the GB, the rest from tiling them for DDR,
-    ``lowered(..., stream=True)``). ViT-B/16's encoder kernels (197 tokens) run faster promoted
-    (streamed, the model took 3,803,015 against 3,456,499)."""
-    ways = [_faster_loads(sub, hw)]
-    if tuple(streamed.attrs["dsa.scopes"]["promote"]) != tuple(sub.attrs["dsa.scopes"]["promote"]):
-        ways.append(_faster_loads(streamed, hw))
+def _faster_weights(sub, streamed: list, hw) -> tuple:
+    """(Program, StitchInfo) of the fastest (``_faster_loads``) of annotated sub-graph modules:
+    ``sub``, and each of ``streamed`` that keeps in DDR weights ``sub`` promotes (the weights each
+    cluster reads about once, ``AssignMemoryScopes(..., stream=True)``; a module like one before
+    it is not emitted again). Promoted, a weight is copied DDR -> GB before its layer's tiles load
+    it, ahead of the layer as far as the GB has room; streamed, the clusters' tiles load its boxes
+    from DDR as multicasts, read once, with no copy to wait for. BERT-128 at batch 1 (its 128
+    tokens split over the clusters, every weight read once by each): 2,759,499 -> 2,463,095
+    cycles, DLRM 15,591 -> 13,622; ResNet-50 1,075,856 -> 1,005,924 (its last stage's 2 MB
+    weights, which a cluster's cores load alike; 1,022,775 of that with the streamed variant's
+    layers tiled as for weights in the GB, the rest from tiling them for DDR). ViT-B/16's encoder
+    kernels (197 tokens) run faster promoted (streamed, the model took 3,803,015 against
+    3,456,499). ``_stitched`` passes the streamed module both ways, its layers tiled for weights
+    in DDR and as ``sub``'s: at batch 1 ResNet-50's later kernels run faster the first way (one
+    131,445 cycles against 192,771), DenseNet-121's stem and second transition the second (the
+    model 423,020 -> 417,997)."""
+    ways, seen = [_faster_loads(sub, hw)], []
+    promoted = tuple(sub.attrs["dsa.scopes"]["promote"])
+    for mod in streamed:
+        if tuple(mod.attrs["dsa.scopes"]["promote"]) == promoted or any(
+                tvm_ffi.structural_equal(mod, m) for m in seen):
+            continue
+        seen.append(mod)
+        ways.append(_faster_loads(mod, hw))
     return min(ways, key=lambda way: timing_cycles(way[0]))
 
 
