@@ -1832,6 +1832,47 @@ def test_weights_each_cluster_reads_once_are_streamed_where_that_is_faster(monke
     assert {on_chip for name, on_chip in calls if name == second} == {frozenset({0, 1}), frozenset({0})}
 
 
+def test_weights_loads_on_the_second_queue_compute_llvms_values_and_are_kept_where_faster(monkeypatch, rng):
+    """The single-sample block at batch 1, every stitched kernel emitted with its weights' loads on
+    the cores' second DMA queues (``emit_stitched(..., queued_weights=True)``): each load of a
+    weight into an LB is on that queue, every other load on the first, and the model computes
+    llvm's values. As the pipeline builds it, ``_faster_loads`` keeps, of the faster way it emits
+    the kernel's loads and that way with the weights queued, the one that takes fewer cycles."""
+    real = stitch.emit_stitched
+    monkeypatch.setattr(stitched, "emit_stitched", lambda mod, hw, **k: real(mod, hw, **{**k, "queued_weights": True}))
+    first, second, _ = _single_sample_block(rng, "dsa/stcp920", monkeypatch)
+    for run in (first, second):
+        program = run.program.expanded()
+        weights = [a for a in program.args if a.role == "input" and len(a.shape) == 4 and a.shape[0] == 64]
+        assert weights
+        dmas = [i for k in program.kernels for i in k.instructions if isinstance(i, isa.Dma)]
+        in_weights = [(w.offset, w.offset + w.nbytes) for w in weights]
+        promoted = [(i.dst.index, *i.dst.extent_bytes(i.shape)) for i in dmas if i.dst.mem == "gb"
+                    and i.src.mem == "ddr" and any(lo <= i.src.offset < hi for lo, hi in in_weights)]
+        within = {"ddr": [(0, lo, hi) for lo, hi in in_weights], "gb": promoted}  # a weight's bytes in each memory
+        loads = [i for i in dmas if i.dst.mem == "lb" and i.src.mem != "lb"]
+        of_weights = [i for i in loads if any(g == i.src.index and lo <= a and b <= hi
+                                              for g, lo, hi in within[i.src.mem]
+                                              for a, b in [i.src.extent_bytes(i.shape)])]
+        assert of_weights and all(i.prefetch for i in of_weights)
+        assert all(not i.prefetch for i in loads if i not in of_weights)
+    monkeypatch.undo()
+    subs, kept = [], []
+    faster = stitched._faster_loads
+    monkeypatch.setattr(stitched, "_faster_loads",
+                        lambda sub, hw: subs.append(sub) or kept.append(faster(sub, hw)) or kept[-1])
+    _single_sample_block(rng, "dsa/stcp920", monkeypatch)
+    assert subs
+    for sub, (program, _) in zip(subs, kept):
+        ways = [({"steady_multicasts": True}, real(sub, HW, steady_multicasts=True, unstick=True)[0])]
+        if any(isinstance(i, isa.Dma) and i.multicast and i.src.mem == "gb" for k in ways[0][1].kernels
+               for i in k.instructions):
+            ways.append(({"gb_multicasts": False}, real(sub, HW, gb_multicasts=False, unstick=True)[0]))
+        options, best = min(ways, key=lambda way: timing_cycles(way[1]))
+        queued = real(sub, HW, unstick=True, queued_weights=True, **options)[0]
+        assert timing_cycles(program) == min(timing_cycles(best), timing_cycles(queued))
+
+
 def test_a_weight_a_clusters_cores_load_alike_counts_once_toward_streaming_it(monkeypatch, rng):
     """The product above with 512 rows, its layers on the search's plans (not timed in place: the
     timed ones load each weight about once a cluster): each cluster's 128 rows go to two

@@ -53,12 +53,14 @@ class KernelEmitter:
     ``gb_multicasts=False``: the tiles' loads from a GB are plain DMAs; ``ddr_multicasts``: their
     loads from DDR into the LBs may be multicasts on a chip without a mesh too;
     ``steady_multicasts``: in a clamped layer, so are its boxes that do not move with the clamped
-    loop (``_dma``); ``unstick``: none of its multicasts waits for ever (``_unstick_multicasts``)."""
+    loop (``_dma``); ``unstick``: none of its multicasts waits for ever (``_unstick_multicasts``);
+    ``queued_reads``: the tensors whose tiles' loads take the second queue too (``_dma``)."""
 
     def __init__(self, hw: Hardware, name: str, replay: bool = True, hold_stores: bool = True,
                  store_queue: bool = True, gb_multicasts: bool = True, ddr_multicasts: bool = False,
-                 steady_multicasts: bool = False, unstick: bool = False):
+                 steady_multicasts: bool = False, unstick: bool = False, queued_reads: frozenset = frozenset()):
         self.hw, self.name, self.hold_stores = hw, name, hold_stores
+        self.queued_reads = queued_reads if hw.prefetch_dma else frozenset()  # loads on the second queue
         self.unstick = unstick  # multicasts whose transfer would never start made plain (``kernel``)
         self.gb_multicasts = gb_multicasts  # loads from a GB may be multicasts (``_dma``)
         self.steady_multicasts = steady_multicasts  # and in a clamped layer those not moving with it
@@ -659,7 +661,8 @@ class KernelEmitter:
         if isinstance(v, Read):
             src = self._operand(stage, v.access, core, start, extent)
             if src.dtype == sub_dst.dtype:
-                self._dma(core, shape, sub_dst, src, moving)
+                queued = self.cur.args.get(v.access.buffer) in self.queued_reads
+                self._dma(core, shape, sub_dst, src, moving, queued)
             else:  # converted in this core's LB: the temporaries are free again after (tokens order reuse)
                 top, box = self.scratch_top, set(range(len(shape)))
                 if (src.mem, src.index) != ("lb", core):  # moved here first (a wide tensor to an fp16 MME operand)
@@ -678,7 +681,8 @@ class KernelEmitter:
         else:
             raise CodegenError(f"stage {stage.name}: cannot copy {type(v).__name__} to {sub_dst.mem}")
 
-    def _dma(self, core: int, shape, dst: isa.Operand, src: isa.Operand, moving: bool = True) -> None:
+    def _dma(self, core: int, shape, dst: isa.Operand, src: isa.Operand, moving: bool = True,
+             queued: bool = False) -> None:
         """A DMA for ``core``'s tile; issued by the core whose LB it touches when that is not
         ``core``'s (a copy between tensors kept in other cores' LBs, or between one and DDR). A
         load from a GB is a multicast on chips with ``multicast_dma`` (``isa.Dma.multicast``):
@@ -705,7 +709,9 @@ class KernelEmitter:
         LBs (a SET tree's feature maps), those loads are the multicasts. A store out of the core's
         LB to a GB or DDR goes on the core's second DMA queue (``store_queue``,
         ``isa.Dma.prefetch``): waiting for its tile's epilogue, it holds back none of the next
-        tile's loads (Conformer at batch 8, graphturbo: 165,948 -> 155,687 cycles)."""
+        tile's loads (Conformer at batch 8, graphturbo: 165,948 -> 155,687 cycles). So does a
+        load the caller ``queued`` into its LB (a weight's, ``queued_reads``): it moves beside the
+        activations' loads, not behind them (``kernelgen.stitched._faster_loads``)."""
         issuer = core
         if (dst.mem, dst.index) != ("lb", core) and (src.mem, src.index) != ("lb", core):
             issuer = src.index if src.mem == "lb" else dst.index if dst.mem == "lb" else core
@@ -718,7 +724,8 @@ class KernelEmitter:
         if multicast and src.mem == "lb":
             self.rounds[self.size] = self.tile_round
         store = self.store_queue and (src.mem, src.index) == ("lb", issuer) and dst.mem != "lb"
-        self.push(isa.Dma(issuer, shape, dst, src, prefetch=store, multicast=multicast), issuer)
+        second = store or queued and (dst.mem, dst.index) == ("lb", issuer)  # ``queued_reads`` only on such chips
+        self.push(isa.Dma(issuer, shape, dst, src, prefetch=second, multicast=multicast), issuer)
 
     def _bounds_box(self, bounds, start, extent):
         """Per stage loop, the [lo, hi) range where all ``bounds`` hold inside the box, or None."""

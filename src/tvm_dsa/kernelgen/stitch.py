@@ -907,7 +907,7 @@ def piece_order(layer, rows: np.ndarray, fp: Footprint, pieced: dict) -> np.ndar
 
 
 def emit_stitched(mod: tvm.IRModule, hw, replicate: bool = True, replay: bool = True, gb_multicasts: bool = True,
-                  steady_multicasts: bool = False, unstick: bool = False):
+                  steady_multicasts: bool = False, unstick: bool = False, queued_weights: bool = False):
     """(Program, StitchInfo) of a sub-graph module annotated by the passes of
     ``kernelgen.stitch_passes``: each cluster's steps in the chosen order, at each step the buffers that
     start there claimed (a weight's promotion DDR -> GB issued, in order of first use, one promoted
@@ -921,8 +921,9 @@ def emit_stitched(mod: tvm.IRModule, hw, replicate: bool = True, replay: bool = 
     an earlier one is replayed from it (``replay``, ``KernelEmitter``). The tiles' loads from DDR
     into the LBs are multicasts (``KernelEmitter(ddr_multicasts=True)``); ``gb_multicasts=False``:
     the tiles load from the GBs by plain DMAs; ``steady_multicasts``: in a clamped layer too, the
-    boxes that do not move with the clamped loop; ``unstick``: no multicast left waiting for ever
-    (``KernelEmitter``).
+    boxes that do not move with the clamped loop; ``unstick``: no multicast left waiting for ever;
+    ``queued_weights``: the tiles load the weights on the cores' second DMA queues
+    (``KernelEmitter(queued_reads=...)``).
 
     A tensor the instances exchange (``SubGraphKernel.exchange``: a sample's rows split over the
     clusters, a window reading rows of its neighbours' shares) lives in each instance's box, which
@@ -957,7 +958,8 @@ def emit_stitched(mod: tvm.IRModule, hw, replicate: bool = True, replay: bool = 
         scratch = align(scratch + regions[t].nbytes)
 
     emitter = KernelEmitter(hw, sg.name, replay, gb_multicasts=gb_multicasts, ddr_multicasts=True,
-                            steady_multicasts=steady_multicasts, unstick=unstick)
+                            steady_multicasts=steady_multicasts, unstick=unstick,
+                            queued_reads=frozenset(sg.weights) if queued_weights else frozenset())
     for t, r in regions.items():
         emitter.claim(r, ("ddr", t))
 
