@@ -8,7 +8,8 @@ import numpy as np
 from helpers import ddr, lb, make_program
 
 from tvm_dsa import hardware
-from tvm_dsa.isa import Dma, Operand, TensorArg, Vector, validate
+from tvm_dsa.isa import Dma, Kernel, Operand, TensorArg, Vector, stuck_multicasts, validate
+from tvm_dsa.kernelgen.edits import plain_where_stuck
 from tvm_dsa.kernelgen.resident import kept_in_gbs
 from tvm_dsa.runtime import simulate
 from tvm_dsa.runtime.timing import simulate_program
@@ -144,3 +145,26 @@ def test_a_promotion_with_gaps_stays_where_a_read_within_its_extent_reads_them()
     assert [(i.src.mem, i.dst.index) for i in kept.kernels[1].instructions
             if i.dst.mem == "gb" and i.src.mem == "gb"] == [("gb", 0), ("gb", 1)]
     np.testing.assert_array_equal(_outputs(kept)[0][0], _outputs(program)[0][0])
+
+
+def test_an_edit_that_pairs_loads_across_each_others_queues_leaves_them_plain():
+    """``edits.plain_where_stuck``, which the launch passes run on every kernel they edit: cores 0
+    and 1 load GB boxes X and Y to the same LB places, core 0 X then Y, core 1 Y then X (as a
+    re-sourced load can come to pair with another cluster's, layers on): each load's transfer
+    waits for a partner behind the other, and they are made plain; a pair behind them that meets
+    stays one transfer. A kernel with nothing stuck is returned as it is."""
+    cpc = hardware.get("stcp920").cores_per_cluster
+
+    def load(core, offset, place):
+        return Dma(core, (4096,), lb(place, "float16", 1, core=core), Operand("gb", 0, offset, "float16", (1,)),
+                   multicast=True)
+
+    x0, y0, x1, y1, z0, z1 = load(0, 0, 0), load(0, 1 << 14, 1 << 13), load(1, 0, 0), load(1, 1 << 14, 1 << 13), \
+        load(0, 1 << 15, 1 << 14), load(1, 1 << 15, 1 << 14)
+    crossed = Kernel("crossed", (0, 1), (x0, y0, y1, x1, z0, z1))
+    assert stuck_multicasts(list(crossed.instructions), cpc) == {0, 1, 2, 3}
+    fixed = plain_where_stuck(crossed, cpc)
+    assert [i.multicast for i in fixed.instructions] == [False] * 4 + [True] * 2
+    assert stuck_multicasts(list(fixed.instructions), cpc) == set()
+    met = Kernel("met", (0, 1), (x0, y0, x1, y1))
+    assert plain_where_stuck(met, cpc) is met

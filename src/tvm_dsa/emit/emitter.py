@@ -123,28 +123,11 @@ class KernelEmitter:
                                         else isa.replaced(ins, multicast=False))
 
     def _unstick_multicasts(self) -> None:
-        """Multicast DMAs whose transfer would never start (``isa.stuck_multicasts``) made plain,
-        and every copy the replicas make of them, until no transfer is stuck. The n-th loads of a
-        box by a cluster's cores are one transfer, and a core's load in its first tile can pair
-        with another core's in its second, whose queue waits on the first core's: DenseNet-121's
-        dense blocks at batch 1 (a sample's rows over the clusters, 12 tiles on 8 cores) had such
-        cycles, which the simulator breaks only when nothing else can run. The loads from a GB
-        or an LB go plain first, and one from DDR only where no other is stuck: a DDR box each core
-        reads again costs the chip's DDR (ResNet-50's last 3 x 3 convolution at batch 1, its
-        weights' DDR multicasts made plain, took 265,455 cycles against 48,596 with plain GB loads;
-        the model 799,947 -> 779,851 once they stayed). Only where asked (``unstick``): over a
-        written-out stream it costs about 2 us an instruction, half of BERT-128's batch-8 build,
-        whose kernels had none."""
-        if not any(type(ins) is isa.Dma and ins.multicast for ins in self.instructions):
-            return
-        while True:
-            stream, origins = isa.expanded_stream(self.instructions, self.compression.replicas)
-            stuck = isa.stuck_multicasts(stream, self.hw.cores_per_cluster)
-            if not stuck:
-                return
-            on_chip = {j for j in stuck if stream[j].src.mem != "ddr"}
-            for i in {origins[j] for j in on_chip or stuck}:
-                self.instructions[i] = isa.replaced(self.instructions[i], multicast=False, group=0)
+        """Multicast DMAs whose transfer would never start made plain (``unstuck``), and every
+        copy the replicas make of them. Only where asked (``unstick``): over a written-out stream
+        it costs about 2 us an instruction, half of BERT-128's batch-8 build, whose kernels had
+        none."""
+        self.instructions[:] = unstuck(self.instructions, self.hw.cores_per_cluster, self.compression.replicas)
 
     def mark(self, name: str, shape) -> None:
         """The instructions from here on compute layer ``name`` (for reports and traces)."""
@@ -757,6 +740,31 @@ class KernelEmitter:
         if any(a >= b for a, b in zip(lo, hi)):
             return None
         return lo, hi
+
+
+def unstuck(instructions, cores_per_cluster: int, replicas=()) -> list:
+    """A kernel's ``instructions`` (``replicas`` writing out its stream) with the multicast DMAs
+    whose transfer would never start (``isa.stuck_multicasts``) made plain, and so every copy the
+    replicas make of them, until no transfer is stuck. The n-th loads of a box by a cluster's
+    cores are one transfer, and a core's load in its first tile can pair with another core's in
+    its second, whose queue waits on the first core's: DenseNet-121's dense blocks at batch 1 (a
+    sample's rows over the clusters, 12 tiles on 8 cores) had such cycles, which the simulator
+    breaks only when nothing else can run (a machine would hang). The loads from a GB or an LB
+    go plain first, and one from DDR only where no other is stuck: a DDR box each core reads
+    again costs the chip's DDR (ResNet-50's last 3 x 3 convolution at batch 1, its weights' DDR
+    multicasts made plain, took 265,455 cycles against 48,596 with plain GB loads; the model
+    799,947 -> 779,851 once they stayed)."""
+    out = list(instructions)
+    if not any(type(ins) is isa.Dma and ins.multicast for ins in out):
+        return out
+    while True:
+        stream, origins = isa.expanded_stream(out, replicas)
+        stuck = isa.stuck_multicasts(stream, cores_per_cluster)
+        if not stuck:
+            return out
+        on_chip = {j for j in stuck if stream[j].src.mem != "ddr"}
+        for i in {origins[j] for j in on_chip or stuck}:
+            out[i] = isa.replaced(out[i], multicast=False, group=0)
 
 
 def _last_points(acc: Access, extents, box) -> list[int]:

@@ -37,7 +37,7 @@ from dataclasses import dataclass, replace
 from tvm_dsa.hardware.model import Hardware
 from tvm_dsa.isa import Dma, Kernel, Operand, Program
 from tvm_dsa.isa.instructions import DTYPES, multicast_groups
-from tvm_dsa.kernelgen.edits import GbTraffic, copy_readers, edited
+from tvm_dsa.kernelgen.edits import GbTraffic, copy_readers, edited, plain_where_stuck
 from tvm_dsa.runtime.cost import dma_demand
 from tvm_dsa.runtime.timing import KernelTiming, ProgramTiming, simulate_kernel, simulate_program
 
@@ -152,6 +152,7 @@ def _moved(written_out: Program, timings: list[KernelTiming], taken: list, weigh
             if trial is None:
                 continue
             edits, places = trial
+            edits = {n: plain_where_stuck(k, hw.cores_per_cluster) for n, k in edits.items()}
             after = {n: simulate_kernel(k, hw, None, timings[n].start_cycle) for n, k in edits.items()}
             if sum(t.cycles for t in after.values()) >= sum(timings[n].cycles for n in edits):
                 continue

@@ -1,6 +1,7 @@
 """Edits of a kernel's instruction stream (written out) that the launch passes share: transfers
-re-sourced, instructions taken out and copies put in (``edited``), and the transfers that read
-what a copy wrote (``copy_readers``), which may read its source instead."""
+re-sourced, instructions taken out and copies put in (``edited``), the transfers that read
+what a copy wrote (``copy_readers``), which may read its source instead, and the multicasts an
+edit left waiting for ever made plain (``plain_where_stuck``)."""
 
 from __future__ import annotations
 
@@ -10,7 +11,7 @@ from dataclasses import replace
 
 import numpy as np
 
-from tvm_dsa.emit.emitter import PROMOTE
+from tvm_dsa.emit.emitter import PROMOTE, unstuck
 from tvm_dsa.isa import Dma, Kernel, LayerMark, Operand
 
 
@@ -59,6 +60,19 @@ def edited(kernel: Kernel, inserts=(), sources: dict[int, Operand] | None = None
         if layer is not None and new_of[at] not in marks:
             marks[new_of[at]] = replace(layer, first=new_of[at])
     return replace(kernel, instructions=tuple(stream), layers=tuple(marks[k] for k in sorted(marks)))
+
+
+def plain_where_stuck(kernel: Kernel, cores_per_cluster: int) -> Kernel:
+    """``kernel`` (written out) with its multicasts that would never start made plain
+    (``emit.emitter.unstuck``); ``kernel`` itself where none is. The edits re-source transfers and
+    take out writes, so the n-th loads of one box (one transfer) pair anew: DenseNet-121's first
+    dense block at batch 1, its input read in bands across the bus, paired a core's first load
+    of a row with another cluster's load of it five layers on, and the core waited 22 k cycles
+    for the simulator to move it alone."""
+    out = unstuck(kernel.instructions, cores_per_cluster)
+    if all(a is b for a, b in zip(out, kernel.instructions)):
+        return kernel
+    return replace(kernel, instructions=tuple(out))
 
 
 class GbTraffic:

@@ -29,7 +29,7 @@ from tvm_dsa.hardware.model import Hardware
 from tvm_dsa.isa import Dma, Operand, Program, TensorArg
 from tvm_dsa.kernelgen.ahead import gb_high_water, gb_place
 from tvm_dsa.kernelgen.banded import banded
-from tvm_dsa.kernelgen.edits import GbTraffic, copy_readers, edited
+from tvm_dsa.kernelgen.edits import GbTraffic, copy_readers, edited, plain_where_stuck
 from tvm_dsa.runtime.timing import ProgramTiming, simulate_program
 
 
@@ -76,6 +76,8 @@ def kept_in_gbs(program: Program, places: list,
     kept = [(moved, places + taken), (_read_in_place(moved, moves, hw.cores_per_cluster), places + taken)]
     if tensors:
         kept += [banded(p, moves, tensors, spans, places + taken, high, hw) for p, _ in kept]
+    kept = [(replace(p, kernels=tuple(k if k is old else plain_where_stuck(k, hw.cores_per_cluster)
+                                      for k, old in zip(p.kernels, written_out.kernels))), t) for p, t in kept]
     ways = [(p, t, simulate_program(p, hw, check_hazards=False)) for p, t in [(written_out, [])] + kept]
     out, mine, after = min(ways[1:], key=lambda way: way[2].cycles)
     before = ways[0][2]
