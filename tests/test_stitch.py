@@ -2,6 +2,7 @@
 whole sub-graphs on the simulator against llvm."""
 
 import dataclasses
+import functools
 import importlib
 import itertools
 import json
@@ -990,7 +991,8 @@ def test_clusters_copy_the_first_clusters_instructions(monkeypatch):
     (mod,) = seen
     calls = []
     layer = emit.KernelEmitter.layer
-    monkeypatch.setattr(emit.KernelEmitter, "layer", lambda self, L, work, *a: calls.append(work) or layer(self, L, work, *a))
+    monkeypatch.setattr(emit.KernelEmitter, "layer",
+                        lambda self, L, work, *a, **k: calls.append(work) or layer(self, L, work, *a, **k))
     emitted, _ = stitch.emit_stitched(mod, HW, replicate=False, replay=False)
     emitted_calls, calls[:] = list(calls), []
     compact, _ = stitch.emit_stitched(mod, HW)
@@ -1970,21 +1972,26 @@ def _dense_block(rng, layers: int = 3):
     return relax.transform.BindParams("main", bound)(mod), args[0]
 
 
-def test_a_single_sample_exchanges_the_halo_rows_of_a_window_in_one_kernel(monkeypatch, rng):
+@pytest.mark.parametrize("halo_stores", [True, False])
+def test_a_single_sample_exchanges_the_halo_rows_of_a_window_in_one_kernel(monkeypatch, rng, halo_stores):
     """The dense block above at batch 1 (each kernel launched alone), each cluster a quarter of the
     32 rows (8). Before the second 3 x 3 window the stem's and the first layer's features cross,
     read again past the next window: there the sub-graph is not cut (before the first and the
     last windows it is), and the 1 x 1's output, which the window reads one row past each side
     of a cluster's share, is exchanged (``StitchPlan.exchange``): each cluster computes its own
-    rows only, into its GB, copies out to DDR the rows its neighbours' window reads, and copies
-    in the rows its own window reads of theirs: a row a boundary each way, 3 boundaries, 32
-    channels x 32 columns of fp16 a row, and nothing else of it through DDR. On each cluster's
-    DMA queue, which is in order, a copy in comes right after the copies, ahead of the weights its
-    step promotes. The functional run
-    checks every dependency (a copy in waits for the other clusters' copies out); the output is
-    llvm's."""
+    rows only, into its GB; the window reads one row of each neighbour: a row a boundary each
+    way, 3 boundaries, 32 channels x 32 columns of fp16 a row. With ``halo_stores`` (the
+    default) the tiles that compute those rows store them into the neighbours' GBs too, across
+    the bus, on the cores' store queues, and nothing of the tensor goes through DDR; without,
+    each cluster copies out to DDR the rows its neighbours' window reads and copies in the rows
+    its own window reads of theirs, and on each cluster's DMA queue, which is in order, a copy in
+    comes right after the copies, ahead of the weights its step promotes. The functional run
+    checks every dependency (a window's load waits for the neighbours' stores, a copy in for the
+    other clusters' copies out); the output is llvm's."""
     monkeypatch.setattr(importlib.import_module("tvm_dsa.kernelgen.offload"), "launch_together",
                         lambda calls, graph, views: (calls, []))
+    stitched = importlib.import_module("tvm_dsa.kernelgen.stitched")
+    monkeypatch.setattr(stitched, "emit_stitched", functools.partial(stitched.emit_stitched, halo_stores=halo_stores))
     mod, x = _dense_block(rng)
     vm, result = _run(mod, "graphturbo")
     out = vm["main"](tvm.runtime.tensor(x)).numpy()
@@ -1999,14 +2006,23 @@ def test_a_single_sample_exchanges_the_halo_rows_of_a_window_in_one_kernel(monke
     out_rows = [i for i in dmas if i.src.mem == "gb" and inside(i.dst)]
     in_rows = [i for i in dmas if i.dst.mem == "gb" and inside(i.src)]
     row = 32 * 32  # elements of a row of the exchanged tensor
+    cluster = lambda i: i.core // HW.cores_per_cluster  # noqa: E731
+    assert not [i for i in dmas if i.dst.mem == "lb" and inside(i.src)]  # no core loads it from DDR
+    if halo_stores:
+        assert not out_rows and not in_rows
+        stores = [i for i in dmas if i.src.mem == "lb" and i.dst.mem == "gb" and i.dst.index != cluster(i)]
+        assert sum(math.prod(i.shape) for i in stores) == 2 * (HW.clusters - 1) * row
+        assert {(cluster(i), i.dst.index) for i in stores} == \
+            {(c, c + d) for c in range(HW.clusters) for d in (-1, 1) if 0 <= c + d < HW.clusters}
+        assert all(i.prefetch for i in stores)
+        return
     for moved in (out_rows, in_rows):
         assert sum(math.prod(i.shape) for i in moved) == 2 * (HW.clusters - 1) * row
         assert all(math.prod(i.shape) == row for i in moved)  # one row a copy: one neighbour, one side
-    assert {i.core // HW.cores_per_cluster for i in in_rows} == set(range(HW.clusters))
-    assert not [i for i in dmas if i.dst.mem == "lb" and inside(i.src)]  # no core loads it from DDR
+    assert {cluster(i) for i in in_rows} == set(range(HW.clusters))
     exchange = {id(i) for i in out_rows + in_rows}
     for c in range(HW.clusters):  # a copy in goes first in its step: after copies, before the step's promotions
-        queue = [i for i in dmas if i.core // HW.cores_per_cluster == c and "lb" not in (i.src.mem, i.dst.mem)]
+        queue = [i for i in dmas if cluster(i) == c and "lb" not in (i.src.mem, i.dst.mem)]
         assert all(id(queue[k - 1]) in exchange for k, i in enumerate(queue) if i in in_rows)
 
 
@@ -2014,7 +2030,7 @@ def test_box_minus_and_halos_out_cut_an_instances_box_into_what_others_write():
     """Rows 8-16 of a (1, 4, 32, 8) tensor written by instance 1 of three, whose box holds rows
     7-17: the rows it copies in are 7 and 16 (two boxes of one row); the rows it copies out are
     those the others' boxes hold of its own, row 8 for instance 0 (rows 0-9) and 15 for
-    instance 2 (rows 15-32)."""
+    instance 2 (rows 15-32), by the instance they go to."""
     written = ((0, 0, 8, 0), (1, 4, 16, 8))
     box = ((0, 0, 7, 0), (1, 4, 17, 8))
     assert stitch._box_minus(box, written) == [((0, 0, 7, 0), (1, 4, 1, 8)), ((0, 0, 16, 0), (1, 4, 1, 8))]
@@ -2022,7 +2038,7 @@ def test_box_minus_and_halos_out_cut_an_instances_box_into_what_others_write():
     inst = Instances([{}, {}, {}], [{"t": ((0, 0, 0, 0), (1, 4, 9, 8))}, {"t": box},
                                     {"t": ((0, 0, 15, 0), (1, 4, 32, 8))}], 1.0,
                      [{}, {"t": tuple(np.array(c) for c in written)}, {}])
-    assert stitch._halos_out(inst, 1, "t") == [((0, 0, 8, 0), (1, 4, 1, 8)), ((0, 0, 15, 0), (1, 4, 1, 8))]
+    assert stitch._halos_out(inst, 1, "t") == {0: ((0, 0, 8, 0), (1, 4, 1, 8)), 2: ((0, 0, 15, 0), (1, 4, 1, 8))}
 
 
 def test_write_out_slabs_follow_the_dim_the_tiles_finish_in_order():

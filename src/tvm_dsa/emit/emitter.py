@@ -20,6 +20,8 @@ tile-buffer state it reads and writes).
 
 from __future__ import annotations
 
+import bisect
+import collections
 import itertools
 import math
 from dataclasses import replace
@@ -89,6 +91,7 @@ class KernelEmitter:
         # (memory object, tile loop values -> slabs its box touches, per slab {unit: its last write}):
         # the writes of a kept output recorded slab by slab (``layer``'s ``slabs``)
         self.watched: tuple | None = None
+        self.mirrors: dict = {}  # output tensor -> other places (``Pieces``) its stores also write (``layer``)
 
     def kernel(self) -> isa.Kernel:
         if self.hw.interconnect == "mesh":
@@ -197,27 +200,35 @@ class KernelEmitter:
         between clusters' disjoint pieces of one DDR tensor."""
         return self.compression.replicate(start, stop, cores, cluster, ddr_shift)
 
-    def layer(self, layer: Layer, work, regions: dict, lb_base: int = 0, slabs: dict | None = None) -> list | None:
+    def layer(self, layer: Layer, work, regions: dict, lb_base: int = 0, slabs: dict | None = None,
+              mirrors: tuple[Region, ...] = ()) -> list | None:
         """Emit ``layer``'s tiles: ``work`` is a list of (tile loop values, core); ``regions``
         maps each parameter's tensor to where it lives for these tiles. With ``slabs`` (tile loop
         values -> the slabs of the output the tile's box touches) the call is emitted as it
         comes (no copy of recorded instructions: each write is seen) and returns, per slab, the
         writes that finish it ({unit: position}), for copies of the slabs that wait for their
-        own tiles only (``move``'s ``after``)."""
+        own tiles only (``move``'s ``after``). ``mirrors``: other places of the output (boxes of
+        it in other GBs, which the bus reaches): each tile's store also writes there the part of
+        its box they hold (a stitched kernel's halo rows, stored straight into the neighbours'
+        GBs); the call is emitted as it comes too."""
         self.mark(layer.name, layer.ir.params[-1][1])
-        target = regions.get(layer.args.get(layer.ir.params[-1][0]))
+        out = layer.args.get(layer.ir.params[-1][0])
+        target = regions.get(out)
         if layer.ir.clamped:
             self._written_twice(target)
-        if slabs is None:
+            for m in mirrors:
+                self._written_twice(m)
+        if slabs is None and not mirrors:
             self.compression.layer(layer, work, regions, lb_base)
             return None
-        writers = [{} for _ in range(1 + max(j for touched in slabs.values() for j in touched))]
-        self.watched = (self.memory.owner(target), slabs, writers)
+        writers = [{} for _ in range(1 + max(j for touched in slabs.values() for j in touched))] if slabs else []
+        self.watched = (self.memory.owner(target), slabs, writers) if slabs else None
+        self.mirrors = {out: [_within(m, layer.ir.params[-1][1]) for m in mirrors]} if mirrors else {}
         try:
             self.emit(layer, work, regions, lb_base)
         finally:
-            self.watched = None
-        return writers
+            self.watched, self.mirrors = None, {}
+        return writers if slabs else None
 
     def _written_twice(self, target) -> None:
         """The objects holding ``target``, the output of a layer whose tiles overlap
@@ -345,8 +356,9 @@ class KernelEmitter:
         else:
             origin, base = region.origin, region.base
             index = core if mem == "lb" else core // self.hw.cores_per_cluster if mem == "gb" else 0
-            if mem == "lb" and stage.op == "dma":
-                index = region.index
+            bus = mem == "gb" and piece is not None and self.hw.interconnect == "bus"
+            if stage.op == "dma" and (mem == "lb" or bus):
+                index = region.index  # another core's LB over the NoC, another cluster's GB over the bus
             if index != region.index:
                 raise CodegenError(f"core {core} cannot reach {self.cur.args.get(acc.buffer)} "
                                    f"in {region.mem}[{region.index}]")
@@ -529,6 +541,11 @@ class KernelEmitter:
                 self.push(isa.Dma(core, stage.shape, dst, src), core)
             else:
                 self._copy(stage, stage.value, dst, core, [0] * len(stage.shape), list(stage.shape))
+            for mirror in () if stage.dst.lb else self.mirrors.get(self.cur.args.get(stage.dst.buffer), ()):
+                for s, e, place in mirror.split(stage.dst, self.env, *whole):
+                    if place is not None:  # the part of the box the mirror holds, written there too
+                        there = self._operand(stage, stage.dst, core, s, e, place)
+                        self._copy(stage, stage.value, there, core, s, e, s)
         elif stage.op == "mme":
             a, b = (self._operand(stage, r.access, core) for r in stage.value)
             mask = tuple(s == 0 for s in dst.strides)
@@ -765,6 +782,16 @@ def unstuck(instructions, cores_per_cluster: int, replicas=()) -> list:
         on_chip = {j for j in stuck if stream[j].src.mem != "ddr"}
         for i in {origins[j] for j in on_chip or stuck}:
             out[i] = isa.replaced(out[i], multicast=False, group=0)
+
+
+def _within(region: Region, shape) -> Pieces:
+    """A tensor of ``shape`` as pieces cut at the edges of ``region``'s box: the box's piece is
+    ``region``, every other piece None (``KernelEmitter.layer``'s ``mirrors``)."""
+    lo, hi = region.origin, [o + e for o, e in zip(region.origin, region.extents)]
+    cuts = tuple(tuple(x for x in (a, b) if 0 < x < n) for a, b, n in zip(lo, hi, shape))
+    cells = collections.defaultdict(lambda: None)
+    cells[tuple(bisect.bisect_right(c, a) for c, a in zip(cuts, lo))] = region
+    return Pieces(tuple(shape), cuts, cells)
 
 
 def _last_points(acc: Access, extents, box) -> list[int]:
