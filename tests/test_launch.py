@@ -16,10 +16,14 @@ from tvm.relax.frontend import onnx as rx_onnx
 
 import tvm_dsa
 from tvm_dsa import hardware
-from tvm_dsa.isa import VERSION, Dma, Program, ProgramError, Replica, TensorArg, validate
+from tvm_dsa.harness import import_onnx
+from tvm_dsa.isa import (VERSION, Dma, Program, ProgramError, Replica, TensorArg, stuck_multicasts,
+                         validate)
 from tvm_dsa.kernelgen.launch import joined_program, launch_together
 from tvm_dsa.kernelgen.offload import VIEW
 from tvm_dsa.kernelgen.rewrite import DSACall
+from tvm_dsa.models import example_inputs
+from tvm_dsa.models.cnn import densenet
 from tvm_dsa.runtime import simulate
 from tvm_dsa.runtime.timing import simulate_program
 from tvm_dsa.schedule.graph import Node, OpGraph, Tensor
@@ -173,6 +177,26 @@ def test_two_sub_graphs_run_in_one_launch(monkeypatch, rng):
     assert tvm_dsa.last_report().cycles == apart.cycles - HW.kernel_launch_cycles
     _run(mod, x, schedule="layerwise")
     assert tvm_dsa.pipeline_result().launches == [] and tvm_dsa.last_report().launches > 1
+
+
+def test_a_joined_dense_block_leaves_no_multicast_waiting_for_ever():
+    """A dense block of six layers at batch 1 (DenseNet-BC over a 56 x 56 image): its kernels run
+    in one launch, and the launch passes re-source their loads (the block's input read in bands
+    across the bus) and drop copies. An edit can pair a core's load of a box with another
+    cluster's load of it layers later (the n-th load of a box into each LB is one transfer), and
+    the two queues then wait on each other: before ``edits.plain_where_stuck`` 128 such DMAs in
+    the block's kernel, which the simulator moved alone only once nothing else could run. None is
+    left in any kernel, and the outputs are llvm's (every dependency checked)."""
+    model = densenet(image=56, blocks=(6,))
+    mod = import_onnx(model)
+    (x,) = example_inputs(model).values()
+    y = _run(mod, x, schedule="graphturbo")
+    ref = _llvm(mod, x)
+    np.testing.assert_allclose(y, ref, rtol=2e-2, atol=2e-2 * np.abs(ref).max())
+    (call,) = tvm_dsa.last_kernel_runs()
+    kernels = call.program.expanded().kernels
+    assert len(kernels) > 1 and any(i.multicast for k in kernels for i in k.instructions if type(i) is Dma)
+    assert all(not stuck_multicasts(list(k.instructions), HW.cores_per_cluster) for k in kernels)
 
 
 def _flattened(rng, also_flat: bool):

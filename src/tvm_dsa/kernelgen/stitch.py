@@ -963,9 +963,13 @@ def emit_stitched(mod: tvm.IRModule, hw, replicate: bool = True, replay: bool = 
 
     # exchanged tensors every instance holds in a GB, on a bus: each tile's store also writes the
     # rows of its box the other instances' boxes hold, into their GBs (``KernelEmitter.layer``'s
-    # ``mirrors``), rather than the copies out to DDR and in
-    stored = frozenset(t for t in sg.exchange if halo_stores and hw.interconnect == "bus" and all(
-        b.level == "gb" and b.offset >= 0 for b in buffers if b.kind == "t" and b.tensor == t))
+    # ``mirrors``), rather than the copies out to DDR and in; with one round of instances a
+    # cluster, step k is layer k's on every cluster, and each box must be claimed by its producer's
+    made_at = {L.args[L.ir.params[-1][0]]: k for k, L in enumerate(sg.layers)}
+    one_round = all(cr.rounds == 1 for cr in cluster_rounds(cores, cpc).values())
+    stored = frozenset(t for t in sg.exchange if halo_stores and hw.interconnect == "bus" and one_round and all(
+        b.level == "gb" and b.offset >= 0 and b.first <= made_at[t] for b in buffers
+        if b.kind == "t" and b.tensor == t))
     boxes: dict = {}  # (exchanged tensor, instance) -> its box's place, every cluster's
     for t in sg.exchange:  # in the kernel's DDR, before its scratch: every instance writes its part
         if t not in stored:
