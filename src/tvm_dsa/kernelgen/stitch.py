@@ -964,7 +964,7 @@ def emit_stitched(mod: tvm.IRModule, hw, replicate: bool = True, replay: bool = 
     # exchanged tensors every instance holds in a GB, on a bus: each tile's store also writes the
     # rows of its box the other instances' boxes hold, into their GBs (``KernelEmitter.layer``'s
     # ``mirrors``), rather than the copies out to DDR and in; with one round of instances a
-    # cluster, step k is layer k's on every cluster, and each box must be claimed by its producer's
+    # cluster, step k is layer k's on every cluster, and each box must be claimed by its producer's step
     made_at = {L.args[L.ir.params[-1][0]]: k for k, L in enumerate(sg.layers)}
     one_round = all(cr.rounds == 1 for cr in cluster_rounds(cores, cpc).values())
     stored = frozenset(t for t in sg.exchange if halo_stores and hw.interconnect == "bus" and one_round and all(
@@ -1035,8 +1035,8 @@ def emit_stitched(mod: tvm.IRModule, hw, replicate: bool = True, replay: bool = 
                     kept = part.place.get(("t", out, i)) if out in sg.outputs or out in sg.exchange else None
                     mirrors = tuple(boxes[out, k] for k in _halos_out(inst, i, out)) if out in stored else ()
                     if out in sg.exchange and kept is not None:  # the rows the others read, out to DDR
-                        copies += [] if out in stored else [(kept, regions[out], (o, e), None)
-                                                            for o, e in _halos_out(inst, i, out).values()]
+                        if out not in stored:
+                            copies += [(kept, regions[out], box, None) for box in _halos_out(inst, i, out).values()]
                         kept = None
                     rows = piece_order(L, rows, prints[L.name], pieced)
                     tiles = [prints[L.name].tiles[r] for r in rows.tolist()]
